@@ -176,8 +176,8 @@ impl CodePage {
 ///
 /// Rules, in order: typographic punctuation becomes its ASCII look-alike (`“”` → `"`,
 /// `‘’` → `'`, `–—` → `-`, `…` → `...`, `•` → `*`); currency signs become their codes
-/// (`€` → `EUR`, `£` → `GBP`); a Latin letter with a diacritic loses the diacritic
-/// (`ã` → `a`, `Ç` → `C`, `ñ` → `n`); `º`/`ª` become `o`/`a`. Anything else: `None`
+/// (`€` → `EUR`, `£` → `GBP`); Spanish `¡`/`¿` become `!`/`?`; a Latin letter with a
+/// diacritic loses the diacritic (`ã` → `a`, `Ç` → `C`, `ñ` → `n`); `º`/`ª` become `o`/`a`. Anything else: `None`
 /// (the caller prints `?`). Emoji and other scripts have no fallback on purpose: a `?` is
 /// visible on paper, a guessed letter would not be.
 pub fn fallback(c: char) -> Option<&'static str> {
@@ -188,6 +188,8 @@ pub fn fallback(c: char) -> Option<&'static str> {
         '\u{2026}' => "...",
         '\u{2022}' | '·' => "*",
         '\u{00A0}' | '\u{2007}' | '\u{202F}' => " ",
+        '¡' => "!",
+        '¿' => "?",
         '€' => "EUR",
         '£' => "GBP",
         'º' => "o",

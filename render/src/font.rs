@@ -53,6 +53,12 @@ pub fn text_width(face: Face, px: f32, text: &str) -> f32 {
     w
 }
 
+/// Whether `face` has a glyph for `c` (otherwise it would draw the "missing glyph" box).
+/// Screens drop such characters, e.g. emoji in a merchant name.
+pub fn has_glyph(face: Face, c: char) -> bool {
+    font(face).glyph_id(c).0 != 0
+}
+
 /// The pixel size at which one DejaVu Sans Mono cell is `cell_width` pixels wide.
 ///
 /// The printer simulator uses it to fit font A (12 dots) and font B (9 dots) cells.

@@ -3,6 +3,23 @@
 //! Everything pixgate puts in front of a shop's customer, as pure functions of a charge:
 //! the Pix BR Code payload, its QR image, the ESC/POS receipt for the thermal printer and
 //! the card machine's screens. No I/O here: the gateway and the simulators call in.
+//!
+//! - [`brcode`]: parse, validate and write Pix BR Codes (EMV-MPM, CRC16).
+//! - [`money`], [`locale`]: amounts in centavos as text; languages and labels.
+//! - [`qr`]: QR matrices at error correction M, PNGs, module sizing.
+//! - [`escpos`], [`receipt`]: ESC/POS command writer and the paid-charge receipt.
+//! - [`screen`]: card-machine screens as pictures.
+//! - [`codepage`], [`font`]: printer code pages and bundled fonts.
 
+pub mod brcode;
 pub mod codepage;
+pub mod escpos;
 pub mod font;
+pub mod locale;
+pub mod money;
+pub mod paint;
+pub mod qr;
+pub mod receipt;
+pub mod screen;
+
+pub use locale::Locale;

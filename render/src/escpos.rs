@@ -1,0 +1,226 @@
+//! A small ESC/POS command writer into an in-memory `Vec<u8>`.
+//!
+//! Why not the `escpos` crate (fabienbellanger, 0.20.1)? Its text path silently falls back
+//! to UTF-8 for characters outside the selected page and its `cash_drawer` sends a 3-byte
+//! `ESC p` that swallows the next command (`shared/notes/escpos.md`, "Things that
+//! surprised me"). pixgate needs byte-exact control of text encoding (every string through
+//! [`CodePage::encode_lossy`]) and of `GS ( k` lengths, and only about ten commands, each
+//! documented below with its bytes (Epson ESC/POS Command Reference).
+
+use crate::codepage::CodePage;
+
+/// Horizontal alignment for `ESC a n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// n = 0.
+    Left = 0,
+    /// n = 1.
+    Center = 1,
+    /// n = 2.
+    Right = 2,
+}
+
+/// Writes ESC/POS commands and code-page text into a byte buffer.
+#[derive(Debug, Clone)]
+pub struct EscPos {
+    buf: Vec<u8>,
+    page: CodePage,
+    replaced: usize,
+}
+
+impl EscPos {
+    /// An empty job whose text will be encoded for `page`. Nothing is written yet: start
+    /// with [`EscPos::init`].
+    pub fn new(page: CodePage) -> Self {
+        EscPos { buf: Vec::with_capacity(2048), page, replaced: 0 }
+    }
+
+    /// `ESC @` (`1B 40`), initialize, immediately followed by `ESC t n` (`1B 74 n`) for
+    /// this job's page: `ESC @` resets the code table to the power-on default.
+    pub fn init(&mut self) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1B, 0x40, 0x1B, 0x74, self.page.epson_table()]);
+        self
+    }
+
+    /// `ESC a n` (`1B 61 n`): justification, effective at the start of a line.
+    pub fn align(&mut self, a: Align) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1B, 0x61, a as u8]);
+        self
+    }
+
+    /// `ESC E n` (`1B 45 n`): emphasized (bold) on (n = 1) or off (n = 0).
+    pub fn bold(&mut self, on: bool) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1B, 0x45, on as u8]);
+        self
+    }
+
+    /// `GS ! n` (`1D 21 n`): character size, `width` and `height` multipliers 1..=8
+    /// (n = (width − 1) << 4 | (height − 1)); out-of-range values are clamped.
+    pub fn size(&mut self, width: u8, height: u8) -> &mut Self {
+        let w = width.clamp(1, 8) - 1;
+        let h = height.clamp(1, 8) - 1;
+        self.buf.extend_from_slice(&[0x1D, 0x21, (w << 4) | h]);
+        self
+    }
+
+    /// Text encoded with [`CodePage::encode_lossy`] for this job's page (never UTF-8),
+    /// after [`printable`] (control characters become spaces, pictographs are dropped).
+    pub fn text(&mut self, s: &str) -> &mut Self {
+        let bytes = self.encode(s);
+        self.buf.extend_from_slice(&bytes);
+        self
+    }
+
+    /// Bytes already encoded for this page (from [`EscPos::encode`]), written as they are.
+    pub fn raw_text(&mut self, bytes: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(bytes);
+        self
+    }
+
+    /// Encodes text for this page without writing it (for measuring and wrapping: one byte
+    /// is one printed character cell), after [`printable`].
+    pub fn encode(&mut self, s: &str) -> Vec<u8> {
+        let (bytes, replaced) = self.page.encode_lossy(&printable(s));
+        self.replaced += replaced;
+        bytes
+    }
+
+    /// `LF` (`0A`): print the line buffer and feed one line.
+    pub fn lf(&mut self) -> &mut Self {
+        self.buf.push(0x0A);
+        self
+    }
+
+    /// `ESC d n` (`1B 64 n`): print and feed `n` lines.
+    pub fn feed_lines(&mut self, n: u8) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1B, 0x64, n]);
+        self
+    }
+
+    /// `GS V A n` (`1D 56 41 n`, function B): feed to the cutting position plus `n`
+    /// vertical units, then full cut (cutters that only do partial cuts do that).
+    pub fn cut(&mut self, n: u8) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1D, 0x56, 0x41, n]);
+        self
+    }
+
+    /// Native QR through `GS ( k` (`1D 28 6B pL pH cn fn …`, cn = `0x31`):
+    /// `fn 165` model 2 (`04 00 31 41 32 00`), `fn 167` module size `module` dots
+    /// (`03 00 31 43 n`, 1..=16), `fn 169` error correction M (`03 00 31 45 31`),
+    /// `fn 180` store (`pL pH 31 50 30 data`, pL + 256·pH = data length + 3), `fn 181` print
+    /// (`03 00 31 51 30`). `data` is sent as bytes unchanged (a BR Code is ASCII).
+    /// Panics never; data over 65 532 bytes is the caller's bug and is truncated.
+    pub fn qr_native(&mut self, data: &[u8], module: u8) -> &mut Self {
+        let data = &data[..data.len().min(0xFFFF - 3)];
+        let k = data.len() + 3;
+        self.buf.extend_from_slice(&[0x1D, 0x28, 0x6B, 0x04, 0x00, 0x31, 0x41, 0x32, 0x00]);
+        self.buf.extend_from_slice(&[0x1D, 0x28, 0x6B, 0x03, 0x00, 0x31, 0x43, module.clamp(1, 16)]);
+        self.buf.extend_from_slice(&[0x1D, 0x28, 0x6B, 0x03, 0x00, 0x31, 0x45, 0x31]);
+        self.buf.extend_from_slice(&[0x1D, 0x28, 0x6B, (k & 0xFF) as u8, (k >> 8) as u8, 0x31, 0x50, 0x30]);
+        self.buf.extend_from_slice(data);
+        self.buf.extend_from_slice(&[0x1D, 0x28, 0x6B, 0x03, 0x00, 0x31, 0x51, 0x30]);
+        self
+    }
+
+    /// Raster bit image `GS v 0` (`1D 76 30 m xL xH yL yH d1…dk`), m = 0 (normal):
+    /// x = bytes per row = ⌈width_dots / 8⌉, y = rows, k = x·y; MSB first, 1 = black, rows
+    /// padded with 0 bits. `dark(x, y)` says whether dot (x, y) is black.
+    /// Images taller than 2047 rows would need banding; callers keep QRs well below that.
+    pub fn raster(&mut self, width_dots: u32, height: u32, dark: impl Fn(u32, u32) -> bool) -> &mut Self {
+        let x_bytes = width_dots.div_ceil(8);
+        self.buf.extend_from_slice(&[
+            0x1D,
+            0x76,
+            0x30,
+            0x00,
+            (x_bytes & 0xFF) as u8,
+            (x_bytes >> 8) as u8,
+            (height & 0xFF) as u8,
+            (height >> 8) as u8,
+        ]);
+        for y in 0..height {
+            for bx in 0..x_bytes {
+                let mut byte = 0u8;
+                for bit in 0..8 {
+                    let x = bx * 8 + bit;
+                    if x < width_dots && dark(x, y) {
+                        byte |= 0x80 >> bit;
+                    }
+                }
+                self.buf.push(byte);
+            }
+        }
+        self
+    }
+
+    /// How many characters so far needed a code-page fallback (see [`CodePage::encode_lossy`]).
+    pub fn replaced(&self) -> usize {
+        self.replaced
+    }
+
+    /// The finished job's bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+/// Prepares text for a printer: control characters (below 0x20, and DEL) become spaces, so
+/// that data can never inject a command; emoji and other pictographs (U+1F000..U+1FAFF,
+/// U+2600..U+27BF), variation selectors and zero-width joiners are dropped, because no
+/// printer code page has them and a `?` in a shop's name looks like a fault. Everything
+/// else is left for [`CodePage::encode_lossy`] (which prints `?` for an unknown letter).
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let u = c as u32;
+        if u < 0x20 || u == 0x7F {
+            out.push(' ');
+        } else if (0x1F000..=0x1FAFF).contains(&u) || (0x2600..=0x27BF).contains(&u) || (0xFE00..=0xFE0F).contains(&u) || u == 0x200D {
+            continue;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_bytes() {
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.init().align(Align::Center).bold(true).size(2, 2).text("Pão\n").cut(3);
+        assert_eq!(
+            e.into_bytes(),
+            vec![0x1B, 0x40, 0x1B, 0x74, 3, 0x1B, 0x61, 1, 0x1B, 0x45, 1, 0x1D, 0x21, 0x11, b'P', 0x84, b'o', b' ', 0x1D, 0x56, 0x41, 3]
+        );
+    }
+
+    #[test]
+    fn pictographs_are_dropped_controls_neutralised() {
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.text("Pão 🍞\x1B@!");
+        assert_eq!(e.into_bytes(), vec![b'P', 0x84, b'o', b' ', b' ', b'@', b'!']);
+    }
+
+    #[test]
+    fn qr_store_length_uses_ph() {
+        let data = vec![b'A'; 300];
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.qr_native(&data, 6);
+        let b = e.into_bytes();
+        let store = b.windows(8).position(|w| w[..3] == [0x1D, 0x28, 0x6B] && w[5..] == [0x31, 0x50, 0x30]).unwrap();
+        let k = b[store + 3] as usize + 256 * b[store + 4] as usize;
+        assert_eq!(k, 303);
+        assert_eq!(b[store + 4], 1);
+    }
+
+    #[test]
+    fn raster_rows_are_padded_msb_first() {
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.raster(10, 1, |x, _| x == 0 || x == 9);
+        assert_eq!(e.into_bytes(), vec![0x1D, 0x76, 0x30, 0, 2, 0, 1, 0, 0x80, 0x40]);
+    }
+}

@@ -1,0 +1,155 @@
+//! QR codes for Pix payloads: the module matrix, a PNG of it, and how big a module can be
+//! on a given paper or screen.
+//!
+//! Encoding uses the `qrcode` crate (ISO/IEC 18004 model 2) at error correction level **M**
+//! (15 % recovery), the level pixgate uses everywhere: the printer's native `GS ( k` QR is
+//! asked for M too (`fn 169`, n = 49), so the raster and native paths print the same symbol
+//! size. The payload is encoded as given (BR Codes written by [`crate::brcode`] are ASCII).
+
+use image::{GrayImage, ImageEncoder, Luma};
+use thiserror::Error;
+
+/// Why a payload could not become a QR code.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum QrError {
+    /// The payload does not fit a version-40 symbol at level M (2331 bytes in byte mode).
+    #[error("payload of {len} bytes is too long for a QR code at error correction M")]
+    DataTooLong { len: usize },
+    /// Any other refusal by the encoder, with its message.
+    #[error("QR encoder failed: {0}")]
+    Encoder(String),
+}
+
+/// A QR symbol as a square of modules, without quiet zone.
+///
+/// `modules` holds `width × width` entries, row-major (`y * width + x`), `true` = dark.
+/// `width` = 17 + 4 × version (21 for version 1, 45 for version 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QrMatrix {
+    /// Modules per side.
+    pub width: usize,
+    /// Row-major modules, `true` = dark.
+    pub modules: Vec<bool>,
+}
+
+impl QrMatrix {
+    /// Whether the module at column `x`, row `y` is dark; `false` outside the symbol (the
+    /// quiet zone is light).
+    pub fn get(&self, x: usize, y: usize) -> bool {
+        x < self.width && y < self.width && self.modules[y * self.width + x]
+    }
+
+    /// The QR version (1..=40) derived from the width.
+    pub fn version(&self) -> usize {
+        (self.width - 17) / 4
+    }
+
+    /// Renders the symbol as a grayscale picture: `module_px` pixels per module and
+    /// `quiet_modules` light modules around it; side = (width + 2 × quiet) × module_px.
+    /// Dark = 0, light = 255.
+    pub fn to_gray(&self, module_px: u32, quiet_modules: u32) -> GrayImage {
+        let side = (self.width as u32 + 2 * quiet_modules) * module_px;
+        GrayImage::from_fn(side, side, |px, py| {
+            let mx = (px / module_px.max(1)) as i64 - quiet_modules as i64;
+            let my = (py / module_px.max(1)) as i64 - quiet_modules as i64;
+            let dark = mx >= 0 && my >= 0 && self.get(mx as usize, my as usize);
+            Luma([if dark { 0 } else { 255 }])
+        })
+    }
+}
+
+/// Encodes `payload` (its UTF-8 bytes) as a QR code at error correction level M, the
+/// smallest version that fits.
+///
+/// # Errors
+/// [`QrError::DataTooLong`] when the payload exceeds version 40-M.
+pub fn encode(payload: &str) -> Result<QrMatrix, QrError> {
+    let code = qrcode::QrCode::with_error_correction_level(payload.as_bytes(), qrcode::EcLevel::M).map_err(|e| match e {
+        qrcode::types::QrError::DataTooLong => QrError::DataTooLong { len: payload.len() },
+        other => QrError::Encoder(other.to_string()),
+    })?;
+    Ok(QrMatrix { width: code.width(), modules: code.to_colors().into_iter().map(|c| c == qrcode::Color::Dark).collect() })
+}
+
+/// Modules per side of the smallest model-2 symbol at level M that holds `len` bytes in
+/// **byte mode** (what printer firmware typically uses for `GS ( k` data), or `None` past
+/// version 40. Used to size a native printer QR, which the printer encodes itself.
+pub fn byte_mode_width(len: usize) -> Option<usize> {
+    let data = vec![b'0'; len];
+    (1..=40i16).find_map(|v| {
+        let mut bits = qrcode::bits::Bits::new(qrcode::Version::Normal(v));
+        let fits = bits.push_byte_data(&data).is_ok() && bits.push_terminator(qrcode::EcLevel::M).is_ok();
+        fits.then_some(17 + 4 * v as usize)
+    })
+}
+
+/// A PNG (8-bit grayscale) of the symbol with `module_px` pixels per module and a quiet zone
+/// of `quiet_modules` modules (ISO/IEC 18004 asks for 4). `module_px` 0 is treated as 1.
+pub fn to_png(m: &QrMatrix, module_px: u32, quiet_modules: u32) -> Vec<u8> {
+    let img = m.to_gray(module_px.max(1), quiet_modules);
+    let mut out = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(img.as_raw(), img.width(), img.height(), image::ExtendedColorType::L8)
+        .expect("encoding a PNG into memory cannot fail");
+    out
+}
+
+/// The largest whole module size, in dots (or px), such that the symbol plus
+/// `quiet_modules` on each side fits in `max_dots`: ⌊max_dots / (width + 2 × quiet)⌋.
+/// Returns 0 when not even 1 dot per module fits; callers must treat 0 as "cannot print".
+/// Example: a version-7 symbol (45 modules) with quiet zone 4 on 384 dots → 7.
+pub fn module_size_for_width(m: &QrMatrix, max_dots: u32, quiet_modules: u32) -> u32 {
+    max_dots / (m.width as u32 + 2 * quiet_modules)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    const DYN: &str = "00020101021226760014br.gov.bcb.pix2554pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e52040000530398654049.905802BR5918PAGAMENTOS EXEMPLO6009SAO PAULO62070503***63042666";
+
+    #[test]
+    fn encodes_at_m_and_round_trips_through_png() {
+        let m = encode(DYN).unwrap();
+        assert_eq!(m.modules.len(), m.width * m.width);
+        assert_eq!((m.width - 17) % 4, 0);
+        let png = to_png(&m, 4, 4);
+        let img = image::load_from_memory(&png).unwrap().to_luma8();
+        assert_eq!(img.width(), (m.width as u32 + 8) * 4);
+        let mut prepared = rqrr::PreparedImage::prepare(img);
+        let grids = prepared.detect_grids();
+        assert_eq!(grids.len(), 1);
+        let (meta, text) = grids[0].decode().unwrap();
+        assert_eq!(text, DYN);
+        assert_eq!(meta.ecc_level, 0, "rqrr reports ECC M as 0 (format bits 00)");
+        assert_eq!(meta.version.0, m.version());
+    }
+
+    #[test]
+    fn module_size_fits() {
+        let m = encode(DYN).unwrap();
+        let q = 4;
+        for dots in [384u32, 576, 720] {
+            let s = module_size_for_width(&m, dots, q);
+            assert!(s >= 1);
+            assert!((m.width as u32 + 2 * q) * s <= dots);
+            assert!((m.width as u32 + 2 * q) * (s + 1) > dots);
+        }
+        assert_eq!(module_size_for_width(&m, 10, 4), 0);
+    }
+
+    #[test]
+    fn byte_mode_is_never_smaller_than_optimal() {
+        let m = encode(DYN).unwrap();
+        let w = byte_mode_width(DYN.len()).unwrap();
+        assert!(w >= m.width);
+        assert_eq!(byte_mode_width(14), Some(21), "version 1-M holds 14 bytes");
+        assert_eq!(byte_mode_width(15), Some(25));
+        assert_eq!(byte_mode_width(3000), None);
+    }
+
+    #[test]
+    fn too_long() {
+        assert!(matches!(encode(&"x".repeat(3000)), Err(QrError::DataTooLong { len: 3000 })));
+    }
+}

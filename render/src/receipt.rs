@@ -1,0 +1,337 @@
+//! The Pix receipt a thermal printer prints when a charge is paid, as ESC/POS bytes.
+//!
+//! Layout (font A, 12 × 24-dot cells; see `shared/notes/escpos.md` §b, §c):
+//!
+//! 1. `ESC @` then `ESC t n` for the profile's code page (always right after `ESC @`);
+//! 2. centred, bold, double-size merchant name (wrapped at word boundaries), city, title;
+//! 3. the amount in the receipt's locale format, bold and double size;
+//! 4. line items as two columns (name left, wrapped at words; value right), comment (at
+//!    most 8 lines), payer,
+//!    paid-at in the receipt's time zone, end-to-end id (wrapped when longer than a line),
+//!    charge id and txid;
+//! 5. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster), centred and fitting the
+//!    paper with a 4-module quiet zone (module ≤ 6 dots);
+//! 6. `ESC d 3` feed and `GS V A n` cut.
+//!
+//! All text goes through [`crate::escpos::printable`] (emoji dropped, control characters
+//! neutralised) and [`crate::codepage::CodePage::encode_lossy`]; raw UTF-8 never reaches
+//! the printer. Commands are written by [`crate::escpos::EscPos`].
+
+use crate::codepage::CodePage;
+use crate::escpos::{Align, EscPos};
+use crate::locale::{Label, Locale};
+use crate::money::format_amount;
+use crate::qr;
+use chrono::{DateTime, Utc};
+use thiserror::Error;
+
+/// Quiet zone around a printed QR, in modules (ISO/IEC 18004: 4).
+pub const QR_QUIET_MODULES: u32 = 4;
+
+/// Largest QR module printed, in dots (6 dots = 0.75 mm at 203 dpi). A bigger module only
+/// wastes paper: a 186-byte BR Code (version 10, 57 modules) is then 43 mm wide, easy for
+/// any phone camera. Smaller papers get the largest module that fits.
+pub const MAX_MODULE_DOTS: u32 = 6;
+
+/// Comments longer than this many lines are cut, ending in `...` (paper is not free).
+pub const MAX_COMMENT_LINES: usize = 8;
+
+/// A receipt printer's relevant settings (from the device registry's `printer` object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrinterProfile {
+    /// Paper roll width in millimetres: 58 or 80 (other values are treated as 80 when
+    /// ≥ 70, else 58).
+    pub paper_width_mm: u8,
+    /// Character code table the printer is set to; selected with `ESC t n` on every job.
+    pub code_page: CodePage,
+    /// Whether the printer understands `GS ( k` QR commands; otherwise a `GS v 0` raster
+    /// QR is sent.
+    pub native_qr: bool,
+}
+
+impl PrinterProfile {
+    /// Printable dots per line at 203 dpi: 58 mm → 384, 80 mm → 576.
+    pub fn dots(&self) -> u32 {
+        if self.paper_width_mm >= 70 { 576 } else { 384 }
+    }
+
+    /// Font A columns (12-dot cells): 58 mm → 32, 80 mm → 48.
+    pub fn columns(&self) -> usize {
+        (self.dots() / 12) as usize
+    }
+}
+
+/// What a receipt is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReceiptKind {
+    /// A Pix charge was paid (charge `status` `COMPLETED`).
+    #[default]
+    Paid,
+}
+
+/// Everything printed on a receipt, taken from a charge document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    /// Receipt type.
+    pub kind: ReceiptKind,
+    /// `merchant.name`, as spelled (accents kept; the code page decides what prints).
+    pub merchant_name: String,
+    /// `merchant.city`.
+    pub merchant_city: String,
+    /// Charge `value`, in centavos.
+    pub amount_cents: u64,
+    /// `additionalInfo` as (key, value) pairs, e.g. ("Pão de queijo", "3x").
+    pub items: Vec<(String, String)>,
+    /// Charge `comment`.
+    pub comment: Option<String>,
+    /// `payer.name`.
+    pub payer_name: Option<String>,
+    /// `paidAt`.
+    pub paid_at: Option<DateTime<Utc>>,
+    /// Time zone in which `paid_at` is printed (the shop's).
+    pub time_zone: chrono_tz::Tz,
+    /// `endToEndId` of the Pix transaction (32 characters, `E…`).
+    pub end_to_end_id: Option<String>,
+    /// The charge's `_id`.
+    pub charge_id: String,
+    /// `transactionID`.
+    pub txid: Option<String>,
+    /// The BR Code to print as a QR (dynamic `brCode` or the static payload); none → no QR.
+    pub brcode: Option<String>,
+    /// Language of labels, date and amount format.
+    pub locale: Locale,
+}
+
+/// Why a receipt could not be rendered.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ReceiptError {
+    /// The BR Code could not be encoded as a QR.
+    #[error("cannot encode the BR Code as a QR code: {0}")]
+    Qr(#[from] qr::QrError),
+    /// The QR does not fit the paper even at 1 dot per module.
+    #[error("a QR of {modules} modules (plus quiet zone) does not fit {dots} dots")]
+    QrTooWide { modules: usize, dots: u32 },
+}
+
+/// Splits encoded text (one byte per cell) into lines of at most `width` cells, breaking at
+/// spaces; a word longer than a line is cut hard. Never returns an empty list.
+fn wrap(bytes: &[u8], width: usize) -> Vec<Vec<u8>> {
+    let width = width.max(1);
+    let mut lines: Vec<Vec<u8>> = Vec::new();
+    let mut line: Vec<u8> = Vec::new();
+    for word in bytes.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
+        let mut word = word;
+        loop {
+            let need = if line.is_empty() { word.len() } else { line.len() + 1 + word.len() };
+            if need <= width {
+                if !line.is_empty() {
+                    line.push(b' ');
+                }
+                line.extend_from_slice(word);
+                break;
+            }
+            if !line.is_empty() {
+                lines.push(std::mem::take(&mut line));
+                continue;
+            }
+            // Word longer than a whole line: cut it.
+            lines.push(word[..width].to_vec());
+            word = &word[width..];
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    if !line.is_empty() || lines.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+fn line(e: &mut EscPos, bytes: &[u8]) {
+    e.raw_text(bytes).lf();
+}
+
+fn wrapped(e: &mut EscPos, text: &str, width: usize) {
+    let bytes = e.encode(text);
+    for l in wrap(&bytes, width) {
+        line(e, &l);
+    }
+}
+
+/// "Label: value" on one line if it fits, otherwise the label on its own line and the value
+/// wrapped below.
+fn labelled(e: &mut EscPos, label: &str, value: &str, cols: usize) {
+    let l = e.encode(&format!("{label}:"));
+    let v = e.encode(value);
+    if l.len() + 1 + v.len() <= cols {
+        let mut b = l;
+        b.push(b' ');
+        b.extend_from_slice(&v);
+        line(e, &b);
+    } else {
+        line(e, &l);
+        for w in wrap(&v, cols) {
+            line(e, &w);
+        }
+    }
+}
+
+fn separator(e: &mut EscPos, cols: usize) {
+    line(e, &vec![b'-'; cols]);
+}
+
+/// Renders `r` as an ESC/POS job for printer `p` (layout in the module docs).
+///
+/// The QR: native `GS ( k` with the module size (`fn 167`) chosen so that the symbol a
+/// printer makes from the data in byte mode, plus a 4-module quiet zone, fits `p.dots()`;
+/// or a `GS v 0` raster of [`qr::encode`]'s matrix, centred by `ESC a 1`. Either way the
+/// module is the largest whole number of dots that fits, capped at [`MAX_MODULE_DOTS`].
+/// A comment is printed after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
+///
+/// # Errors
+/// [`ReceiptError::Qr`] when the BR Code cannot be a QR; [`ReceiptError::QrTooWide`] when
+/// it cannot fit the paper.
+pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, ReceiptError> {
+    let cols = p.columns();
+    let loc = r.locale;
+    let mut e = EscPos::new(p.code_page);
+    e.init();
+
+    // Header.
+    e.align(Align::Center).bold(true).size(2, 2);
+    wrapped(&mut e, &r.merchant_name, cols / 2);
+    e.size(1, 1).bold(false);
+    if !r.merchant_city.trim().is_empty() {
+        wrapped(&mut e, &r.merchant_city, cols);
+    }
+    e.lf();
+    let title = match r.kind {
+        ReceiptKind::Paid => format!("{} - {}", loc.label(Label::PixReceipt), loc.label(Label::Paid)),
+    };
+    e.bold(true);
+    wrapped(&mut e, &title.to_uppercase(), cols);
+    e.bold(false);
+
+    // Amount.
+    let amount = format_amount(r.amount_cents.min(i64::MAX as u64) as i64, loc);
+    let amount_b = e.encode(&amount);
+    e.text(loc.label(Label::Total)).lf();
+    e.bold(true);
+    if amount_b.len() <= cols / 2 {
+        e.size(2, 2);
+    } else {
+        e.size(1, 2);
+    }
+    line(&mut e, &amount_b);
+    e.size(1, 1).bold(false).align(Align::Left);
+    separator(&mut e, cols);
+
+    // Items: name left (wrapped), value right-aligned on the name's first line.
+    if !r.items.is_empty() {
+        for (name, value) in &r.items {
+            let v = e.encode(value);
+            let v = &v[..v.len().min(cols / 2)];
+            let name_w = cols - v.len() - 1;
+            let name_lines = wrap(&e.encode(name), name_w);
+            for (i, nl) in name_lines.iter().enumerate() {
+                let mut b = nl.clone();
+                if i == 0 {
+                    b.resize(cols - v.len(), b' ');
+                    b.extend_from_slice(v);
+                }
+                line(&mut e, &b);
+            }
+        }
+        separator(&mut e, cols);
+    }
+
+    if let Some(c) = r.comment.as_deref().filter(|c| !c.trim().is_empty()) {
+        let label = e.encode(&format!("{}:", loc.label(Label::Comment)));
+        let mut text = label.clone();
+        text.push(b' ');
+        text.extend(e.encode(c));
+        let mut lines = wrap(&text, cols);
+        if lines.len() > MAX_COMMENT_LINES {
+            lines.truncate(MAX_COMMENT_LINES);
+            let last = lines.last_mut().expect("non-empty");
+            last.truncate(cols - 3);
+            last.extend_from_slice(b"...");
+        }
+        for l in lines {
+            line(&mut e, &l);
+        }
+    }
+    if let Some(n) = r.payer_name.as_deref().filter(|c| !c.trim().is_empty()) {
+        labelled(&mut e, loc.label(Label::Payer), n, cols);
+    }
+    if let Some(t) = r.paid_at {
+        labelled(&mut e, loc.label(Label::Date), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+    }
+    if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
+        labelled(&mut e, loc.label(Label::EndToEndId), id, cols);
+    }
+    labelled(&mut e, loc.label(Label::Charge), &r.charge_id, cols);
+    if let Some(t) = r.txid.as_deref().filter(|c| !c.trim().is_empty()) {
+        labelled(&mut e, loc.label(Label::Txid), t, cols);
+    }
+
+    // QR.
+    if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
+        separator(&mut e, cols);
+        e.align(Align::Center);
+        let dots = p.dots();
+        if p.native_qr {
+            let width = qr::byte_mode_width(code.len()).ok_or(qr::QrError::DataTooLong { len: code.len() })?;
+            let module = dots / (width as u32 + 2 * QR_QUIET_MODULES);
+            if module == 0 {
+                return Err(ReceiptError::QrTooWide { modules: width, dots });
+            }
+            e.qr_native(code.as_bytes(), module.min(MAX_MODULE_DOTS) as u8);
+        } else {
+            let m = qr::encode(code)?;
+            let module = qr::module_size_for_width(&m, dots, QR_QUIET_MODULES);
+            if module == 0 {
+                return Err(ReceiptError::QrTooWide { modules: m.width, dots });
+            }
+            let module = module.min(MAX_MODULE_DOTS);
+            // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
+            let side = (m.width as u32 + 2 * QR_QUIET_MODULES) * module;
+            e.raster(side, side, |x, y| {
+                let mx = (x / module) as i64 - QR_QUIET_MODULES as i64;
+                let my = (y / module) as i64 - QR_QUIET_MODULES as i64;
+                mx >= 0 && my >= 0 && m.get(mx as usize, my as usize)
+            });
+        }
+        e.lf();
+    }
+
+    e.align(Align::Center);
+    e.text(loc.label(Label::ThankYou)).lf();
+    e.align(Align::Left);
+    e.feed_lines(3).cut(3);
+    Ok(e.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_breaks_at_words_and_cuts_long_words() {
+        let w = wrap(b"Tapioca de coco com leite condensado", 12);
+        assert_eq!(w, vec![b"Tapioca de".to_vec(), b"coco com".to_vec(), b"leite".to_vec(), b"condensado".to_vec()]);
+        let w = wrap(b"E25328704202611271201yxv2kgafrfwXYZ", 32);
+        assert_eq!(w[0].len(), 32);
+        assert_eq!(w[1], b"XYZ".to_vec());
+        assert_eq!(wrap(b"", 10), vec![Vec::<u8>::new()]);
+    }
+
+    #[test]
+    fn profile_geometry() {
+        let p58 = PrinterProfile { paper_width_mm: 58, code_page: CodePage::Cp860, native_qr: true };
+        let p80 = PrinterProfile { paper_width_mm: 80, ..p58 };
+        assert_eq!((p58.dots(), p58.columns()), (384, 32));
+        assert_eq!((p80.dots(), p80.columns()), (576, 48));
+    }
+}
