@@ -1,1 +1,105 @@
-fn main() {}
+//! `pixgate`: the gateway binary. See `pixgate --help`.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use gateway::config::Config;
+use gateway::dispatch::Dispatcher;
+use gateway::stats::Stats;
+use gateway::{consumer, http, mqtt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+/// pixgate: Pix charge events from Kafka → QR screens and receipts on card machines and
+/// printers, over an embedded MQTT broker, with per-device order and acknowledgements.
+///
+/// Configuration: built-in defaults, then `--config FILE` (TOML), then environment
+/// variables `PIXGATE_<SECTION>__<KEY>`, e.g. `PIXGATE_KAFKA__BROKERS=127.0.0.1:9092`,
+/// `PIXGATE_MQTT__LISTEN=0.0.0.0:1883`, `PIXGATE_HTTP__LISTEN=127.0.0.1:8080`.
+/// `pixgate config` prints the result.
+#[derive(Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// TOML configuration file.
+    #[arg(long, short, env = "PIXGATE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway (the default): Kafka consumer, MQTT broker, delivery, /healthz, /readyz, /stats.
+    Run,
+    /// Print the effective configuration as TOML-compatible JSON.
+    Config,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into()))
+        .init();
+    let cfg = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
+    match cli.command.unwrap_or(Cmd::Run) {
+        Cmd::Config => {
+            println!("{}", serde_json::to_string_pretty(&cfg)?);
+            Ok(())
+        }
+        Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg)),
+    }
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    let stats = Arc::new(Stats::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+
+    let (commands_tx, commands_rx) = mpsc::channel(1024);
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
+    let publisher = mqtt::start(&cfg.mqtt, incoming_tx).context("starting the embedded MQTT broker")?;
+    tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
+
+    let dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone());
+    let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
+    let to_dispatcher = commands_tx.clone();
+    tokio::spawn(async move {
+        while let Some(msg) = incoming_rx.recv().await {
+            if to_dispatcher.send(gateway::dispatch::Command::Device(msg)).await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut http_shutdown = shutdown_rx.clone();
+    let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), stats.clone(), async move {
+        let _ = http_shutdown.changed().await;
+    }));
+
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        let _ = shutdown_tx.send(true);
+    });
+
+    let result = consumer::run(cfg, stats, commands_tx, finished_rx, shutdown_rx).await;
+    dispatcher_task.abort();
+    match http_task.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
+        Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
+        _ => {}
+    }
+    tracing::info!("stopped");
+    result
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

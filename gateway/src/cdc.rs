@@ -1,0 +1,400 @@
+//! Decoding the capture job's change events: the envelope and the documents inside it, in
+//! MongoDB relaxed Extended JSON. Contract: `fixtures/cdc/README.md`.
+//!
+//! Decoding is strict where a wrong guess would show a wrong amount or send a QR to the
+//! wrong shop (an amount must be integer centavos, `company` must be there) and tolerant
+//! where the database legitimately varies (`{"$numberLong": "990"}` or `990`; `{"$oid"}`
+//! or a plain string). Every failure is a [`DecodeError`] whose [`DecodeError::reason`] is a
+//! stable, short dead-letter reason.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+/// Why a record could not be decoded. Each becomes a dead letter.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecodeError {
+    /// The record value is not JSON (binary garbage, truncated text).
+    #[error("record value is not valid JSON: {0}")]
+    NotJson(String),
+    /// A required field is absent or null.
+    #[error("required field `{0}` is missing")]
+    Missing(&'static str),
+    /// A field has the wrong type or an impossible value.
+    #[error("field `{field}`: {problem}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl DecodeError {
+    /// Short stable reason for counters and dead letters, e.g. `not_json`,
+    /// `missing_field:company`, `invalid_field:value`.
+    pub fn reason(&self) -> String {
+        match self {
+            DecodeError::NotJson(_) => "not_json".into(),
+            DecodeError::Missing(f) => format!("missing_field:{f}"),
+            DecodeError::Invalid { field, .. } => format!("invalid_field:{field}"),
+        }
+    }
+}
+
+/// What happened to the document (`operationType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `insert`
+    Insert,
+    /// `update`
+    Update,
+    /// `replace`
+    Replace,
+    /// `delete`
+    Delete,
+}
+
+/// A change event envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// `eventId`: deterministic, the same for a redelivery of the same change.
+    pub event_id: String,
+    /// `operationType`.
+    pub operation: Operation,
+    /// `documentKey._id`.
+    pub document_id: String,
+    /// `clusterTime` as `(t << 32) | i`: the change's position in the oplog.
+    pub cluster_time: u64,
+    /// `fullDocument`, the document after the change; `None` for deletes, and for updates
+    /// whose document was deleted before the capture job looked it up.
+    pub full_document: Option<Value>,
+}
+
+/// Pix charge status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeStatus {
+    /// Waiting for payment.
+    Active,
+    /// Paid.
+    Completed,
+    /// Expired unpaid.
+    Expired,
+}
+
+/// The fields of a `Charge` document pixgate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Charge {
+    /// `_id`.
+    pub id: String,
+    /// `company`.
+    pub company: String,
+    /// `value`, in centavos.
+    pub value_cents: u64,
+    /// `status`.
+    pub status: ChargeStatus,
+    /// `__v`: grows with every change of the charge.
+    pub version: i64,
+    /// `terminal`: the card machine the charge was created on.
+    pub terminal: Option<String>,
+    /// `brCode`: the payload of a dynamic charge.
+    pub brcode: Option<String>,
+    /// `pixKey`, for static payloads.
+    pub pix_key: Option<String>,
+    /// `transactionID`, the static payload's txid.
+    pub transaction_id: Option<String>,
+    /// `merchant.name`.
+    pub merchant_name: String,
+    /// `merchant.city`.
+    pub merchant_city: String,
+    /// `additionalInfo` as `(key, value)` line items.
+    pub items: Vec<(String, String)>,
+    /// `comment`.
+    pub comment: Option<String>,
+    /// `payer.name`.
+    pub payer_name: Option<String>,
+    /// `paidAt`.
+    pub paid_at: Option<DateTime<Utc>>,
+    /// `expiresDate`.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// `endToEndId` of the Pix transfer.
+    pub end_to_end_id: Option<String>,
+}
+
+/// What kind of device a `Device` document describes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceKind {
+    /// A receipt printer.
+    Printer {
+        /// `printer.paperWidthMm`: 58 or 80.
+        paper_width_mm: u8,
+        /// `printer.codePage`, e.g. `CP860` (default CP860 when absent).
+        code_page: render::codepage::CodePage,
+        /// `printer.nativeQr`: understands `GS ( k`.
+        native_qr: bool,
+    },
+    /// A card machine.
+    Terminal {
+        /// `screen.widthPx`.
+        width_px: u32,
+        /// `screen.heightPx`.
+        height_px: u32,
+        /// `pairedPrinter`.
+        paired_printer: Option<String>,
+    },
+}
+
+/// The fields of a `Device` document pixgate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Device {
+    /// `_id`.
+    pub id: String,
+    /// `company`.
+    pub company: String,
+    /// `kind` and its sub-document.
+    pub kind: DeviceKind,
+    /// `locale`, e.g. `pt-BR` (default `pt-BR`).
+    pub locale: String,
+    /// `timeZone` (IANA), if the registry has one.
+    pub time_zone: Option<String>,
+    /// `enabled` (default true).
+    pub enabled: bool,
+    /// `defaultForCompany`: the company's printer for charges without a terminal.
+    pub default_for_company: bool,
+}
+
+/// Decodes a record value into an [`Envelope`].
+///
+/// # Errors
+/// [`DecodeError::NotJson`] for bytes that are not a JSON object; `Missing`/`Invalid` for
+/// envelope fields.
+pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    if !v.is_object() {
+        return Err(DecodeError::NotJson("not a JSON object".into()));
+    }
+    let event_id = str_field(&v, "eventId", "eventId")?.to_string();
+    let operation = match str_field(&v, "operationType", "operationType")? {
+        "insert" => Operation::Insert,
+        "update" => Operation::Update,
+        "replace" => Operation::Replace,
+        "delete" => Operation::Delete,
+        other => return Err(invalid("operationType", format!("unknown operation `{other}`"))),
+    };
+    let document_id = oid(req(&v["documentKey"]["_id"], "documentKey._id")?, "documentKey._id")?;
+    let ts = req(&v["clusterTime"]["$timestamp"], "clusterTime")?;
+    let t = ts["t"].as_u64().ok_or_else(|| invalid("clusterTime", "t is not an integer".into()))?;
+    let i = ts["i"].as_u64().ok_or_else(|| invalid("clusterTime", "i is not an integer".into()))?;
+    let full_document = match &v["fullDocument"] {
+        Value::Null => None,
+        d @ Value::Object(_) => Some(d.clone()),
+        _ => return Err(invalid("fullDocument", "not an object".into())),
+    };
+    Ok(Envelope { event_id, operation, document_id, cluster_time: (t << 32) | (i & 0xFFFF_FFFF), full_document })
+}
+
+/// Decodes a `Charge` document.
+///
+/// # Errors
+/// A missing `company`, `value`, `status`, `__v` or merchant; a `value` that is not a
+/// non-negative integer of centavos (a decimal string such as `"45.99"` is refused rather
+/// than guessed); an unknown `status`.
+pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
+    let id = oid(req(&doc["_id"], "_id")?, "_id")?;
+    let company = oid(req(&doc["company"], "company")?, "company")?;
+    let value = long(req(&doc["value"], "value")?, "value")?;
+    if value < 0 {
+        return Err(invalid("value", format!("negative amount {value}")));
+    }
+    let status = match str_field(doc, "status", "status")? {
+        "ACTIVE" => ChargeStatus::Active,
+        "COMPLETED" => ChargeStatus::Completed,
+        "EXPIRED" => ChargeStatus::Expired,
+        other => return Err(invalid("status", format!("unknown status `{other}`"))),
+    };
+    let version = long(req(&doc["__v"], "__v")?, "__v")?;
+    let merchant = req(&doc["merchant"], "merchant")?;
+    let items = match &doc["additionalInfo"] {
+        Value::Array(a) => a
+            .iter()
+            .map(|it| (text(&it["key"]).unwrap_or_default(), text(&it["value"]).unwrap_or_default()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Charge {
+        id,
+        company,
+        value_cents: value as u64,
+        status,
+        version,
+        terminal: opt(&doc["terminal"]).map(|t| oid(t, "terminal")).transpose()?,
+        brcode: text(&doc["brCode"]),
+        pix_key: text(&doc["pixKey"]),
+        transaction_id: text(&doc["transactionID"]),
+        merchant_name: text(&merchant["name"]).ok_or(DecodeError::Missing("merchant.name"))?,
+        merchant_city: text(&merchant["city"]).ok_or(DecodeError::Missing("merchant.city"))?,
+        items,
+        comment: text(&doc["comment"]),
+        payer_name: text(&doc["payer"]["name"]),
+        paid_at: opt(&doc["paidAt"]).map(|d| date(d, "paidAt")).transpose()?,
+        expires_at: opt(&doc["expiresDate"]).map(|d| date(d, "expiresDate")).transpose()?,
+        end_to_end_id: text(&doc["endToEndId"]),
+    })
+}
+
+/// Decodes a `Device` document.
+///
+/// # Errors
+/// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
+/// 80 mm, an unknown code page.
+pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
+    let id = oid(req(&doc["_id"], "_id")?, "_id")?;
+    let company = oid(req(&doc["company"], "company")?, "company")?;
+    let kind = match str_field(doc, "kind", "kind")? {
+        "printer" => {
+            let p = &doc["printer"];
+            let width = opt(&p["paperWidthMm"]).map(|w| long(w, "printer.paperWidthMm")).transpose()?.unwrap_or(80);
+            if width != 58 && width != 80 {
+                return Err(invalid("printer.paperWidthMm", format!("{width} mm is not 58 or 80")));
+            }
+            let code_page = match text(&p["codePage"]) {
+                None => render::codepage::CodePage::Cp860,
+                Some(name) => render::codepage::CodePage::from_name(&name)
+                    .ok_or_else(|| invalid("printer.codePage", format!("unknown code page `{name}`")))?,
+            };
+            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr: p["nativeQr"].as_bool().unwrap_or(false) }
+        }
+        "terminal" => {
+            let s = &doc["screen"];
+            let dim = |v: &Value, f: &'static str, d: i64| -> Result<u32, DecodeError> {
+                let n = opt(v).map(|x| long(x, f)).transpose()?.unwrap_or(d);
+                u32::try_from(n).ok().filter(|n| (64..=8192).contains(n)).ok_or_else(|| invalid(f, format!("{n} px")))
+            };
+            DeviceKind::Terminal {
+                width_px: dim(&s["widthPx"], "screen.widthPx", 720)?,
+                height_px: dim(&s["heightPx"], "screen.heightPx", 1280)?,
+                paired_printer: opt(&doc["pairedPrinter"]).map(|p| oid(p, "pairedPrinter")).transpose()?,
+            }
+        }
+        other => return Err(invalid("kind", format!("unknown device kind `{other}`"))),
+    };
+    Ok(Device {
+        id,
+        company,
+        kind,
+        locale: text(&doc["locale"]).unwrap_or_else(|| "pt-BR".into()),
+        time_zone: text(&doc["timeZone"]),
+        enabled: doc["enabled"].as_bool().unwrap_or(true),
+        default_for_company: doc["defaultForCompany"].as_bool().unwrap_or(false),
+    })
+}
+
+fn invalid(field: &'static str, problem: String) -> DecodeError {
+    DecodeError::Invalid { field, problem }
+}
+
+fn opt(v: &Value) -> Option<&Value> {
+    (!v.is_null()).then_some(v)
+}
+
+fn req<'a>(v: &'a Value, field: &'static str) -> Result<&'a Value, DecodeError> {
+    opt(v).ok_or(DecodeError::Missing(field))
+}
+
+fn str_field<'a>(doc: &'a Value, key: &str, field: &'static str) -> Result<&'a str, DecodeError> {
+    req(&doc[key], field)?.as_str().ok_or_else(|| invalid(field, "not a string".into()))
+}
+
+fn text(v: &Value) -> Option<String> {
+    v.as_str().map(str::to_string)
+}
+
+/// `{"$oid": "…"}` or a plain string.
+fn oid(v: &Value, field: &'static str) -> Result<String, DecodeError> {
+    let s = v["$oid"].as_str().or_else(|| v.as_str()).ok_or_else(|| invalid(field, "not an ObjectId".into()))?;
+    if s.is_empty() {
+        return Err(invalid(field, "empty id".into()));
+    }
+    Ok(s.to_string())
+}
+
+/// An integer: JSON number without fraction, `{"$numberLong": "…"}` or `{"$numberInt": "…"}`.
+fn long(v: &Value, field: &'static str) -> Result<i64, DecodeError> {
+    if let Some(n) = v.as_i64() {
+        return Ok(n);
+    }
+    let wrapped = v["$numberLong"].as_str().or_else(|| v["$numberInt"].as_str());
+    match wrapped {
+        Some(s) => s.parse().map_err(|_| invalid(field, format!("`{s}` is not an integer"))),
+        None => Err(invalid(field, format!("expected an integer, found {v}"))),
+    }
+}
+
+/// `{"$date": "ISO-8601"}`, `{"$date": {"$numberLong": "ms"}}` or an ISO-8601 string.
+fn date(v: &Value, field: &'static str) -> Result<DateTime<Utc>, DecodeError> {
+    let d = if v.get("$date").is_some() { &v["$date"] } else { v };
+    if let Some(s) = d.as_str() {
+        return DateTime::parse_from_rfc3339(s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| invalid(field, format!("`{s}`: {e}")));
+    }
+    let ms = long(d, field)?;
+    DateTime::from_timestamp_millis(ms).ok_or_else(|| invalid(field, format!("{ms} ms out of range")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn extended_json_forms() {
+        assert_eq!(long(&json!({"$numberLong": "990"}), "v").unwrap(), 990);
+        assert_eq!(long(&json!(4599), "v").unwrap(), 4599);
+        assert!(long(&json!("45.99"), "v").is_err());
+        assert!(long(&json!(45.99), "v").is_err());
+        assert_eq!(oid(&json!({"$oid": "ab"}), "x").unwrap(), "ab");
+        let d = date(&json!({"$date": "2026-11-27T12:01:07.340Z"}), "d").unwrap();
+        assert_eq!(d.timestamp_millis() % 1000, 340);
+        assert_eq!(date(&json!({"$date": {"$numberLong": "1000"}}), "d").unwrap().timestamp(), 1);
+    }
+
+    #[test]
+    fn envelope_errors_are_reasons() {
+        assert_eq!(decode_envelope(b"\x00\xff garbage").unwrap_err().reason(), "not_json");
+        assert_eq!(decode_envelope(br#"{"eventId": "Charge:broken", "operationType": "upd"#).unwrap_err().reason(), "not_json");
+        assert_eq!(decode_envelope(b"[1]").unwrap_err().reason(), "not_json");
+        let e = decode_envelope(br#"{"operationType":"insert"}"#).unwrap_err();
+        assert_eq!(e.reason(), "missing_field:eventId");
+    }
+
+    #[test]
+    fn every_fixture_line_decodes_or_fails_with_a_reason() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/cdc");
+        let mut charges = 0;
+        for file in ["devices.jsonl", "charges.jsonl", "edge-cases.jsonl"] {
+            for line in std::fs::read_to_string(format!("{dir}/{file}")).unwrap().lines() {
+                let rec: Value = serde_json::from_str(line).unwrap();
+                let bytes = match &rec["value"] {
+                    Value::String(s) => s.clone().into_bytes(),
+                    v => serde_json::to_vec(v).unwrap(),
+                };
+                let env = match decode_envelope(&bytes) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        assert_eq!(file, "edge-cases.jsonl", "{e}");
+                        continue;
+                    }
+                };
+                let Some(doc) = env.full_document else { continue };
+                if rec["topic"] == "device.upserted" {
+                    decode_device(&doc).unwrap();
+                } else if let Err(e) = decode_charge(&doc) {
+                    assert_eq!(file, "edge-cases.jsonl", "{e}");
+                } else {
+                    charges += 1;
+                }
+            }
+        }
+        assert!(charges > 230, "{charges}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Gateway configuration: defaults that serve the demo, overridden by a TOML file, then by
+//! environment variables `PIXGATE_<SECTION>__<KEY>` (e.g. `PIXGATE_KAFKA__BROKERS`).
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// All settings. Field docs give units; every field has a default.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    /// Kafka client settings.
+    pub kafka: KafkaConfig,
+    /// Embedded MQTT broker settings.
+    pub mqtt: MqttConfig,
+    /// Health and stats HTTP endpoint.
+    pub http: HttpConfig,
+    /// Delivery to devices.
+    pub delivery: DeliveryConfig,
+}
+
+/// Kafka consumer, producer and topic names.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`, e.g. `127.0.0.1:9092`.
+    pub brokers: String,
+    /// Consumer group (`group.id`).
+    pub group_id: String,
+    /// Charge change events.
+    pub charge_topic: String,
+    /// Device change events.
+    pub device_topic: String,
+    /// Where records and effects that cannot be carried out go, with the reason.
+    pub deadletter_topic: String,
+    /// Records read but not finished, per partition, before the partition is paused
+    /// (backpressure: a full pipeline slows the reader, it never grows memory).
+    pub max_pending_per_partition: usize,
+    /// `session.timeout.ms`.
+    pub session_timeout_ms: u32,
+    /// `max.poll.interval.ms`; also bounds how long a lost StreamConsumer wake-up can last.
+    pub max_poll_interval_ms: u32,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            group_id: "pixgate".into(),
+            charge_topic: "charge.upserted".into(),
+            device_topic: "device.upserted".into(),
+            deadletter_topic: "pixgate.deadletter".into(),
+            max_pending_per_partition: 1000,
+            session_timeout_ms: 10_000,
+            max_poll_interval_ms: 60_000,
+        }
+    }
+}
+
+/// The embedded rumqttd broker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MqttConfig {
+    /// Listen address for devices (MQTT 3.1.1).
+    pub listen: String,
+    /// Largest MQTT payload accepted, bytes (a raster-QR receipt is ~20 KiB of base64).
+    pub max_payload_bytes: usize,
+    /// Most MQTT connections.
+    pub max_connections: usize,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000 }
+    }
+}
+
+/// Health/readiness/stats endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpConfig {
+    /// Listen address for `/healthz`, `/readyz`, `/stats`.
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { listen: "127.0.0.1:8080".into() }
+    }
+}
+
+/// Device delivery: acknowledgement timeouts, retries, bounds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeliveryConfig {
+    /// How long to wait for a device's ack before sending the job again, ms.
+    pub ack_timeout_ms: u64,
+    /// First retry delay after a failed or unacknowledged delivery, ms; doubles per attempt.
+    pub backoff_initial_ms: u64,
+    /// Longest retry delay, ms.
+    pub backoff_max_ms: u64,
+    /// Deliveries of one job before it is dead-lettered.
+    pub max_deliveries: u32,
+    /// Time zone for devices whose registry entry has none (IANA name).
+    pub default_time_zone: String,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            ack_timeout_ms: 5_000,
+            backoff_initial_ms: 500,
+            backoff_max_ms: 30_000,
+            max_deliveries: 10,
+            default_time_zone: "America/Sao_Paulo".into(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults, then `file` if given (it must exist), then `PIXGATE_*` variables.
+    ///
+    /// # Errors
+    /// Unreadable file, TOML syntax, or a value of the wrong type.
+    pub fn load(file: Option<&Path>) -> Result<Config, Box<figment::Error>> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(f) = file {
+            fig = fig.merge(Toml::file_exact(f));
+        }
+        fig.merge(Env::prefixed("PIXGATE_").split("__")).extract().map_err(Box::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_env_override_defaults() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("p.toml", "[kafka]\nbrokers = \"10.0.0.1:9092\"\n[delivery]\nmax_deliveries = 3\n")?;
+            jail.set_env("PIXGATE_DELIVERY__MAX_DELIVERIES", "4");
+            let c = Config::load(Some(Path::new("p.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
+            assert_eq!(c.delivery.max_deliveries, 4);
+            assert_eq!(c.kafka.group_id, "pixgate");
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,273 @@
+//! Per-device delivery: one FIFO queue per device, one job in flight, the next sent only
+//! after the device acknowledges the current one (Azure IoT Hub's cloud-to-device model:
+//! completed / rejected / abandoned feedback, a maximum delivery count).
+//!
+//! Lifecycle of a job: queued → in flight → done | failed (dead letter) | superseded.
+//! - No ack within `ack_timeout_ms`: sent again (same message id and seq; the device
+//!   dedupes), with exponential backoff between attempts.
+//! - `failed` ack: permanent → dead letter at once; transient → retried with backoff.
+//! - `max_deliveries` sends without a `done` → dead letter.
+//! - A device whose status says offline, or a printer that cannot print (paper out, cover
+//!   open), is not sent anything; its queue waits and resumes on the next good status.
+//! - A queued `display_qr` for a charge whose paid/expired screen is enqueued to the same
+//!   device is superseded: a customer must never see the QR of a charge that is over.
+//!
+//! The dispatcher is one task owning all queues; it talks to the rest over channels.
+//! Its queues are bounded by the consumer's pending-record bound (see
+//! [`crate::consumer`]): a job exists only for a record that is pending.
+
+use crate::config::DeliveryConfig;
+use crate::mqtt::{Incoming, Publisher};
+use crate::offsets::Partition;
+use crate::stats::Stats;
+use device_protocol::{AckResult, EffectKind, Job, PrinterState, Topic};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// The Kafka record a job belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RecordRef {
+    /// Topic and partition.
+    pub part: Partition,
+    /// Offset.
+    pub offset: i64,
+}
+
+/// Work for the dispatcher.
+#[derive(Debug)]
+pub enum Command {
+    /// Queue `job` for `device` (the dispatcher assigns its `seq`).
+    Enqueue {
+        /// Device id.
+        device: String,
+        /// The rendered job.
+        job: Job,
+        /// Its record.
+        record: RecordRef,
+    },
+    /// A message from a device.
+    Device(Incoming),
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The device acknowledged it as done.
+    Done,
+    /// Dropped because its charge's next screen came first.
+    Superseded,
+    /// Cannot be delivered: goes to the dead-letter topic with this reason.
+    Failed(String),
+}
+
+/// A finished job, reported to the consumer so it can finish the record.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The job's record.
+    pub record: RecordRef,
+    /// The device.
+    pub device: String,
+    /// The job.
+    pub job: Job,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+struct InFlight {
+    job: Job,
+    record: RecordRef,
+    attempts: u32,
+    /// When to act next: the ack timeout if `awaiting_ack`, else the retry time.
+    due: Instant,
+    awaiting_ack: bool,
+}
+
+#[derive(Default)]
+struct DeviceQueue {
+    next_seq: u64,
+    queue: VecDeque<(Job, RecordRef)>,
+    in_flight: Option<InFlight>,
+    online: Option<bool>,
+    printer: Option<PrinterState>,
+}
+
+impl DeviceQueue {
+    /// Unknown status counts as reachable: the ack timeout covers a device that is not.
+    fn can_send(&self) -> bool {
+        self.online != Some(false) && self.printer.is_none_or(PrinterState::can_print)
+    }
+}
+
+/// The dispatcher's state. Run it with [`Dispatcher::run`].
+pub struct Dispatcher {
+    cfg: DeliveryConfig,
+    publisher: Publisher,
+    finished: mpsc::UnboundedSender<Finished>,
+    stats: Arc<Stats>,
+    devices: HashMap<String, DeviceQueue>,
+}
+
+impl Dispatcher {
+    /// A dispatcher publishing through `publisher` and reporting to `finished`.
+    ///
+    /// `finished` is unbounded on purpose: its length is bounded by the jobs queued, which
+    /// the consumer bounds, and a bounded channel here could deadlock against the
+    /// consumer's bounded [`Command`] channel.
+    pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>) -> Self {
+        Dispatcher { cfg, publisher, finished, stats, devices: HashMap::new() }
+    }
+
+    /// Runs until `commands` closes.
+    pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    Some(cmd) => self.handle(cmd).await,
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick().await,
+            }
+            let queued = self.devices.values().map(|d| d.queue.len() + d.in_flight.is_some() as usize).sum::<usize>();
+            self.stats.update(|s| s.queued_jobs = queued as u64);
+        }
+    }
+
+    async fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Enqueue { device, mut job, record } => {
+                let q = self.devices.entry(device.clone()).or_default();
+                q.next_seq += 1;
+                job.seq = q.next_seq;
+                if matches!(job.kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired) {
+                    let (superseded, kept) = std::mem::take(&mut q.queue)
+                        .into_iter()
+                        .partition(|(j, _): &(Job, RecordRef)| j.kind == EffectKind::DisplayQr && j.charge_id == job.charge_id);
+                    q.queue = kept;
+                    for (j, r) in superseded {
+                        self.finish(&device, j, r, Outcome::Superseded);
+                    }
+                }
+                self.devices.get_mut(&device).expect("just inserted").queue.push_back((job, record));
+                self.pump(&device).await;
+            }
+            Command::Device(Incoming::Ack { device, ack }) => {
+                let Some(q) = self.devices.get_mut(&device) else { return };
+                let Some(f) = q.in_flight.as_mut() else { return };
+                if f.job.message_id != ack.message_id {
+                    return; // a late duplicate ack of an earlier job
+                }
+                match ack.result {
+                    AckResult::Done => {
+                        let f = q.in_flight.take().expect("checked");
+                        self.stats.effect_done(f.job.kind.as_str());
+                        self.finish(&device, f.job, f.record, Outcome::Done);
+                    }
+                    AckResult::Failed => {
+                        let reason = ack.reason.unwrap_or_else(|| "unspecified".into());
+                        if ack.permanent || f.attempts >= self.cfg.max_deliveries {
+                            let f = q.in_flight.take().expect("checked");
+                            let why = format!("device_rejected: {reason} (after {} deliveries)", f.attempts);
+                            self.finish(&device, f.job, f.record, Outcome::Failed(why));
+                        } else {
+                            f.awaiting_ack = false;
+                            f.due = Instant::now() + backoff(&self.cfg, f.attempts);
+                        }
+                    }
+                }
+                self.pump(&device).await;
+            }
+            Command::Device(Incoming::Status { device, status }) => {
+                let q = self.devices.entry(device.clone()).or_default();
+                let was_sendable = q.can_send();
+                q.online = Some(status.online);
+                q.printer = status.printer;
+                if q.can_send() && !was_sendable {
+                    // Back: resend what was in flight now rather than after its timeout.
+                    if let Some(f) = q.in_flight.as_mut() {
+                        f.awaiting_ack = false;
+                        f.due = Instant::now();
+                    }
+                }
+                self.pump(&device).await;
+            }
+        }
+    }
+
+    /// Sends the next job of `device` if nothing is in flight and the device can take it,
+    /// or resends the in-flight one when it is due.
+    async fn pump(&mut self, device: &str) {
+        let Some(q) = self.devices.get_mut(device) else { return };
+        if !q.can_send() {
+            return;
+        }
+        let now = Instant::now();
+        if q.in_flight.is_none() {
+            let Some((job, record)) = q.queue.pop_front() else { return };
+            q.in_flight = Some(InFlight { job, record, attempts: 0, due: now, awaiting_ack: false });
+        }
+        let f = q.in_flight.as_mut().expect("set above");
+        if f.due > now {
+            return;
+        }
+        if f.awaiting_ack || f.attempts > 0 {
+            if f.attempts >= self.cfg.max_deliveries {
+                let f = q.in_flight.take().expect("checked");
+                let why = format!("no_ack: no acknowledgement after {} deliveries", f.attempts);
+                self.finish(device, f.job, f.record, Outcome::Failed(why));
+                return Box::pin(self.pump(device)).await;
+            }
+            self.stats.update(|s| s.job_redeliveries += 1);
+        }
+        f.attempts += 1;
+        f.awaiting_ack = true;
+        f.due = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, f.attempts - 1);
+        let payload = serde_json::to_vec(&f.job).expect("job serialises");
+        let topic = Topic::Jobs(device.to_string()).path();
+        if let Err(e) = self.publisher.publish(topic, payload).await {
+            tracing::error!(device, error = %e, "cannot publish job; will retry at its timeout");
+        }
+    }
+
+    async fn on_tick(&mut self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|(_, q)| q.in_flight.as_ref().is_some_and(|f| f.due <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for device in due {
+            self.pump(&device).await;
+        }
+    }
+
+    fn finish(&self, device: &str, job: Job, record: RecordRef, outcome: Outcome) {
+        let _ = self.finished.send(Finished { record, device: device.to_string(), job, outcome });
+    }
+}
+
+/// Delay before attempt `attempt + 1`: `backoff_initial_ms · 2^(attempt-1)`, capped at
+/// `backoff_max_ms`; zero before the first attempt.
+fn backoff(cfg: &DeliveryConfig, attempt: u32) -> Duration {
+    if attempt == 0 {
+        return Duration::ZERO;
+    }
+    let ms = cfg.backoff_initial_ms.saturating_mul(1u64 << (attempt - 1).min(20));
+    Duration::from_millis(ms.min(cfg.backoff_max_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let cfg = DeliveryConfig { backoff_initial_ms: 100, backoff_max_ms: 1000, ..DeliveryConfig::default() };
+        let got: Vec<u64> = (0..7).map(|a| backoff(&cfg, a).as_millis() as u64).collect();
+        assert_eq!(got, [0, 100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(&cfg, 64).as_millis(), 1000, "no overflow");
+    }
+}

@@ -1,0 +1,153 @@
+//! Rendering a planned effect into the job its device receives: a screen description for a
+//! card machine, an ESC/POS stream for a printer.
+//!
+//! The Pix payload is checked here, per effect: a `brCode` that fails validation (CRC,
+//! currency, structure), or whose amount differs from the charge's `value`, is never shown
+//! or printed; that effect becomes a dead letter with the validator's reason. Effects that
+//! need no payload (the "paid" and "expired" screens) still go out.
+
+use crate::cdc::{Charge, DeviceKind};
+use crate::router::PlannedEffect;
+use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN, VERSION};
+use device_protocol::{message_id, EffectKind, Job, ScreenContent, ScreenKind};
+use render::brcode::{self, StaticPix};
+use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
+use render::Locale;
+
+/// Why an effect could not be rendered; becomes the dead-letter reason.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RenderError {
+    /// The charge's `brCode` fails validation.
+    #[error("invalid brCode: {0}")]
+    InvalidBrCode(String),
+    /// The charge's `brCode` carries another amount than the charge.
+    #[error("brCode amount {brcode_cents} centavos differs from charge value {value_cents}")]
+    AmountMismatch {
+        /// Amount in the payload, centavos.
+        brcode_cents: u64,
+        /// The charge's `value`, centavos.
+        value_cents: u64,
+    },
+    /// No static payload could be built (no `pixKey`, or a field the encoder refuses).
+    #[error("cannot build a static Pix payload: {0}")]
+    StaticPayload(String),
+    /// The receipt could not be rendered for this printer.
+    #[error("receipt: {0}")]
+    Receipt(String),
+    /// The effect's kind does not fit the device's kind (a QR screen for a printer).
+    #[error("{kind} cannot go to a {device}")]
+    WrongDevice {
+        /// Effect kind.
+        kind: &'static str,
+        /// Device kind.
+        device: &'static str,
+    },
+}
+
+impl RenderError {
+    /// Short stable reason for counters and dead letters.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RenderError::InvalidBrCode(_) => "invalid_brcode",
+            RenderError::AmountMismatch { .. } => "brcode_amount_mismatch",
+            RenderError::StaticPayload(_) => "static_brcode_unbuildable",
+            RenderError::Receipt(_) => "receipt_unrenderable",
+            RenderError::WrongDevice { .. } => "wrong_device_kind",
+        }
+    }
+}
+
+/// The Pix payload to show or print for a charge: its validated `brCode` (dynamic), or a
+/// static payload built from `pixKey`, `value`, merchant and `transactionID`.
+///
+/// # Errors
+/// See [`RenderError`].
+pub fn pix_payload(charge: &Charge) -> Result<String, RenderError> {
+    if let Some(payload) = &charge.brcode {
+        let parsed = brcode::parse(payload).map_err(|e| RenderError::InvalidBrCode(e.to_string()))?;
+        if let Some(cents) = parsed.amount_cents() {
+            if cents != charge.value_cents {
+                return Err(RenderError::AmountMismatch { brcode_cents: cents, value_cents: charge.value_cents });
+            }
+        }
+        return Ok(payload.clone());
+    }
+    let key = charge.pix_key.clone().ok_or_else(|| RenderError::StaticPayload("no pixKey".into()))?;
+    brcode::encode_static(&StaticPix {
+        key,
+        amount_cents: Some(charge.value_cents).filter(|&c| c > 0),
+        merchant_name: charge.merchant_name.clone(),
+        merchant_city: charge.merchant_city.clone(),
+        txid: charge.transaction_id.clone(),
+        description: None,
+    })
+    .map_err(|e| RenderError::StaticPayload(e.to_string()))
+}
+
+/// Renders `effect` of event `event_id` for `charge` into the device's job. `seq` is
+/// assigned later by the dispatcher (it is per device, in delivery order); here it is 0.
+///
+/// # Errors
+/// See [`RenderError`].
+pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, default_tz: &str) -> Result<Job, RenderError> {
+    let device = &effect.device;
+    let tz_name = device.time_zone.clone().unwrap_or_else(|| default_tz.to_string());
+    let tz: chrono_tz::Tz = tz_name.parse().unwrap_or(chrono_tz::America::Sao_Paulo);
+    let wrong = |dev: &'static str| RenderError::WrongDevice { kind: effect.kind.as_str(), device: dev };
+    let (content_type, bytes) = match (&device.kind, effect.kind) {
+        (DeviceKind::Terminal { .. }, kind) => {
+            let (screen, brcode) = match kind {
+                EffectKind::DisplayQr => (ScreenKind::PayWithPix, Some(pix_payload(charge)?)),
+                EffectKind::PaymentConfirmed => (ScreenKind::Paid, None),
+                EffectKind::ChargeExpired => (ScreenKind::Expired, None),
+                EffectKind::PrintReceipt => return Err(wrong("card machine")),
+            };
+            let content = ScreenContent {
+                screen,
+                merchant_name: charge.merchant_name.clone(),
+                amount_cents: charge.value_cents,
+                brcode,
+                expires_at: charge.expires_at,
+                payer_name: charge.payer_name.clone(),
+                paid_at: charge.paid_at,
+                locale: device.locale.clone(),
+                time_zone: tz_name,
+            };
+            (CONTENT_SCREEN, serde_json::to_vec(&content).expect("screen content serialises"))
+        }
+        (DeviceKind::Printer { paper_width_mm, code_page, native_qr }, EffectKind::PrintReceipt) => {
+            let receipt = Receipt {
+                kind: ReceiptKind::Paid,
+                merchant_name: charge.merchant_name.clone(),
+                merchant_city: charge.merchant_city.clone(),
+                amount_cents: charge.value_cents,
+                items: charge.items.clone(),
+                comment: charge.comment.clone(),
+                payer_name: charge.payer_name.clone(),
+                paid_at: charge.paid_at,
+                time_zone: tz,
+                end_to_end_id: charge.end_to_end_id.clone(),
+                charge_id: charge.id.clone(),
+                txid: charge.transaction_id.clone(),
+                brcode: Some(pix_payload(charge)?),
+                locale: Locale::from_tag(&device.locale),
+            };
+            let profile = PrinterProfile { paper_width_mm: *paper_width_mm, code_page: *code_page, native_qr: *native_qr };
+            (CONTENT_ESCPOS, render_receipt(&receipt, &profile).map_err(|e| RenderError::Receipt(e.to_string()))?)
+        }
+        (DeviceKind::Printer { .. }, _) => return Err(wrong("printer")),
+    };
+    Ok(Job {
+        v: VERSION,
+        message_id: message_id(event_id, &device.id, effect.kind),
+        seq: 0,
+        kind: effect.kind,
+        event_id: event_id.to_string(),
+        charge_id: charge.id.clone(),
+        content_type: content_type.to_string(),
+        payload: Job::encode_payload(&bytes),
+        // Expiry per kind comes with the durable outbox (issue 4); the fixtures are
+        // historical, so a TTL from `expiresDate` would expire every demo QR.
+        expires_at: None,
+    })
+}

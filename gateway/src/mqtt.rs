@@ -1,0 +1,151 @@
+//! The embedded MQTT broker (rumqttd) and the gateway's in-process link to it.
+//!
+//! rumqttd runs its router and listener on their own OS threads (`Broker::start` blocks).
+//! The gateway talks to it over a local link, not TCP: it subscribes to every device's acks
+//! and status, and publishes jobs. `LinkTx::publish` is QoS 0 from the link, but the broker
+//! forwards at the *subscriber's* QoS, so a device subscribed at QoS 1 gets QoS 1 with
+//! PUBACK and session redelivery (`../shared/notes/mqtt_kafka.md` §1.2). The broker keeps
+//! nothing on disk: end-to-end delivery is the gateway's job (acks per job, retries).
+//!
+//! `LinkTx`/`LinkRx` calls block the calling thread, so each side runs on a dedicated
+//! thread and talks to tokio through bounded channels.
+
+use crate::config::MqttConfig;
+use anyhow::{bail, Context};
+use device_protocol::{topics, Ack, Status, Topic};
+use rumqttd::{Broker, Config, ConnectionSettings, Notification, RouterConfig, ServerSettings};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// A message from a device, as the dispatcher needs it.
+#[derive(Debug, Clone)]
+pub enum Incoming {
+    /// An [`Ack`] on `pixgate/v1/devices/{device}/acks`.
+    Ack {
+        /// Device id from the topic.
+        device: String,
+        /// The ack.
+        ack: Ack,
+    },
+    /// A [`Status`] on `pixgate/v1/devices/{device}/status` (retained, or the last will).
+    Status {
+        /// Device id from the topic.
+        device: String,
+        /// The status.
+        status: Status,
+    },
+}
+
+/// Sends jobs into the broker. Cloneable; bounded (a full channel makes the caller wait).
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    tx: mpsc::Sender<(String, Vec<u8>)>,
+}
+
+impl Publisher {
+    /// Publishes `payload` on `topic`.
+    ///
+    /// # Errors
+    /// The broker link is gone.
+    pub async fn publish(&self, topic: String, payload: Vec<u8>) -> anyhow::Result<()> {
+        self.tx.send((topic, payload)).await.context("MQTT publisher thread is gone")
+    }
+}
+
+/// Starts the broker listening on `cfg.listen` and returns the job publisher and the stream
+/// of device messages, forwarded into `incoming` (bounded: a slow gateway slows the link).
+///
+/// # Errors
+/// Bad listen address, or the listener did not come up within 5 s (port in use).
+pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Result<Publisher> {
+    let listen: SocketAddr = cfg.listen.parse().with_context(|| format!("mqtt.listen `{}`", cfg.listen))?;
+    let server = ServerSettings {
+        name: "v4-devices".into(),
+        listen,
+        tls: None,
+        next_connection_delay_ms: 1,
+        connections: ConnectionSettings {
+            connection_timeout_ms: 60_000,
+            max_payload_size: cfg.max_payload_bytes,
+            max_inflight_count: 100,
+            auth: None,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    };
+    let config = Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: cfg.max_connections,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 16 << 20,
+            max_segment_count: 4,
+            custom_segment: None,
+            initialized_filters: None,
+            shared_subscriptions_strategy: Default::default(),
+        },
+        v4: Some(HashMap::from([("1".to_string(), server)])),
+        ..Config::default()
+    };
+    let mut broker = Broker::new(config);
+    let (mut link_tx, mut link_rx) = broker.link("pixgate-gateway").context("local MQTT link")?;
+    std::thread::Builder::new().name("mqtt-broker".into()).spawn(move || {
+        if let Err(e) = broker.start() {
+            tracing::error!(error = %e, "embedded MQTT broker stopped");
+        }
+    })?;
+    wait_listening(listen)?;
+    link_tx.subscribe(topics::ALL_ACKS).context("subscribe acks")?;
+    link_tx.subscribe(topics::ALL_STATUS).context("subscribe status")?;
+
+    let (tx, mut rx) = mpsc::channel::<(String, Vec<u8>)>(1024);
+    std::thread::Builder::new().name("mqtt-publish".into()).spawn(move || {
+        while let Some((topic, payload)) = rx.blocking_recv() {
+            if let Err(e) = link_tx.publish(topic.clone(), payload) {
+                tracing::error!(%topic, error = %e, "MQTT publish failed; the ack timeout will resend");
+            }
+        }
+    })?;
+    std::thread::Builder::new().name("mqtt-receive".into()).spawn(move || loop {
+        match link_rx.recv() {
+            Ok(Some(Notification::Forward(f))) => {
+                let topic = String::from_utf8_lossy(&f.publish.topic).to_string();
+                if let Some(msg) = parse_incoming(&topic, &f.publish.payload) {
+                    if incoming.blocking_send(msg).is_err() {
+                        return; // gateway shutting down
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "MQTT link closed");
+                return;
+            }
+        }
+    })?;
+    Ok(Publisher { tx })
+}
+
+/// Decodes a device message; malformed ones are logged and dropped here because they are
+/// not events pixgate owns (a device bug, visible in the log with its topic).
+fn parse_incoming(topic: &str, payload: &[u8]) -> Option<Incoming> {
+    let parsed = match Topic::parse(topic)? {
+        Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Incoming::Ack { device, ack }),
+        Topic::Status(device) => serde_json::from_slice(payload).map(|status| Incoming::Status { device, status }),
+        Topic::Jobs(_) => return None,
+    };
+    parsed.map_err(|e| tracing::warn!(%topic, error = %e, "malformed device message")).ok()
+}
+
+fn wait_listening(addr: SocketAddr) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("embedded MQTT broker is not listening on {addr} (port in use?)")
+}

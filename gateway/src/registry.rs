@@ -1,0 +1,60 @@
+//! The device registry: every printer and card machine pixgate knows, from
+//! `device.upserted` events. An event older (by oplog position) than what is already applied
+//! for that device is ignored, so a redelivered old event cannot undo a newer change.
+
+use crate::cdc::{Device, DeviceKind};
+use std::collections::HashMap;
+
+/// Devices by id, with the oplog position each entry was applied at.
+#[derive(Debug, Default)]
+pub struct Registry {
+    devices: HashMap<String, (u64, Option<Device>)>,
+}
+
+/// What applying a device event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The entry was inserted or replaced.
+    Upserted,
+    /// The entry was removed (a delete event).
+    Removed,
+    /// The event is not newer than the entry: nothing changed.
+    Stale,
+}
+
+impl Registry {
+    /// Applies an upsert (`Some(device)`) or a delete (`None`) of `id` at oplog position
+    /// `cluster_time`. A delete leaves a tombstone so an older upsert cannot resurrect it.
+    pub fn apply(&mut self, id: &str, cluster_time: u64, device: Option<Device>) -> Applied {
+        if let Some((at, _)) = self.devices.get(id) {
+            if *at >= cluster_time {
+                return Applied::Stale;
+            }
+        }
+        let removed = device.is_none();
+        self.devices.insert(id.to_string(), (cluster_time, device));
+        if removed { Applied::Removed } else { Applied::Upserted }
+    }
+
+    /// The device with this id, if registered and not deleted.
+    pub fn get(&self, id: &str) -> Option<&Device> {
+        self.devices.get(id).and_then(|(_, d)| d.as_ref())
+    }
+
+    /// The enabled printer marked `defaultForCompany` for `company`.
+    pub fn default_printer(&self, company: &str) -> Option<&Device> {
+        self.devices.values().filter_map(|(_, d)| d.as_ref()).find(|d| {
+            d.company == company && d.enabled && d.default_for_company && matches!(d.kind, DeviceKind::Printer { .. })
+        })
+    }
+
+    /// Number of registered (not deleted) devices.
+    pub fn len(&self) -> usize {
+        self.devices.values().filter(|(_, d)| d.is_some()).count()
+    }
+
+    /// Whether no device is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,283 @@
+//! Which device must do what for a charge event: the routing rules of
+//! `fixtures/cdc/README.md`, section "Effects".
+//!
+//! - `ACTIVE` on terminal T → T `display_qr`;
+//! - `COMPLETED` → T `payment_confirmed`, and T's paired printer `print_receipt` (falling
+//!   back to the company's default printer when T has no usable paired printer);
+//! - `EXPIRED` → T `charge_expired`;
+//! - no terminal: `COMPLETED` → the company's default printer `print_receipt`; else nothing.
+//!
+//! Effects fire on a status *change*. An event whose `__v` is not newer than the last one
+//! applied for that charge has no effect (a QR never reappears after "paid"), and neither
+//! has a redelivered `eventId`. Nothing is dropped silently: every event ends as effects,
+//! an ignore reason, or a dead-letter reason, each counted.
+
+use crate::cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
+use crate::registry::Registry;
+use device_protocol::EffectKind;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// One effect to carry out on one device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedEffect {
+    /// What to do.
+    pub kind: EffectKind,
+    /// Where (a snapshot of the registry entry at routing time).
+    pub device: Device,
+}
+
+/// The fate of a charge event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Carry out these effects. `unroutable` are effects the rules call for but no device
+    /// can take (e.g. no printer for the receipt): each is dead-lettered with its reason.
+    Effects {
+        /// The decoded charge, for rendering.
+        charge: Box<Charge>,
+        /// Effects with their device, in the order they must happen.
+        effects: Vec<PlannedEffect>,
+        /// Effects without a device, with the reason.
+        unroutable: Vec<(EffectKind, String)>,
+    },
+    /// No effect, by design (stale, duplicate, delete, no device concerned). The reason is
+    /// counted.
+    Ignored(&'static str),
+    /// The event cannot be carried out; it goes to the dead-letter topic with this reason
+    /// and detail.
+    DeadLetter {
+        /// Short stable reason, e.g. `unknown_terminal`.
+        reason: String,
+        /// Human-readable detail.
+        detail: String,
+    },
+}
+
+/// Routing state: the last applied version and status of each charge, and recently
+/// applied event ids.
+#[derive(Debug)]
+pub struct Router {
+    charges: HashMap<String, (i64, ChargeStatus)>,
+    seen: HashSet<String>,
+    seen_order: VecDeque<String>,
+    seen_capacity: usize,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Router::new(1_000_000)
+    }
+}
+
+impl Router {
+    /// A router that remembers up to `seen_capacity` event ids (oldest forgotten first;
+    /// the `__v` check still stops an old redelivery after that).
+    pub fn new(seen_capacity: usize) -> Router {
+        Router { charges: HashMap::new(), seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
+    }
+
+    /// Decides what a `charge.upserted` event does, and records it as applied unless it
+    /// is dead-lettered (so that a later replay of a dead letter can still apply).
+    pub fn route_charge(&mut self, env: &Envelope, registry: &Registry) -> Decision {
+        if self.seen.contains(&env.event_id) {
+            return Decision::Ignored("duplicate_event");
+        }
+        if env.operation == Operation::Delete {
+            return Decision::Ignored("delete_event");
+        }
+        let Some(doc) = &env.full_document else {
+            return Decision::Ignored("document_deleted_before_lookup");
+        };
+        let charge = match cdc::decode_charge(doc) {
+            Ok(c) => c,
+            Err(e) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
+        };
+        let previous = self.charges.get(&charge.id).copied();
+        if let Some((v, _)) = previous {
+            if charge.version <= v {
+                return Decision::Ignored("stale_version");
+            }
+        }
+        let decision = plan(&charge, previous.map(|(_, s)| s), registry);
+        if !matches!(decision, Decision::DeadLetter { .. }) {
+            self.charges.insert(charge.id.clone(), (charge.version, charge.status));
+            self.remember(&env.event_id);
+        }
+        decision
+    }
+
+    fn remember(&mut self, event_id: &str) {
+        if self.seen.insert(event_id.to_string()) {
+            self.seen_order.push_back(event_id.to_string());
+            while self.seen_order.len() > self.seen_capacity {
+                if let Some(old) = self.seen_order.pop_front() {
+                    self.seen.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) -> Decision {
+    if previous == Some(charge.status) {
+        return Decision::Ignored("no_status_change");
+    }
+    let terminal = match &charge.terminal {
+        None => None,
+        Some(id) => match registry.get(id) {
+            None => return dead("unknown_terminal", format!("terminal {id} is not in the registry")),
+            Some(d) if d.company != charge.company => {
+                return dead("terminal_of_another_company", format!("terminal {id} belongs to company {}", d.company))
+            }
+            Some(d) if !matches!(d.kind, DeviceKind::Terminal { .. }) => {
+                return dead("terminal_is_not_a_card_machine", format!("device {id} is a printer"))
+            }
+            Some(d) if !d.enabled => return Decision::Ignored("device_disabled"),
+            Some(d) => Some(d),
+        },
+    };
+    let mut effects = Vec::new();
+    let mut unroutable = Vec::new();
+    let mut on = |kind, device: &Device| effects.push(PlannedEffect { kind, device: device.clone() });
+    match (charge.status, terminal) {
+        (ChargeStatus::Active, Some(t)) => on(EffectKind::DisplayQr, t),
+        (ChargeStatus::Expired, Some(t)) => on(EffectKind::ChargeExpired, t),
+        (ChargeStatus::Completed, Some(t)) => {
+            on(EffectKind::PaymentConfirmed, t);
+            match receipt_printer(t, &charge.company, registry) {
+                Some(p) => on(EffectKind::PrintReceipt, p),
+                None => unroutable.push((EffectKind::PrintReceipt, "no_printer_for_receipt".to_string())),
+            }
+        }
+        (ChargeStatus::Completed, None) => match registry.default_printer(&charge.company) {
+            Some(p) => on(EffectKind::PrintReceipt, p),
+            None => unroutable.push((EffectKind::PrintReceipt, "no_default_printer".to_string())),
+        },
+        (ChargeStatus::Active | ChargeStatus::Expired, None) => return Decision::Ignored("no_device_concerned"),
+    }
+    Decision::Effects { charge: Box::new(charge.clone()), effects, unroutable }
+}
+
+/// The printer for a terminal's receipts: its paired printer if registered, enabled, a
+/// printer, and of the same company; otherwise the company's default printer.
+fn receipt_printer<'a>(terminal: &Device, company: &str, registry: &'a Registry) -> Option<&'a Device> {
+    let paired = match &terminal.kind {
+        DeviceKind::Terminal { paired_printer: Some(p), .. } => registry.get(p),
+        _ => None,
+    };
+    paired
+        .filter(|p| p.enabled && p.company == company && matches!(p.kind, DeviceKind::Printer { .. }))
+        .or_else(|| registry.default_printer(company))
+}
+
+fn dead(reason: &str, detail: String) -> Decision {
+    Decision::DeadLetter { reason: reason.to_string(), detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use std::collections::BTreeMap;
+
+    fn fixture(name: &str) -> Vec<(String, Vec<u8>)> {
+        let path = format!("{}/../fixtures/cdc/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                let bytes = match &r["value"] {
+                    Value::String(s) => s.clone().into_bytes(),
+                    v => serde_json::to_vec(v).unwrap(),
+                };
+                (r["topic"].as_str().unwrap().to_string(), bytes)
+            })
+            .collect()
+    }
+
+    fn load_registry() -> Registry {
+        let mut reg = Registry::default();
+        for (_, bytes) in fixture("devices.jsonl") {
+            let env = cdc::decode_envelope(&bytes).unwrap();
+            let dev = env.full_document.as_ref().map(|d| cdc::decode_device(d).unwrap());
+            reg.apply(&env.document_id, env.cluster_time, dev);
+        }
+        reg
+    }
+
+    /// The routing rules reproduce `expected.json` exactly, effect for effect.
+    #[test]
+    fn charges_fixture_matches_expected_json() {
+        let reg = load_registry();
+        let mut router = Router::default();
+        let mut got: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (_, bytes) in fixture("charges.jsonl") {
+            let env = cdc::decode_envelope(&bytes).unwrap();
+            let entry = got.entry(env.document_id.clone()).or_default();
+            match router.route_charge(&env, &reg) {
+                Decision::Effects { effects, unroutable, .. } => {
+                    assert!(unroutable.is_empty());
+                    entry.extend(effects.into_iter().map(|e| (e.device.id, e.kind.as_str().to_string())));
+                }
+                Decision::Ignored(_) => {}
+                d => panic!("unexpected {d:?}"),
+            }
+        }
+        let path = format!("{}/../fixtures/cdc/expected.json", env!("CARGO_MANIFEST_DIR"));
+        let expected: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let expected: BTreeMap<String, Vec<(String, String)>> = expected
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(id, c)| {
+                let effs = c["effects"].as_array().unwrap().iter();
+                let effs = effs.map(|e| (e["device"].as_str().unwrap().into(), e["kind"].as_str().unwrap().into()));
+                (id.clone(), effs.collect())
+            })
+            .collect();
+        assert_eq!(got, expected);
+    }
+
+    /// Every edge case ends with no device effect and a named reason.
+    #[test]
+    fn edge_cases_have_no_effect_and_a_reason() {
+        let reg = load_registry();
+        let mut router = Router::default();
+        for (_, bytes) in fixture("charges.jsonl") {
+            router.route_charge(&cdc::decode_envelope(&bytes).unwrap(), &reg);
+        }
+        let mut reasons = Vec::new();
+        for (_, bytes) in fixture("edge-cases.jsonl") {
+            let reason = match cdc::decode_envelope(&bytes) {
+                Err(e) => e.reason(),
+                Ok(env) => match router.route_charge(&env, &reg) {
+                    Decision::Ignored(r) => r.to_string(),
+                    Decision::DeadLetter { reason, .. } => reason,
+                    // Bad BR Codes pass routing; rendering dead-letters them (see jobs).
+                    Decision::Effects { charge, .. } if charge.brcode.is_some() => "brcode_checked_at_render".into(),
+                    d => panic!("edge case produced {d:?}"),
+                },
+            };
+            reasons.push(reason);
+        }
+        assert_eq!(
+            reasons,
+            [
+                "duplicate_event",
+                "document_deleted_before_lookup",
+                "delete_event",
+                "invalid_field:status",
+                "not_json",
+                "not_json",
+                "brcode_checked_at_render",
+                "brcode_checked_at_render",
+                "unknown_terminal",
+                "terminal_of_another_company",
+                "stale_version",
+                "invalid_field:value",
+                "missing_field:company",
+                "invalid_field:value",
+            ]
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Counters and gauges the gateway reports on `/stats` and uses for `/readyz`.
+//!
+//! Every record read ends in exactly one of: finished with effects, ignored (by reason),
+//! or dead-lettered (by reason), so `events_read` = `records_with_effects` + the sum of
+//! `ignored` + the sum of `dead_lettered_records`. Dead-lettered *effects* (one effect of a
+//! record that had others) are counted separately.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A snapshot of the counters, as served on `/stats`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Snapshot {
+    /// Records read, by topic.
+    pub events_read: BTreeMap<String, u64>,
+    /// Records with no effect by design, by reason.
+    pub ignored: BTreeMap<String, u64>,
+    /// Whole records sent to the dead-letter topic, by reason.
+    pub dead_lettered_records: BTreeMap<String, u64>,
+    /// Single effects sent to the dead-letter topic, by reason.
+    pub dead_lettered_effects: BTreeMap<String, u64>,
+    /// Records whose effects were planned (some may have been dead-lettered).
+    pub records_with_effects: u64,
+    /// Device registry events applied.
+    pub devices_applied: u64,
+    /// Effects acknowledged as done by their device, by kind.
+    pub effects_done: BTreeMap<String, u64>,
+    /// Queued `display_qr` jobs dropped because their charge's next screen came first.
+    pub superseded: u64,
+    /// Job sends beyond the first (ack timeout or transient failure).
+    pub job_redeliveries: u64,
+    /// Records read and not yet finished.
+    pub pending_records: u64,
+    /// Jobs waiting or in flight, all devices.
+    pub queued_jobs: u64,
+    /// Partitions currently paused for backpressure.
+    pub paused_partitions: u64,
+    /// Partitions assigned to this consumer.
+    pub assigned_partitions: u64,
+    /// Milliseconds since the consumer loop last ran (a dead or stuck consumer grows this).
+    pub consumer_idle_ms: u64,
+    /// Whether the consumer loop is running.
+    pub consumer_running: bool,
+}
+
+/// Shared counters. Cheap enough for our rates: one short mutex hold per event.
+#[derive(Debug)]
+pub struct Stats {
+    inner: Mutex<Snapshot>,
+    last_poll: Mutex<Instant>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()) }
+    }
+}
+
+fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
+    *map.entry(key.to_string()).or_default() += 1;
+}
+
+impl Stats {
+    /// Applies `f` to the counters.
+    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        f(&mut self.inner.lock().expect("stats lock"));
+    }
+
+    /// A record of `topic` was read.
+    pub fn read(&self, topic: &str) {
+        self.update(|s| bump(&mut s.events_read, topic));
+    }
+
+    /// A record was ignored for `reason`.
+    pub fn ignored(&self, reason: &str) {
+        self.update(|s| bump(&mut s.ignored, reason));
+    }
+
+    /// A whole record was dead-lettered for `reason`.
+    pub fn dead_record(&self, reason: &str) {
+        self.update(|s| bump(&mut s.dead_lettered_records, reason));
+    }
+
+    /// One effect was dead-lettered for `reason`.
+    pub fn dead_effect(&self, reason: &str) {
+        self.update(|s| bump(&mut s.dead_lettered_effects, reason));
+    }
+
+    /// A device acknowledged an effect of `kind` as done.
+    pub fn effect_done(&self, kind: &str) {
+        self.update(|s| bump(&mut s.effects_done, kind));
+    }
+
+    /// The consumer loop is alive now.
+    pub fn polled(&self) {
+        *self.last_poll.lock().expect("poll lock") = Instant::now();
+    }
+
+    /// The current counters.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = self.inner.lock().expect("stats lock").clone();
+        s.consumer_idle_ms = self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64;
+        s
+    }
+}

@@ -1,0 +1,199 @@
+//! The page being printed: a roll of paper as wide as the print head, growing downwards.
+
+use image::{GrayImage, Luma};
+
+/// The most paper one decode prints, in dots (about 2.5 m at 203 dpi).
+pub const MAX_HEIGHT: u32 = 20_000;
+
+/// A 1-bit picture: `true` is a burnt (black) dot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bitmap {
+    pub width: u32,
+    pub height: u32,
+    bits: Vec<bool>,
+}
+
+impl Bitmap {
+    pub fn new(width: u32, height: u32) -> Bitmap {
+        Bitmap { width, height, bits: vec![false; width as usize * height as usize] }
+    }
+
+    pub fn get(&self, x: u32, y: u32) -> bool {
+        x < self.width && y < self.height && self.bits[(y * self.width + x) as usize]
+    }
+
+    pub fn set(&mut self, x: u32, y: u32, v: bool) {
+        if x < self.width && y < self.height {
+            self.bits[(y * self.width + x) as usize] = v;
+        }
+    }
+
+    pub fn fill_rect(&mut self, x: u32, y: u32, w: u32, h: u32, v: bool) {
+        for yy in y..y.saturating_add(h).min(self.height) {
+            for xx in x..x.saturating_add(w).min(self.width) {
+                self.bits[(yy * self.width + xx) as usize] = v;
+            }
+        }
+    }
+
+    /// Decodes MSB-first rows of `row_bytes` bytes each; missing bytes are white.
+    pub fn from_rows(width: u32, height: u32, row_bytes: usize, data: &[u8]) -> Bitmap {
+        let mut b = Bitmap::new(width, height);
+        for y in 0..height {
+            for x in 0..width {
+                let i = y as usize * row_bytes + (x / 8) as usize;
+                if let Some(&byte) = data.get(i) {
+                    if byte & (0x80 >> (x % 8)) != 0 {
+                        b.bits[(y * width + x) as usize] = true;
+                    }
+                }
+            }
+        }
+        b
+    }
+
+    /// Nearest-neighbour enlargement by whole factors.
+    pub fn scaled(&self, sx: u32, sy: u32) -> Bitmap {
+        if sx == 1 && sy == 1 {
+            return self.clone();
+        }
+        let mut out = Bitmap::new(self.width * sx, self.height * sy);
+        for y in 0..out.height {
+            for x in 0..out.width {
+                if self.get(x / sx, y / sy) {
+                    out.bits[(y * out.width + x) as usize] = true;
+                }
+            }
+        }
+        out
+    }
+
+    pub fn black_count(&self) -> usize {
+        self.bits.iter().filter(|&&b| b).count()
+    }
+}
+
+/// The paper: white, `width` dots wide, as tall as what has been printed and fed.
+pub struct Page {
+    width: u32,
+    /// Rows allocated so far (white), each `width` bytes.
+    pixels: Vec<u8>,
+    /// The print position: the top of the next line.
+    pub y: u32,
+    /// Set once something had to be dropped at [`MAX_HEIGHT`].
+    pub overflowed: bool,
+}
+
+impl Page {
+    pub fn new(width: u32) -> Page {
+        Page { width: width.max(1), pixels: Vec::new(), y: 0, overflowed: false }
+    }
+
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    fn rows(&self) -> u32 {
+        (self.pixels.len() / self.width as usize) as u32
+    }
+
+    /// Makes sure rows `0..h` exist (capped at [`MAX_HEIGHT`]).
+    fn ensure_rows(&mut self, h: u32) {
+        let h = if h > MAX_HEIGHT {
+            self.overflowed = true;
+            MAX_HEIGHT
+        } else {
+            h
+        };
+        if h > self.rows() {
+            self.pixels.resize(h as usize * self.width as usize, 255);
+        }
+    }
+
+    /// Feeds the paper by `dots`.
+    pub fn feed(&mut self, dots: u32) {
+        let y = self.y.saturating_add(dots);
+        if y > MAX_HEIGHT {
+            self.overflowed = true;
+        }
+        self.y = y.min(MAX_HEIGHT);
+    }
+
+    pub fn set_black(&mut self, x: u32, y: u32) {
+        if x >= self.width || y >= MAX_HEIGHT {
+            if y >= MAX_HEIGHT {
+                self.overflowed = true;
+            }
+            return;
+        }
+        self.ensure_rows(y + 1);
+        let i = y as usize * self.width as usize + x as usize;
+        self.pixels[i] = 0;
+    }
+
+    /// Draws the black dots of `b` with its top-left corner at (`x`, `y`), clipped to the paper.
+    pub fn blit(&mut self, b: &Bitmap, x: u32, y: u32) {
+        if b.height == 0 || b.width == 0 {
+            return;
+        }
+        let bottom = y.saturating_add(b.height);
+        self.ensure_rows(bottom);
+        let rows = self.rows();
+        for by in 0..b.height {
+            let py = y + by;
+            if py >= rows {
+                break;
+            }
+            for bx in 0..b.width {
+                let px = x + bx;
+                if px >= self.width {
+                    break;
+                }
+                if b.get(bx, by) {
+                    self.pixels[py as usize * self.width as usize + px as usize] = 0;
+                }
+            }
+        }
+    }
+
+    /// A dashed line across the paper at `y`, two dots thick: where the cutter cut.
+    pub fn dashed_line(&mut self, y: u32) {
+        for yy in y..y + 2 {
+            for x in 0..self.width {
+                if (x / 8) % 2 == 0 {
+                    self.set_black(x, yy);
+                }
+            }
+        }
+    }
+
+    /// The printed paper: at least one row, at least as tall as the paper fed.
+    pub fn into_image(mut self) -> GrayImage {
+        let h = self.y.max(self.rows()).max(1);
+        self.ensure_rows(h);
+        let h = self.rows();
+        GrayImage::from_raw(self.width, h, self.pixels)
+            .unwrap_or_else(|| GrayImage::from_pixel(self.width, 1, Luma([255])))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_decode_msb_first_and_pad() {
+        let b = Bitmap::from_rows(10, 1, 2, &[0b1000_0001, 0b0100_0000]);
+        let bits: Vec<bool> = (0..10).map(|x| b.get(x, 0)).collect();
+        assert_eq!(bits, [true, false, false, false, false, false, false, true, false, true]);
+    }
+
+    #[test]
+    fn page_is_capped() {
+        let mut p = Page::new(8);
+        p.feed(MAX_HEIGHT * 3);
+        p.blit(&Bitmap::new(8, 8), 0, MAX_HEIGHT - 2);
+        let img = p.into_image();
+        assert_eq!(img.height(), MAX_HEIGHT);
+    }
+}

@@ -1,0 +1,165 @@
+//! Print modes: everything `ESC @` resets.
+
+use render::codepage::CodePage;
+
+/// Character font (`ESC M`, bit 0 of `ESC !`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Font {
+    /// 12 × 24 dots.
+    A,
+    /// 9 × 17 dots (TM-T20 class).
+    B,
+}
+
+impl Font {
+    /// Cell width and height in dots at 1 × 1.
+    pub fn cell(self) -> (u32, u32) {
+        match self {
+            Font::A => (12, 24),
+            Font::B => (9, 17),
+        }
+    }
+}
+
+/// Justification (`ESC a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Justify {
+    Left,
+    Center,
+    Right,
+}
+
+impl Justify {
+    pub fn from_param(n: u8) -> Justify {
+        match n {
+            1 | 49 => Justify::Center,
+            2 | 50 => Justify::Right,
+            _ => Justify::Left,
+        }
+    }
+
+    /// Left x of a block `w` dots wide on a line `width` dots wide.
+    pub fn x(self, w: u32, width: u32) -> u32 {
+        let free = width.saturating_sub(w);
+        match self {
+            Justify::Left => 0,
+            Justify::Center => free / 2,
+            Justify::Right => free,
+        }
+    }
+}
+
+/// The character style that applies to text as it enters the line buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TextStyle {
+    pub font: Font,
+    pub bold: bool,
+    /// 0 off, 1 or 2 dots.
+    pub underline: u8,
+    /// 1..=8
+    pub width_mul: u32,
+    /// 1..=8
+    pub height_mul: u32,
+    pub reverse: bool,
+    /// Extra dots after each character (`ESC SP`), before scaling by the width multiplier.
+    pub right_spacing: u32,
+}
+
+/// Default line spacing (`ESC 2`) in dots: 3.75 mm at 203 dpi, as on TM-T20-class printers.
+pub const DEFAULT_LINE_SPACING: u32 = 30;
+
+/// Every mode `ESC @` resets.
+#[derive(Debug, Clone)]
+pub struct PrintState {
+    pub style: TextStyle,
+    pub justify: Justify,
+    pub line_spacing: u32,
+    pub code_page: CodePage,
+    pub barcode_height: u32,
+    pub barcode_module: u32,
+    /// 0 none, 1 above, 2 below, 3 both.
+    pub hri_position: u8,
+    pub hri_font: Font,
+    pub qr: QrSettings,
+}
+
+/// `GS ( k` QR settings and the symbol storage area.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QrSettings {
+    /// 1 model 1, 2 model 2, 3 micro QR.
+    pub model: u8,
+    /// Dots per module, 1..=16.
+    pub module: u32,
+    /// 'L', 'M', 'Q' or 'H'.
+    pub ec: char,
+    pub data: Option<Vec<u8>>,
+}
+
+impl Default for QrSettings {
+    fn default() -> Self {
+        QrSettings { model: 2, module: 3, ec: 'L', data: None }
+    }
+}
+
+impl PrintState {
+    pub fn new(code_page: CodePage) -> Self {
+        PrintState {
+            style: TextStyle {
+                font: Font::A,
+                bold: false,
+                underline: 0,
+                width_mul: 1,
+                height_mul: 1,
+                reverse: false,
+                right_spacing: 0,
+            },
+            justify: Justify::Left,
+            line_spacing: DEFAULT_LINE_SPACING,
+            code_page,
+            barcode_height: 162,
+            barcode_module: 3,
+            hri_position: 0,
+            hri_font: Font::A,
+            qr: QrSettings::default(),
+        }
+    }
+
+    /// `ESC !`: font, emphasis, double height/width and underline in one byte.
+    pub fn apply_print_mode(&mut self, n: u8) {
+        self.style.font = if n & 0x01 != 0 { Font::B } else { Font::A };
+        self.style.bold = n & 0x08 != 0;
+        self.style.height_mul = if n & 0x10 != 0 { 2 } else { 1 };
+        self.style.width_mul = if n & 0x20 != 0 { 2 } else { 1 };
+        self.style.underline = if n & 0x80 != 0 { 1 } else { 0 };
+    }
+
+    /// `GS !`: high nibble width − 1, low nibble height − 1 (values above 7 are invalid and ignored).
+    pub fn apply_char_size(&mut self, n: u8) -> bool {
+        let w = (n >> 4) as u32;
+        let h = (n & 0x0F) as u32;
+        if w > 7 || h > 7 {
+            return false;
+        }
+        self.style.width_mul = w + 1;
+        self.style.height_mul = h + 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn esc_bang_and_gs_bang() {
+        let mut s = PrintState::new(CodePage::Cp437);
+        s.apply_print_mode(0x38);
+        assert_eq!((s.style.bold, s.style.width_mul, s.style.height_mul), (true, 2, 2));
+        s.apply_print_mode(0x81);
+        assert_eq!((s.style.font, s.style.underline, s.style.width_mul), (Font::B, 1, 1));
+        assert!(s.apply_char_size(0x70));
+        assert_eq!((s.style.width_mul, s.style.height_mul), (8, 1));
+        assert!(!s.apply_char_size(0x88));
+        assert_eq!(Justify::Center.x(100, 384), 142);
+    }
+}
