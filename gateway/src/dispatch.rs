@@ -262,6 +262,148 @@ fn backoff(cfg: &DeliveryConfig, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use device_protocol::{Ack, Status};
+
+    struct Harness {
+        cmd: mpsc::Sender<Command>,
+        sent: mpsc::Receiver<(String, Vec<u8>)>,
+        finished: mpsc::UnboundedReceiver<Finished>,
+        stats: Arc<Stats>,
+    }
+
+    fn harness(ack_timeout_ms: u64, max_deliveries: u32) -> Harness {
+        let cfg = DeliveryConfig { ack_timeout_ms, backoff_initial_ms: 10, backoff_max_ms: 20, max_deliveries, ..DeliveryConfig::default() };
+        let (publisher, sent) = Publisher::channel(64);
+        let (ftx, finished) = mpsc::unbounded_channel();
+        let stats = Arc::new(Stats::default());
+        let (cmd, rx) = mpsc::channel(64);
+        tokio::spawn(Dispatcher::new(cfg, publisher, ftx, stats.clone()).run(rx));
+        Harness { cmd, sent, finished, stats }
+    }
+
+    fn job(id: &str, kind: EffectKind, charge: &str) -> Job {
+        Job {
+            v: 1,
+            message_id: id.into(),
+            seq: 0,
+            kind,
+            event_id: format!("ev-{id}"),
+            charge_id: charge.into(),
+            content_type: "x".into(),
+            payload: String::new(),
+            expires_at: None,
+        }
+    }
+
+    fn rec(offset: i64) -> RecordRef {
+        RecordRef { part: ("charge.upserted".into(), 0), offset }
+    }
+
+    impl Harness {
+        async fn enqueue(&self, dev: &str, j: Job, offset: i64) {
+            self.cmd.send(Command::Enqueue { device: dev.into(), job: j, record: rec(offset) }).await.unwrap();
+        }
+        async fn ack(&self, dev: &str, id: &str, result: AckResult, permanent: bool) {
+            let ack = Ack { v: 1, message_id: id.into(), seq: 0, result, reason: Some("r".into()), permanent, duplicate: false };
+            self.cmd.send(Command::Device(Incoming::Ack { device: dev.into(), ack })).await.unwrap();
+        }
+        async fn status(&self, dev: &str, online: bool, printer: Option<PrinterState>) {
+            let status = Status { v: 1, online, printer };
+            self.cmd.send(Command::Device(Incoming::Status { device: dev.into(), status })).await.unwrap();
+        }
+        async fn next_sent(&mut self) -> Job {
+            let (topic, payload) = tokio::time::timeout(Duration::from_secs(2), self.sent.recv()).await.expect("a publish").unwrap();
+            let j: Job = serde_json::from_slice(&payload).unwrap();
+            assert_eq!(topic, format!("pixgate/v1/devices/{}/jobs", topic.split('/').nth(3).unwrap()));
+            j
+        }
+        async fn nothing_sent(&mut self, ms: u64) {
+            assert!(tokio::time::timeout(Duration::from_millis(ms), self.sent.recv()).await.is_err(), "unexpected publish");
+        }
+        async fn next_finished(&mut self) -> Finished {
+            tokio::time::timeout(Duration::from_secs(2), self.finished.recv()).await.expect("a finished job").unwrap()
+        }
+    }
+
+    #[tokio::test]
+    async fn one_in_flight_per_device_in_order() {
+        let mut h = harness(10_000, 10);
+        h.enqueue("d1", job("a", EffectKind::DisplayQr, "c1"), 1).await;
+        h.enqueue("d1", job("b", EffectKind::PaymentConfirmed, "c2"), 2).await;
+        h.enqueue("d2", job("x", EffectKind::PrintReceipt, "c3"), 3).await;
+        let first = h.next_sent().await;
+        let other = h.next_sent().await;
+        assert_eq!((first.message_id.as_str(), first.seq), ("a", 1));
+        assert_eq!((other.message_id.as_str(), other.seq), ("x", 1), "other devices are not held back");
+        h.nothing_sent(150).await;
+        h.ack("d1", "a", AckResult::Done, false).await;
+        assert_eq!(h.next_finished().await.outcome, Outcome::Done);
+        let second = h.next_sent().await;
+        assert_eq!((second.message_id.as_str(), second.seq), ("b", 2));
+    }
+
+    #[tokio::test]
+    async fn unacknowledged_job_is_resent_then_dead_lettered() {
+        let mut h = harness(30, 3);
+        h.enqueue("d1", job("a", EffectKind::DisplayQr, "c1"), 1).await;
+        for _ in 0..3 {
+            let j = h.next_sent().await;
+            assert_eq!((j.message_id.as_str(), j.seq), ("a", 1), "same id and seq on every delivery");
+        }
+        let f = h.next_finished().await;
+        assert!(matches!(&f.outcome, Outcome::Failed(r) if r.starts_with("no_ack")), "{:?}", f.outcome);
+        assert_eq!(h.stats.snapshot().job_redeliveries, 2);
+    }
+
+    #[tokio::test]
+    async fn permanent_failure_dead_letters_and_moves_on() {
+        let mut h = harness(10_000, 10);
+        h.enqueue("p", job("a", EffectKind::PrintReceipt, "c1"), 1).await;
+        h.enqueue("p", job("b", EffectKind::PrintReceipt, "c2"), 2).await;
+        h.next_sent().await;
+        h.ack("p", "a", AckResult::Failed, true).await;
+        assert!(matches!(h.next_finished().await.outcome, Outcome::Failed(_)));
+        assert_eq!(h.next_sent().await.message_id, "b");
+    }
+
+    #[tokio::test]
+    async fn transient_failure_is_retried() {
+        let mut h = harness(10_000, 10);
+        h.enqueue("p", job("a", EffectKind::PrintReceipt, "c1"), 1).await;
+        h.next_sent().await;
+        h.ack("p", "a", AckResult::Failed, false).await;
+        assert_eq!(h.next_sent().await.message_id, "a", "retried after backoff");
+        h.ack("p", "a", AckResult::Done, false).await;
+        assert_eq!(h.next_finished().await.outcome, Outcome::Done);
+    }
+
+    #[tokio::test]
+    async fn offline_and_paper_out_hold_the_queue() {
+        let mut h = harness(10_000, 10);
+        h.status("p", true, Some(PrinterState::PaperOut)).await;
+        h.status("t", false, None).await;
+        h.enqueue("p", job("a", EffectKind::PrintReceipt, "c1"), 1).await;
+        h.enqueue("t", job("b", EffectKind::DisplayQr, "c2"), 2).await;
+        h.nothing_sent(200).await;
+        h.status("p", true, Some(PrinterState::Ready)).await;
+        assert_eq!(h.next_sent().await.message_id, "a");
+        h.status("t", true, None).await;
+        assert_eq!(h.next_sent().await.message_id, "b");
+    }
+
+    #[tokio::test]
+    async fn queued_qr_is_superseded_by_the_paid_screen() {
+        let mut h = harness(10_000, 10);
+        h.enqueue("t", job("busy", EffectKind::DisplayQr, "c0"), 1).await;
+        h.enqueue("t", job("qr", EffectKind::DisplayQr, "c1"), 2).await;
+        h.enqueue("t", job("paid", EffectKind::PaymentConfirmed, "c1"), 3).await;
+        let f = h.next_finished().await;
+        assert_eq!((f.job.message_id.as_str(), f.outcome), ("qr", Outcome::Superseded));
+        assert_eq!(h.next_sent().await.message_id, "busy");
+        h.ack("t", "busy", AckResult::Done, false).await;
+        h.next_finished().await;
+        assert_eq!(h.next_sent().await.message_id, "paid");
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

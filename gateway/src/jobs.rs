@@ -151,3 +151,43 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
         expires_at: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdc;
+    use serde_json::Value;
+
+    fn charges(file: &str) -> Vec<Charge> {
+        let path = format!("{}/../fixtures/cdc/{file}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                cdc::decode_charge(&r["value"]["fullDocument"]).ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_fixture_charge_has_a_valid_payload_with_its_amount() {
+        let all = charges("charges.jsonl");
+        assert!(all.iter().any(|c| c.brcode.is_none()) && all.iter().any(|c| c.brcode.is_some()));
+        for c in all {
+            let payload = pix_payload(&c).unwrap_or_else(|e| panic!("{}: {e}", c.id));
+            let parsed = brcode::parse(&payload).unwrap();
+            assert_eq!(parsed.amount_cents(), Some(c.value_cents).filter(|&v| v > 0), "{}", c.id);
+        }
+    }
+
+    #[test]
+    fn bad_brcodes_in_edge_cases_are_refused_with_a_reason() {
+        let bad: Vec<RenderError> = charges("edge-cases.jsonl").iter().filter(|c| c.brcode.is_some()).map(|c| pix_payload(c).unwrap_err()).collect();
+        assert_eq!(bad.len(), 2);
+        assert!(bad.iter().all(|e| e.reason() == "invalid_brcode"), "{bad:?}");
+        let text: Vec<String> = bad.iter().map(ToString::to_string).collect();
+        assert!(text[0].contains("CRC") || text[0].contains("crc"), "{}", text[0]);
+        assert!(text[1].contains("53"), "currency tag named: {}", text[1]);
+    }
+}

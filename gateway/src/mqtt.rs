@@ -45,6 +45,13 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// A publisher not backed by a broker: what it publishes arrives on the returned
+    /// receiver. For tests and tools that stand in for the broker.
+    pub fn channel(capacity: usize) -> (Publisher, mpsc::Receiver<(String, Vec<u8>)>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (Publisher { tx }, rx)
+    }
+
     /// Publishes `payload` on `topic`.
     ///
     /// # Errors
