@@ -1,1 +1,11 @@
 //! placeholder
+
+pub mod escpos;
+pub mod capture;
+pub mod device;
+pub mod effect;
+pub mod fleet;
+pub mod printer;
+pub mod registry;
+pub mod terminal;
+pub mod cli;

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# All tests, integration tests included (they start a tansu broker on loopback, the pixgate
+# binary and the device simulators). Installs tansu if missing (~15 min, once per machine).
+#
+# Tests that read the third-party ESC/POS and BR Code samples take them from ../shared
+# (beside the clone); with CI=true a missing ../shared fails those tests loudly.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+"$root/scripts/ensure-tansu.sh" >/dev/null
+# The end-to-end tests run the pixgate binary as a child process: build it first.
+cargo build --workspace --bins
+cargo test --workspace --no-fail-fast "$@"

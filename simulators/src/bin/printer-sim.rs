@@ -1,0 +1,141 @@
+//! printer-sim: a simulated ESC/POS receipt printer.
+//!
+//! - `printer-sim decode FILE.bin --png OUT.png --text OUT.txt [--width-dots 576] [--code-page CP437]`
+//!   decodes a raw ESC/POS stream offline.
+//! - `printer-sim run --id ID --mqtt HOST:PORT --out DIR [--paper 80] [--code-page CP860]`
+//!   joins the broker as device `ID` until Ctrl-C.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use render::codepage::CodePage;
+use simulators::cli::{init_tracing, parse_host_port, shutdown_signal};
+use simulators::device::{spawn_device, DeviceOptions, Stats};
+use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
+use simulators::registry::DeviceSpec;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(about = "Simulated ESC/POS receipt printer")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Decode a raw ESC/POS file into a PNG and a text transcript (no MQTT needed).
+    Decode {
+        /// The ESC/POS byte stream.
+        file: PathBuf,
+        /// Where to write the printed paper.
+        #[arg(long)]
+        png: PathBuf,
+        /// Where to write the transcript.
+        #[arg(long)]
+        text: Option<PathBuf>,
+        /// Print head width: 576 (80 mm) or 384 (58 mm).
+        #[arg(long, default_value_t = 576)]
+        width_dots: u32,
+        /// Code page at power-on.
+        #[arg(long, default_value = "CP437")]
+        code_page: String,
+    },
+    /// Be device ID on the MQTT broker until Ctrl-C.
+    Run {
+        /// Device registry id.
+        #[arg(long)]
+        id: String,
+        /// Broker address.
+        #[arg(long, default_value = "127.0.0.1:1883")]
+        mqtt: String,
+        /// Output directory (files go to DIR/ID/).
+        #[arg(long)]
+        out: PathBuf,
+        /// Paper width in mm (58 or 80).
+        #[arg(long, default_value_t = 80)]
+        paper: u8,
+        /// Code page at power-on.
+        #[arg(long, default_value = "CP860")]
+        code_page: String,
+        /// Carry out jobs even after their expires_at.
+        #[arg(long)]
+        ignore_expiry: bool,
+    },
+}
+
+fn code_page(name: &str) -> Result<CodePage> {
+    CodePage::from_name(name).with_context(|| format!("unknown code page {name:?}"))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    init_tracing();
+    match Cli::parse().cmd {
+        Cmd::Decode {
+            file,
+            png,
+            text,
+            width_dots,
+            code_page: cp,
+        } => {
+            let bytes =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let (decoded, png_bytes) = print_bytes(
+                &bytes,
+                &PrinterSettings {
+                    width_dots,
+                    code_page: code_page(&cp)?,
+                },
+            );
+            let png_bytes = png_bytes.context("nothing was printed")?;
+            std::fs::write(&png, png_bytes)
+                .with_context(|| format!("writing {}", png.display()))?;
+            let t = transcript_text(&decoded);
+            match text {
+                Some(p) => std::fs::write(&p, t + "\n")
+                    .with_context(|| format!("writing {}", p.display()))?,
+                None => println!("{t}"),
+            }
+            eprintln!(
+                "{}x{} dots, {} QR, {} cuts, {} warnings",
+                decoded.image.width(),
+                decoded.image.height(),
+                decoded.qr_codes.len(),
+                decoded.cuts,
+                decoded.warnings.len()
+            );
+        }
+        Cmd::Run {
+            id,
+            mqtt,
+            out,
+            paper,
+            code_page: cp,
+            ignore_expiry,
+        } => {
+            let (mqtt_host, mqtt_port) = parse_host_port(&mqtt)?;
+            let spec = DeviceSpec::Printer {
+                id,
+                paper_width_mm: paper,
+                code_page: code_page(&cp)?,
+                native_qr: true,
+            };
+            let stats = Arc::new(Stats::default());
+            let dev = spawn_device(
+                &spec,
+                &DeviceOptions {
+                    mqtt_host,
+                    mqtt_port,
+                    out_dir: out,
+                    honor_expiry: !ignore_expiry,
+                },
+                stats.clone(),
+            );
+            shutdown_signal().await;
+            dev.shutdown().await;
+            eprintln!("{}", serde_json::to_string(&stats.snapshot())?);
+        }
+    }
+    Ok(())
+}

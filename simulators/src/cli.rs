@@ -1,0 +1,65 @@
+//! Small helpers shared by the simulator binaries.
+
+use anyhow::{Context, Result};
+
+/// Logs to stderr; `RUST_LOG` overrides the default `info`.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Splits `HOST:PORT` (IPv6 as `[::1]:1883`).
+///
+/// # Errors
+/// No port, or the port is not a number.
+pub fn parse_host_port(s: &str) -> Result<(String, u16)> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .with_context(|| format!("{s:?} is not HOST:PORT"))?;
+    let port = port.parse().with_context(|| format!("bad port in {s:?}"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((
+        if host.is_empty() {
+            "127.0.0.1".into()
+        } else {
+            host.to_string()
+        },
+        port,
+    ))
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port() {
+        assert_eq!(
+            parse_host_port("127.0.0.1:1883").unwrap(),
+            ("127.0.0.1".into(), 1883)
+        );
+        assert_eq!(parse_host_port("[::1]:1883").unwrap(), ("::1".into(), 1883));
+        assert!(parse_host_port("nohost").is_err());
+    }
+}

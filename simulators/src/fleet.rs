@@ -1,0 +1,146 @@
+//! A fleet of simulated devices (every printer and card machine of a registry) sharing one
+//! set of counters and one effect list, started and stopped together.
+
+use crate::device::{spawn_device, DeviceHandle, DeviceOptions, Stats, StatsSnapshot};
+use crate::effect::EffectRecord;
+use crate::registry::DeviceSpec;
+use anyhow::Result;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to simulate and where.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// MQTT broker host.
+    pub mqtt_host: String,
+    /// MQTT broker port.
+    pub mqtt_port: u16,
+    /// Output root: each device writes into `{out_dir}/{id}/`.
+    pub out_dir: PathBuf,
+    /// The devices (see [`crate::registry::devices_from_jsonl`]).
+    pub devices: Vec<DeviceSpec>,
+}
+
+/// What a fleet did, written by `fleet-sim` as `effects.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    /// Number of devices simulated.
+    pub devices: usize,
+    /// Counters summed over all devices.
+    pub stats: StatsSnapshot,
+    /// Every job carried out, in the order carried out.
+    pub effects: Vec<EffectRecord>,
+}
+
+/// A running fleet.
+pub struct FleetHandle {
+    devices: Vec<DeviceHandle>,
+    stats: Arc<Stats>,
+}
+
+/// Starts one simulated device per spec (they connect in the background). Jobs whose
+/// `expires_at` has passed are refused, as the protocol requires; use [`start_with`] to
+/// replay old fixtures.
+///
+/// # Errors
+/// The output directory cannot be created.
+pub async fn start(cfg: FleetConfig) -> Result<FleetHandle> {
+    start_with(cfg, true).await
+}
+
+/// [`start`], choosing whether devices refuse expired jobs.
+///
+/// # Errors
+/// The output directory cannot be created.
+pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHandle> {
+    tokio::fs::create_dir_all(&cfg.out_dir).await?;
+    let stats = Arc::new(Stats::default());
+    let opts = DeviceOptions {
+        mqtt_host: cfg.mqtt_host.clone(),
+        mqtt_port: cfg.mqtt_port,
+        out_dir: cfg.out_dir.clone(),
+        honor_expiry,
+    };
+    let devices = cfg
+        .devices
+        .iter()
+        .map(|d| spawn_device(d, &opts, stats.clone()))
+        .collect();
+    Ok(FleetHandle { devices, stats })
+}
+
+impl FleetHandle {
+    /// Waits until every device is connected and subscribed to its jobs topic.
+    ///
+    /// # Errors
+    /// Some device is not ready within `timeout` (the error names them).
+    pub async fn wait_connected(&self, timeout: Duration) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for d in &self.devices {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if d.wait_ready(left).await.is_err() {
+                let missing: Vec<&str> = self
+                    .devices
+                    .iter()
+                    .filter(|d| !d.is_ready())
+                    .map(|d| d.id())
+                    .collect();
+                anyhow::bail!(
+                    "{} of {} devices not connected after {timeout:?}: {}",
+                    missing.len(),
+                    self.devices.len(),
+                    missing.join(", ")
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Ids of the simulated devices.
+    pub fn device_ids(&self) -> Vec<String> {
+        self.devices.iter().map(|d| d.id().to_string()).collect()
+    }
+
+    /// Every job carried out so far, in order.
+    pub fn effects(&self) -> Vec<EffectRecord> {
+        self.stats.effects()
+    }
+
+    /// Job publishes received, redeliveries included.
+    pub fn raw_jobs(&self) -> u64 {
+        self.stats.raw_jobs()
+    }
+
+    /// Jobs whose message id had already been carried out.
+    pub fn duplicates(&self) -> u64 {
+        self.stats.duplicates()
+    }
+
+    /// New jobs that arrived with a seq not larger than the device's previous one.
+    pub fn order_violations(&self) -> u64 {
+        self.stats.order_violations()
+    }
+
+    /// All counters now.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Stops every device: each finishes its current job, publishes `{"v":1,"online":false}`
+    /// retained and disconnects cleanly (so its last will does not fire). Returns the report.
+    pub async fn shutdown(self) -> FleetReport {
+        let n = self.devices.len();
+        let mut set = tokio::task::JoinSet::new();
+        for d in self.devices {
+            set.spawn(d.shutdown());
+        }
+        while set.join_next().await.is_some() {}
+        FleetReport {
+            devices: n,
+            stats: self.stats.snapshot(),
+            effects: self.stats.effects(),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The main job, end to end on a fixtures folder:
+//!
+//! 1. start a Kafka-protocol broker and create the topics;
+//! 2. start `pixgate` (with its embedded MQTT broker) and wait until it is ready;
+//! 3. start one simulated device per registry entry (printers and card machines) and wait
+//!    until all are connected;
+//! 4. publish `devices.jsonl` and wait until pixgate has read it all, then `charges.jsonl`
+//!    and `edge-cases.jsonl`;
+//! 5. wait until every record is finished (no pending record, no queued job);
+//! 6. write `summary.json`, stop everything it started (also on Ctrl-C or error).
+//!
+//! Output folder: `devices/{id}/NNNN-{kind}-{charge}.png` and `devices/{id}/transcript.txt`
+//! (written by the simulators), `summary.json`, `pixgate.log`, `kafka/broker.log`.
+
+use crate::broker::KafkaBroker;
+use crate::gateway::{GatewayProcess, GatewaySettings};
+use crate::net::free_port;
+use anyhow::{bail, Context};
+use serde::Serialize;
+use serde_json::{json, Value};
+use simulators::{capture, fleet, registry};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What to run the demo on.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// Folder with `devices.jsonl`, `charges.jsonl` and `edge-cases.jsonl` (the last two
+    /// optional).
+    pub fixtures: PathBuf,
+    /// Output folder (created; earlier `devices/` and `summary.json` are replaced).
+    pub out: PathBuf,
+    /// The `pixgate` binary.
+    pub pixgate_bin: PathBuf,
+    /// Longest wait for everything to be delivered.
+    pub timeout: Duration,
+}
+
+/// One effect a device carried out, as `summary.json` lists it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SummaryEffect {
+    /// Device id.
+    pub device: String,
+    /// Effect kind as in `expected.json`.
+    pub kind: String,
+    /// Charge id.
+    pub charge: String,
+    /// The job's message id.
+    pub message_id: String,
+    /// The job's per-device sequence number.
+    pub seq: u64,
+    /// The PNG the device made of it, relative to the output folder.
+    pub file: String,
+}
+
+/// Runs the demo and returns the summary it wrote to `out/summary.json`.
+///
+/// # Errors
+/// Any part failed to start, or delivery did not finish within the timeout; everything
+/// started is stopped either way.
+pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
+    let out = &cfg.out;
+    std::fs::create_dir_all(out)?;
+    let _ = std::fs::remove_dir_all(out.join("devices"));
+    let _ = std::fs::remove_file(out.join("summary.json"));
+    let kafka_dir = out.join("kafka");
+    let _ = std::fs::remove_dir_all(&kafka_dir);
+    let devices_file = cfg.fixtures.join("devices.jsonl");
+    let devices = registry::devices_from_jsonl(&devices_file)?;
+
+    progress(format!("starting Kafka-protocol broker (tansu) in {}", kafka_dir.display()));
+    let broker = KafkaBroker::start(&kafka_dir)?;
+    let brokers = broker.addr().to_string();
+    capture::ensure_topics(&brokers, &[("device.upserted", 3), ("charge.upserted", 3), ("pixgate.deadletter", 1)]).await?;
+
+    let settings = GatewaySettings {
+        brokers: brokers.clone(),
+        group_id: format!("pixgate-demo-{}", std::process::id()),
+        mqtt_port: free_port(),
+        http_port: free_port(),
+        ack_timeout_ms: 5_000,
+    };
+    progress(format!("starting pixgate: MQTT 127.0.0.1:{}, HTTP 127.0.0.1:{}", settings.mqtt_port, settings.http_port));
+    let mut gateway = GatewayProcess::spawn(&cfg.pixgate_bin, settings.clone(), &out.join("pixgate.log"), Duration::from_secs(60))?;
+
+    progress(format!("starting {} simulated devices", devices.len()));
+    let fleet = fleet::start(fleet::FleetConfig {
+        mqtt_host: "127.0.0.1".into(),
+        mqtt_port: settings.mqtt_port,
+        out_dir: out.join("devices"),
+        devices,
+    })
+    .await?;
+    fleet.wait_connected(Duration::from_secs(30)).await?;
+
+    let result = feed_and_wait(cfg, &brokers, &gateway).await;
+    let report = fleet.shutdown().await;
+    let stats = gateway.stats().unwrap_or(Value::Null);
+    let clean = gateway.stop(Duration::from_secs(15));
+    broker.stop();
+    let published = result?;
+    if !clean {
+        tracing::warn!("pixgate did not stop cleanly within 15 s; see pixgate.log");
+    }
+
+    let mut effects: Vec<SummaryEffect> = report
+        .effects
+        .iter()
+        .map(|e| SummaryEffect {
+            device: e.device.clone(),
+            kind: e.kind.as_str().to_string(),
+            charge: e.charge.clone(),
+            message_id: e.message_id.clone(),
+            seq: e.seq,
+            file: Path::new(&e.file).strip_prefix(out).map_or(e.file.clone(), |p| p.display().to_string()),
+        })
+        .collect();
+    effects.sort_by(|a, b| (&a.device, a.seq).cmp(&(&b.device, b.seq)));
+    let summary = json!({
+        "effects": effects,
+        "counts": counts(published, &stats, &report),
+    });
+    std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
+    progress(format!("done: {} effects carried out; summary in {}", effects.len(), out.join("summary.json").display()));
+    Ok(summary)
+}
+
+/// Publishes the fixtures in contract order and waits until pixgate finished them all.
+/// Returns how many records were published.
+async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + cfg.timeout;
+    let n = capture::publish_file(brokers, &cfg.fixtures.join("devices.jsonl")).await? as u64;
+    progress(format!("published {n} device events; waiting for pixgate to read the registry"));
+    wait_until(gateway, deadline, |s| read_total(s) >= n).await?;
+    let mut published = n;
+    for name in ["charges.jsonl", "edge-cases.jsonl"] {
+        let path = cfg.fixtures.join(name);
+        if path.exists() {
+            let c = capture::publish_file(brokers, &path).await? as u64;
+            progress(format!("published {c} events from {name}"));
+            published += c;
+        }
+    }
+    progress("waiting until every effect is delivered and acknowledged");
+    wait_until(gateway, deadline, |s| {
+        read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0
+    })
+    .await?;
+    Ok(published)
+}
+
+async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
+    let mut last = String::new();
+    loop {
+        let stats = gateway.stats().context("reading pixgate /stats")?;
+        if done(&stats) {
+            return Ok(());
+        }
+        let line = format!(
+            "  read {} | pending records {} | queued jobs {} | effects done {}",
+            read_total(&stats),
+            stats["pending_records"],
+            stats["queued_jobs"],
+            stats["effects_done"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>())
+        );
+        if line != last {
+            progress(&line);
+            last = line;
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for pixgate; last stats: {stats}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn read_total(stats: &Value) -> u64 {
+    stats["events_read"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+}
+
+/// `counts` of `summary.json`: what pixgate read, ignored and dead-lettered (by reason),
+/// and what the devices saw.
+fn counts(published: u64, stats: &Value, report: &fleet::FleetReport) -> Value {
+    let mut dead = serde_json::Map::new();
+    for key in ["dead_lettered_records", "dead_lettered_effects"] {
+        for (reason, n) in stats[key].as_object().into_iter().flatten() {
+            let prev = dead.get(reason).and_then(Value::as_u64).unwrap_or(0);
+            dead.insert(reason.clone(), json!(prev + n.as_u64().unwrap_or(0)));
+        }
+    }
+    json!({
+        "events_published": published,
+        "events_read": read_total(stats),
+        "events_read_by_topic": stats["events_read"],
+        "ignored": stats["ignored"],
+        "dead_lettered": dead,
+        "dead_lettered_records": stats["dead_lettered_records"],
+        "dead_lettered_effects": stats["dead_lettered_effects"],
+        "superseded": stats["superseded"],
+        "effects_acknowledged": stats["effects_done"],
+        "job_redeliveries": stats["job_redeliveries"],
+        "device_jobs_received": report.stats.raw_jobs,
+        "device_failed_acks": report.stats.failed,
+        "device_duplicates": report.stats.duplicates,
+        "device_order_violations": report.stats.order_violations,
+    })
+}
+
+fn progress(msg: impl AsRef<str>) {
+    println!("[pixgate-demo] {}", msg.as_ref());
+}
+
+/// The default fixtures folder: the project's own copy of the CDC fixtures.
+pub fn default_fixtures() -> PathBuf {
+    crate::repo_root().join("fixtures/cdc")
+}
+
+/// Whether `dir` looks like a fixtures folder.
+pub fn is_fixtures_dir(dir: &Path) -> bool {
+    dir.join("devices.jsonl").is_file()
+}

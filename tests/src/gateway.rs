@@ -1,0 +1,127 @@
+//! The `pixgate` binary as a child process, configured through `PIXGATE_*` variables.
+
+use crate::net::http_get;
+use anyhow::{bail, Context};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where the `pixgate` binary is: `$PIXGATE_BIN`, or next to the running executable (or
+/// its parent, for test binaries in `target/*/deps/`).
+///
+/// # Errors
+/// Not found: build it first (`cargo build -p gateway`).
+pub fn find_binary() -> anyhow::Result<PathBuf> {
+    if let Ok(p) = std::env::var("PIXGATE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join("pixgate");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("pixgate binary not found next to {}; run `cargo build -p gateway` or set PIXGATE_BIN", exe.display())
+}
+
+/// Ports and names of one gateway instance.
+#[derive(Debug, Clone)]
+pub struct GatewaySettings {
+    /// Kafka `bootstrap.servers`.
+    pub brokers: String,
+    /// Consumer group.
+    pub group_id: String,
+    /// MQTT listen port on 127.0.0.1.
+    pub mqtt_port: u16,
+    /// HTTP listen port on 127.0.0.1.
+    pub http_port: u16,
+    /// Device ack timeout, ms.
+    pub ack_timeout_ms: u64,
+}
+
+/// A running gateway; dropping it kills the process.
+pub struct GatewayProcess {
+    child: Child,
+    /// The settings it runs with.
+    pub settings: GatewaySettings,
+}
+
+impl GatewayProcess {
+    /// Spawns `bin` with `settings`, logging to `log`, and waits until `/readyz` is 200.
+    ///
+    /// # Errors
+    /// Spawn failure, or not ready within `timeout` (the log path is in the error).
+    pub fn spawn(bin: &Path, settings: GatewaySettings, log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(bin)
+            .env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
+            .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
+            .env("PIXGATE_MQTT__LISTEN", format!("127.0.0.1:{}", settings.mqtt_port))
+            .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{}", settings.http_port))
+            .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let mut gw = GatewayProcess { child, settings };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = gw.child.try_wait()? {
+                bail!("pixgate exited with {status} during start-up; see {}", log.display());
+            }
+            if matches!(gw.get("/readyz"), Ok((200, _))) {
+                return Ok(gw);
+            }
+            if Instant::now() > deadline {
+                bail!("pixgate not ready within {timeout:?}; see {}", log.display());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `GET path` on the gateway's HTTP endpoint.
+    ///
+    /// # Errors
+    /// Connection failure.
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(&format!("127.0.0.1:{}", self.settings.http_port), path)
+    }
+
+    /// The gateway's `/stats` counters.
+    ///
+    /// # Errors
+    /// Connection failure or a body that is not JSON.
+    pub fn stats(&self) -> anyhow::Result<serde_json::Value> {
+        let (_, body) = self.get("/stats")?;
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// SIGTERM, then waits up to `grace` for a clean exit, then SIGKILL. Returns whether it
+    /// exited cleanly with status 0.
+    pub fn stop(&mut self, grace: Duration) -> bool {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        false
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

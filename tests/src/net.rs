@@ -1,0 +1,26 @@
+//! Small network helpers: free loopback ports and a minimal HTTP GET for `/stats`.
+
+use anyhow::{bail, Context};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind a loopback port")
+}
+
+/// `GET path` on `addr` (HTTP/1.0, no keep-alive); returns status code and body.
+///
+/// # Errors
+/// Connection refused, timeout (2 s), or a response that is not HTTP.
+pub fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let Some((head, body)) = resp.split_once("\r\n\r\n") else { bail!("malformed HTTP response") };
+    let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("status code")?;
+    Ok((code, body.to_string()))
+}
