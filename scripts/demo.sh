@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: pixgate end to end on a fixtures folder.
 #
-#   scripts/demo.sh [FIXTURES] [OUT]      (defaults: fixtures/cdc, out)
+#   scripts/demo.sh [FIXTURES] [OUT] [--burst]   (defaults: fixtures/cdc, out)
 #
 # Installs the Kafka-protocol broker if missing (tansu, ~15 min once), builds pixgate and
 # the simulators, then runs pixgate-demo: broker + pixgate + one simulated device per
@@ -16,4 +16,4 @@ cd "$root"
 echo "[demo] building pixgate and the simulators (first build takes a few minutes)..."
 cargo build -p gateway -p pixgate-tests --bins
 target="${CARGO_TARGET_DIR:-$root/target}"
-exec "$target/debug/pixgate-demo" "$fixtures" "$out"
+exec "$target/debug/pixgate-demo" "$fixtures" "$out" "${@:3}"

@@ -34,6 +34,22 @@ pub struct DemoConfig {
     pub pixgate_bin: PathBuf,
     /// Longest wait for everything to be delivered.
     pub timeout: Duration,
+    /// How the charge events are fed.
+    pub pace: Pace,
+}
+
+/// How the demo feeds charge events into Kafka.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// As the fixtures were recorded: devices online and keeping up. Events go out in
+    /// batches in which no charge appears twice; before the next batch, pixgate must have
+    /// finished the last one. Within a batch everything runs concurrently, across devices
+    /// and charges; between a charge's events its devices have caught up, as they do in a
+    /// shop where payment takes seconds. This is what `expected.json` describes.
+    KeepingUp,
+    /// Everything at once. Devices fall behind, and a QR still queued when its charge is
+    /// paid or expired is superseded (never shown): fewer `display_qr` than expected.json.
+    Burst,
 }
 
 /// One effect a device carried out, as `summary.json` lists it.
@@ -129,28 +145,56 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
 /// Returns how many records were published.
 async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess) -> anyhow::Result<u64> {
     let deadline = Instant::now() + cfg.timeout;
-    let n = capture::publish_file(brokers, &cfg.fixtures.join("devices.jsonl")).await? as u64;
-    progress(format!("published {n} device events; waiting for pixgate to read the registry"));
-    wait_until(gateway, deadline, |s| read_total(s) >= n).await?;
-    let mut published = n;
+    let producer = capture::producer(brokers)?;
+    let devices = capture::read_records(&cfg.fixtures.join("devices.jsonl"))?;
+    let mut published = capture::publish_records(&producer, &devices).await? as u64;
+    progress(format!("published {published} device events; waiting for pixgate to read the registry"));
+    wait_until(gateway, deadline, |s| idle(s, published)).await?;
     for name in ["charges.jsonl", "edge-cases.jsonl"] {
         let path = cfg.fixtures.join(name);
-        if path.exists() {
-            let c = capture::publish_file(brokers, &path).await? as u64;
-            progress(format!("published {c} events from {name}"));
-            published += c;
+        if !path.exists() {
+            continue;
+        }
+        let records = capture::read_records(&path)?;
+        let batches = match cfg.pace {
+            Pace::Burst => vec![records],
+            Pace::KeepingUp => batches_without_repeated_keys(records),
+        };
+        progress(format!("publishing {name} in {} batch(es)", batches.len()));
+        for batch in batches {
+            published += capture::publish_records(&producer, &batch).await? as u64;
+            wait_until(gateway, deadline, |s| idle(s, published)).await?;
         }
     }
-    progress("waiting until every effect is delivered and acknowledged");
-    wait_until(gateway, deadline, |s| {
-        read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0
-    })
-    .await?;
+    progress("every effect delivered and acknowledged");
     Ok(published)
+}
+
+/// pixgate has read `published` records and finished all of them.
+fn idle(s: &Value, published: u64) -> bool {
+    read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0
+}
+
+/// Splits `records`, in order, into consecutive batches in which no key appears twice.
+pub fn batches_without_repeated_keys(records: Vec<capture::CaptureRecord>) -> Vec<Vec<capture::CaptureRecord>> {
+    let mut batches: Vec<Vec<capture::CaptureRecord>> = Vec::new();
+    let mut keys = std::collections::HashSet::new();
+    for r in records {
+        if batches.is_empty() || r.key.as_ref().is_some_and(|k| keys.contains(k)) {
+            batches.push(Vec::new());
+            keys.clear();
+        }
+        if let Some(k) = &r.key {
+            keys.insert(k.clone());
+        }
+        batches.last_mut().expect("pushed above").push(r);
+    }
+    batches
 }
 
 async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
     let mut last = String::new();
+    let mut last_print = Instant::now();
     loop {
         let stats = gateway.stats().context("reading pixgate /stats")?;
         if done(&stats) {
@@ -163,14 +207,15 @@ async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&
             stats["queued_jobs"],
             stats["effects_done"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>())
         );
-        if line != last {
+        if line != last && last_print.elapsed() > Duration::from_secs(1) {
             progress(&line);
             last = line;
+            last_print = Instant::now();
         }
         if Instant::now() > deadline {
             bail!("timed out waiting for pixgate; last stats: {stats}");
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -37,6 +37,7 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         out: out.clone(),
         pixgate_bin: gateway::find_binary().expect("build pixgate first (cargo build -p gateway)"),
         timeout: Duration::from_secs(300),
+        pace: demo::Pace::KeepingUp,
     };
     let summary = demo::run(&cfg).await.expect("demo run");
     let effects = summary["effects"].as_array().unwrap();

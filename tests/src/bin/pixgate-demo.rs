@@ -19,6 +19,10 @@ struct Args {
     /// Longest wait for delivery, seconds.
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
+    /// Feed all charge events at once instead of as recorded (devices keeping up): shows
+    /// queued QR codes superseded by their charge's paid/expired screen.
+    #[arg(long)]
+    burst: bool,
 }
 
 #[tokio::main]
@@ -35,6 +39,7 @@ async fn main() -> anyhow::Result<()> {
         out: args.out,
         pixgate_bin: gateway::find_binary()?,
         timeout: Duration::from_secs(args.timeout_s),
+        pace: if args.burst { demo::Pace::Burst } else { demo::Pace::KeepingUp },
     };
     // Ctrl-C drops the run future: the broker and pixgate guards stop what was started.
     tokio::select! {
