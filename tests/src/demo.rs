@@ -10,7 +10,8 @@
 //! 6. write `summary.json`, stop everything it started (also on Ctrl-C or error).
 //!
 //! Output folder: `devices/{id}/NNNN-{kind}-{charge}.png` and `devices/{id}/transcript.txt`
-//! (written by the simulators), `summary.json`, `pixgate.log`, `kafka/broker.log`.
+//! (written by the simulators), `summary.json`, `deadletters.jsonl` (read back from the
+//! `pixgate.deadletter` topic), `pixgate.log`, `kafka/broker.log`.
 
 use crate::broker::KafkaBroker;
 use crate::gateway::{GatewayProcess, GatewaySettings};
@@ -112,9 +113,16 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     let result = feed_and_wait(cfg, &brokers, &gateway).await;
     let report = fleet.shutdown().await;
     let stats = gateway.stats().unwrap_or(Value::Null);
+    let dead_letters = if result.is_ok() {
+        let expected = sum(&stats["dead_lettered_records"]) + sum(&stats["dead_lettered_effects"]);
+        read_dead_letters(&brokers, expected, &out.join("deadletters.jsonl")).await
+    } else {
+        Ok(0)
+    };
     let clean = gateway.stop(Duration::from_secs(15));
     broker.stop();
     let published = result?;
+    progress(format!("{} dead letters read back from pixgate.deadletter into deadletters.jsonl", dead_letters?));
     if !clean {
         tracing::warn!("pixgate did not stop cleanly within 15 s; see pixgate.log");
     }
@@ -220,7 +228,38 @@ async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&
 }
 
 fn read_total(stats: &Value) -> u64 {
-    stats["events_read"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+    sum(&stats["events_read"])
+}
+
+fn sum(counts: &Value) -> u64 {
+    counts.as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+}
+
+/// Reads `expected` records of `pixgate.deadletter` from the beginning (as an outside
+/// consumer would) and writes their values, one JSON per line, to `path`.
+async fn read_dead_letters(brokers: &str, expected: u64, path: &Path) -> anyhow::Result<u64> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("pixgate-demo-deadletters-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("pixgate.deadletter", 0, Offset::Beginning)?;
+    consumer.assign(&tpl)?;
+    let mut lines = String::new();
+    let mut n = 0;
+    while n < expected {
+        let msg = tokio::time::timeout(Duration::from_secs(20), consumer.recv())
+            .await
+            .with_context(|| format!("only {n} of {expected} dead letters on pixgate.deadletter"))??;
+        lines.push_str(&String::from_utf8_lossy(msg.payload().unwrap_or_default()));
+        lines.push('\n');
+        n += 1;
+    }
+    std::fs::write(path, lines)?;
+    Ok(n)
 }
 
 /// `counts` of `summary.json`: what pixgate read, ignored and dead-lettered (by reason),

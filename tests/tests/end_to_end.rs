@@ -152,5 +152,24 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     let total_dead: u64 = dead.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(total_dead, 10, "unexpected dead letters: {dead}");
 
+    // 7. The dead letters are on the dead-letter topic, with reason and source position.
+    let dls: Vec<Value> = std::fs::read_to_string(out.join("deadletters.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dls.len(), 10);
+    for dl in &dls {
+        assert_eq!(dl["source_topic"], "charge.upserted");
+        assert!(dl["source_offset"].as_i64().unwrap() >= 0 && dl["reason"].is_string() && dl["value_base64"].is_string(), "{dl}");
+    }
+    let mut reasons: Vec<&str> = dls.iter().map(|d| d["reason"].as_str().unwrap()).collect();
+    reasons.sort();
+    let mut want_reasons: Vec<&str> = dead.as_object().unwrap().iter().flat_map(|(r, n)| std::iter::repeat_n(r.as_str(), n.as_u64().unwrap() as usize)).collect();
+    want_reasons.sort();
+    assert_eq!(reasons, want_reasons);
+    let bad_qr: Vec<&Value> = dls.iter().filter(|d| d["reason"] == "invalid_brcode").collect();
+    assert!(bad_qr.iter().all(|d| d["device"] == "d3cea27d26934b484e73cf57" && d["effect"] == "display_qr"), "{bad_qr:?}");
+
     let _ = std::fs::remove_dir_all(&out);
 }
