@@ -31,7 +31,7 @@ struct Cli {
 enum Cmd {
     /// Run the gateway (the default): Kafka consumer, MQTT broker, delivery, /healthz, /readyz, /stats.
     Run,
-    /// Print the effective configuration as TOML-compatible JSON.
+    /// Print the effective configuration as TOML (usable as a `--config` file).
     Config,
 }
 
@@ -39,11 +39,13 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into()))
+.with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cfg = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     match cli.command.unwrap_or(Cmd::Run) {
         Cmd::Config => {
-            println!("{}", serde_json::to_string_pretty(&cfg)?);
+            print!("{}", toml::to_string_pretty(&cfg)?);
             Ok(())
         }
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg)),
