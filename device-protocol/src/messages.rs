@@ -153,6 +153,28 @@ pub struct Ack {
     pub duplicate: bool,
 }
 
+impl Ack {
+    /// A `done` ack for the job `message_id`/`seq`; `duplicate` when the device had already
+    /// carried that message id out and did nothing this time.
+    pub fn done(message_id: &str, seq: u64, duplicate: bool) -> Ack {
+        Ack { v: VERSION, message_id: message_id.to_string(), seq, result: AckResult::Done, reason: None, permanent: false, duplicate }
+    }
+
+    /// A `failed` ack for the job `message_id`/`seq` with `reason`; `permanent` when a retry
+    /// cannot succeed (the gateway then dead-letters it at once).
+    pub fn failed(message_id: &str, seq: u64, reason: impl Into<String>, permanent: bool) -> Ack {
+        Ack {
+            v: VERSION,
+            message_id: message_id.to_string(),
+            seq,
+            result: AckResult::Failed,
+            reason: Some(reason.into()),
+            permanent,
+            duplicate: false,
+        }
+    }
+}
+
 /// Outcome of a job on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

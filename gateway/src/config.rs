@@ -18,6 +18,26 @@ pub struct Config {
     pub http: HttpConfig,
     /// Delivery to devices.
     pub delivery: DeliveryConfig,
+    /// The durable outbox.
+    pub outbox: OutboxConfig,
+}
+
+/// The durable per-device outbox ([`crate::outbox`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OutboxConfig {
+    /// The redb file. One gateway process per file.
+    pub path: std::path::PathBuf,
+    /// Jobs queued across all devices before the consumer pauses its partitions.
+    pub max_jobs: usize,
+    /// How long an accepted message id stays in the dedupe window, hours.
+    pub dedupe_retention_hours: u64,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        OutboxConfig { path: ".pixgate/outbox.redb".into(), max_jobs: 100_000, dedupe_retention_hours: 24 }
+    }
 }
 
 /// Kafka consumer, producer and topic names.
@@ -28,6 +48,10 @@ pub struct KafkaConfig {
     pub brokers: String,
     /// Consumer group (`group.id`).
     pub group_id: String,
+    /// Static group membership (`group.instance.id`, KIP-345): a restarted gateway with the
+    /// same id takes its partitions back at once instead of waiting for a rebalance. Give
+    /// each gateway instance its own stable id; empty = dynamic membership.
+    pub instance_id: String,
     /// Charge change events.
     pub charge_topic: String,
     /// Device change events.
@@ -37,6 +61,11 @@ pub struct KafkaConfig {
     /// Records read but not finished, per partition, before the partition is paused
     /// (backpressure: a full pipeline slows the reader, it never grows memory).
     pub max_pending_per_partition: usize,
+    /// `partition.assignment.strategy`. Default `range` (eager: revoke all, reassign).
+    /// `cooperative-sticky` moves only the partitions that must move and suits a real Kafka
+    /// cluster; against tansu 0.6.0 a member lost its whole assignment after an incremental
+    /// revoke and never got it back (seen in `tests/tests/crash_restart.rs`).
+    pub assignment_strategy: String,
     /// `session.timeout.ms`.
     pub session_timeout_ms: u32,
     /// `max.poll.interval.ms`; also bounds how long a lost StreamConsumer wake-up can last.
@@ -48,10 +77,12 @@ impl Default for KafkaConfig {
         KafkaConfig {
             brokers: "127.0.0.1:9092".into(),
             group_id: "pixgate".into(),
+            instance_id: String::new(),
             charge_topic: "charge.upserted".into(),
             device_topic: "device.upserted".into(),
             deadletter_topic: "pixgate.deadletter".into(),
             max_pending_per_partition: 1000,
+            assignment_strategy: "range".into(),
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 60_000,
         }

@@ -1,24 +1,30 @@
 //! The Kafka side: one consumer in a consumer group reading `device.upserted` and
 //! `charge.upserted`, turning each record into effects, and storing a record's offset only
-//! when all of its effects are finished (acknowledged by their device, superseded, or
-//! durably dead-lettered) — the read position is part of the data.
+//! when all of its effects are durably accepted: written to their devices' queues in the
+//! outbox ([`crate::outbox`]) or to the dead-letter topic — the read position is part of
+//! the data. Delivery to the devices then proceeds from the outbox, so an offline printer
+//! does not hold back the partition.
 //!
 //! Settings (librdkafka): `enable.auto.offset.store=false` (we decide what is stored),
 //! `enable.auto.commit=true` (stored offsets are committed every second),
-//! `partition.assignment.strategy=cooperative-sticky`, `auto.offset.reset=earliest`.
+//! `partition.assignment.strategy` from the config (default `range`, see
+//! [`crate::config::KafkaConfig::assignment_strategy`]), optional static membership
+//! (`group.instance.id`), `auto.offset.reset=earliest`.
 //! Stored offsets are the contiguous done prefix of each partition ([`crate::offsets`]).
 //!
 //! Backpressure: at most `max_pending_per_partition` unfinished records per partition;
 //! at that bound the partition is paused (and re-paused after a rebalance) and resumed
-//! when half of them are finished. The consumer keeps polling while paused, as librdkafka
-//! requires.
+//! when half of them are finished. Likewise all partitions pause while the outbox holds
+//! `outbox.max_jobs` jobs, until it is half drained. The consumer keeps polling while
+//! paused, as librdkafka requires.
 
 use crate::cdc::{self, Envelope};
 use crate::config::Config;
 use crate::deadletter::{DeadLetter, DeadLetterWriter};
-use crate::dispatch::{Command, Finished, Outcome, RecordRef};
+use crate::dispatch::{Command, Finished, Outcome};
 use crate::jobs;
 use crate::offsets::{OffsetTracker, Partition};
+use crate::outbox::{ChargeState, Outbox, SourceRef, StoredJob};
 use crate::registry::Registry;
 use crate::router::{Decision, Router};
 use crate::stats::Stats;
@@ -59,6 +65,21 @@ impl ConsumerContext for Rebalances {
 
 type GatewayConsumer = StreamConsumer<Rebalances>;
 
+/// A record being processed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RecordRef {
+    part: Partition,
+    offset: i64,
+}
+
+/// A dead letter that Kafka now has.
+enum DeadLetterDone {
+    /// One of a record's effects (or the whole record): the record may finish.
+    Record(RecordRef),
+    /// A queued job that failed delivery: it was removed from the outbox.
+    Job,
+}
+
 /// The consumer loop's state.
 struct Pipeline {
     cfg: Config,
@@ -66,12 +87,18 @@ struct Pipeline {
     registry: Registry,
     router: Router,
     tracker: OffsetTracker,
-    /// Effects not yet finished, per pending record.
+    /// Dead letters not yet written, per pending record.
     remaining: HashMap<RecordRef, usize>,
     paused: HashSet<Partition>,
     commands: mpsc::Sender<Command>,
     deadletters: DeadLetterWriter,
-    dl_done: mpsc::UnboundedSender<RecordRef>,
+    dl_done: mpsc::UnboundedSender<DeadLetterDone>,
+    outbox: Arc<Outbox>,
+    /// Jobs in the outbox (queued or in flight).
+    outbox_jobs: usize,
+    /// All partitions paused because the outbox is full.
+    outbox_full: bool,
+    last_prune: Instant,
 }
 
 /// Runs the consumer until `shutdown` turns true, then drains (bounded by 10 s), commits
@@ -79,22 +106,29 @@ struct Pipeline {
 ///
 /// # Errors
 /// The consumer cannot be created or subscribed.
+/// `outbox` is open and its `outbox_jobs` jobs were handed to the dispatcher.
 pub async fn run(
     cfg: Config,
     stats: Arc<Stats>,
+    outbox: Arc<Outbox>,
+    outbox_jobs: usize,
     commands: mpsc::Sender<Command>,
     mut finished: mpsc::UnboundedReceiver<Finished>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let k = &cfg.kafka;
-    let consumer: GatewayConsumer = ClientConfig::new()
+    let mut client = ClientConfig::new();
+    if !k.instance_id.is_empty() {
+        client.set("group.instance.id", &k.instance_id);
+    }
+    let consumer: GatewayConsumer = client
         .set("bootstrap.servers", &k.brokers)
         .set("group.id", &k.group_id)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("partition.assignment.strategy", &k.assignment_strategy)
         .set("session.timeout.ms", k.session_timeout_ms.to_string())
         .set("max.poll.interval.ms", k.max_poll_interval_ms.to_string())
         .set("queued.max.messages.kbytes", "16384")
@@ -103,26 +137,45 @@ pub async fn run(
     consumer.subscribe(&[&k.device_topic, &k.charge_topic]).context("subscribing")?;
     let (dl_done, mut dl_done_rx) = mpsc::unbounded_channel();
     let deadletters = DeadLetterWriter::new(&k.brokers, &k.deadletter_topic)?;
+    let mut registry = Registry::default();
+    for (id, at, doc) in outbox.devices()? {
+        match doc.as_ref().map(cdc::decode_device).transpose() {
+            Ok(device) => {
+                registry.apply(&id, at, device);
+            }
+            Err(e) => tracing::error!(device = %id, error = %e, "stored registry entry no longer decodes"),
+        }
+    }
+    tracing::info!(devices = registry.len(), "device registry restored");
+    let mut router = Router::default();
+    router.restore(outbox.charges()?.into_iter().map(|(id, st)| (id, st.version, st.status)));
     let mut p = Pipeline {
         cfg: cfg.clone(),
         stats: stats.clone(),
-        registry: Registry::default(),
-        router: Router::default(),
+        registry,
+        router,
         tracker: OffsetTracker::default(),
         remaining: HashMap::new(),
         paused: HashSet::new(),
         commands,
         deadletters,
         dl_done,
+        outbox,
+        outbox_jobs,
+        outbox_full: false,
+        last_prune: Instant::now(),
     };
-    stats.update(|s| s.consumer_running = true);
+    stats.update(|s| {
+        s.consumer_running = true;
+        s.outbox_jobs = outbox_jobs as u64;
+    });
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
             Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
+            Some(d) = dl_done_rx.recv() => p.dead_letter_done(&consumer, d),
             _ = tick.tick() => p.on_tick(&consumer),
             msg = consumer.recv() => match msg {
                 Ok(m) => { let m = m.detach(); p.on_message(&consumer, m).await; }
@@ -139,7 +192,7 @@ pub async fn run(
     while p.tracker.total_pending() > 0 && Instant::now() < deadline {
         tokio::select! {
             Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
+            Some(d) = dl_done_rx.recv() => p.dead_letter_done(&consumer, d),
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
@@ -166,6 +219,7 @@ impl Pipeline {
         } else {
             self.on_charge(consumer, &rec, &src).await;
         }
+        self.check_outbox_bound(consumer);
         if self.tracker.pending(&part) >= self.cfg.kafka.max_pending_per_partition && self.paused.insert(part.clone()) {
             tracing::info!(topic = %part.0, partition = part.1, "pausing partition: pending bound reached");
             pause(consumer, &part, true);
@@ -182,7 +236,15 @@ impl Pipeline {
             Ok(d) => d,
             Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
         };
-        self.registry.apply(&env.document_id, env.cluster_time, device);
+        if self.registry.apply(&env.document_id, env.cluster_time, device) != crate::registry::Applied::Stale {
+            let doc = env.full_document.as_ref();
+            let mut delay = Duration::from_millis(100);
+            while let Err(e) = tokio::task::block_in_place(|| self.outbox.put_device(&env.document_id, env.cluster_time, doc)) {
+                tracing::error!(error = %e, "cannot store the registry entry; retrying (reading is held)");
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
         self.stats.update(|s| s.devices_applied += 1);
         self.record_finished(consumer, rec);
     }
@@ -192,57 +254,143 @@ impl Pipeline {
             Ok(e) => e,
             Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
         };
-        match self.router.route_charge(&env, &self.registry) {
+        let decision = self.router.route_charge(&env, &self.registry);
+        let applied = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
+        match decision {
             Decision::Ignored(reason) => {
                 self.stats.ignored(reason);
+                if applied.is_some() {
+                    self.accept(applied, Vec::new(), src).await;
+                }
                 self.record_finished(consumer, rec);
             }
             Decision::DeadLetter { reason, detail } => self.dead_record(rec, src, &reason, detail),
             Decision::Effects { charge, effects, unroutable } => {
                 self.stats.update(|s| s.records_with_effects += 1);
-                self.remaining.insert(rec.clone(), effects.len() + unroutable.len());
+                let mut dead = Vec::new();
                 for (kind, reason) in unroutable {
                     let mut dl = DeadLetter::new(&reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
                     dl.effect = Some(kind.as_str().to_string());
-                    self.dead_effect(rec, dl);
+                    dead.push(dl);
                 }
+                let mut jobs = Vec::new();
                 for effect in effects {
                     match jobs::render_job(&env.event_id, &charge, &effect, &self.cfg.delivery.default_time_zone) {
-                        Ok(job) => {
-                            let cmd = Command::Enqueue { device: effect.device.id.clone(), job, record: rec.clone() };
-                            if self.commands.send(cmd).await.is_err() {
-                                tracing::error!("dispatcher is gone; record stays uncommitted");
-                            }
-                        }
+                        Ok(job) => jobs.push((effect.device.id.clone(), job)),
                         Err(e) => {
                             let mut dl = DeadLetter::new(e.reason(), e.to_string(), src.topic, src.partition, src.offset, src.key, src.value);
                             dl.device = Some(effect.device.id.clone());
                             dl.effect = Some(effect.kind.as_str().to_string());
                             dl.message_id = Some(device_protocol::message_id(&env.event_id, &effect.device.id, effect.kind));
-                            self.dead_effect(rec, dl);
+                            dead.push(dl);
                         }
+                    }
+                }
+                let stored = self.accept(applied, jobs, src).await;
+                for s in stored {
+                    if self.commands.send(Command::Enqueue(s)).await.is_err() {
+                        tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
+                    }
+                }
+                if dead.is_empty() {
+                    self.record_finished(consumer, rec);
+                } else {
+                    self.remaining.insert(rec.clone(), dead.len());
+                    for dl in dead {
+                        self.dead_effect(rec, dl);
                     }
                 }
             }
         }
     }
 
+    /// Writes `jobs` (and the charge state) to the outbox, durably, retrying until the disk
+    /// takes it: reading on past an effect that is not stored would lose it.
+    async fn accept(&mut self, charge: Option<(String, ChargeState)>, jobs: Vec<(String, device_protocol::Job)>, src: &Source<'_>) -> Vec<StoredJob> {
+        let source = SourceRef {
+            topic: src.topic.to_string(),
+            partition: src.partition,
+            offset: src.offset,
+            key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
+        };
+        let mut delay = Duration::from_millis(100);
+        let stored = loop {
+            let now_ms = chrono::Utc::now().timestamp_millis().max(0) as u64;
+            let charge = charge.as_ref().map(|(id, st)| (id.as_str(), *st));
+            match tokio::task::block_in_place(|| self.outbox.accept(charge, jobs.clone(), &source, now_ms)) {
+                Ok(stored) => break stored,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot write the outbox; retrying (reading is held)");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        };
+        self.outbox_jobs += stored.len();
+        self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
+        stored
+    }
+
     fn on_finished(&mut self, consumer: &GatewayConsumer, f: Finished) {
+        let stored = f.stored;
+        self.outbox_jobs = self.outbox_jobs.saturating_sub(1);
+        self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
         match f.outcome {
-            Outcome::Done => self.effect_finished(consumer, &f.record),
-            Outcome::Superseded => {
-                tracing::info!(device = %f.device, charge = %f.job.charge_id, "display_qr superseded before delivery");
-                self.stats.update(|s| s.superseded += 1);
-                self.effect_finished(consumer, &f.record);
+            Outcome::Done | Outcome::Superseded => {
+                if f.outcome == Outcome::Superseded {
+                    tracing::info!(device = %stored.device, charge = %stored.job.charge_id, "display_qr superseded before delivery");
+                    self.stats.update(|s| s.superseded += 1);
+                }
+                if let Err(e) = tokio::task::block_in_place(|| self.outbox.complete(&stored.device, stored.job.seq)) {
+                    // Left in the outbox: redelivered after a restart, deduped by the device.
+                    tracing::error!(error = %e, device = %stored.device, seq = stored.job.seq, "cannot remove a finished job from the outbox");
+                }
             }
             Outcome::Failed(reason) => {
-                let (p, o) = (&f.record.part, f.record.offset);
-                let mut dl = DeadLetter::new("delivery_failed", reason, &p.0, p.1, o, Some(f.job.charge_id.as_bytes()), &[]);
-                dl.value = serde_json::to_string(&f.job).ok();
-                dl.device = Some(f.device);
-                dl.effect = Some(f.job.kind.as_str().to_string());
-                dl.message_id = Some(f.job.message_id);
-                self.dead_effect(&f.record, dl);
+                let src = &stored.source;
+                let mut dl = DeadLetter::new("delivery_failed", reason, &src.topic, src.partition, src.offset, src.key.as_deref().map(str::as_bytes), &[]);
+                dl.value = serde_json::to_string(&stored.job).ok();
+                dl.device = Some(stored.device.clone());
+                dl.effect = Some(stored.job.kind.as_str().to_string());
+                dl.message_id = Some(stored.job.message_id.clone());
+                self.stats.dead_effect(&dl.reason);
+                tracing::warn!(device = %stored.device, detail = %dl.detail, "job dead-lettered");
+                let (writer, done, outbox) = (self.deadletters.clone(), self.dl_done.clone(), self.outbox.clone());
+                tokio::spawn(async move {
+                    writer.write(&dl).await;
+                    let (device, seq) = (stored.device.clone(), stored.job.seq);
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || outbox.complete(&device, seq)).await {
+                        tracing::error!(error = %e, "cannot remove a dead-lettered job from the outbox");
+                    }
+                    let _ = done.send(DeadLetterDone::Job);
+                });
+            }
+        }
+        self.check_outbox_bound(consumer);
+    }
+
+    fn dead_letter_done(&mut self, consumer: &GatewayConsumer, d: DeadLetterDone) {
+        if let DeadLetterDone::Record(rec) = d {
+            self.effect_finished(consumer, &rec);
+        }
+    }
+
+    /// Pauses every assigned partition while the outbox holds `max_jobs`; resumes at half.
+    fn check_outbox_bound(&mut self, consumer: &GatewayConsumer) {
+        let max = self.cfg.outbox.max_jobs;
+        let full = if self.outbox_full { self.outbox_jobs > max / 2 } else { self.outbox_jobs >= max };
+        if full == self.outbox_full {
+            return;
+        }
+        self.outbox_full = full;
+        tracing::info!(jobs = self.outbox_jobs, full, "outbox bound: {} all partitions", if full { "pausing" } else { "resuming" });
+        if let Ok(assignment) = consumer.assignment() {
+            for e in assignment.elements() {
+                let part = (e.topic().to_string(), e.partition());
+                // A partition paused for its own pending bound stays paused.
+                if full || !self.paused.contains(&part) {
+                    pause(consumer, &part, full);
+                }
             }
         }
     }
@@ -268,7 +416,7 @@ impl Pipeline {
         let (writer, done, rec) = (self.deadletters.clone(), self.dl_done.clone(), rec.clone());
         tokio::spawn(async move {
             writer.write(&dl).await;
-            let _ = done.send(rec);
+            let _ = done.send(DeadLetterDone::Record(rec));
         });
     }
 
@@ -294,7 +442,9 @@ impl Pipeline {
         }
         if self.paused.contains(part) && self.tracker.pending(part) <= self.cfg.kafka.max_pending_per_partition / 2 {
             self.paused.remove(part);
-            pause(consumer, part, false);
+            if !self.outbox_full {
+                pause(consumer, part, false);
+            }
             tracing::info!(topic = %part.0, partition = part.1, "resuming partition");
             self.stats.update(|s| s.paused_partitions = s.paused_partitions.saturating_sub(1));
         }
@@ -313,6 +463,10 @@ impl Pipeline {
             for part in &self.paused {
                 pause(consumer, part, true);
             }
+            if self.outbox_full {
+                self.outbox_full = false;
+                self.check_outbox_bound(consumer);
+            }
             let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
             self.stats.update(|s| {
                 s.assigned_partitions = assigned as u64;
@@ -321,6 +475,17 @@ impl Pipeline {
         }
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
+        if self.last_prune.elapsed() > Duration::from_secs(60) {
+            self.last_prune = Instant::now();
+            let outbox = self.outbox.clone();
+            let retention_ms = self.cfg.outbox.dedupe_retention_hours * 3_600_000;
+            let cutoff = (chrono::Utc::now().timestamp_millis().max(0) as u64).saturating_sub(retention_ms);
+            tokio::task::spawn_blocking(move || match outbox.prune_seen(cutoff) {
+                Ok(n) if n > 0 => tracing::info!(forgotten = n, "dedupe window pruned"),
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "dedupe window prune failed"),
+            });
+        }
     }
 }
 

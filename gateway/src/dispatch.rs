@@ -12,41 +12,26 @@
 //! - A queued `display_qr` for a charge whose paid/expired screen is enqueued to the same
 //!   device is superseded: a customer must never see the QR of a charge that is over.
 //!
-//! The dispatcher is one task owning all queues; it talks to the rest over channels.
-//! Its queues are bounded by the consumer's pending-record bound (see
-//! [`crate::consumer`]): a job exists only for a record that is pending.
+//! The dispatcher is one task owning the in-memory mirror of the durable outbox
+//! ([`crate::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
+//! is given every job the outbox still holds. Its queues are bounded by the outbox bound
+//! (see [`crate::consumer`]).
 
 use crate::config::DeliveryConfig;
 use crate::mqtt::{Incoming, Publisher};
-use crate::offsets::Partition;
+use crate::outbox::StoredJob;
 use crate::stats::Stats;
-use device_protocol::{AckResult, EffectKind, Job, PrinterState, Topic};
+use device_protocol::{AckResult, EffectKind, PrinterState, Topic};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// The Kafka record a job belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RecordRef {
-    /// Topic and partition.
-    pub part: Partition,
-    /// Offset.
-    pub offset: i64,
-}
-
 /// Work for the dispatcher.
 #[derive(Debug)]
 pub enum Command {
-    /// Queue `job` for `device` (the dispatcher assigns its `seq`).
-    Enqueue {
-        /// Device id.
-        device: String,
-        /// The rendered job.
-        job: Job,
-        /// Its record.
-        record: RecordRef,
-    },
+    /// Queue a job the outbox has stored (its `seq` assigned there).
+    Enqueue(StoredJob),
     /// A message from a device.
     Device(Incoming),
 }
@@ -62,22 +47,18 @@ pub enum Outcome {
     Failed(String),
 }
 
-/// A finished job, reported to the consumer so it can finish the record.
+/// A finished job, reported to the consumer so it can remove it from the outbox (after
+/// writing its dead letter, if it failed).
 #[derive(Debug, Clone)]
 pub struct Finished {
-    /// The job's record.
-    pub record: RecordRef,
-    /// The device.
-    pub device: String,
-    /// The job.
-    pub job: Job,
+    /// The job as stored.
+    pub stored: StoredJob,
     /// How it ended.
     pub outcome: Outcome,
 }
 
 struct InFlight {
-    job: Job,
-    record: RecordRef,
+    stored: StoredJob,
     attempts: u32,
     /// When to act next: the ack timeout if `awaiting_ack`, else the retry time.
     due: Instant,
@@ -86,8 +67,7 @@ struct InFlight {
 
 #[derive(Default)]
 struct DeviceQueue {
-    next_seq: u64,
-    queue: VecDeque<(Job, RecordRef)>,
+    queue: VecDeque<StoredJob>,
     in_flight: Option<InFlight>,
     online: Option<bool>,
     printer: Option<PrinterState>,
@@ -119,8 +99,19 @@ impl Dispatcher {
         Dispatcher { cfg, publisher, finished, stats, devices: HashMap::new() }
     }
 
+    /// Queues jobs stored before a restart, in their order.
+    pub fn preload(&mut self, jobs: Vec<StoredJob>) {
+        for stored in jobs {
+            self.devices.entry(stored.device.clone()).or_default().queue.push_back(stored);
+        }
+    }
+
     /// Runs until `commands` closes.
     pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let devices: Vec<String> = self.devices.keys().cloned().collect();
+        for d in devices {
+            self.pump(&d).await;
+        }
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             tokio::select! {
@@ -137,40 +128,40 @@ impl Dispatcher {
 
     async fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Enqueue { device, mut job, record } => {
+            Command::Enqueue(stored) => {
+                let device = stored.device.clone();
                 let q = self.devices.entry(device.clone()).or_default();
-                q.next_seq += 1;
-                job.seq = q.next_seq;
+                let job = &stored.job;
                 if matches!(job.kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired) {
                     let (superseded, kept) = std::mem::take(&mut q.queue)
                         .into_iter()
-                        .partition(|(j, _): &(Job, RecordRef)| j.kind == EffectKind::DisplayQr && j.charge_id == job.charge_id);
+                        .partition(|s: &StoredJob| s.job.kind == EffectKind::DisplayQr && s.job.charge_id == job.charge_id);
                     q.queue = kept;
-                    for (j, r) in superseded {
-                        self.finish(&device, j, r, Outcome::Superseded);
+                    for s in superseded {
+                        self.finish(s, Outcome::Superseded);
                     }
                 }
-                self.devices.get_mut(&device).expect("just inserted").queue.push_back((job, record));
+                self.devices.get_mut(&device).expect("just inserted").queue.push_back(stored);
                 self.pump(&device).await;
             }
             Command::Device(Incoming::Ack { device, ack }) => {
                 let Some(q) = self.devices.get_mut(&device) else { return };
                 let Some(f) = q.in_flight.as_mut() else { return };
-                if f.job.message_id != ack.message_id {
+                if f.stored.job.message_id != ack.message_id {
                     return; // a late duplicate ack of an earlier job
                 }
                 match ack.result {
                     AckResult::Done => {
                         let f = q.in_flight.take().expect("checked");
-                        self.stats.effect_done(f.job.kind.as_str());
-                        self.finish(&device, f.job, f.record, Outcome::Done);
+                        self.stats.effect_done(f.stored.job.kind.as_str());
+                        self.finish(f.stored, Outcome::Done);
                     }
                     AckResult::Failed => {
                         let reason = ack.reason.unwrap_or_else(|| "unspecified".into());
                         if ack.permanent || f.attempts >= self.cfg.max_deliveries {
                             let f = q.in_flight.take().expect("checked");
                             let why = format!("device_rejected: {reason} (after {} deliveries)", f.attempts);
-                            self.finish(&device, f.job, f.record, Outcome::Failed(why));
+                            self.finish(f.stored, Outcome::Failed(why));
                         } else {
                             f.awaiting_ack = false;
                             f.due = Instant::now() + backoff(&self.cfg, f.attempts);
@@ -205,8 +196,8 @@ impl Dispatcher {
         }
         let now = Instant::now();
         if q.in_flight.is_none() {
-            let Some((job, record)) = q.queue.pop_front() else { return };
-            q.in_flight = Some(InFlight { job, record, attempts: 0, due: now, awaiting_ack: false });
+            let Some(stored) = q.queue.pop_front() else { return };
+            q.in_flight = Some(InFlight { stored, attempts: 0, due: now, awaiting_ack: false });
         }
         let f = q.in_flight.as_mut().expect("set above");
         if f.due > now {
@@ -216,7 +207,7 @@ impl Dispatcher {
             if f.attempts >= self.cfg.max_deliveries {
                 let f = q.in_flight.take().expect("checked");
                 let why = format!("no_ack: no acknowledgement after {} deliveries", f.attempts);
-                self.finish(device, f.job, f.record, Outcome::Failed(why));
+                self.finish(f.stored, Outcome::Failed(why));
                 return Box::pin(self.pump(device)).await;
             }
             self.stats.update(|s| s.job_redeliveries += 1);
@@ -224,7 +215,7 @@ impl Dispatcher {
         f.attempts += 1;
         f.awaiting_ack = true;
         f.due = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, f.attempts - 1);
-        let payload = serde_json::to_vec(&f.job).expect("job serialises");
+        let payload = serde_json::to_vec(&f.stored.job).expect("job serialises");
         let topic = Topic::Jobs(device.to_string()).path();
         if let Err(e) = self.publisher.publish(topic, payload).await {
             tracing::error!(device, error = %e, "cannot publish job; will retry at its timeout");
@@ -244,8 +235,8 @@ impl Dispatcher {
         }
     }
 
-    fn finish(&self, device: &str, job: Job, record: RecordRef, outcome: Outcome) {
-        let _ = self.finished.send(Finished { record, device: device.to_string(), job, outcome });
+    fn finish(&self, stored: StoredJob, outcome: Outcome) {
+        let _ = self.finished.send(Finished { stored, outcome });
     }
 }
 
@@ -262,7 +253,7 @@ fn backoff(cfg: &DeliveryConfig, attempt: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use device_protocol::{Ack, Status};
+    use device_protocol::{Ack, Job, Status};
 
     struct Harness {
         cmd: mpsc::Sender<Command>,
@@ -295,16 +286,18 @@ mod tests {
         }
     }
 
-    fn rec(offset: i64) -> RecordRef {
-        RecordRef { part: ("charge.upserted".into(), 0), offset }
-    }
-
     impl Harness {
-        async fn enqueue(&self, dev: &str, j: Job, offset: i64) {
-            self.cmd.send(Command::Enqueue { device: dev.into(), job: j, record: rec(offset) }).await.unwrap();
+        /// Enqueues as the outbox would: `seq` = 1 + the device's previous (offset order).
+        async fn enqueue(&self, dev: &str, mut j: Job, seq: i64) {
+            j.seq = seq as u64;
+            let source = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq, key: None };
+            self.cmd.send(Command::Enqueue(StoredJob { device: dev.into(), job: j, source })).await.unwrap();
         }
         async fn ack(&self, dev: &str, id: &str, result: AckResult, permanent: bool) {
-            let ack = Ack { v: 1, message_id: id.into(), seq: 0, result, reason: Some("r".into()), permanent, duplicate: false };
+            let ack = match result {
+                AckResult::Done => Ack::done(id, 0, false),
+                AckResult::Failed => Ack::failed(id, 0, "r", permanent),
+            };
             self.cmd.send(Command::Device(Incoming::Ack { device: dev.into(), ack })).await.unwrap();
         }
         async fn status(&self, dev: &str, online: bool, printer: Option<PrinterState>) {
@@ -330,7 +323,7 @@ mod tests {
         let mut h = harness(10_000, 10);
         h.enqueue("d1", job("a", EffectKind::DisplayQr, "c1"), 1).await;
         h.enqueue("d1", job("b", EffectKind::PaymentConfirmed, "c2"), 2).await;
-        h.enqueue("d2", job("x", EffectKind::PrintReceipt, "c3"), 3).await;
+        h.enqueue("d2", job("x", EffectKind::PrintReceipt, "c3"), 1).await;
         let first = h.next_sent().await;
         let other = h.next_sent().await;
         assert_eq!((first.message_id.as_str(), first.seq), ("a", 1));
@@ -383,7 +376,7 @@ mod tests {
         h.status("p", true, Some(PrinterState::PaperOut)).await;
         h.status("t", false, None).await;
         h.enqueue("p", job("a", EffectKind::PrintReceipt, "c1"), 1).await;
-        h.enqueue("t", job("b", EffectKind::DisplayQr, "c2"), 2).await;
+        h.enqueue("t", job("b", EffectKind::DisplayQr, "c2"), 1).await;
         h.nothing_sent(200).await;
         h.status("p", true, Some(PrinterState::Ready)).await;
         assert_eq!(h.next_sent().await.message_id, "a");
@@ -398,7 +391,7 @@ mod tests {
         h.enqueue("t", job("qr", EffectKind::DisplayQr, "c1"), 2).await;
         h.enqueue("t", job("paid", EffectKind::PaymentConfirmed, "c1"), 3).await;
         let f = h.next_finished().await;
-        assert_eq!((f.job.message_id.as_str(), f.outcome), ("qr", Outcome::Superseded));
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("qr", Outcome::Superseded));
         assert_eq!(h.next_sent().await.message_id, "busy");
         h.ack("t", "busy", AckResult::Done, false).await;
         h.next_finished().await;

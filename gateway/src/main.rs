@@ -62,7 +62,14 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let publisher = mqtt::start(&cfg.mqtt, incoming_tx).context("starting the embedded MQTT broker")?;
     tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
 
-    let dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone());
+    let outbox = Arc::new(
+        gateway::outbox::Outbox::open(&cfg.outbox.path).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
+    );
+    let pending = outbox.pending()?;
+    let pending_count = pending.len();
+    tracing::info!(jobs = pending_count, path = %cfg.outbox.path.display(), "outbox open");
+    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone());
+    dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
     let to_dispatcher = commands_tx.clone();
     tokio::spawn(async move {
@@ -84,7 +91,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
-    let result = consumer::run(cfg, stats, commands_tx, finished_rx, shutdown_rx).await;
+    let result = consumer::run(cfg, stats, outbox, pending_count, commands_tx, finished_rx, shutdown_rx).await;
     dispatcher_task.abort();
     match http_task.await {
         Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),

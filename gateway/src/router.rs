@@ -57,6 +57,8 @@ pub enum Decision {
 #[derive(Debug)]
 pub struct Router {
     charges: HashMap<String, (i64, ChargeStatus)>,
+    /// The charge whose state the last `route_charge` changed, for the outbox to persist.
+    applied: Option<String>,
     seen: HashSet<String>,
     seen_order: VecDeque<String>,
     seen_capacity: usize,
@@ -72,12 +74,28 @@ impl Router {
     /// A router that remembers up to `seen_capacity` event ids (oldest forgotten first;
     /// the `__v` check still stops an old redelivery after that).
     pub fn new(seen_capacity: usize) -> Router {
-        Router { charges: HashMap::new(), seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
+        Router { charges: HashMap::new(), applied: None, seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
+    }
+
+    /// Restores the last applied `(__v, status)` of charges (from the outbox at start-up).
+    pub fn restore(&mut self, charges: impl IntoIterator<Item = (String, i64, ChargeStatus)>) {
+        for (id, v, status) in charges {
+            self.charges.insert(id, (v, status));
+        }
+    }
+
+    /// The charge state the last [`Router::route_charge`] call applied, if it applied one
+    /// (taken: a second call returns `None`). The outbox persists it with the jobs.
+    pub fn take_applied(&mut self) -> Option<(String, i64, ChargeStatus)> {
+        let id = self.applied.take()?;
+        let (v, s) = self.charges.get(&id).copied()?;
+        Some((id, v, s))
     }
 
     /// Decides what a `charge.upserted` event does, and records it as applied unless it
     /// is dead-lettered (so that a later replay of a dead letter can still apply).
     pub fn route_charge(&mut self, env: &Envelope, registry: &Registry) -> Decision {
+        self.applied = None;
         if self.seen.contains(&env.event_id) {
             return Decision::Ignored("duplicate_event");
         }
@@ -100,6 +118,7 @@ impl Router {
         let decision = plan(&charge, previous.map(|(_, s)| s), registry);
         if !matches!(decision, Decision::DeadLetter { .. }) {
             self.charges.insert(charge.id.clone(), (charge.version, charge.status));
+            self.applied = Some(charge.id.clone());
             self.remember(&env.event_id);
         }
         decision

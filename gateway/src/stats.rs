@@ -33,8 +33,10 @@ pub struct Snapshot {
     pub job_redeliveries: u64,
     /// Records read and not yet finished.
     pub pending_records: u64,
-    /// Jobs waiting or in flight, all devices.
+    /// Jobs waiting or in flight, all devices (the dispatcher's view).
     pub queued_jobs: u64,
+    /// Jobs in the durable outbox (the consumer's view; the bound applies to this).
+    pub outbox_jobs: u64,
     /// Partitions currently paused for backpressure.
     pub paused_partitions: u64,
     /// Partitions assigned to this consumer.

@@ -82,6 +82,8 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     let _ = std::fs::remove_file(out.join("summary.json"));
     let kafka_dir = out.join("kafka");
     let _ = std::fs::remove_dir_all(&kafka_dir);
+    // A fresh broker needs a fresh outbox: its dedupe window would hide the new run's jobs.
+    let _ = std::fs::remove_dir_all(out.join("pixgate-data"));
     let devices_file = cfg.fixtures.join("devices.jsonl");
     let devices = registry::devices_from_jsonl(&devices_file)?;
 
@@ -96,6 +98,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
         mqtt_port: free_port(),
         http_port: free_port(),
         ack_timeout_ms: 5_000,
+        outbox_path: out.join("pixgate-data/outbox.redb"),
     };
     progress(format!("starting pixgate: MQTT 127.0.0.1:{}, HTTP 127.0.0.1:{}", settings.mqtt_port, settings.http_port));
     let mut gateway = GatewayProcess::spawn(&cfg.pixgate_bin, settings.clone(), &out.join("pixgate.log"), Duration::from_secs(60))?;
@@ -180,7 +183,7 @@ async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess
 
 /// pixgate has read `published` records and finished all of them.
 fn idle(s: &Value, published: u64) -> bool {
-    read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0
+    read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0
 }
 
 /// Splits `records`, in order, into consecutive batches in which no key appears twice.

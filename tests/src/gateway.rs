@@ -39,6 +39,8 @@ pub struct GatewaySettings {
     pub http_port: u16,
     /// Device ack timeout, ms.
     pub ack_timeout_ms: u64,
+    /// The durable outbox file (keep it across restarts of the same gateway).
+    pub outbox_path: PathBuf,
 }
 
 /// A running gateway; dropping it kills the process.
@@ -58,10 +60,13 @@ impl GatewayProcess {
         let child = Command::new(bin)
             .env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
             .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
+            .env("PIXGATE_KAFKA__INSTANCE_ID", format!("{}-1", settings.group_id))
             .env("PIXGATE_MQTT__LISTEN", format!("127.0.0.1:{}", settings.mqtt_port))
             .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{}", settings.http_port))
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
+            .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)
             .env("NO_COLOR", "1")
+            .env("RUST_LOG", std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -98,6 +103,12 @@ impl GatewayProcess {
     pub fn stats(&self) -> anyhow::Result<serde_json::Value> {
         let (_, body) = self.get("/stats")?;
         Ok(serde_json::from_str(&body)?)
+    }
+
+    /// SIGKILL: the process dies at once, mid-whatever it was doing.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// SIGTERM, then waits up to `grace` for a clean exit, then SIGKILL. Returns whether it
