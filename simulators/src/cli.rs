@@ -64,3 +64,17 @@ mod tests {
         assert!(parse_host_port("nohost").is_err());
     }
 }
+
+/// Runs one simulated device until Ctrl-C or SIGTERM, then prints its counters as JSON on
+/// stderr (the `run` subcommand of `printer-sim` and `terminal-sim`).
+///
+/// # Errors
+/// The counters cannot be serialised.
+pub async fn run_single_device(spec: &crate::registry::DeviceSpec, opts: &crate::device::DeviceOptions) -> Result<()> {
+    let stats = std::sync::Arc::new(crate::device::Stats::default());
+    let dev = crate::device::spawn_device(spec, opts, stats.clone());
+    shutdown_signal().await;
+    dev.shutdown().await;
+    eprintln!("{}", serde_json::to_string(&stats.snapshot())?);
+    Ok(())
+}

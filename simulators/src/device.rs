@@ -31,7 +31,7 @@ use crate::printer::{print_job, PrinterSettings};
 use crate::registry::DeviceSpec;
 use crate::terminal::{show_job, TerminalSettings};
 use anyhow::Result;
-use device_protocol::{Ack, AckResult, Job, PrinterState, Status, Topic};
+use device_protocol::{Ack, Job, PrinterState, Status, Topic};
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet,
     Publish, QoS,
@@ -473,16 +473,7 @@ impl Worker {
         if self.done.contains(&job.message_id) {
             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
             tracing::info!(device = %self.id, seq = job.seq, message_id = %job.message_id, "duplicate job, acking again");
-            let ack = Ack {
-                v: 1,
-                message_id: job.message_id.clone(),
-                seq: job.seq,
-                result: AckResult::Done,
-                reason: None,
-                permanent: false,
-                duplicate: true,
-            };
-            self.send_ack(&ack).await;
+            self.send_ack(&Ack::done(&job.message_id, job.seq, true)).await;
             return;
         }
         if !self.attempted.contains_key(&job.message_id) {
@@ -512,16 +503,7 @@ impl Worker {
                         seq: job.seq,
                         file: file.display().to_string(),
                     });
-                let ack = Ack {
-                    v: 1,
-                    message_id: job.message_id.clone(),
-                    seq: job.seq,
-                    result: AckResult::Done,
-                    reason: None,
-                    permanent: false,
-                    duplicate: false,
-                };
-                self.send_ack(&ack).await;
+                self.send_ack(&Ack::done(&job.message_id, job.seq, false)).await;
             }
             Err(e) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -551,13 +533,5 @@ impl Worker {
 }
 
 fn failed_ack(message_id: &str, seq: u64, e: &JobError) -> Ack {
-    Ack {
-        v: 1,
-        message_id: message_id.to_string(),
-        seq,
-        result: AckResult::Failed,
-        reason: Some(e.reason.clone()),
-        permanent: e.permanent,
-        duplicate: false,
-    }
+    Ack::failed(message_id, seq, e.reason.clone(), e.permanent)
 }

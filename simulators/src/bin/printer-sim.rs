@@ -1,6 +1,6 @@
 //! printer-sim: a simulated ESC/POS receipt printer.
 //!
-//! - `printer-sim decode FILE.bin --png OUT.png --text OUT.txt [--width-dots 576] [--code-page CP437]`
+//! - `printer-sim decode FILE.bin --png OUT.png --text OUT.txt [--width-dots 576] [--code-page CP437] [--model NAME]`
 //!   decodes a raw ESC/POS stream offline.
 //! - `printer-sim run --id ID --mqtt HOST:PORT --out DIR [--paper 80] [--code-page CP860]`
 //!   joins the broker as device `ID` until Ctrl-C.
@@ -8,12 +8,12 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use render::codepage::CodePage;
-use simulators::cli::{init_tracing, parse_host_port, shutdown_signal};
-use simulators::device::{spawn_device, DeviceOptions, Stats};
+use render::profile::profile_for_model;
+use simulators::cli::{init_tracing, parse_host_port};
+use simulators::device::DeviceOptions;
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::registry::DeviceSpec;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(about = "Simulated ESC/POS receipt printer")]
@@ -40,6 +40,10 @@ enum Cmd {
         /// Code page at power-on.
         #[arg(long, default_value = "CP437")]
         code_page: String,
+        /// Printer model whose `ESC t` numbering to follow (e.g. "Bematech MP-4200 TH");
+        /// unknown or "generic" → Epson numbering.
+        #[arg(long, default_value = "generic")]
+        model: String,
     },
     /// Be device ID on the MQTT broker until Ctrl-C.
     Run {
@@ -78,6 +82,7 @@ async fn main() -> Result<()> {
             text,
             width_dots,
             code_page: cp,
+            model,
         } => {
             let bytes =
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
@@ -86,6 +91,7 @@ async fn main() -> Result<()> {
                 &PrinterSettings {
                     width_dots,
                     code_page: code_page(&cp)?,
+                    model: profile_for_model(&model),
                 },
             );
             let png_bytes = png_bytes.context("nothing was printed")?;
@@ -121,20 +127,11 @@ async fn main() -> Result<()> {
                 code_page: code_page(&cp)?,
                 native_qr: true,
             };
-            let stats = Arc::new(Stats::default());
-            let dev = spawn_device(
+            simulators::cli::run_single_device(
                 &spec,
-                &DeviceOptions {
-                    mqtt_host,
-                    mqtt_port,
-                    out_dir: out,
-                    honor_expiry: !ignore_expiry,
-                },
-                stats.clone(),
-            );
-            shutdown_signal().await;
-            dev.shutdown().await;
-            eprintln!("{}", serde_json::to_string(&stats.snapshot())?);
+                &DeviceOptions { mqtt_host, mqtt_port, out_dir: out, honor_expiry: !ignore_expiry },
+            )
+            .await?;
         }
     }
     Ok(())

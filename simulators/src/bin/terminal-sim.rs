@@ -4,11 +4,10 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use simulators::cli::{init_tracing, parse_host_port, shutdown_signal};
-use simulators::device::{spawn_device, DeviceOptions, Stats};
+use simulators::cli::{init_tracing, parse_host_port};
+use simulators::device::DeviceOptions;
 use simulators::registry::{DeviceSpec, DEFAULT_TIME_ZONE};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(about = "Simulated card machine")]
@@ -69,19 +68,10 @@ async fn main() -> Result<()> {
         locale,
         time_zone,
     };
-    let stats = Arc::new(Stats::default());
-    let dev = spawn_device(
+    simulators::cli::run_single_device(
         &spec,
-        &DeviceOptions {
-            mqtt_host,
-            mqtt_port,
-            out_dir: out,
-            honor_expiry: !ignore_expiry,
-        },
-        stats.clone(),
-    );
-    shutdown_signal().await;
-    dev.shutdown().await;
-    eprintln!("{}", serde_json::to_string(&stats.snapshot())?);
+        &DeviceOptions { mqtt_host, mqtt_port, out_dir: out, honor_expiry: !ignore_expiry },
+    )
+    .await?;
     Ok(())
 }
