@@ -25,20 +25,30 @@ pub enum Align {
 pub struct EscPos {
     buf: Vec<u8>,
     page: CodePage,
+    /// The `n` sent with `ESC t` by [`EscPos::init`].
+    table: u8,
     replaced: usize,
 }
 
 impl EscPos {
     /// An empty job whose text will be encoded for `page`. Nothing is written yet: start
     /// with [`EscPos::init`].
+    /// `ESC t` will select `page` by its Epson number ([`CodePage::epson_table`]).
     pub fn new(page: CodePage) -> Self {
-        EscPos { buf: Vec::with_capacity(2048), page, replaced: 0 }
+        EscPos::with_table(page, page.epson_table())
+    }
+
+    /// Like [`EscPos::new`], but `ESC t` sends `esc_t`: the number that selects `page` on
+    /// the target model (vendors number tables differently; see [`crate::profile`]).
+    pub fn with_table(page: CodePage, esc_t: u8) -> Self {
+        EscPos { buf: Vec::with_capacity(2048), page, table: esc_t, replaced: 0 }
     }
 
     /// `ESC @` (`1B 40`), initialize, immediately followed by `ESC t n` (`1B 74 n`) for
-    /// this job's page: `ESC @` resets the code table to the power-on default.
+    /// this job's page (the number given to [`EscPos::with_table`], Epson's by default):
+    /// `ESC @` resets the code table to the power-on default.
     pub fn init(&mut self) -> &mut Self {
-        self.buf.extend_from_slice(&[0x1B, 0x40, 0x1B, 0x74, self.page.epson_table()]);
+        self.buf.extend_from_slice(&[0x1B, 0x40, 0x1B, 0x74, self.table]);
         self
     }
 
@@ -101,6 +111,13 @@ impl EscPos {
     /// vertical units, then full cut (cutters that only do partial cuts do that).
     pub fn cut(&mut self, n: u8) -> &mut Self {
         self.buf.extend_from_slice(&[0x1D, 0x56, 0x41, n]);
+        self
+    }
+
+    /// `GS V m n` (`1D 56 m n`, function B) with `m` from `style`: 65 full
+    /// (same as [`EscPos::cut`]) or 66 partial, after feeding `n` vertical units.
+    pub fn cut_with(&mut self, style: crate::profile::CutStyle, n: u8) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1D, 0x56, style.gs_v_m(), n]);
         self
     }
 
@@ -196,6 +213,13 @@ mod tests {
             e.into_bytes(),
             vec![0x1B, 0x40, 0x1B, 0x74, 3, 0x1B, 0x61, 1, 0x1B, 0x45, 1, 0x1D, 0x21, 0x11, b'P', 0x84, b'o', b' ', 0x1D, 0x56, 0x41, 3]
         );
+    }
+
+    #[test]
+    fn vendor_table_number_and_partial_cut() {
+        let mut e = EscPos::with_table(CodePage::Cp860, 4);
+        e.init().text("ã").cut_with(crate::profile::CutStyle::Partial, 3);
+        assert_eq!(e.into_bytes(), vec![0x1B, 0x40, 0x1B, 0x74, 4, 0x84, 0x1D, 0x56, 0x42, 3]);
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! - [`brcode`]: parse, validate and write Pix BR Codes (EMV-MPM, CRC16).
 //! - [`money`], [`locale`]: amounts in centavos as text; languages and labels.
 //! - [`qr`]: QR matrices at error correction M, PNGs, module sizing.
-//! - [`escpos`], [`receipt`]: ESC/POS command writer and the paid-charge receipt.
+//! - [`qr_fast`]: a byte-mode QR encoder about 100x faster than the `qrcode` crate (not yet
+//!   used by [`qr`]: it makes larger symbols for Pix payloads, see its docs).
+//! - [`escpos`], [`receipt`]: ESC/POS command writer and the receipts (paid, pay-with-Pix
+//!   slip, expiry notice).
+//! - [`profile`]: printer models (dots, columns, `ESC t` numbers per vendor, QR, cut).
 //! - [`screen`]: card-machine screens as pictures.
 //! - [`codepage`], [`font`]: printer code pages and bundled fonts.
 
@@ -18,7 +22,9 @@ pub mod font;
 pub mod locale;
 pub mod money;
 pub mod paint;
+pub mod profile;
 pub mod qr;
+pub mod qr_fast;
 pub mod receipt;
 pub mod screen;
 

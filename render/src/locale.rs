@@ -56,6 +56,12 @@ pub enum Label {
     NewChargeHint,
     /// "Thank you!".
     ThankYou,
+    /// "Valid until" (pay-with-Pix slip, followed by a date and time).
+    ValidUntil,
+    /// "Expired at" (expiry notice, followed by a date and time).
+    ExpiredAt,
+    /// "Not paid" (expiry notice).
+    NotPaid,
 }
 
 impl Locale {
@@ -136,6 +142,15 @@ impl Locale {
             (ThankYou, PtBr) => "Obrigado!",
             (ThankYou, EnUs) => "Thank you!",
             (ThankYou, EsEs) => "¡Gracias!",
+            (ValidUntil, PtBr) => "Válido até",
+            (ValidUntil, EnUs) => "Valid until",
+            (ValidUntil, EsEs) => "Válido hasta",
+            (ExpiredAt, PtBr) => "Expirou em",
+            (ExpiredAt, EnUs) => "Expired at",
+            (ExpiredAt, EsEs) => "Caducó el",
+            (NotPaid, PtBr) => "Não paga",
+            (NotPaid, EnUs) => "Not paid",
+            (NotPaid, EsEs) => "No pagado",
         }
     }
 
@@ -184,6 +199,9 @@ mod tests {
     fn labels_and_dates() {
         assert_eq!(Locale::PtBr.label(Label::PaymentConfirmed), "Pagamento confirmado");
         assert_eq!(Locale::EsEs.label(Label::ChargeExpired), "Cobro expirado");
+        assert_eq!(Locale::PtBr.label(Label::ValidUntil), "Válido até");
+        assert_eq!(Locale::EnUs.label(Label::ExpiredAt), "Expired at");
+        assert_eq!(Locale::EsEs.label(Label::NotPaid), "No pagado");
         let t = chrono::DateTime::parse_from_rfc3339("2026-11-27T12:01:07.340Z").unwrap().with_timezone(&Utc);
         let sp = t.with_timezone(&chrono_tz::America::Sao_Paulo);
         assert_eq!(Locale::PtBr.format_datetime(&sp), "27/11/2026 09:01");

@@ -1,6 +1,9 @@
-//! The Pix receipt a thermal printer prints when a charge is paid, as ESC/POS bytes.
+//! The receipts a thermal printer prints for a Pix charge, as ESC/POS bytes:
+//! [`ReceiptKind::Paid`] (the charge was paid), [`ReceiptKind::PayWithPix`] (a slip with
+//! the QR to pay, for printers set to print one when a charge becomes `ACTIVE`) and
+//! [`ReceiptKind::Expired`] (the charge expired unpaid).
 //!
-//! Layout (font A, 12 × 24-dot cells; see `shared/notes/escpos.md` §b, §c):
+//! Layout of the paid receipt (font A, 12 × 24-dot cells; see `shared/notes/escpos.md` §b, §c):
 //!
 //! 1. `ESC @` then `ESC t n` for the profile's code page (always right after `ESC @`);
 //! 2. centred, bold, double-size merchant name (wrapped at word boundaries), city, title;
@@ -11,7 +14,19 @@
 //!    charge id and txid;
 //! 5. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster), centred and fitting the
 //!    paper with a 4-module quiet zone (module ≤ 6 dots);
-//! 6. `ESC d 3` feed and `GS V A n` cut.
+//! 6. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
+//!
+//! The pay-with-Pix slip: the same header with the title "Pague com Pix", the amount,
+//! items, charge id, then the QR (always: a slip without one is an error), the scan hint
+//! and the expiry ("Válido até …") in the receipt's time zone.
+//!
+//! The expiry notice: the same header with the title "Cobrança expirada", the amount, when
+//! it expired, charge id and txid, and the hint to ask for a new charge. Never a QR, even
+//! when [`Receipt::brcode`] is set: an expired code must not be scannable from paper.
+//!
+//! Which `ESC t n`, how many dots, native QR or not and which cut come from the printer's
+//! settings ([`PrinterProfile`]) on its model ([`crate::profile::ModelProfile`]), joined
+//! by [`PrinterProfile::on_model`]; [`render_receipt`] assumes the generic model.
 //!
 //! All text goes through [`crate::escpos::printable`] (emoji dropped, control characters
 //! neutralised) and [`crate::codepage::CodePage::encode_lossy`]; raw UTF-8 never reaches
@@ -21,6 +36,7 @@ use crate::codepage::CodePage;
 use crate::escpos::{Align, EscPos};
 use crate::locale::{Label, Locale};
 use crate::money::format_amount;
+use crate::profile::{profile_for_model, CutStyle, ModelProfile, GENERIC};
 use crate::qr;
 use chrono::{DateTime, Utc};
 use thiserror::Error;
@@ -59,6 +75,62 @@ impl PrinterProfile {
     pub fn columns(&self) -> usize {
         (self.dots() / 12) as usize
     }
+
+    /// These settings on the printer model named `model` (a registry `model` string, looked
+    /// up with [`profile_for_model`]; unknown or empty → the generic ESC/POS model).
+    pub fn on_model(self, model: &str) -> PrinterSetup {
+        PrinterSetup { printer: self, model: profile_for_model(model) }
+    }
+
+    /// These settings on the generic ESC/POS model (what [`render_receipt`] uses).
+    pub fn generic(self) -> PrinterSetup {
+        PrinterSetup { printer: self, model: &GENERIC }
+    }
+}
+
+/// A printer's settings ([`PrinterProfile`]) on its model ([`ModelProfile`]): everything a
+/// receipt needs to know about the printer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrinterSetup {
+    /// The device registry's settings.
+    pub printer: PrinterProfile,
+    /// What the model can do.
+    pub model: &'static ModelProfile,
+}
+
+impl PrinterSetup {
+    /// The `n` of `ESC t n` that selects the configured code page on this model.
+    ///
+    /// # Errors
+    /// [`ReceiptError::CodePageUnsupported`] when the model has no such table (sending some
+    /// other number would print the wrong letters without any error).
+    pub fn esc_t(&self) -> Result<u8, ReceiptError> {
+        self.model.esc_t(self.printer.code_page).ok_or(ReceiptError::CodePageUnsupported {
+            code_page: self.printer.code_page.name(),
+            model: self.model.model,
+        })
+    }
+
+    /// Printable dots per line, in dots, for the configured paper on this model.
+    pub fn dots(&self) -> u32 {
+        self.model.dots_per_line(self.printer.paper_width_mm)
+    }
+
+    /// Font A columns (12-dot cells) for the configured paper on this model.
+    pub fn columns(&self) -> usize {
+        self.model.columns_font_a(self.printer.paper_width_mm)
+    }
+
+    /// Whether to send a native `GS ( k` QR: the device is set to (`nativeQr`) *and* the
+    /// model is known to print it; otherwise a `GS v 0` raster.
+    pub fn native_qr(&self) -> bool {
+        self.printer.native_qr && self.model.native_qr
+    }
+
+    /// How the job ends: the model's cut.
+    pub fn cut(&self) -> CutStyle {
+        self.model.cut
+    }
 }
 
 /// What a receipt is for.
@@ -67,6 +139,17 @@ pub enum ReceiptKind {
     /// A Pix charge was paid (charge `status` `COMPLETED`).
     #[default]
     Paid,
+    /// A "Pay with Pix" slip: the QR to pay, amount, merchant and expiry, for printers set
+    /// to print one when a charge becomes `ACTIVE`. Needs [`Receipt::brcode`].
+    PayWithPix {
+        /// The charge's `expiresDate`, printed in [`Receipt::time_zone`]; none → not printed.
+        expires_at: Option<DateTime<Utc>>,
+    },
+    /// The charge expired unpaid (`status` `EXPIRED`): an expiry notice, never a QR.
+    Expired {
+        /// When it expired (`expiresDate`), printed in [`Receipt::time_zone`]; none → not printed.
+        expired_at: Option<DateTime<Utc>>,
+    },
 }
 
 /// Everything printed on a receipt, taken from a charge document.
@@ -111,6 +194,12 @@ pub enum ReceiptError {
     /// The QR does not fit the paper even at 1 dot per module.
     #[error("a QR of {modules} modules (plus quiet zone) does not fit {dots} dots")]
     QrTooWide { modules: usize, dots: u32 },
+    /// The printer's model has no `ESC t` table for the configured code page.
+    #[error("printer model {model} has no code table {code_page}")]
+    CodePageUnsupported { code_page: &'static str, model: &'static str },
+    /// A pay-with-Pix slip without a BR Code to print.
+    #[error("a pay-with-Pix slip needs a BR Code")]
+    NoBrCode,
 }
 
 /// Splits encoded text (one byte per cell) into lines of at most `width` cells, breaking at
@@ -181,7 +270,16 @@ fn separator(e: &mut EscPos, cols: usize) {
     line(e, &vec![b'-'; cols]);
 }
 
-/// Renders `r` as an ESC/POS job for printer `p` (layout in the module docs).
+/// Renders `r` as an ESC/POS job for printer `p` on the generic ESC/POS model (Epson
+/// `ESC t` numbers, 384/576 dots, full cut): `render_receipt_for(r, &p.generic())`.
+///
+/// # Errors
+/// As [`render_receipt_for`].
+pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, ReceiptError> {
+    render_receipt_for(r, &p.generic())
+}
+
+/// Renders `r` as an ESC/POS job for printer `p` (layouts in the module docs).
 ///
 /// The QR: native `GS ( k` with the module size (`fn 167`) chosen so that the symbol a
 /// printer makes from the data in byte mode, plus a 4-module quiet zone, fits `p.dots()`;
@@ -190,12 +288,13 @@ fn separator(e: &mut EscPos, cols: usize) {
 /// A comment is printed after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
 ///
 /// # Errors
+/// [`ReceiptError::CodePageUnsupported`] when the model lacks the configured code page;
 /// [`ReceiptError::Qr`] when the BR Code cannot be a QR; [`ReceiptError::QrTooWide`] when
-/// it cannot fit the paper.
-pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, ReceiptError> {
+/// it cannot fit the paper; [`ReceiptError::NoBrCode`] for a slip without a BR Code.
+pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, ReceiptError> {
     let cols = p.columns();
     let loc = r.locale;
-    let mut e = EscPos::new(p.code_page);
+    let mut e = EscPos::with_table(p.printer.code_page, p.esc_t()?);
     e.init();
 
     // Header.
@@ -208,6 +307,8 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
     e.lf();
     let title = match r.kind {
         ReceiptKind::Paid => format!("{} - {}", loc.label(Label::PixReceipt), loc.label(Label::Paid)),
+        ReceiptKind::PayWithPix { .. } => loc.label(Label::PayWithPix).to_string(),
+        ReceiptKind::Expired { .. } => loc.label(Label::ChargeExpired).to_string(),
     };
     e.bold(true);
     wrapped(&mut e, &title.to_uppercase(), cols);
@@ -227,27 +328,90 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
     e.size(1, 1).bold(false).align(Align::Left);
     separator(&mut e, cols);
 
-    // Items: name left (wrapped), value right-aligned on the name's first line.
-    if !r.items.is_empty() {
-        for (name, value) in &r.items {
-            let v = e.encode(value);
-            let v = &v[..v.len().min(cols / 2)];
-            let name_w = cols - v.len() - 1;
-            let name_lines = wrap(&e.encode(name), name_w);
-            for (i, nl) in name_lines.iter().enumerate() {
-                let mut b = nl.clone();
-                if i == 0 {
-                    b.resize(cols - v.len(), b' ');
-                    b.extend_from_slice(v);
-                }
-                line(&mut e, &b);
+    match r.kind {
+        ReceiptKind::Paid => {
+            items(&mut e, r, cols);
+            comment(&mut e, r, cols);
+            if let Some(n) = r.payer_name.as_deref().filter(|c| !c.trim().is_empty()) {
+                labelled(&mut e, loc.label(Label::Payer), n, cols);
+            }
+            if let Some(t) = r.paid_at {
+                labelled(&mut e, loc.label(Label::Date), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+            }
+            if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
+                labelled(&mut e, loc.label(Label::EndToEndId), id, cols);
+            }
+            ids(&mut e, r, cols);
+            if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
+                separator(&mut e, cols);
+                qr_block(&mut e, code, p)?;
+            }
+            e.align(Align::Center);
+            e.text(loc.label(Label::ThankYou)).lf();
+        }
+        ReceiptKind::PayWithPix { expires_at } => {
+            let code = r.brcode.as_deref().filter(|c| !c.is_empty()).ok_or(ReceiptError::NoBrCode)?;
+            items(&mut e, r, cols);
+            labelled(&mut e, loc.label(Label::Charge), &r.charge_id, cols);
+            e.lf();
+            qr_block(&mut e, code, p)?;
+            e.align(Align::Center);
+            wrapped(&mut e, loc.label(Label::ScanHint), cols);
+            if let Some(t) = expires_at {
+                e.bold(true);
+                wrapped(
+                    &mut e,
+                    &format!("{}: {}", loc.label(Label::ValidUntil), loc.format_datetime(&t.with_timezone(&r.time_zone))),
+                    cols,
+                );
+                e.bold(false);
             }
         }
-        separator(&mut e, cols);
+        ReceiptKind::Expired { expired_at } => {
+            if let Some(t) = expired_at {
+                labelled(&mut e, loc.label(Label::ExpiredAt), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+            }
+            ids(&mut e, r, cols);
+            separator(&mut e, cols);
+            e.align(Align::Center).bold(true);
+            wrapped(&mut e, loc.label(Label::NotPaid), cols);
+            e.bold(false);
+            wrapped(&mut e, loc.label(Label::NewChargeHint), cols);
+        }
     }
 
+    e.align(Align::Left);
+    e.feed_lines(3).cut_with(p.cut(), 3);
+    Ok(e.into_bytes())
+}
+
+/// Line items: name left (wrapped), value right-aligned on the name's first line; then a
+/// separator. Nothing when there are none.
+fn items(e: &mut EscPos, r: &Receipt, cols: usize) {
+    if r.items.is_empty() {
+        return;
+    }
+    for (name, value) in &r.items {
+        let v = e.encode(value);
+        let v = &v[..v.len().min(cols / 2)];
+        let name_w = cols - v.len() - 1;
+        let name_lines = wrap(&e.encode(name), name_w);
+        for (i, nl) in name_lines.iter().enumerate() {
+            let mut b = nl.clone();
+            if i == 0 {
+                b.resize(cols - v.len(), b' ');
+                b.extend_from_slice(v);
+            }
+            line(e, &b);
+        }
+    }
+    separator(e, cols);
+}
+
+/// The comment after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
+fn comment(e: &mut EscPos, r: &Receipt, cols: usize) {
     if let Some(c) = r.comment.as_deref().filter(|c| !c.trim().is_empty()) {
-        let label = e.encode(&format!("{}:", loc.label(Label::Comment)));
+        let label = e.encode(&format!("{}:", r.locale.label(Label::Comment)));
         let mut text = label.clone();
         text.push(b' ');
         text.extend(e.encode(c));
@@ -259,58 +423,47 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
             last.extend_from_slice(b"...");
         }
         for l in lines {
-            line(&mut e, &l);
+            line(e, &l);
         }
     }
-    if let Some(n) = r.payer_name.as_deref().filter(|c| !c.trim().is_empty()) {
-        labelled(&mut e, loc.label(Label::Payer), n, cols);
-    }
-    if let Some(t) = r.paid_at {
-        labelled(&mut e, loc.label(Label::Date), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
-    }
-    if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
-        labelled(&mut e, loc.label(Label::EndToEndId), id, cols);
-    }
-    labelled(&mut e, loc.label(Label::Charge), &r.charge_id, cols);
+}
+
+/// Charge id and txid lines.
+fn ids(e: &mut EscPos, r: &Receipt, cols: usize) {
+    labelled(e, r.locale.label(Label::Charge), &r.charge_id, cols);
     if let Some(t) = r.txid.as_deref().filter(|c| !c.trim().is_empty()) {
-        labelled(&mut e, loc.label(Label::Txid), t, cols);
+        labelled(e, r.locale.label(Label::Txid), t, cols);
     }
+}
 
-    // QR.
-    if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
-        separator(&mut e, cols);
-        e.align(Align::Center);
-        let dots = p.dots();
-        if p.native_qr {
-            let width = qr::byte_mode_width(code.len()).ok_or(qr::QrError::DataTooLong { len: code.len() })?;
-            let module = dots / (width as u32 + 2 * QR_QUIET_MODULES);
-            if module == 0 {
-                return Err(ReceiptError::QrTooWide { modules: width, dots });
-            }
-            e.qr_native(code.as_bytes(), module.min(MAX_MODULE_DOTS) as u8);
-        } else {
-            let m = qr::encode(code)?;
-            let module = qr::module_size_for_width(&m, dots, QR_QUIET_MODULES);
-            if module == 0 {
-                return Err(ReceiptError::QrTooWide { modules: m.width, dots });
-            }
-            let module = module.min(MAX_MODULE_DOTS);
-            // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
-            let side = (m.width as u32 + 2 * QR_QUIET_MODULES) * module;
-            e.raster(side, side, |x, y| {
-                let mx = (x / module) as i64 - QR_QUIET_MODULES as i64;
-                let my = (y / module) as i64 - QR_QUIET_MODULES as i64;
-                mx >= 0 && my >= 0 && m.get(mx as usize, my as usize)
-            });
-        }
-        e.lf();
-    }
-
+/// The BR Code as a centred QR (native or raster, see [`render_receipt_for`]), then LF.
+fn qr_block(e: &mut EscPos, code: &str, p: &PrinterSetup) -> Result<(), ReceiptError> {
     e.align(Align::Center);
-    e.text(loc.label(Label::ThankYou)).lf();
-    e.align(Align::Left);
-    e.feed_lines(3).cut(3);
-    Ok(e.into_bytes())
+    let dots = p.dots();
+    if p.native_qr() {
+        let width = qr::byte_mode_width(code.len()).ok_or(qr::QrError::DataTooLong { len: code.len() })?;
+        let module = dots / (width as u32 + 2 * QR_QUIET_MODULES);
+        if module == 0 {
+            return Err(ReceiptError::QrTooWide { modules: width, dots });
+        }
+        e.qr_native(code.as_bytes(), module.min(MAX_MODULE_DOTS) as u8);
+    } else {
+        let m = qr::encode(code)?;
+        let module = qr::module_size_for_width(&m, dots, QR_QUIET_MODULES);
+        if module == 0 {
+            return Err(ReceiptError::QrTooWide { modules: m.width, dots });
+        }
+        let module = module.min(MAX_MODULE_DOTS);
+        // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
+        let side = (m.width as u32 + 2 * QR_QUIET_MODULES) * module;
+        e.raster(side, side, |x, y| {
+            let mx = (x / module) as i64 - QR_QUIET_MODULES as i64;
+            let my = (y / module) as i64 - QR_QUIET_MODULES as i64;
+            mx >= 0 && my >= 0 && m.get(mx as usize, my as usize)
+        });
+    }
+    e.lf();
+    Ok(())
 }
 
 #[cfg(test)]
@@ -333,5 +486,77 @@ mod tests {
         let p80 = PrinterProfile { paper_width_mm: 80, ..p58 };
         assert_eq!((p58.dots(), p58.columns()), (384, 32));
         assert_eq!((p80.dots(), p80.columns()), (576, 48));
+    }
+
+    fn sample(kind: ReceiptKind) -> Receipt {
+        Receipt {
+            kind,
+            merchant_name: "Padaria São João".into(),
+            merchant_city: "São Paulo".into(),
+            amount_cents: 1250,
+            items: vec![("Pão de queijo".into(), "3x".into())],
+            comment: None,
+            payer_name: Some("Maria".into()),
+            paid_at: None,
+            time_zone: chrono_tz::America::Sao_Paulo,
+            end_to_end_id: None,
+            charge_id: "c1".into(),
+            txid: Some("tx1".into()),
+            brcode: Some("00020101021226".into()),
+            locale: Locale::PtBr,
+        }
+    }
+
+    fn p(code_page: CodePage, native_qr: bool) -> PrinterProfile {
+        PrinterProfile { paper_width_mm: 80, code_page, native_qr }
+    }
+
+    #[test]
+    fn esc_t_follows_the_model() {
+        let r = sample(ReceiptKind::Paid);
+        for (model, n) in [("generic", 3), ("Epson TM-T20X", 3), ("Elgin i9", 4), ("Bematech MP-4200 TH", 4), ("Nobody X1", 3)] {
+            let b = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model(model)).unwrap();
+            assert_eq!(b[..5], [0x1B, 0x40, 0x1B, 0x74, n], "{model}");
+        }
+        // The plain entry point is the generic model: unchanged bytes.
+        assert_eq!(render_receipt(&r, &p(CodePage::Cp860, true)).unwrap(), render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("")).unwrap());
+    }
+
+    #[test]
+    fn a_code_page_the_model_lacks_is_an_error() {
+        let r = sample(ReceiptKind::Paid);
+        let err = render_receipt_for(&r, &p(CodePage::Wpc1252, true).on_model("Bematech MP-4200 TH")).unwrap_err();
+        assert_eq!(err, ReceiptError::CodePageUnsupported { code_page: "WPC1252", model: "Bematech MP-4200 TH" });
+        assert!(render_receipt_for(&r, &p(CodePage::Cp865, true).on_model("Elgin i9")).is_err());
+        assert!(render_receipt_for(&r, &p(CodePage::Wpc1252, true).on_model("Elgin i9")).is_ok());
+    }
+
+    #[test]
+    fn cut_and_qr_follow_the_model() {
+        let r = sample(ReceiptKind::Paid);
+        let has = |b: &[u8], w: &[u8]| b.windows(w.len()).any(|x| x == w);
+        let epson = render_receipt_for(&r, &p(CodePage::Cp850, true).on_model("Epson TM-T20X")).unwrap();
+        assert!(epson.ends_with(&[0x1D, 0x56, 0x42, 3]), "partial cut");
+        assert!(has(&epson, &[0x1D, 0x28, 0x6B]), "native QR");
+        let bema = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("Bematech MP-4200 TH")).unwrap();
+        assert!(!has(&bema, &[0x1D, 0x28, 0x6B]) && has(&bema, &[0x1D, 0x76, 0x30]), "raster QR on Bematech");
+        let elgin = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("Elgin i9")).unwrap();
+        assert!(elgin.ends_with(&[0x1D, 0x56, 0x41, 3]), "full cut");
+    }
+
+    #[test]
+    fn slip_needs_a_qr_and_the_notice_never_prints_one() {
+        let mut r = sample(ReceiptKind::PayWithPix { expires_at: None });
+        let slip = render_receipt(&r, &p(CodePage::Cp860, true)).unwrap();
+        assert!(slip.windows(3).any(|x| x == [0x1D, 0x28, 0x6B]));
+        r.brcode = None;
+        assert_eq!(render_receipt(&r, &p(CodePage::Cp860, true)), Err(ReceiptError::NoBrCode));
+        let mut r = sample(ReceiptKind::Expired { expired_at: None });
+        for native in [true, false] {
+            let b = render_receipt(&r, &p(CodePage::Cp860, native)).unwrap();
+            assert!(!b.windows(3).any(|x| x == [0x1D, 0x28, 0x6B] || x == [0x1D, 0x76, 0x30]));
+        }
+        r.brcode = None;
+        assert!(render_receipt(&r, &p(CodePage::Cp860, true)).is_ok());
     }
 }

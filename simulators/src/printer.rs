@@ -8,6 +8,7 @@ use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::Job;
 use image::{GrayImage, ImageEncoder};
 use render::codepage::CodePage;
+use render::profile::{profile_for_model, ModelProfile, GENERIC};
 use std::path::{Path, PathBuf};
 
 /// How a simulated printer is built.
@@ -17,6 +18,8 @@ pub struct PrinterSettings {
     pub width_dots: u32,
     /// Code table in force at power-on and after `ESC @`.
     pub code_page: CodePage,
+    /// The model whose `ESC t n` numbering the printer follows (generic = Epson's).
+    pub model: &'static ModelProfile,
 }
 
 impl PrinterSettings {
@@ -25,7 +28,14 @@ impl PrinterSettings {
         PrinterSettings {
             width_dots: if paper_width_mm >= 70 { 576 } else { 384 },
             code_page,
+            model: &GENERIC,
         }
+    }
+
+    /// These settings on the model named `model` (a registry `model` string; unknown →
+    /// generic): the printer then reads `ESC t n` with that model's numbering.
+    pub fn with_model(self, model: &str) -> Self {
+        PrinterSettings { model: profile_for_model(model), ..self }
     }
 
     /// The decoder options for these settings.
@@ -33,6 +43,7 @@ impl PrinterSettings {
         DecodeOptions {
             width_dots: self.width_dots,
             initial_code_page: self.code_page,
+            model: self.model,
         }
     }
 }

@@ -27,6 +27,7 @@ mod tests;
 use parser::{Command, Parser};
 use raster::{Bitmap, Page};
 use render::codepage::CodePage;
+use render::profile::{profile_for_model, ModelProfile, GENERIC};
 use state::{Font, Justify, PrintState};
 use std::collections::BTreeMap;
 use text::Glyphs;
@@ -38,17 +39,26 @@ pub struct DecodeOptions {
     pub width_dots: u32,
     /// The code table in force at power-on and after `ESC @` (usually CP437).
     pub initial_code_page: CodePage,
+    /// The printer model whose `ESC t n` numbering to follow (vendors number their code
+    /// tables differently: `render::profile`). [`GENERIC`] (Epson numbering) by default.
+    pub model: &'static ModelProfile,
 }
 
 impl DecodeOptions {
     /// 58 mm paper (384 dots), CP437 at power-on.
     pub fn mm58() -> Self {
-        DecodeOptions { width_dots: 384, initial_code_page: CodePage::Cp437 }
+        DecodeOptions { width_dots: 384, initial_code_page: CodePage::Cp437, model: &GENERIC }
     }
 
     /// 80 mm paper (576 dots), CP437 at power-on.
     pub fn mm80() -> Self {
-        DecodeOptions { width_dots: 576, initial_code_page: CodePage::Cp437 }
+        DecodeOptions { width_dots: 576, initial_code_page: CodePage::Cp437, model: &GENERIC }
+    }
+
+    /// These options, following the `ESC t` numbering of the model named `model` (a
+    /// registry `model` string; unknown → generic, see `render::profile::profile_for_model`).
+    pub fn with_model(self, model: &str) -> Self {
+        DecodeOptions { model: profile_for_model(model), ..self }
     }
 }
 
@@ -235,7 +245,7 @@ impl Decoder {
                 self.state = PrintState::new(self.opts.initial_code_page);
                 self.unknown_table = false;
             }
-            Command::CodeTable(n) => match CodePage::from_epson_table(n) {
+            Command::CodeTable(n) => match self.opts.model.page_for_esc_t(n) {
                 Some(p) => {
                     self.state.code_page = p;
                     self.unknown_table = false;

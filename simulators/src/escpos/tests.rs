@@ -141,7 +141,7 @@ fn gateway_style_receipt_with_pix_qr() {
     s.extend([0x1B, b'd', 3, 0x1D, b'V', 66, 0]);
     s.extend([0x10, 0x04, 1]);
     for width in [384, 576] {
-        let d = decode(&s, &DecodeOptions { width_dots: width, initial_code_page: CodePage::Cp437 });
+        let d = decode(&s, &DecodeOptions { width_dots: width, initial_code_page: CodePage::Cp437, ..DecodeOptions::mm80() });
         assert_eq!(d.image.width(), width);
         assert_eq!(d.qr_codes, vec![payload.to_string()]);
         assert!(d.transcript.contains(&format!("[QR model2 ec=M module=6] {payload}")), "{}", d.transcript);
