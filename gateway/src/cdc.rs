@@ -152,6 +152,9 @@ pub struct Device {
     pub company: String,
     /// `kind` and its sub-document.
     pub kind: DeviceKind,
+    /// `model`, e.g. `Bematech MP-4200 TH` (empty when absent): printers follow their
+    /// model's `ESC t` numbering and capabilities (`render::profile`).
+    pub model: String,
     /// `locale`, e.g. `pt-BR` (default `pt-BR`).
     pub locale: String,
     /// `timeZone` (IANA), if the registry has one.
@@ -281,6 +284,7 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
         id,
         company,
         kind,
+        model: text(&doc["model"]).unwrap_or_default(),
         locale: text(&doc["locale"]).unwrap_or_else(|| "pt-BR".into()),
         time_zone: text(&doc["timeZone"]),
         enabled: doc["enabled"].as_bool().unwrap_or(true),

@@ -11,7 +11,7 @@ use crate::router::PlannedEffect;
 use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN, VERSION};
 use device_protocol::{message_id, EffectKind, Job, ScreenContent, ScreenKind};
 use render::brcode::{self, StaticPix};
-use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
+use render::receipt::{render_receipt_for, PrinterProfile, Receipt, ReceiptKind};
 use render::Locale;
 
 /// Why an effect could not be rendered; becomes the dead-letter reason.
@@ -132,8 +132,10 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
                 brcode: Some(pix_payload(charge)?),
                 locale: Locale::from_tag(&device.locale),
             };
-            let profile = PrinterProfile { paper_width_mm: *paper_width_mm, code_page: *code_page, native_qr: *native_qr };
-            (CONTENT_ESCPOS, render_receipt(&receipt, &profile).map_err(|e| RenderError::Receipt(e.to_string()))?)
+            // The model decides the `ESC t` number of the code page (vendors differ) and
+            // whether `GS ( k` is trusted; a page the model lacks is an error, not a wrong table.
+            let setup = PrinterProfile { paper_width_mm: *paper_width_mm, code_page: *code_page, native_qr: *native_qr }.on_model(&device.model);
+            (CONTENT_ESCPOS, render_receipt_for(&receipt, &setup).map_err(|e| RenderError::Receipt(e.to_string()))?)
         }
         (DeviceKind::Printer { .. }, _) => return Err(wrong("printer")),
     };
@@ -156,6 +158,7 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
 mod tests {
     use super::*;
     use crate::cdc;
+    use device_protocol::EffectKind;
     use serde_json::Value;
 
     fn charges(file: &str) -> Vec<Charge> {
@@ -179,6 +182,29 @@ mod tests {
             let parsed = brcode::parse(&payload).unwrap();
             assert_eq!(parsed.amount_cents(), Some(c.value_cents).filter(|&v| v > 0), "{}", c.id);
         }
+    }
+
+    /// Each printer gets the `ESC t` number its model uses for its code page: CP860 is
+    /// table 4 on Bematech and Elgin, 3 on Epson-numbered printers; CP850 is 2 on all.
+    #[test]
+    fn receipts_select_the_code_page_by_model_numbering() {
+        let path = format!("{}/../fixtures/cdc/devices.jsonl", env!("CARGO_MANIFEST_DIR"));
+        let charge = charges("charges.jsonl").into_iter().find(|c| c.status == cdc::ChargeStatus::Completed).unwrap();
+        let mut seen = Vec::new();
+        for line in std::fs::read_to_string(path).unwrap().lines() {
+            let r: Value = serde_json::from_str(line).unwrap();
+            let device = cdc::decode_device(&r["value"]["fullDocument"]).unwrap();
+            let cdc::DeviceKind::Printer { code_page, .. } = device.kind else { continue };
+            let effect = PlannedEffect { kind: EffectKind::PrintReceipt, device: device.clone() };
+            let job = render_job("ev", &charge, &effect, "America/Sao_Paulo").unwrap();
+            let bytes = job.payload_bytes().unwrap();
+            assert_eq!(&bytes[..3], &[0x1B, 0x40, 0x1B], "{}: starts with ESC @ ESC", device.model);
+            assert_eq!(bytes[3], 0x74, "{}: ESC t", device.model);
+            seen.push((device.model.clone(), code_page.name(), bytes[4]));
+        }
+        assert!(seen.contains(&("Bematech MP-4200 TH".into(), "CP860", 4)), "{seen:?}");
+        assert!(seen.contains(&("Elgin i9".into(), "CP860", 4)), "{seen:?}");
+        assert!(seen.contains(&("Epson TM-T20X".into(), "CP850", 2)), "{seen:?}");
     }
 
     #[test]

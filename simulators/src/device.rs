@@ -223,8 +223,9 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
         DeviceSpec::Printer {
             paper_width_mm,
             code_page,
+            model,
             ..
-        } => Effector::Printer(PrinterSettings::for_paper(*paper_width_mm, *code_page)),
+        } => Effector::Printer(PrinterSettings::for_paper(*paper_width_mm, *code_page).with_model(model)),
         DeviceSpec::Terminal {
             width_px,
             height_px,

@@ -29,6 +29,9 @@ pub enum DeviceSpec {
         code_page: CodePage,
         /// Whether it understands `GS ( k` QR commands (informative: the decoder always does).
         native_qr: bool,
+        /// The registry's `model` (picks the `ESC t` numbering, see `render::profile`);
+        /// empty when unknown (generic ESC/POS).
+        model: String,
     },
     /// A card machine ("maquininha") with a screen.
     Terminal {
@@ -131,11 +134,13 @@ pub fn device_from_document(doc: &Value, fallback_id: Option<&str>) -> Result<De
                 .and_then(CodePage::from_name)
                 .unwrap_or(CodePage::Cp860);
             let native_qr = p.get("nativeQr").and_then(Value::as_bool).unwrap_or(true);
+            let model = doc.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
             Ok(DeviceSpec::Printer {
                 id,
                 paper_width_mm,
                 code_page,
                 native_qr,
+                model,
             })
         }
         Some("terminal") => {
@@ -246,7 +251,8 @@ mod tests {
                 id: "0fb23c6f5da2cec255404e4f".into(),
                 paper_width_mm: 80,
                 code_page: CodePage::Cp860,
-                native_qr: true
+                native_qr: true,
+                model: "Bematech MP-4200 TH".into(),
             }
         );
         assert!(devices.iter().any(|d| matches!(d, DeviceSpec::Terminal { width_px: 720, height_px: 1280, time_zone, .. } if time_zone == DEFAULT_TIME_ZONE)));
@@ -271,7 +277,8 @@ mod tests {
                 id: "aa".into(),
                 paper_width_mm: 80,
                 code_page: CodePage::Cp850,
-                native_qr: true
+                native_qr: true,
+                model: String::new(),
             }
         );
         assert_eq!(

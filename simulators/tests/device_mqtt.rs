@@ -172,12 +172,14 @@ async fn printer_receipt_has_readable_qr_and_accented_transcript() {
             paper_width_mm: 80,
             code_page: CodePage::Cp860,
             native_qr: true,
+            model: String::new(),
         },
         DeviceSpec::Printer {
             id: PRINTER58.into(),
             paper_width_mm: 58,
             code_page: CodePage::Cp860,
             native_qr: false,
+            model: String::new(),
         },
     ];
     let fleet = fleet::start(FleetConfig {

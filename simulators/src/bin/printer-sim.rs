@@ -62,6 +62,9 @@ enum Cmd {
         /// Code page at power-on.
         #[arg(long, default_value = "CP860")]
         code_page: String,
+        /// Printer model whose `ESC t` numbering to follow (empty: generic ESC/POS).
+        #[arg(long, default_value = "")]
+        model: String,
         /// Carry out jobs even after their expires_at.
         #[arg(long)]
         ignore_expiry: bool,
@@ -118,6 +121,7 @@ async fn main() -> Result<()> {
             out,
             paper,
             code_page: cp,
+            model,
             ignore_expiry,
         } => {
             let (mqtt_host, mqtt_port) = parse_host_port(&mqtt)?;
@@ -126,6 +130,7 @@ async fn main() -> Result<()> {
                 paper_width_mm: paper,
                 code_page: code_page(&cp)?,
                 native_qr: true,
+                model,
             };
             simulators::cli::run_single_device(
                 &spec,
