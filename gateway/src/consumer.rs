@@ -72,13 +72,6 @@ struct RecordRef {
     offset: i64,
 }
 
-/// A dead letter that Kafka now has.
-enum DeadLetterDone {
-    /// One of a record's effects (or the whole record): the record may finish.
-    Record(RecordRef),
-    /// A queued job that failed delivery: it was removed from the outbox.
-    Job,
-}
 
 /// The consumer loop's state.
 struct Pipeline {
@@ -92,7 +85,8 @@ struct Pipeline {
     paused: HashSet<Partition>,
     commands: mpsc::Sender<Command>,
     deadletters: DeadLetterWriter,
-    dl_done: mpsc::UnboundedSender<DeadLetterDone>,
+    /// Records one of whose dead letters Kafka now has.
+    dl_done: mpsc::UnboundedSender<RecordRef>,
     outbox: Arc<Outbox>,
     /// Jobs in the outbox (queued or in flight).
     outbox_jobs: usize,
@@ -175,7 +169,7 @@ pub async fn run(
             biased;
             _ = shutdown.changed() => break,
             Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(d) = dl_done_rx.recv() => p.dead_letter_done(&consumer, d),
+            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
             _ = tick.tick() => p.on_tick(&consumer),
             msg = consumer.recv() => match msg {
                 Ok(m) => { let m = m.detach(); p.on_message(&consumer, m).await; }
@@ -192,7 +186,7 @@ pub async fn run(
     while p.tracker.total_pending() > 0 && Instant::now() < deadline {
         tokio::select! {
             Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(d) = dl_done_rx.recv() => p.dead_letter_done(&consumer, d),
+            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
@@ -215,7 +209,7 @@ impl Pipeline {
         let value = m.payload().unwrap_or_default();
         let src = Source { topic: m.topic(), partition: m.partition(), offset: m.offset(), key: m.key(), value };
         if m.topic() == self.cfg.kafka.device_topic {
-            self.on_device(consumer, &rec, &src);
+            self.on_device(consumer, &rec, &src).await;
         } else {
             self.on_charge(consumer, &rec, &src).await;
         }
@@ -227,7 +221,7 @@ impl Pipeline {
         }
     }
 
-    fn on_device(&mut self, consumer: &GatewayConsumer, rec: &RecordRef, src: &Source<'_>) {
+    async fn on_device(&mut self, consumer: &GatewayConsumer, rec: &RecordRef, src: &Source<'_>) {
         let env = match cdc::decode_envelope(src.value) {
             Ok(e) => e,
             Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
@@ -237,13 +231,8 @@ impl Pipeline {
             Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
         };
         if self.registry.apply(&env.document_id, env.cluster_time, device) != crate::registry::Applied::Stale {
-            let doc = env.full_document.as_ref();
-            let mut delay = Duration::from_millis(100);
-            while let Err(e) = tokio::task::block_in_place(|| self.outbox.put_device(&env.document_id, env.cluster_time, doc)) {
-                tracing::error!(error = %e, "cannot store the registry entry; retrying (reading is held)");
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
+            let outbox = &self.outbox;
+            until_stored("the registry entry", || outbox.put_device(&env.document_id, env.cluster_time, env.full_document.as_ref())).await;
         }
         self.stats.update(|s| s.devices_applied += 1);
         self.record_finished(consumer, rec);
@@ -313,19 +302,13 @@ impl Pipeline {
             offset: src.offset,
             key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
         };
-        let mut delay = Duration::from_millis(100);
-        let stored = loop {
+        let outbox = &self.outbox;
+        let stored = until_stored("the jobs", || {
             let now_ms = chrono::Utc::now().timestamp_millis().max(0) as u64;
             let charge = charge.as_ref().map(|(id, st)| (id.as_str(), *st));
-            match tokio::task::block_in_place(|| self.outbox.accept(charge, jobs.clone(), &source, now_ms)) {
-                Ok(stored) => break stored,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot write the outbox; retrying (reading is held)");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
-                }
-            }
-        };
+            outbox.accept(charge, jobs.clone(), &source, now_ms)
+        })
+        .await;
         self.outbox_jobs += stored.len();
         self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
         stored
@@ -355,24 +338,18 @@ impl Pipeline {
                 dl.message_id = Some(stored.job.message_id.clone());
                 self.stats.dead_effect(&dl.reason);
                 tracing::warn!(device = %stored.device, detail = %dl.detail, "job dead-lettered");
-                let (writer, done, outbox) = (self.deadletters.clone(), self.dl_done.clone(), self.outbox.clone());
+                // Its record was committed when the job was stored: nothing to finish here.
+                let (writer, outbox) = (self.deadletters.clone(), self.outbox.clone());
                 tokio::spawn(async move {
                     writer.write(&dl).await;
                     let (device, seq) = (stored.device.clone(), stored.job.seq);
                     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || outbox.complete(&device, seq)).await {
                         tracing::error!(error = %e, "cannot remove a dead-lettered job from the outbox");
                     }
-                    let _ = done.send(DeadLetterDone::Job);
                 });
             }
         }
         self.check_outbox_bound(consumer);
-    }
-
-    fn dead_letter_done(&mut self, consumer: &GatewayConsumer, d: DeadLetterDone) {
-        if let DeadLetterDone::Record(rec) = d {
-            self.effect_finished(consumer, &rec);
-        }
     }
 
     /// Pauses every assigned partition while the outbox holds `max_jobs`; resumes at half.
@@ -416,7 +393,7 @@ impl Pipeline {
         let (writer, done, rec) = (self.deadletters.clone(), self.dl_done.clone(), rec.clone());
         tokio::spawn(async move {
             writer.write(&dl).await;
-            let _ = done.send(DeadLetterDone::Record(rec));
+            let _ = done.send(rec);
         });
     }
 
@@ -485,6 +462,23 @@ impl Pipeline {
                 Ok(_) => {}
                 Err(e) => tracing::error!(error = %e, "dedupe window prune failed"),
             });
+        }
+    }
+}
+
+/// Runs `write` against the outbox until it succeeds, backing off from 100 ms doubling to
+/// 10 s: reading on past an effect or registry change that is not stored would lose it, so
+/// the consumer holds here (and `/readyz` goes red) while the disk refuses.
+async fn until_stored<T>(what: &str, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> T {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match tokio::task::block_in_place(&mut write) {
+            Ok(v) => return v,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
         }
     }
 }
