@@ -373,15 +373,9 @@ mod tests {
 
     #[test]
     fn every_fixture_line_decodes_or_fails_with_a_reason() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/cdc");
         let mut charges = 0;
         for file in ["devices.jsonl", "charges.jsonl", "edge-cases.jsonl"] {
-            for line in std::fs::read_to_string(format!("{dir}/{file}")).unwrap().lines() {
-                let rec: Value = serde_json::from_str(line).unwrap();
-                let bytes = match &rec["value"] {
-                    Value::String(s) => s.clone().into_bytes(),
-                    v => serde_json::to_vec(v).unwrap(),
-                };
+            for (topic, bytes) in crate::test_fixtures::records(file) {
                 let env = match decode_envelope(&bytes) {
                     Ok(e) => e,
                     Err(e) => {
@@ -390,7 +384,7 @@ mod tests {
                     }
                 };
                 let Some(doc) = env.full_document else { continue };
-                if rec["topic"] == "device.upserted" {
+                if topic == "device.upserted" {
                     decode_device(&doc).unwrap();
                 } else if let Err(e) = decode_charge(&doc) {
                     assert_eq!(file, "edge-cases.jsonl", "{e}");

@@ -159,18 +159,18 @@ mod tests {
     use super::*;
     use crate::cdc;
     use device_protocol::EffectKind;
-    use serde_json::Value;
+
+    /// The fixture documents that decode: charges or devices.
+    fn documents<T>(file: &str, decode: fn(&serde_json::Value) -> Result<T, cdc::DecodeError>) -> Vec<T> {
+        crate::test_fixtures::records(file)
+            .into_iter()
+            .filter_map(|(_, bytes)| cdc::decode_envelope(&bytes).ok()?.full_document)
+            .filter_map(|doc| decode(&doc).ok())
+            .collect()
+    }
 
     fn charges(file: &str) -> Vec<Charge> {
-        let path = format!("{}/../fixtures/cdc/{file}", env!("CARGO_MANIFEST_DIR"));
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .filter_map(|l| {
-                let r: Value = serde_json::from_str(l).unwrap();
-                cdc::decode_charge(&r["value"]["fullDocument"]).ok()
-            })
-            .collect()
+        documents(file, cdc::decode_charge)
     }
 
     #[test]
@@ -188,12 +188,9 @@ mod tests {
     /// table 4 on Bematech and Elgin, 3 on Epson-numbered printers; CP850 is 2 on all.
     #[test]
     fn receipts_select_the_code_page_by_model_numbering() {
-        let path = format!("{}/../fixtures/cdc/devices.jsonl", env!("CARGO_MANIFEST_DIR"));
         let charge = charges("charges.jsonl").into_iter().find(|c| c.status == cdc::ChargeStatus::Completed).unwrap();
         let mut seen = Vec::new();
-        for line in std::fs::read_to_string(path).unwrap().lines() {
-            let r: Value = serde_json::from_str(line).unwrap();
-            let device = cdc::decode_device(&r["value"]["fullDocument"]).unwrap();
+        for device in documents("devices.jsonl", cdc::decode_device) {
             let cdc::DeviceKind::Printer { code_page, .. } = device.kind else { continue };
             let effect = PlannedEffect { kind: EffectKind::PrintReceipt, device: device.clone() };
             let job = render_job("ev", &charge, &effect, "America/Sao_Paulo").unwrap();

@@ -31,3 +31,5 @@ pub mod outbox;
 pub mod registry;
 pub mod router;
 pub mod stats;
+#[cfg(test)]
+mod test_fixtures;

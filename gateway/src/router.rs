@@ -198,21 +198,7 @@ mod tests {
     use serde_json::Value;
     use std::collections::BTreeMap;
 
-    fn fixture(name: &str) -> Vec<(String, Vec<u8>)> {
-        let path = format!("{}/../fixtures/cdc/{name}", env!("CARGO_MANIFEST_DIR"));
-        std::fs::read_to_string(path)
-            .unwrap()
-            .lines()
-            .map(|l| {
-                let r: Value = serde_json::from_str(l).unwrap();
-                let bytes = match &r["value"] {
-                    Value::String(s) => s.clone().into_bytes(),
-                    v => serde_json::to_vec(v).unwrap(),
-                };
-                (r["topic"].as_str().unwrap().to_string(), bytes)
-            })
-            .collect()
-    }
+    use crate::test_fixtures::records as fixture;
 
     fn load_registry() -> Registry {
         let mut reg = Registry::default();
@@ -242,8 +228,7 @@ mod tests {
                 d => panic!("unexpected {d:?}"),
             }
         }
-        let path = format!("{}/../fixtures/cdc/expected.json", env!("CARGO_MANIFEST_DIR"));
-        let expected: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let expected: Value = serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap()).unwrap();
         let expected: BTreeMap<String, Vec<(String, String)>> = expected
             .as_object()
             .unwrap()
