@@ -65,14 +65,34 @@ mod tests {
     }
 }
 
-/// Runs one simulated device until Ctrl-C or SIGTERM, then prints its counters as JSON on
-/// stderr (the `run` subcommand of `printer-sim` and `terminal-sim`).
+/// The arguments every `run` subcommand (`printer-sim`, `terminal-sim`) takes.
+#[derive(Debug, clap::Args)]
+pub struct DeviceArgs {
+    /// Device registry id.
+    #[arg(long)]
+    pub id: String,
+    /// Broker address.
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub mqtt: String,
+    /// Output directory (files go to DIR/ID/).
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+    /// Carry out jobs even after their expires_at.
+    #[arg(long)]
+    pub ignore_expiry: bool,
+}
+
+/// Runs one simulated device (`spec`, whose id is `args.id`) until Ctrl-C or SIGTERM, then
+/// prints its counters as JSON on stderr (the `run` subcommand of `printer-sim` and
+/// `terminal-sim`).
 ///
 /// # Errors
-/// The counters cannot be serialised.
-pub async fn run_single_device(spec: &crate::registry::DeviceSpec, opts: &crate::device::DeviceOptions) -> Result<()> {
+/// `args.mqtt` is not HOST:PORT, or the counters cannot be serialised.
+pub async fn run_single_device(spec: &crate::registry::DeviceSpec, args: &DeviceArgs) -> Result<()> {
+    let (mqtt_host, mqtt_port) = parse_host_port(&args.mqtt)?;
+    let opts = crate::device::DeviceOptions { mqtt_host, mqtt_port, out_dir: args.out.clone(), honor_expiry: !args.ignore_expiry };
     let stats = std::sync::Arc::new(crate::device::Stats::default());
-    let dev = crate::device::spawn_device(spec, opts, stats.clone());
+    let dev = crate::device::spawn_device(spec, &opts, stats.clone());
     shutdown_signal().await;
     dev.shutdown().await;
     eprintln!("{}", serde_json::to_string(&stats.snapshot())?);

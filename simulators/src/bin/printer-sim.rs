@@ -9,8 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use render::codepage::CodePage;
 use render::profile::profile_for_model;
-use simulators::cli::{init_tracing, parse_host_port};
-use simulators::device::DeviceOptions;
+use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::registry::DeviceSpec;
 use std::path::PathBuf;
@@ -47,15 +46,8 @@ enum Cmd {
     },
     /// Be device ID on the MQTT broker until Ctrl-C.
     Run {
-        /// Device registry id.
-        #[arg(long)]
-        id: String,
-        /// Broker address.
-        #[arg(long, default_value = "127.0.0.1:1883")]
-        mqtt: String,
-        /// Output directory (files go to DIR/ID/).
-        #[arg(long)]
-        out: PathBuf,
+        #[command(flatten)]
+        device: DeviceArgs,
         /// Paper width in mm (58 or 80).
         #[arg(long, default_value_t = 80)]
         paper: u8,
@@ -65,9 +57,6 @@ enum Cmd {
         /// Printer model whose `ESC t` numbering to follow (empty: generic ESC/POS).
         #[arg(long, default_value = "")]
         model: String,
-        /// Carry out jobs even after their expires_at.
-        #[arg(long)]
-        ignore_expiry: bool,
     },
 }
 
@@ -115,28 +104,9 @@ async fn main() -> Result<()> {
                 decoded.warnings.len()
             );
         }
-        Cmd::Run {
-            id,
-            mqtt,
-            out,
-            paper,
-            code_page: cp,
-            model,
-            ignore_expiry,
-        } => {
-            let (mqtt_host, mqtt_port) = parse_host_port(&mqtt)?;
-            let spec = DeviceSpec::Printer {
-                id,
-                paper_width_mm: paper,
-                code_page: code_page(&cp)?,
-                native_qr: true,
-                model,
-            };
-            simulators::cli::run_single_device(
-                &spec,
-                &DeviceOptions { mqtt_host, mqtt_port, out_dir: out, honor_expiry: !ignore_expiry },
-            )
-            .await?;
+        Cmd::Run { device, paper, code_page: cp, model } => {
+            let spec = DeviceSpec::Printer { id: device.id.clone(), paper_width_mm: paper, code_page: code_page(&cp)?, native_qr: true, model };
+            run_single_device(&spec, &device).await?;
         }
     }
     Ok(())

@@ -4,10 +4,8 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use simulators::cli::{init_tracing, parse_host_port};
-use simulators::device::DeviceOptions;
+use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
 use simulators::registry::{DeviceSpec, DEFAULT_TIME_ZONE};
-use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(about = "Simulated card machine")]
@@ -20,15 +18,8 @@ struct Cli {
 enum Cmd {
     /// Be device ID on the MQTT broker until Ctrl-C.
     Run {
-        /// Device registry id.
-        #[arg(long)]
-        id: String,
-        /// Broker address.
-        #[arg(long, default_value = "127.0.0.1:1883")]
-        mqtt: String,
-        /// Output directory (files go to DIR/ID/).
-        #[arg(long)]
-        out: PathBuf,
+        #[command(flatten)]
+        device: DeviceArgs,
         /// Screen width in pixels.
         #[arg(long, default_value_t = 720)]
         width: u32,
@@ -41,37 +32,13 @@ enum Cmd {
         /// Time zone used when a job names none.
         #[arg(long, default_value = DEFAULT_TIME_ZONE)]
         time_zone: String,
-        /// Carry out jobs even after their expires_at.
-        #[arg(long)]
-        ignore_expiry: bool,
     },
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     init_tracing();
-    let Cmd::Run {
-        id,
-        mqtt,
-        out,
-        width,
-        height,
-        locale,
-        time_zone,
-        ignore_expiry,
-    } = Cli::parse().cmd;
-    let (mqtt_host, mqtt_port) = parse_host_port(&mqtt)?;
-    let spec = DeviceSpec::Terminal {
-        id,
-        width_px: width,
-        height_px: height,
-        locale,
-        time_zone,
-    };
-    simulators::cli::run_single_device(
-        &spec,
-        &DeviceOptions { mqtt_host, mqtt_port, out_dir: out, honor_expiry: !ignore_expiry },
-    )
-    .await?;
-    Ok(())
+    let Cmd::Run { device, width, height, locale, time_zone } = Cli::parse().cmd;
+    let spec = DeviceSpec::Terminal { id: device.id.clone(), width_px: width, height_px: height, locale, time_zone };
+    run_single_device(&spec, &device).await
 }
