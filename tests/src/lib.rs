@@ -11,7 +11,27 @@ pub mod demo;
 pub mod gateway;
 pub mod net;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The effects `expected.json` in `fixtures` lists, per (device, charge), in the order the
+/// charge's lifecycle dictates (e.g. `display_qr` before `payment_confirmed`).
+///
+/// # Panics
+/// The file is missing or not the documented shape (a broken fixture fails the test).
+pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<String>> {
+    let path = fixtures.join("expected.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let expected: serde_json::Value = serde_json::from_str(&text).expect("expected.json is JSON");
+    let mut want: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (charge, c) in expected.as_object().expect("an object by charge id") {
+        for e in c["effects"].as_array().expect("effects array") {
+            let (device, kind) = (e["device"].as_str().expect("device"), e["kind"].as_str().expect("kind"));
+            want.entry((device.to_string(), charge.clone())).or_default().push(kind.to_string());
+        }
+    }
+    want
+}
 
 /// The repository root (this crate's parent directory).
 pub fn repo_root() -> PathBuf {

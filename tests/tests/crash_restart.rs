@@ -54,16 +54,10 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     // Then let it finish. Every effect but a QR is certain to happen (a QR may be
     // superseded), so wait until all of those arrived — a lost one times out here — and
     // then until pixgate is idle and the devices quiet for 3 s (any extra would show).
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected.json")).unwrap()).unwrap();
-    let certain: BTreeSet<(String, String, String)> = expected
-        .as_object()
-        .unwrap()
+    let want = pixgate_tests::expected_effects(&fixtures);
+    let certain: BTreeSet<(String, String, String)> = want
         .iter()
-        .flat_map(|(charge, c)| {
-            c["effects"].as_array().unwrap().iter().filter(|e| e["kind"] != "display_qr").map(move |e| {
-                (e["device"].as_str().unwrap().to_string(), charge.clone(), e["kind"].as_str().unwrap().to_string())
-            })
-        })
+        .flat_map(|((dev, charge), kinds)| kinds.iter().filter(|k| *k != "display_qr").map(|k| (dev.clone(), charge.clone(), k.clone())))
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = (usize::MAX, Instant::now());
@@ -85,13 +79,6 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     gw.stop(Duration::from_secs(10));
     broker.stop();
 
-    // Expected effects per (device, charge), in lifecycle order.
-    let mut want: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (charge, c) in expected.as_object().unwrap() {
-        for e in c["effects"].as_array().unwrap() {
-            want.entry((e["device"].as_str().unwrap().into(), charge.clone())).or_default().push(e["kind"].as_str().unwrap().into());
-        }
-    }
     let mut got: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut per_device_seq: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut ids = BTreeSet::new();

@@ -44,14 +44,11 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     let counts = &summary["counts"];
 
     // 1. Exactly the expected effects, each exactly once, on the right device.
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("expected.json")).unwrap()).unwrap();
+    let want_order = pixgate_tests::expected_effects(&fixtures());
     let mut want: BTreeMap<(String, String, String), usize> = BTreeMap::new();
-    let mut want_order: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (charge, c) in expected.as_object().unwrap() {
-        for e in c["effects"].as_array().unwrap() {
-            let (dev, kind) = (e["device"].as_str().unwrap().to_string(), e["kind"].as_str().unwrap().to_string());
+    for ((dev, charge), kinds) in &want_order {
+        for kind in kinds {
             *want.entry((dev.clone(), charge.clone(), kind.clone())).or_default() += 1;
-            want_order.entry((dev, charge.clone())).or_default().push(kind);
         }
     }
     let mut got: BTreeMap<(String, String, String), usize> = BTreeMap::new();
