@@ -67,6 +67,18 @@ impl std::fmt::Display for JobError {
 
 impl std::error::Error for JobError {}
 
+/// The payload bytes of `job` for a device that takes `content_type` (`device` names it in
+/// the error).
+///
+/// # Errors
+/// Permanent: another content type, or a payload that is not base64.
+pub fn payload_for(job: &Job, content_type: &str, device: &str) -> Result<Vec<u8>, JobError> {
+    if job.content_type != content_type {
+        return Err(JobError::permanent(format!("{device} cannot handle content type {:?}", job.content_type)));
+    }
+    job.payload_bytes().map_err(|e| JobError::permanent(format!("payload is not base64: {e}")))
+}
+
 /// Keeps `[A-Za-z0-9_-]` of an id so it is safe in a file name (never empty).
 pub fn file_safe(s: &str) -> String {
     let t: String = s

@@ -89,15 +89,7 @@ pub fn print_bytes(bytes: &[u8], settings: &PrinterSettings) -> (Decoded, Option
 /// # Errors
 /// Permanent: wrong content type, payload not base64, nothing printed. Transient: I/O.
 pub fn print_job(settings: &PrinterSettings, job: &Job, dir: &Path) -> Result<PathBuf, JobError> {
-    if job.content_type != CONTENT_ESCPOS {
-        return Err(JobError::permanent(format!(
-            "printer cannot print content type {:?}",
-            job.content_type
-        )));
-    }
-    let bytes = job
-        .payload_bytes()
-        .map_err(|e| JobError::permanent(format!("payload is not base64: {e}")))?;
+    let bytes = crate::effect::payload_for(job, CONTENT_ESCPOS, "a printer")?;
     let (decoded, png) = print_bytes(&bytes, settings);
     let Some(png) = png else {
         return Err(JobError::permanent(format!(

@@ -71,15 +71,7 @@ pub fn locale_and_zone(settings: &TerminalSettings, c: &ScreenContent) -> (Local
 /// # Errors
 /// Permanent: wrong content type, not base64, not a [`ScreenContent`].
 pub fn parse_screen_job(job: &Job) -> Result<ScreenContent, JobError> {
-    if job.content_type != CONTENT_SCREEN {
-        return Err(JobError::permanent(format!(
-            "card machine cannot show content type {:?}",
-            job.content_type
-        )));
-    }
-    let bytes = job
-        .payload_bytes()
-        .map_err(|e| JobError::permanent(format!("payload is not base64: {e}")))?;
+    let bytes = crate::effect::payload_for(job, CONTENT_SCREEN, "a card machine")?;
     serde_json::from_slice(&bytes)
         .map_err(|e| JobError::permanent(format!("payload is not screen JSON: {e}")))
 }
