@@ -203,7 +203,11 @@ pub fn batches_without_repeated_keys(records: Vec<capture::CaptureRecord>) -> Ve
     batches
 }
 
-async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
+/// Polls the gateway's `/stats` every 20 ms, printing progress, until `done` holds.
+///
+/// # Errors
+/// `/stats` unreachable, or `deadline` passed (the last stats are in the error).
+pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
     let mut last = String::new();
     let mut last_print = Instant::now();
     loop {

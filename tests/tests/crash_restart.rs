@@ -39,7 +39,8 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
 
     // The registry first (as the contract asks), then every charge event at once.
     let n = capture::publish_file(broker.addr(), &fixtures.join("devices.jsonl")).await.unwrap() as u64;
-    wait_for(&gw, |s| s["devices_applied"].as_u64() >= Some(n)).await;
+    let registry_read = Instant::now() + Duration::from_secs(60);
+    pixgate_tests::demo::wait_until(&gw, registry_read, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
     capture::publish_file(broker.addr(), &fixtures.join("charges.jsonl")).await.unwrap();
 
     // Kill it while it works, several times, at varied moments.
@@ -111,17 +112,4 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
         report.stats.duplicates
     );
     let _ = std::fs::remove_dir_all(&out);
-}
-
-async fn wait_for(gw: &GatewayProcess, done: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(s) = gw.stats() {
-            if done(&s) {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "timed out");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
