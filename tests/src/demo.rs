@@ -90,7 +90,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     progress(format!("starting Kafka-protocol broker (tansu) in {}", kafka_dir.display()));
     let broker = KafkaBroker::start(&kafka_dir)?;
     let brokers = broker.addr().to_string();
-    capture::ensure_topics(&brokers, &[("device.upserted", 3), ("charge.upserted", 3), ("pixgate.deadletter", 1)]).await?;
+    capture::ensure_topics(&brokers, &capture::PIXGATE_TOPICS).await?;
 
     let settings = GatewaySettings {
         brokers: brokers.clone(),
