@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// All settings. Field docs give units; every field has a default.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Config {
     /// Kafka client settings.
@@ -20,6 +20,38 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// The durable outbox.
     pub outbox: OutboxConfig,
+    /// The wall clock used for expiry (injectable for tests and fixture replays).
+    pub clock: ClockConfig,
+    /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
+    /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
+    /// not committed is read again at the next start and deduplicated.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kafka: KafkaConfig::default(),
+            mqtt: MqttConfig::default(),
+            http: HttpConfig::default(),
+            delivery: DeliveryConfig::default(),
+            outbox: OutboxConfig::default(),
+            clock: ClockConfig::default(),
+            shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The gateway's wall clock ([`crate::clock`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClockConfig {
+    /// Milliseconds added to the system clock (negative: behind). Replaying fixtures
+    /// recorded on another day with the offset to that day makes their `expiresDate`s
+    /// meaningful; keep the same value across restarts so time never runs backward.
+    pub offset_ms: i64,
+    /// Testing only: serve `POST /clock/advance?ms=N`, which moves the clock forward.
+    pub control: bool,
 }
 
 /// The durable per-device outbox ([`crate::outbox`]).
@@ -30,13 +62,31 @@ pub struct OutboxConfig {
     pub path: std::path::PathBuf,
     /// Jobs queued across all devices before the consumer pauses its partitions.
     pub max_jobs: usize,
+    /// Jobs queued for one device before the consumer pauses the partitions feeding it
+    /// (a soft bound: records already read may add at most one record's jobs per partition).
+    pub max_jobs_per_device: usize,
     /// How long an accepted message id stays in the dedupe window, hours.
     pub dedupe_retention_hours: u64,
+    /// Records written to the outbox in one durable transaction (one fsync) at most.
+    pub batch_max_records: usize,
+    /// Longest a read record waits for its batch to be written, ms (latency cost of batching).
+    pub batch_max_delay_ms: u64,
+    /// How long dead letters stay listed in the outbox for `pixgate deadletter list|replay`
+    /// after Kafka has them, hours.
+    pub deadletter_retention_hours: u64,
 }
 
 impl Default for OutboxConfig {
     fn default() -> Self {
-        OutboxConfig { path: ".pixgate/outbox.redb".into(), max_jobs: 100_000, dedupe_retention_hours: 24 }
+        OutboxConfig {
+            path: ".pixgate/outbox.redb".into(),
+            max_jobs: 100_000,
+            max_jobs_per_device: 1_000,
+            dedupe_retention_hours: 24,
+            batch_max_records: 256,
+            batch_max_delay_ms: 5,
+            deadletter_retention_hours: 168,
+        }
     }
 }
 
@@ -135,6 +185,30 @@ pub struct DeliveryConfig {
     pub max_deliveries: u32,
     /// Time zone for devices whose registry entry has none (IANA name).
     pub default_time_zone: String,
+    /// Time to live of jobs, per kind (Azure IoT Hub's per-message TTL). A job not done by
+    /// then is *expired*: never sent again, recorded on the dead-letter topic (reason
+    /// `expired`). `display_qr` lives until its charge's `expiresDate`.
+    pub ttl: TtlConfig,
+}
+
+/// Time to live per job kind, seconds from when the job is accepted into the outbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TtlConfig {
+    /// `display_qr` of a charge without `expiresDate`, s.
+    pub display_qr_s: u64,
+    /// `payment_confirmed` ("paid" screen), s.
+    pub payment_confirmed_s: u64,
+    /// `charge_expired` ("expired" screen), s.
+    pub charge_expired_s: u64,
+    /// `print_receipt`, s.
+    pub print_receipt_s: u64,
+}
+
+impl Default for TtlConfig {
+    fn default() -> Self {
+        TtlConfig { display_qr_s: 3_600, payment_confirmed_s: 600, charge_expired_s: 600, print_receipt_s: 86_400 }
+    }
 }
 
 impl Default for DeliveryConfig {
@@ -145,6 +219,7 @@ impl Default for DeliveryConfig {
             backoff_max_ms: 30_000,
             max_deliveries: 10,
             default_time_zone: "America/Sao_Paulo".into(),
+            ttl: TtlConfig::default(),
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The Kafka side: one consumer in a consumer group reading `device.upserted` and
 //! `charge.upserted`, turning each record into effects, and storing a record's offset only
 //! when all of its effects are durably accepted: written to their devices' queues in the
-//! outbox ([`crate::outbox`]) or to the dead-letter topic — the read position is part of
-//! the data. Delivery to the devices then proceeds from the outbox, so an offline printer
-//! does not hold back the partition.
+//! outbox ([`crate::outbox`]), or parked there as dead letters for Kafka
+//! ([`crate::deadletter`]) — the read position is part of the data. Delivery to the devices
+//! then proceeds from the outbox, so an offline printer does not hold back the partition.
+//!
+//! Records are planned one by one (decode, route, render) and written in batches: up to
+//! `outbox.batch_max_records` records, or what arrived within `outbox.batch_max_delay_ms`,
+//! in one outbox transaction (one fsync). Their offsets are stored after that write.
 //!
 //! Settings (librdkafka): `enable.auto.offset.store=false` (we decide what is stored),
 //! `enable.auto.commit=true` (stored offsets are committed every second),
@@ -12,19 +16,28 @@
 //! (`group.instance.id`), `auto.offset.reset=earliest`.
 //! Stored offsets are the contiguous done prefix of each partition ([`crate::offsets`]).
 //!
-//! Backpressure: at most `max_pending_per_partition` unfinished records per partition;
-//! at that bound the partition is paused (and re-paused after a rebalance) and resumed
-//! when half of them are finished. Likewise all partitions pause while the outbox holds
-//! `outbox.max_jobs` jobs, until it is half drained. The consumer keeps polling while
-//! paused, as librdkafka requires.
+//! Backpressure: a partition is paused while any of these holds, and resumed when none
+//! does (pauses are applied again after a rebalance); the consumer keeps polling while
+//! paused, as librdkafka requires:
+//! - it has `max_pending_per_partition` records read and not yet written (until half);
+//! - the outbox holds `outbox.max_jobs` jobs in all (all partitions; until half drained);
+//! - it fed a job to a device whose queue holds `outbox.max_jobs_per_device` jobs (until
+//!   that device's queue is half drained). Which partitions feed a device is only known
+//!   when one of their records does, so the bound is soft by at most one record's jobs
+//!   per partition.
+//!
+//! Shutdown (SIGTERM): stop fetching, write the batch, commit the stored offsets, close;
+//! bounded by `shutdown_timeout_ms`. A SIGKILL at any point loses nothing either: what was
+//! not committed is read again and deduplicated by message id.
 
 use crate::cdc::{self, Envelope};
 use crate::config::Config;
-use crate::deadletter::{DeadLetter, DeadLetterWriter};
+use crate::clock::Clock;
+use crate::deadletter::{self, DeadLetter};
 use crate::dispatch::{Command, Finished, Outcome};
 use crate::jobs;
 use crate::offsets::{OffsetTracker, Partition};
-use crate::outbox::{ChargeState, Outbox, SourceRef, StoredJob};
+use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, SourceRef};
 use crate::registry::Registry;
 use crate::router::{Decision, Router};
 use crate::stats::Stats;
@@ -36,7 +49,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 
 /// Rebalance hooks: remember what changed so the loop can drop state of revoked partitions
 /// and re-apply pauses to the new assignment.
@@ -72,40 +85,52 @@ struct RecordRef {
     offset: i64,
 }
 
+/// A record planned and waiting for its batch to be written.
+struct Planned {
+    rec: RecordRef,
+    accept: Accept,
+}
 
 /// The consumer loop's state.
 struct Pipeline {
     cfg: Config,
     stats: Arc<Stats>,
+    clock: Clock,
     registry: Registry,
     router: Router,
     tracker: OffsetTracker,
-    /// Dead letters not yet written, per pending record.
-    remaining: HashMap<RecordRef, usize>,
-    paused: HashSet<Partition>,
     commands: mpsc::Sender<Command>,
-    deadletters: DeadLetterWriter,
-    /// Records one of whose dead letters Kafka now has.
-    dl_done: mpsc::UnboundedSender<RecordRef>,
+    /// Wakes the dead-letter publisher after parking.
+    deadletters: Arc<Notify>,
     outbox: Arc<Outbox>,
-    /// Jobs in the outbox (queued or in flight).
+    /// Records planned, not yet written.
+    batch: Vec<Planned>,
+    /// When the oldest record of `batch` must be written.
+    batch_due: Option<tokio::time::Instant>,
+    /// Jobs in the outbox (queued or in flight), all devices and per device.
     outbox_jobs: usize,
-    /// All partitions paused because the outbox is full.
+    device_jobs: HashMap<String, usize>,
+    /// Pause reasons per partition (see the module docs) and what is paused in librdkafka.
+    pending_bound: HashSet<Partition>,
+    waiting_on: HashMap<Partition, HashSet<String>>,
     outbox_full: bool,
+    paused: HashSet<Partition>,
     last_prune: Instant,
 }
 
-/// Runs the consumer until `shutdown` turns true, then drains (bounded by 10 s), commits
-/// and returns.
+/// Runs the consumer until `shutdown` turns true, then writes what it read, commits and
+/// returns (bounded by `shutdown_timeout_ms`).
+///
+/// `outbox` is open and its jobs (`outbox_jobs`, per device) were handed to the dispatcher.
 ///
 /// # Errors
-/// The consumer cannot be created or subscribed.
-/// `outbox` is open and its `outbox_jobs` jobs were handed to the dispatcher.
+/// The consumer or the dead-letter producer cannot be created, or subscribing fails.
 pub async fn run(
     cfg: Config,
     stats: Arc<Stats>,
+    clock: Clock,
     outbox: Arc<Outbox>,
-    outbox_jobs: usize,
+    outbox_jobs: HashMap<String, usize>,
     commands: mpsc::Sender<Command>,
     mut finished: mpsc::UnboundedReceiver<Finished>,
     mut shutdown: watch::Receiver<bool>,
@@ -129,8 +154,9 @@ pub async fn run(
         .create_with_context(Rebalances::default())
         .context("creating the Kafka consumer")?;
     consumer.subscribe(&[&k.device_topic, &k.charge_topic]).context("subscribing")?;
-    let (dl_done, mut dl_done_rx) = mpsc::unbounded_channel();
-    let deadletters = DeadLetterWriter::new(&k.brokers, &k.deadletter_topic)?;
+    let publisher = deadletter::Publisher::new(&k.brokers, &k.deadletter_topic, outbox.clone(), clock.clone(), stats.clone())?;
+    let dl_wake = publisher.notifier();
+    let publisher_task = tokio::spawn(publisher.run(shutdown.clone()));
     let mut registry = Registry::default();
     for (id, at, doc) in outbox.devices()? {
         match doc.as_ref().map(cdc::decode_device).transpose() {
@@ -143,36 +169,48 @@ pub async fn run(
     tracing::info!(devices = registry.len(), "device registry restored");
     let mut router = Router::default();
     router.restore(outbox.charges()?.into_iter().map(|(id, st)| (id, st.version, st.status)));
+    let total: usize = outbox_jobs.values().sum();
     let mut p = Pipeline {
         cfg: cfg.clone(),
         stats: stats.clone(),
+        clock,
         registry,
         router,
         tracker: OffsetTracker::default(),
-        remaining: HashMap::new(),
-        paused: HashSet::new(),
         commands,
-        deadletters,
-        dl_done,
+        deadletters: dl_wake,
         outbox,
-        outbox_jobs,
+        batch: Vec::new(),
+        batch_due: None,
+        outbox_jobs: total,
+        device_jobs: outbox_jobs,
+        pending_bound: HashSet::new(),
+        waiting_on: HashMap::new(),
         outbox_full: false,
+        paused: HashSet::new(),
         last_prune: Instant::now(),
     };
     stats.update(|s| {
         s.consumer_running = true;
-        s.outbox_jobs = outbox_jobs as u64;
+        s.outbox_jobs = total as u64;
     });
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
+        let due = p.batch_due;
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
+            Some(f) = finished.recv() => p.on_finished(&consumer, f).await,
             _ = tick.tick() => p.on_tick(&consumer),
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => p.flush(&consumer).await,
             msg = consumer.recv() => match msg {
-                Ok(m) => { let m = m.detach(); p.on_message(&consumer, m).await; }
+                Ok(m) => {
+                    let m = m.detach();
+                    p.on_message(&consumer, m);
+                    if p.batch.len() >= p.cfg.outbox.batch_max_records.max(1) {
+                        p.flush(&consumer).await;
+                    }
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "Kafka consume error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -181,144 +219,184 @@ pub async fn run(
         }
     }
 
-    tracing::info!(pending = p.tracker.total_pending(), "stopping intake; draining");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while p.tracker.total_pending() > 0 && Instant::now() < deadline {
-        tokio::select! {
-            Some(f) = finished.recv() => p.on_finished(&consumer, f),
-            Some(r) = dl_done_rx.recv() => p.effect_finished(&consumer, &r),
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+    tracing::info!(batch = p.batch.len(), "stopping intake; writing what was read, then committing");
+    let bound = Duration::from_millis(cfg.shutdown_timeout_ms);
+    let closed = tokio::time::timeout(bound, async {
+        p.flush(&consumer).await;
+        // Jobs finished meanwhile are removed now rather than sent again after the restart.
+        while let Ok(f) = finished.try_recv() {
+            p.on_finished(&consumer, f).await;
         }
-    }
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) => tracing::info!("final offsets committed"),
-        Err(e) => tracing::warn!(error = %e, "final commit (nothing new to commit is fine)"),
+        match tokio::task::block_in_place(|| consumer.commit_consumer_state(CommitMode::Sync)) {
+            Ok(()) => tracing::info!("final offsets committed"),
+            Err(e) => tracing::warn!(error = %e, "final commit (nothing new to commit is fine)"),
+        }
+    })
+    .await;
+    if closed.is_err() {
+        tracing::error!(ms = cfg.shutdown_timeout_ms, "shutdown bound reached before the final commit; what was not committed is read again at the next start");
     }
     stats.update(|s| s.consumer_running = false);
+    publisher_task.abort();
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
     Ok(())
 }
 
 impl Pipeline {
-    async fn on_message(&mut self, consumer: &GatewayConsumer, m: OwnedMessage) {
+    fn on_message(&mut self, consumer: &GatewayConsumer, m: OwnedMessage) {
         let part: Partition = (m.topic().to_string(), m.partition());
         let rec = RecordRef { part: part.clone(), offset: m.offset() };
-        self.stats.read(m.topic());
         self.tracker.read(&part, m.offset());
+        // One update: a reader of /stats never sees the record read but not pending.
+        let pending = self.tracker.total_pending() as u64;
+        self.stats.update(|s| {
+            *s.events_read.entry(part.0.clone()).or_default() += 1;
+            s.pending_records = pending;
+        });
         let value = m.payload().unwrap_or_default();
         let src = Source { topic: m.topic(), partition: m.partition(), offset: m.offset(), key: m.key(), value };
-        if m.topic() == self.cfg.kafka.device_topic {
-            self.on_device(consumer, &rec, &src).await;
-        } else {
-            self.on_charge(consumer, &rec, &src).await;
+        let accept = if m.topic() == self.cfg.kafka.device_topic { self.plan_device(&src) } else { self.plan_charge(&src) };
+        let mut accept = accept;
+        accept.source = Some(SourceRef {
+            topic: src.topic.to_string(),
+            partition: src.partition,
+            offset: src.offset,
+            key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
+        });
+        if self.batch.is_empty() {
+            self.batch_due = Some(tokio::time::Instant::now() + Duration::from_millis(self.cfg.outbox.batch_max_delay_ms));
         }
-        self.check_outbox_bound(consumer);
-        if self.tracker.pending(&part) >= self.cfg.kafka.max_pending_per_partition && self.paused.insert(part.clone()) {
+        self.batch.push(Planned { rec, accept });
+        if self.tracker.pending(&part) >= self.cfg.kafka.max_pending_per_partition && self.pending_bound.insert(part.clone()) {
             tracing::info!(topic = %part.0, partition = part.1, "pausing partition: pending bound reached");
-            pause(consumer, &part, true);
-            self.stats.update(|s| s.paused_partitions += 1);
+            self.reconcile(consumer, &part);
         }
     }
 
-    async fn on_device(&mut self, consumer: &GatewayConsumer, rec: &RecordRef, src: &Source<'_>) {
+    /// A registry change: applied in memory now, stored with the batch.
+    fn plan_device(&mut self, src: &Source<'_>) -> Accept {
         let env = match cdc::decode_envelope(src.value) {
             Ok(e) => e,
-            Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
         };
         let device = match env.full_document.as_ref().map(cdc::decode_device).transpose() {
             Ok(d) => d,
-            Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
         };
-        if self.registry.apply(&env.document_id, env.cluster_time, device) != crate::registry::Applied::Stale {
-            let outbox = &self.outbox;
-            until_stored("the registry entry", || outbox.put_device(&env.document_id, env.cluster_time, env.full_document.as_ref())).await;
-        }
         self.stats.update(|s| s.devices_applied += 1);
-        self.record_finished(consumer, rec);
+        if self.registry.apply(&env.document_id, env.cluster_time, device) == crate::registry::Applied::Stale {
+            return Accept::default();
+        }
+        Accept { device: Some(DeviceEntry { id: env.document_id, cluster_time: env.cluster_time, document: env.full_document }), ..Accept::default() }
     }
 
-    async fn on_charge(&mut self, consumer: &GatewayConsumer, rec: &RecordRef, src: &Source<'_>) {
+    /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
+    fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
         let env: Envelope = match cdc::decode_envelope(src.value) {
             Ok(e) => e,
-            Err(e) => return self.dead_record(rec, src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
         };
         let decision = self.router.route_charge(&env, &self.registry);
-        let applied = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
+        let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
+        let mut accept = Accept { charge: charge_state, ..Accept::default() };
         match decision {
-            Decision::Ignored(reason) => {
-                self.stats.ignored(reason);
-                if applied.is_some() {
-                    self.accept(applied, Vec::new(), src).await;
-                }
-                self.record_finished(consumer, rec);
+            Decision::Ignored(reason) => self.stats.ignored(reason),
+            Decision::DeadLetter { reason, detail } => {
+                let dead = self.dead_record(src, &reason, detail);
+                accept.deadletters = dead.deadletters;
             }
-            Decision::DeadLetter { reason, detail } => self.dead_record(rec, src, &reason, detail),
             Decision::Effects { charge, effects, unroutable } => {
                 self.stats.update(|s| s.records_with_effects += 1);
-                let mut dead = Vec::new();
                 for (kind, reason) in unroutable {
                     let mut dl = DeadLetter::new(&reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
                     dl.effect = Some(kind.as_str().to_string());
-                    dead.push(dl);
+                    self.dead_effect(&dl);
+                    accept.deadletters.push(dl);
                 }
-                let mut jobs = Vec::new();
+                let now = self.clock.now();
                 for effect in effects {
                     match jobs::render_job(&env.event_id, &charge, &effect, &self.cfg.delivery.default_time_zone) {
-                        Ok(job) => jobs.push((effect.device.id.clone(), job)),
+                        Ok(mut job) => {
+                            job.expires_at = Some(jobs::expires_at(effect.kind, &charge, now, &self.cfg.delivery.ttl));
+                            accept.jobs.push((effect.device.id.clone(), job));
+                        }
                         Err(e) => {
                             let mut dl = DeadLetter::new(e.reason(), e.to_string(), src.topic, src.partition, src.offset, src.key, src.value);
                             dl.device = Some(effect.device.id.clone());
                             dl.effect = Some(effect.kind.as_str().to_string());
                             dl.message_id = Some(device_protocol::message_id(&env.event_id, &effect.device.id, effect.kind));
-                            dead.push(dl);
+                            self.dead_effect(&dl);
+                            accept.deadletters.push(dl);
                         }
-                    }
-                }
-                let stored = self.accept(applied, jobs, src).await;
-                for s in stored {
-                    if self.commands.send(Command::Enqueue(s)).await.is_err() {
-                        tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
-                    }
-                }
-                if dead.is_empty() {
-                    self.record_finished(consumer, rec);
-                } else {
-                    self.remaining.insert(rec.clone(), dead.len());
-                    for dl in dead {
-                        self.dead_effect(rec, dl);
                     }
                 }
             }
         }
+        accept
     }
 
-    /// Writes `jobs` (and the charge state) to the outbox, durably, retrying until the disk
-    /// takes it: reading on past an effect that is not stored would lose it.
-    async fn accept(&mut self, charge: Option<(String, ChargeState)>, jobs: Vec<(String, device_protocol::Job)>, src: &Source<'_>) -> Vec<StoredJob> {
-        let source = SourceRef {
-            topic: src.topic.to_string(),
-            partition: src.partition,
-            offset: src.offset,
-            key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
-        };
-        let outbox = &self.outbox;
-        let stored = until_stored("the jobs", || {
-            let now_ms = chrono::Utc::now().timestamp_millis().max(0) as u64;
-            let charge = charge.as_ref().map(|(id, st)| (id.as_str(), *st));
-            outbox.accept(charge, jobs.clone(), &source, now_ms)
-        })
-        .await;
-        self.outbox_jobs += stored.len();
+    /// Writes the batch to the outbox in one durable transaction, retrying until the disk
+    /// takes it (reading on past an effect that is not stored would lose it), then hands
+    /// the jobs to the dispatcher and stores the records' offsets.
+    async fn flush(&mut self, consumer: &GatewayConsumer) {
+        self.batch_due = None;
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let accepts: Vec<Accept> = batch.iter().map(|p| p.accept.clone()).collect();
+        let (outbox, clock) = (&self.outbox, &self.clock);
+        let written = until_stored("the batch", || outbox.accept_batch(accepts.clone(), clock.now_ms())).await;
+        let mut parked = false;
+        let mut full_devices = HashSet::new();
+        let mut finished = Vec::with_capacity(batch.len());
+        for (planned, (queued, dls)) in batch.into_iter().zip(written) {
+            parked |= !dls.is_empty();
+            for s in queued {
+                self.outbox_jobs += 1;
+                let n = self.device_jobs.entry(s.device.clone()).or_default();
+                *n += 1;
+                if *n >= self.cfg.outbox.max_jobs_per_device {
+                    full_devices.insert((s.device.clone(), planned.rec.part.clone()));
+                }
+                if self.commands.send(Command::Enqueue(s)).await.is_err() {
+                    tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
+                }
+            }
+            finished.push(planned.rec);
+        }
+        // Counted in the outbox before the records count as finished: a reader of /stats
+        // never sees a record done whose jobs are nowhere.
         self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
-        stored
+        for rec in finished {
+            self.record_finished(consumer, &rec);
+        }
+        if parked {
+            self.deadletters.notify_one();
+        }
+        for (device, part) in full_devices {
+            let waiting = self.waiting_on.entry(part.clone()).or_default();
+            if waiting.insert(device.clone()) {
+                tracing::warn!(device = %device, topic = %part.0, partition = part.1, bound = self.cfg.outbox.max_jobs_per_device, "device queue at its bound: pausing the partition feeding it");
+            }
+            self.reconcile(consumer, &part);
+        }
+        self.stats.update(|s| {
+            s.outbox_jobs = self.outbox_jobs as u64;
+            s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64;
+        });
+        self.check_outbox_bound(consumer);
     }
 
-    fn on_finished(&mut self, consumer: &GatewayConsumer, f: Finished) {
+    async fn on_finished(&mut self, consumer: &GatewayConsumer, f: Finished) {
         let stored = f.stored;
         self.outbox_jobs = self.outbox_jobs.saturating_sub(1);
-        self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
-        match f.outcome {
+        let left = self.device_jobs.get_mut(&stored.device).map(|n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        let (reason, detail) = match f.outcome {
             Outcome::Done | Outcome::Superseded => {
                 if f.outcome == Outcome::Superseded {
                     tracing::info!(device = %stored.device, charge = %stored.job.charge_id, "display_qr superseded before delivery");
@@ -328,27 +406,41 @@ impl Pipeline {
                     // Left in the outbox: redelivered after a restart, deduped by the device.
                     tracing::error!(error = %e, device = %stored.device, seq = stored.job.seq, "cannot remove a finished job from the outbox");
                 }
+                (None, String::new())
             }
-            Outcome::Failed(reason) => {
-                let src = &stored.source;
-                let mut dl = DeadLetter::new("delivery_failed", reason, &src.topic, src.partition, src.offset, src.key.as_deref().map(str::as_bytes), &[]);
-                dl.value = serde_json::to_string(&stored.job).ok();
-                dl.device = Some(stored.device.clone());
-                dl.effect = Some(stored.job.kind.as_str().to_string());
-                dl.message_id = Some(stored.job.message_id.clone());
-                self.stats.dead_effect(&dl.reason);
-                tracing::warn!(device = %stored.device, detail = %dl.detail, "job dead-lettered");
-                // Its record was committed when the job was stored: nothing to finish here.
-                let (writer, outbox) = (self.deadletters.clone(), self.outbox.clone());
-                tokio::spawn(async move {
-                    writer.write(&dl).await;
-                    let (device, seq) = (stored.device.clone(), stored.job.seq);
-                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || outbox.complete(&device, seq)).await {
-                        tracing::error!(error = %e, "cannot remove a dead-lettered job from the outbox");
+            Outcome::Failed(reason) => (Some("delivery_failed"), reason),
+            Outcome::Expired => {
+                let at = stored.job.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default();
+                (Some("expired"), format!("{} not done before its expires_at {at}", stored.job.kind.as_str()))
+            }
+        };
+        if let Some(reason) = reason {
+            let dl = DeadLetter::for_job(reason, detail, &stored);
+            if reason == "delivery_failed" {
+                self.stats.dead_effect(reason);
+            }
+            tracing::warn!(device = %stored.device, reason, detail = %dl.detail, "job dead-lettered");
+            let (outbox, clock) = (&self.outbox, &self.clock);
+            until_stored("a dead letter", || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await;
+            self.deadletters.notify_one();
+        }
+        if left.is_some_and(|n| n <= self.cfg.outbox.max_jobs_per_device / 2) {
+            let parts: Vec<Partition> = self.waiting_on.iter().filter(|(_, d)| d.contains(&stored.device)).map(|(p, _)| p.clone()).collect();
+            for part in parts {
+                if let Some(d) = self.waiting_on.get_mut(&part) {
+                    d.remove(&stored.device);
+                    if d.is_empty() {
+                        self.waiting_on.remove(&part);
                     }
-                });
+                }
+                tracing::info!(device = %stored.device, "device queue drained below half its bound");
+                self.reconcile(consumer, &part);
             }
         }
+        self.stats.update(|s| {
+            s.outbox_jobs = self.outbox_jobs as u64;
+            s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64;
+        });
         self.check_outbox_bound(consumer);
     }
 
@@ -361,49 +453,48 @@ impl Pipeline {
         }
         self.outbox_full = full;
         tracing::info!(jobs = self.outbox_jobs, full, "outbox bound: {} all partitions", if full { "pausing" } else { "resuming" });
+        self.reconcile_all(consumer);
+    }
+
+    /// Pauses or resumes `part` in librdkafka to match its pause reasons.
+    fn reconcile(&mut self, consumer: &GatewayConsumer, part: &Partition) {
+        let want = self.outbox_full || self.pending_bound.contains(part) || self.waiting_on.get(part).is_some_and(|d| !d.is_empty());
+        if want == self.paused.contains(part) {
+            return;
+        }
+        pause(consumer, part, want);
+        if want {
+            self.paused.insert(part.clone());
+        } else {
+            self.paused.remove(part);
+            tracing::info!(topic = %part.0, partition = part.1, "resuming partition");
+        }
+        self.stats.update(|s| s.paused_partitions = self.paused.len() as u64);
+    }
+
+    /// [`Pipeline::reconcile`] for every assigned partition.
+    fn reconcile_all(&mut self, consumer: &GatewayConsumer) {
         if let Ok(assignment) = consumer.assignment() {
-            for e in assignment.elements() {
-                let part = (e.topic().to_string(), e.partition());
-                // A partition paused for its own pending bound stays paused.
-                if full || !self.paused.contains(&part) {
-                    pause(consumer, &part, full);
-                }
+            let parts: Vec<Partition> = assignment.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+            for part in parts {
+                self.reconcile(consumer, &part);
             }
         }
     }
 
-    /// Dead-letters the whole record (it had no effects planned).
-    fn dead_record(&mut self, rec: &RecordRef, src: &Source<'_>, reason: &str, detail: String) {
+    /// Dead-letters the whole record (it had no effects planned): the returned [`Accept`]
+    /// parks it.
+    fn dead_record(&mut self, src: &Source<'_>, reason: &str, detail: String) -> Accept {
         tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, reason, %detail, "dead letter");
         self.stats.dead_record(reason);
-        self.remaining.insert(rec.clone(), 1);
         let dl = DeadLetter::new(reason, detail, src.topic, src.partition, src.offset, src.key, src.value);
-        self.spawn_dead_letter(rec, dl);
+        Accept { deadletters: vec![dl], ..Accept::default() }
     }
 
-    /// Dead-letters one effect of a record whose `remaining` count is already set.
-    fn dead_effect(&mut self, rec: &RecordRef, dl: DeadLetter) {
+    /// Counts and logs one dead-lettered effect of a record.
+    fn dead_effect(&self, dl: &DeadLetter) {
         tracing::warn!(reason = %dl.reason, detail = %dl.detail, device = ?dl.device, "effect dead-lettered");
         self.stats.dead_effect(&dl.reason);
-        self.spawn_dead_letter(rec, dl);
-    }
-
-    /// The effect counts as finished only once Kafka has the dead letter.
-    fn spawn_dead_letter(&self, rec: &RecordRef, dl: DeadLetter) {
-        let (writer, done, rec) = (self.deadletters.clone(), self.dl_done.clone(), rec.clone());
-        tokio::spawn(async move {
-            writer.write(&dl).await;
-            let _ = done.send(rec);
-        });
-    }
-
-    fn effect_finished(&mut self, consumer: &GatewayConsumer, rec: &RecordRef) {
-        let Some(n) = self.remaining.get_mut(rec) else { return };
-        *n -= 1;
-        if *n == 0 {
-            self.remaining.remove(rec);
-            self.record_finished(consumer, rec);
-        }
     }
 
     fn record_finished(&mut self, consumer: &GatewayConsumer, rec: &RecordRef) {
@@ -417,13 +508,11 @@ impl Pipeline {
                 }
             }
         }
-        if self.paused.contains(part) && self.tracker.pending(part) <= self.cfg.kafka.max_pending_per_partition / 2 {
-            self.paused.remove(part);
-            if !self.outbox_full {
-                pause(consumer, part, false);
-            }
-            tracing::info!(topic = %part.0, partition = part.1, "resuming partition");
-            self.stats.update(|s| s.paused_partitions = s.paused_partitions.saturating_sub(1));
+        let pending = self.tracker.total_pending() as u64;
+        self.stats.update(|s| s.pending_records = pending);
+        if self.pending_bound.contains(part) && self.tracker.pending(part) <= self.cfg.kafka.max_pending_per_partition / 2 {
+            self.pending_bound.remove(part);
+            self.reconcile(consumer, part);
         }
     }
 
@@ -433,17 +522,15 @@ impl Pipeline {
         if ctx.changed.swap(false, Ordering::SeqCst) {
             for part in std::mem::take(&mut *ctx.revoked.lock().expect("rebalance lock")) {
                 self.tracker.forget(&part);
-                self.remaining.retain(|r, _| r.part != part);
+                // Its records still in the batch are written anyway: the router already
+                // applied them, and the new owner's copies are deduplicated by message id.
+                self.pending_bound.remove(&part);
+                self.waiting_on.remove(&part);
                 self.paused.remove(&part);
             }
             // Pauses do not survive a reassignment: apply them again.
-            for part in &self.paused {
-                pause(consumer, part, true);
-            }
-            if self.outbox_full {
-                self.outbox_full = false;
-                self.check_outbox_bound(consumer);
-            }
+            self.paused.clear();
+            self.reconcile_all(consumer);
             let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
             self.stats.update(|s| {
                 s.assigned_partitions = assigned as u64;
@@ -455,12 +542,20 @@ impl Pipeline {
         if self.last_prune.elapsed() > Duration::from_secs(60) {
             self.last_prune = Instant::now();
             let outbox = self.outbox.clone();
-            let retention_ms = self.cfg.outbox.dedupe_retention_hours * 3_600_000;
-            let cutoff = (chrono::Utc::now().timestamp_millis().max(0) as u64).saturating_sub(retention_ms);
-            tokio::task::spawn_blocking(move || match outbox.prune_seen(cutoff) {
-                Ok(n) if n > 0 => tracing::info!(forgotten = n, "dedupe window pruned"),
-                Ok(_) => {}
-                Err(e) => tracing::error!(error = %e, "dedupe window prune failed"),
+            let now = self.clock.now_ms();
+            let seen_cutoff = now.saturating_sub(self.cfg.outbox.dedupe_retention_hours * 3_600_000);
+            let dl_cutoff = now.saturating_sub(self.cfg.outbox.deadletter_retention_hours * 3_600_000);
+            tokio::task::spawn_blocking(move || {
+                match outbox.prune_seen(seen_cutoff) {
+                    Ok(n) if n > 0 => tracing::info!(forgotten = n, "dedupe window pruned"),
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "dedupe window prune failed"),
+                }
+                match outbox.prune_deadletters(dl_cutoff) {
+                    Ok(n) if n > 0 => tracing::info!(forgotten = n, "published dead letters past their retention pruned"),
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "dead-letter prune failed"),
+                }
             });
         }
     }

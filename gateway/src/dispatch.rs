@@ -2,11 +2,15 @@
 //! after the device acknowledges the current one (Azure IoT Hub's cloud-to-device model:
 //! completed / rejected / abandoned feedback, a maximum delivery count).
 //!
-//! Lifecycle of a job: queued → in flight → done | failed (dead letter) | superseded.
+//! Lifecycle of a job: queued → in flight → done | failed (dead letter) | expired |
+//! superseded.
 //! - No ack within `ack_timeout_ms`: sent again (same message id and seq; the device
 //!   dedupes), with exponential backoff between attempts.
 //! - `failed` ack: permanent → dead letter at once; transient → retried with backoff.
 //! - `max_deliveries` sends without a `done` → dead letter.
+//! - Its `expires_at` passed (by the injectable [`Clock`]) before it was done → expired:
+//!   never sent again, dead-lettered with reason `expired` (queued jobs of a device that
+//!   cannot take them are checked every second too, so they leave the outbox on time).
 //! - A device whose status says offline, or a printer that cannot print (paper out, cover
 //!   open), is not sent anything; its queue waits and resumes on the next good status.
 //! - A queued `display_qr` for a charge whose paid/expired screen is enqueued to the same
@@ -17,6 +21,7 @@
 //! is given every job the outbox still holds. Its queues are bounded by the outbox bound
 //! (see [`crate::consumer`]).
 
+use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::mqtt::{Incoming, Publisher};
 use crate::outbox::StoredJob;
@@ -45,6 +50,8 @@ pub enum Outcome {
     Superseded,
     /// Cannot be delivered: goes to the dead-letter topic with this reason.
     Failed(String),
+    /// Its time to live passed first: recorded on the dead-letter topic (reason `expired`).
+    Expired,
 }
 
 /// A finished job, reported to the consumer so it can remove it from the outbox (after
@@ -86,6 +93,7 @@ pub struct Dispatcher {
     publisher: Publisher,
     finished: mpsc::UnboundedSender<Finished>,
     stats: Arc<Stats>,
+    clock: Clock,
     devices: HashMap<String, DeviceQueue>,
 }
 
@@ -95,8 +103,8 @@ impl Dispatcher {
     /// `finished` is unbounded on purpose: its length is bounded by the jobs queued, which
     /// the consumer bounds, and a bounded channel here could deadlock against the
     /// consumer's bounded [`Command`] channel.
-    pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>) -> Self {
-        Dispatcher { cfg, publisher, finished, stats, devices: HashMap::new() }
+    pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, clock: Clock) -> Self {
+        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new() }
     }
 
     /// Queues jobs stored before a restart, in their order.
@@ -113,6 +121,7 @@ impl Dispatcher {
             self.pump(&d).await;
         }
         let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut expiry_tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 cmd = commands.recv() => match cmd {
@@ -120,6 +129,7 @@ impl Dispatcher {
                     None => return,
                 },
                 _ = tick.tick() => self.on_tick().await,
+                _ = expiry_tick.tick() => self.expire_queued(),
             }
             let queued = self.devices.values().map(|d| d.queue.len() + d.in_flight.is_some() as usize).sum::<usize>();
             self.stats.update(|s| s.queued_jobs = queued as u64);
@@ -195,6 +205,7 @@ impl Dispatcher {
             return;
         }
         let now = Instant::now();
+        let wall_now = self.clock.now();
         if q.in_flight.is_none() {
             let Some(stored) = q.queue.pop_front() else { return };
             q.in_flight = Some(InFlight { stored, attempts: 0, due: now, awaiting_ack: false });
@@ -202,6 +213,13 @@ impl Dispatcher {
         let f = q.in_flight.as_mut().expect("set above");
         if f.due > now {
             return;
+        }
+        if f.stored.job.expires_at.is_some_and(|at| at <= wall_now) {
+            // Never sent after its time to live, not even again: a late QR or "paid" screen
+            // misleads the customer in front of the card machine.
+            let f = q.in_flight.take().expect("checked");
+            self.expired(f.stored);
+            return Box::pin(self.pump(device)).await;
         }
         if f.awaiting_ack || f.attempts > 0 {
             if f.attempts >= self.cfg.max_deliveries {
@@ -235,6 +253,29 @@ impl Dispatcher {
         }
     }
 
+    /// Drops queued jobs whose time to live passed, for every device (those that can send
+    /// find them at the head of their queue anyway; this reaches devices that cannot).
+    fn expire_queued(&mut self) {
+        let now = self.clock.now();
+        let mut expired = Vec::new();
+        for q in self.devices.values_mut() {
+            if q.queue.iter().any(|s| s.job.expires_at.is_some_and(|at| at <= now)) {
+                let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|s: &StoredJob| s.job.expires_at.is_some_and(|at| at <= now));
+                q.queue = kept;
+                expired.extend::<VecDeque<StoredJob>>(gone);
+            }
+        }
+        for s in expired {
+            self.expired(s);
+        }
+    }
+
+    fn expired(&self, stored: StoredJob) {
+        tracing::info!(device = %stored.device, kind = stored.job.kind.as_str(), charge = %stored.job.charge_id, expires_at = ?stored.job.expires_at, "job expired before delivery");
+        self.stats.expired(stored.job.kind.as_str());
+        self.finish(stored, Outcome::Expired);
+    }
+
     fn finish(&self, stored: StoredJob, outcome: Outcome) {
         let _ = self.finished.send(Finished { stored, outcome });
     }
@@ -260,6 +301,7 @@ mod tests {
         sent: mpsc::Receiver<(String, Vec<u8>)>,
         finished: mpsc::UnboundedReceiver<Finished>,
         stats: Arc<Stats>,
+        clock: Clock,
     }
 
     fn harness(ack_timeout_ms: u64, max_deliveries: u32) -> Harness {
@@ -268,8 +310,9 @@ mod tests {
         let (ftx, finished) = mpsc::unbounded_channel();
         let stats = Arc::new(Stats::default());
         let (cmd, rx) = mpsc::channel(64);
-        tokio::spawn(Dispatcher::new(cfg, publisher, ftx, stats.clone()).run(rx));
-        Harness { cmd, sent, finished, stats }
+        let clock = Clock::default();
+        tokio::spawn(Dispatcher::new(cfg, publisher, ftx, stats.clone(), clock.clone()).run(rx));
+        Harness { cmd, sent, finished, stats, clock }
     }
 
     fn job(id: &str, kind: EffectKind, charge: &str) -> Job {
@@ -396,6 +439,54 @@ mod tests {
         h.ack("t", "busy", AckResult::Done, false).await;
         h.next_finished().await;
         assert_eq!(h.next_sent().await.message_id, "paid");
+    }
+
+    /// A device offline for 25 minutes (by the injected clock): its backlog comes in order
+    /// when it is back, without the jobs whose time to live passed, which are recorded.
+    #[tokio::test]
+    async fn offline_backlog_keeps_order_and_expires_what_outlived_its_ttl() {
+        let mut h = harness(10_000, 10);
+        let at = |min: i64| Some(h.clock.now() + chrono::Duration::minutes(min));
+        h.status("t", false, None).await;
+        let mut jobs = vec![
+            job("qr-old", EffectKind::DisplayQr, "c1"),   // QR of a charge expiring in 15 min
+            job("paid-old", EffectKind::PaymentConfirmed, "c0"), // 10 min TTL
+            job("receipt", EffectKind::PrintReceipt, "c0"), // 24 h TTL
+            job("qr-new", EffectKind::DisplayQr, "c2"),   // expires in 60 min
+        ];
+        for (j, ttl) in jobs.iter_mut().zip([15, 10, 1440, 60]) {
+            j.expires_at = at(ttl);
+        }
+        for (i, j) in jobs.into_iter().enumerate() {
+            h.enqueue("t", j, i as i64 + 1).await;
+        }
+        h.nothing_sent(150).await;
+        h.clock.advance(25 * 60_000);
+        // The 1 s expiry sweep finds them while the device is still offline.
+        let mut gone = vec![h.next_finished().await, h.next_finished().await];
+        gone.sort_by(|a, b| a.stored.job.seq.cmp(&b.stored.job.seq));
+        assert_eq!(gone.iter().map(|f| (f.stored.job.message_id.as_str(), f.outcome.clone())).collect::<Vec<_>>(), [("qr-old", Outcome::Expired), ("paid-old", Outcome::Expired)]);
+        assert_eq!(h.stats.snapshot().expired.values().sum::<u64>(), 2);
+        h.status("t", true, None).await;
+        let first = h.next_sent().await;
+        assert_eq!((first.message_id.as_str(), first.seq), ("receipt", 3));
+        h.ack("t", "receipt", AckResult::Done, false).await;
+        h.next_finished().await;
+        assert_eq!(h.next_sent().await.message_id, "qr-new");
+    }
+
+    /// A job whose TTL passes while it waits for its ack is not sent again.
+    #[tokio::test]
+    async fn in_flight_job_expires_instead_of_being_resent() {
+        let mut h = harness(300, 10);
+        let mut j = job("paid", EffectKind::PaymentConfirmed, "c1");
+        j.expires_at = Some(h.clock.now() + chrono::Duration::minutes(10));
+        h.enqueue("t", j, 1).await;
+        assert_eq!(h.next_sent().await.message_id, "paid");
+        h.clock.advance(11 * 60_000);
+        let f = h.next_finished().await;
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
+        h.nothing_sent(200).await;
     }
 
     #[test]

@@ -1,31 +1,76 @@
-//! Health and stats over HTTP.
+//! Health, stats and inspection over HTTP.
 //!
 //! - `GET /healthz`: the process serves requests (liveness).
 //! - `GET /readyz`: 200 only when the consumer loop runs and has polled within the last
 //!   10 s; otherwise 503 with the reason. A dead consumer makes readiness fail.
 //! - `GET /stats`: the counters of [`crate::stats::Snapshot`] as JSON.
+//! - `GET /outbox`, `GET /outbox/{device}`, `GET /outbox/{device}/{seq}`,
+//!   `GET /deadletters`, `GET /deadletters/{id}`, `POST /deadletters/{id}/replay`: what
+//!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::inspect`]).
+//! - `POST /clock/advance?ms=N`: only with `clock.control = true` (tests): moves the
+//!   gateway's clock forward ([`crate::clock`]).
 
+use crate::clock::Clock;
+use crate::dispatch::Command;
+use crate::inspect;
+use crate::outbox::Outbox;
 use crate::stats::Stats;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde_json::Value;
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
 /// Longest gap between consumer loop runs that still counts as ready, ms.
 pub const MAX_CONSUMER_IDLE_MS: u64 = 10_000;
 
+/// What the handlers read and act on.
+#[derive(Clone)]
+pub struct AppState {
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// The outbox, for inspection and replay.
+    pub outbox: Arc<Outbox>,
+    /// The gateway's clock.
+    pub clock: Clock,
+    /// Whether `POST /clock/advance` is served.
+    pub clock_control: bool,
+    /// The dispatcher, to queue replayed jobs.
+    pub commands: mpsc::Sender<Command>,
+}
+
+type Reply = (StatusCode, Json<Value>);
+
+fn reply(r: Result<Value, inspect::InspectError>) -> Reply {
+    match r {
+        Ok(v) => (StatusCode::OK, Json(v)),
+        Err(e) => (e.status(), Json(serde_json::json!({ "error": e.to_string() }))),
+    }
+}
+
 /// The HTTP routes.
-pub fn routes(stats: Arc<Stats>) -> Router {
+pub fn routes(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .route("/stats", get(|State(s): State<Arc<Stats>>| async move { Json(s.snapshot()) }))
-        .with_state(stats)
+        .route("/stats", get(|State(s): State<AppState>| async move { Json(s.stats.snapshot()) }))
+        .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
+        .route("/outbox/{device}", get(|State(s): State<AppState>, Path(d): Path<String>| async move { reply(inspect::outbox_list(&s.outbox, &d)) }))
+        .route(
+            "/outbox/{device}/{seq}",
+            get(|State(s): State<AppState>, Path((d, seq)): Path<(String, u64)>| async move { reply(inspect::outbox_show(&s.outbox, &d, seq)) }),
+        )
+        .route("/deadletters", get(|State(s): State<AppState>| async move { reply(inspect::deadletter_list(&s.outbox)) }))
+        .route("/deadletters/{id}", get(|State(s): State<AppState>, Path(id): Path<u64>| async move { reply(inspect::deadletter_show(&s.outbox, id)) }))
+        .route("/deadletters/{id}/replay", post(replay))
+        .route("/clock/advance", post(advance_clock))
+        .with_state(state)
 }
 
-async fn ready(State(stats): State<Arc<Stats>>) -> (StatusCode, String) {
-    let s = stats.snapshot();
+async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
+    let s = state.stats.snapshot();
     if !s.consumer_running {
         return (StatusCode::SERVICE_UNAVAILABLE, "consumer not running\n".into());
     }
@@ -35,13 +80,42 @@ async fn ready(State(stats): State<Arc<Stats>>) -> (StatusCode, String) {
     (StatusCode::OK, "ready\n".into())
 }
 
+/// Replays into the running gateway: the job is stored in the outbox first, then queued.
+async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
+    let now = s.clock.now_ms();
+    match s.outbox.replay(id, now) {
+        Ok(stored) => {
+            let v = inspect::replayed(&stored);
+            if s.commands.send(Command::Enqueue(stored)).await.is_err() {
+                tracing::error!(id, "dispatcher gone: the replayed job waits in the outbox for the next start");
+            }
+            (StatusCode::OK, Json(v))
+        }
+        Err(e) => reply(Err(e.into())),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Advance {
+    ms: i64,
+}
+
+async fn advance_clock(State(s): State<AppState>, Query(q): Query<Advance>) -> Reply {
+    if !s.clock_control {
+        return (StatusCode::FORBIDDEN, Json(serde_json::json!({"error": "clock control is off (clock.control = false)"})));
+    }
+    let offset = s.clock.advance(q.ms);
+    tracing::warn!(advanced_ms = q.ms, offset_ms = offset, "clock moved forward (testing)");
+    (StatusCode::OK, Json(serde_json::json!({"offset_ms": offset, "now": s.clock.now().to_rfc3339()})))
+}
+
 /// Serves the routes on `listen` until `shutdown` resolves.
 ///
 /// # Errors
 /// The address cannot be bound.
-pub async fn serve(listen: String, stats: Arc<Stats>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(listen: String, state: AppState, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     tracing::info!(%listen, "HTTP health/stats listening");
-    axum::serve(listener, routes(stats)).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

@@ -7,6 +7,8 @@
 //! need no payload (the "paid" and "expired" screens) still go out.
 
 use crate::cdc::{Charge, DeviceKind};
+use crate::config::TtlConfig;
+use chrono::{DateTime, Utc};
 use crate::router::PlannedEffect;
 use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN, VERSION};
 use device_protocol::{message_id, EffectKind, Job, ScreenContent, ScreenKind};
@@ -148,10 +150,25 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
         charge_id: charge.id.clone(),
         content_type: content_type.to_string(),
         payload: Job::encode_payload(&bytes),
-        // Expiry per kind comes with the durable outbox (issue 4); the fixtures are
-        // historical, so a TTL from `expiresDate` would expire every demo QR.
+        // Set by the consumer with [`expires_at`] when the job is accepted.
         expires_at: None,
     })
+}
+
+/// When a job of `kind` for `charge`, accepted at `accepted_at`, expires: a `display_qr`
+/// at the charge's `expiresDate` (a QR of a charge that can no longer be paid must not be
+/// shown), else `accepted_at` + the kind's TTL from [`TtlConfig`].
+pub fn expires_at(kind: EffectKind, charge: &Charge, accepted_at: DateTime<Utc>, ttl: &TtlConfig) -> DateTime<Utc> {
+    let secs = match kind {
+        EffectKind::DisplayQr => match charge.expires_at {
+            Some(at) => return at,
+            None => ttl.display_qr_s,
+        },
+        EffectKind::PaymentConfirmed => ttl.payment_confirmed_s,
+        EffectKind::ChargeExpired => ttl.charge_expired_s,
+        EffectKind::PrintReceipt => ttl.print_receipt_s,
+    };
+    accepted_at + chrono::Duration::seconds(secs.min(i64::MAX as u64 / 1000) as i64)
 }
 
 #[cfg(test)]
@@ -202,6 +219,18 @@ mod tests {
         assert!(seen.contains(&("Bematech MP-4200 TH".into(), "CP860", 4)), "{seen:?}");
         assert!(seen.contains(&("Elgin i9".into(), "CP860", 4)), "{seen:?}");
         assert!(seen.contains(&("Epson TM-T20X".into(), "CP850", 2)), "{seen:?}");
+    }
+
+    #[test]
+    fn ttl_per_kind_and_qr_until_the_charge_expires() {
+        let ttl = TtlConfig::default();
+        let mut charge = charges("charges.jsonl").into_iter().find(|c| c.expires_at.is_some()).unwrap();
+        let now: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().unwrap();
+        assert_eq!(expires_at(EffectKind::DisplayQr, &charge, now, &ttl), charge.expires_at.unwrap());
+        assert_eq!(expires_at(EffectKind::PaymentConfirmed, &charge, now, &ttl), "2026-11-30T10:10:00Z".parse::<DateTime<Utc>>().unwrap());
+        assert_eq!(expires_at(EffectKind::PrintReceipt, &charge, now, &ttl), "2026-12-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap());
+        charge.expires_at = None;
+        assert_eq!(expires_at(EffectKind::DisplayQr, &charge, now, &ttl), "2026-11-30T11:00:00Z".parse::<DateTime<Utc>>().unwrap());
     }
 
     #[test]

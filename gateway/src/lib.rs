@@ -17,13 +17,18 @@
 //!                                                                  │
 //!                          deadletter (Kafka) ◄── dispatch ◄──► mqtt (rumqttd) ◄──► devices
 //! ```
+//!
+//! Around it: [`clock`] (the injectable wall clock for expiry), [`config`], [`stats`],
+//! [`http`] (health, stats, inspection) and [`inspect`] (`pixgate outbox|deadletter`).
 
 pub mod cdc;
+pub mod clock;
 pub mod config;
 pub mod consumer;
 pub mod deadletter;
 pub mod dispatch;
 pub mod http;
+pub mod inspect;
 pub mod jobs;
 pub mod mqtt;
 pub mod offsets;

@@ -2,8 +2,10 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use gateway::clock::Clock;
 use gateway::config::Config;
 use gateway::dispatch::Dispatcher;
+use gateway::inspect::{self, DeadLetterCmd, OutboxCmd};
 use gateway::stats::Stats;
 use gateway::{consumer, http, mqtt};
 use std::path::PathBuf;
@@ -33,6 +35,13 @@ enum Cmd {
     Run,
     /// Print the effective configuration as TOML (usable as a `--config` file).
     Config,
+    /// Inspect the durable outbox: queued jobs per device. Asks the running gateway at
+    /// `http.listen`, or opens `outbox.path` when none runs.
+    #[command(subcommand)]
+    Outbox(OutboxCmd),
+    /// Inspect and replay dead letters kept in the outbox (same access as `outbox`).
+    #[command(subcommand)]
+    Deadletter(DeadLetterCmd),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,11 +58,51 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg)),
+        Cmd::Outbox(cmd) => inspect_command(&cfg, Inspection::Outbox(cmd)),
+        Cmd::Deadletter(cmd) => inspect_command(&cfg, Inspection::DeadLetter(cmd)),
     }
+}
+
+enum Inspection {
+    Outbox(OutboxCmd),
+    DeadLetter(DeadLetterCmd),
+}
+
+/// Runs an `outbox`/`deadletter` command; exits 1 when it was refused (error on stderr).
+fn inspect_command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (listen, path) = (cfg.http.listen.as_str(), cfg.outbox.path.as_path());
+    let ok = rt.block_on(async {
+        match cmd {
+            Inspection::Outbox(OutboxCmd::List { device: None }) => inspect::run(listen, path, "/outbox".into(), false, inspect::outbox_devices).await,
+            Inspection::Outbox(OutboxCmd::List { device: Some(d) }) => {
+                inspect::run(listen, path, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
+            }
+            Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
+                inspect::run(listen, path, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
+            }
+            Inspection::DeadLetter(DeadLetterCmd::List) => inspect::run(listen, path, "/deadletters".into(), false, inspect::deadletter_list).await,
+            Inspection::DeadLetter(DeadLetterCmd::Show { id }) => {
+                inspect::run(listen, path, format!("/deadletters/{id}"), false, |o| inspect::deadletter_show(o, id)).await
+            }
+            Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
+                let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
+                inspect::run(listen, path, format!("/deadletters/{id}/replay"), true, |o| Ok(inspect::replayed(&o.replay(id, now)?))).await
+            }
+        }
+    })?;
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
+    let clock = Clock::with_offset(cfg.clock.offset_ms);
+    if cfg.clock.offset_ms != 0 || cfg.clock.control {
+        tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
+    }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let (commands_tx, commands_rx) = mpsc::channel(1024);
@@ -66,9 +115,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         gateway::outbox::Outbox::open(&cfg.outbox.path).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
     );
     let pending = outbox.pending()?;
-    let pending_count = pending.len();
-    tracing::info!(jobs = pending_count, path = %cfg.outbox.path.display(), "outbox open");
-    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone());
+    let mut per_device = std::collections::HashMap::new();
+    for s in &pending {
+        *per_device.entry(s.device.clone()).or_insert(0usize) += 1;
+    }
+    tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
+    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), clock.clone());
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
     let to_dispatcher = commands_tx.clone();
@@ -81,7 +133,8 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     });
 
     let mut http_shutdown = shutdown_rx.clone();
-    let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), stats.clone(), async move {
+    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, commands: commands_tx.clone() };
+    let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
         let _ = http_shutdown.changed().await;
     }));
 
@@ -91,7 +144,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
-    let result = consumer::run(cfg, stats, outbox, pending_count, commands_tx, finished_rx, shutdown_rx).await;
+    let result = consumer::run(cfg, stats, clock, outbox, per_device, commands_tx, finished_rx, shutdown_rx).await;
     dispatcher_task.abort();
     match http_task.await {
         Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),

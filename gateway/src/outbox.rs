@@ -10,12 +10,24 @@
 //! - the device's sequence counter (per-device `seq` survives restarts);
 //! - the charge's last applied `__v` and status (a stale event stays stale after a restart).
 //!
+//! - the dead letters of the record or of its effects, *parked* until Kafka has them
+//!   ([`crate::deadletter::Publisher`] drains them): a dead letter is accepted like a job,
+//!   so an unreachable Kafka never holds back, loses or forgets one.
+//!
+//! Writes are batched: [`Outbox::accept_batch`] takes many records in one transaction, one
+//! fsync. Removing a finished job is not synced on its own ([`Durability::None`]; it
+//! becomes durable with the next synced write): a removal lost in a crash only means the
+//! job is sent again, and the device dedupes it by message id.
+//!
 //! Tables: `jobs` (device, seq) → JSON [`StoredJob`]; `seq` device → last seq; `seen`
 //! message id → accepted-at (Unix ms); `charges` charge id → (`__v`, status code);
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
-//! registry, so that a restart does not forget devices whose events are already committed.
+//! registry, so that a restart does not forget devices whose events are already committed;
+//! `deadletters` id → JSON [`ParkedDeadLetter`]; `meta` name → counter (the last
+//! dead-letter id).
 
 use crate::cdc::ChargeStatus;
+use crate::deadletter::DeadLetter;
 use device_protocol::Job;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -26,6 +38,9 @@ const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 const SEEN: TableDefinition<&str, u64> = TableDefinition::new("seen");
 const CHARGES: TableDefinition<&str, (i64, u8)> = TableDefinition::new("charges");
 const DEVICES: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("devices");
+const DEADLETTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("deadletters");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const LAST_DEADLETTER_ID: &str = "last_deadletter_id";
 
 /// Outbox failure: the disk or the database file. pixgate cannot accept effects without
 /// it, so the consumer stops reading (and retries) rather than commit past them.
@@ -59,6 +74,91 @@ pub struct StoredJob {
     pub job: Job,
     /// The record it came from.
     pub source: SourceRef,
+}
+
+/// A dead letter kept in the outbox: parked until Kafka has it, then listed (for
+/// `pixgate deadletter list|replay`) until the retention ends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParkedDeadLetter {
+    /// Outbox-wide id, increasing (also sent as `id` in the Kafka record).
+    pub id: u64,
+    /// When it was parked, Unix ms.
+    pub parked_at_ms: u64,
+    /// When Kafka acknowledged it, Unix ms; `None` while parked.
+    pub published_at_ms: Option<u64>,
+    /// When `pixgate deadletter replay` put its job back into the device's queue, Unix ms.
+    pub replayed_at_ms: Option<u64>,
+    /// The dead letter as written to Kafka.
+    pub dead_letter: DeadLetter,
+    /// The job, for an effect that was rendered (delivery failed, expired): what a replay
+    /// queues again.
+    pub job: Option<StoredJob>,
+}
+
+/// A device registry change to store ([`Outbox::accept_batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceEntry {
+    /// Device id.
+    pub id: String,
+    /// Oplog position of the change.
+    pub cluster_time: u64,
+    /// `fullDocument`; `None` for a delete.
+    pub document: Option<serde_json::Value>,
+}
+
+/// Everything one Kafka record leads to, written in one transaction by
+/// [`Outbox::accept_batch`].
+#[derive(Debug, Clone, Default)]
+pub struct Accept {
+    /// The charge state the router applied (charge id, state).
+    pub charge: Option<(String, ChargeState)>,
+    /// A registry change.
+    pub device: Option<DeviceEntry>,
+    /// Jobs by device id; `seq` is assigned here.
+    pub jobs: Vec<(String, Job)>,
+    /// Dead letters of the record or of some of its effects, to park.
+    pub deadletters: Vec<DeadLetter>,
+    /// The record.
+    pub source: Option<SourceRef>,
+}
+
+/// Why `pixgate deadletter replay` refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// No dead letter with this id (never, or pruned after its retention).
+    #[error("no dead letter {0} in the outbox")]
+    NotFound(u64),
+    /// A record-level dead letter (or an effect that could not be rendered): there is no
+    /// job to queue again.
+    #[error("dead letter {id} ({reason}) has no job to replay: fix the source record and produce it again")]
+    NoJob {
+        /// Its id.
+        id: u64,
+        /// Its reason.
+        reason: String,
+    },
+    /// Replayed before; a second replay would queue the effect twice.
+    #[error("dead letter {0} was already replayed")]
+    AlreadyReplayed(u64),
+    /// The disk.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+}
+
+fn park(
+    dls: &mut redb::Table<u64, &[u8]>,
+    meta: &mut redb::Table<&str, u64>,
+    mut dl: DeadLetter,
+    job: Option<StoredJob>,
+    now_ms: u64,
+) -> Result<u64, OutboxError> {
+    let id = meta.get(LAST_DEADLETTER_ID).map_err(err)?.map_or(0, |v| v.value()) + 1;
+    meta.insert(LAST_DEADLETTER_ID, id).map_err(err)?;
+    dl.id = Some(id);
+    let parked = ParkedDeadLetter { id, parked_at_ms: now_ms, published_at_ms: None, replayed_at_ms: None, dead_letter: dl, job };
+    let bytes = serde_json::to_vec(&parked).map_err(err)?;
+    dls.insert(id, bytes.as_slice()).map_err(err)?;
+    Ok(id)
 }
 
 /// The charge state the router applied, to persist with the jobs.
@@ -109,50 +209,227 @@ impl Outbox {
             tx.open_table(SEEN).map_err(err)?;
             tx.open_table(CHARGES).map_err(err)?;
             tx.open_table(DEVICES).map_err(err)?;
+            tx.open_table(DEADLETTERS).map_err(err)?;
+            tx.open_table(META).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Outbox { db })
     }
 
-    /// Atomically and durably: records `charge` (if given) as applied, and queues each job
-    /// whose message id is not in the dedupe window, assigning its device's next `seq`.
-    /// Returns the jobs queued (with their seq); a job already seen is left out.
+    /// Atomically and durably (one transaction, one fsync) for every record of `batch`:
+    /// records its charge state and registry change, queues each job whose message id is
+    /// not in the dedupe window (assigning its device's next `seq`), and parks its dead
+    /// letters. Returns, per record, the jobs queued (a job already seen is left out) and
+    /// the ids of the dead letters parked.
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
-    pub fn accept(
-        &self,
-        charge: Option<(&str, ChargeState)>,
-        jobs: Vec<(String, Job)>,
-        source: &SourceRef,
-        now_ms: u64,
-    ) -> Result<Vec<StoredJob>, OutboxError> {
+    pub fn accept_batch(&self, batch: Vec<Accept>, now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
-        let mut queued = Vec::new();
+        let mut out = Vec::with_capacity(batch.len());
         {
             let mut seen = tx.open_table(SEEN).map_err(err)?;
             let mut seq = tx.open_table(SEQ).map_err(err)?;
             let mut table = tx.open_table(JOBS).map_err(err)?;
-            if let Some((id, st)) = charge {
-                tx.open_table(CHARGES).map_err(err)?.insert(id, (st.version, status_code(st.status))).map_err(err)?;
-            }
-            for (device, mut job) in jobs {
-                if seen.get(job.message_id.as_str()).map_err(err)?.is_some() {
-                    continue;
+            let mut charges = tx.open_table(CHARGES).map_err(err)?;
+            let mut devices = tx.open_table(DEVICES).map_err(err)?;
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            let mut meta = tx.open_table(META).map_err(err)?;
+            for a in batch {
+                if let Some((id, st)) = &a.charge {
+                    charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
                 }
-                let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
-                seq.insert(device.as_str(), next).map_err(err)?;
-                seen.insert(job.message_id.as_str(), now_ms).map_err(err)?;
-                job.seq = next;
-                let stored = StoredJob { device: device.clone(), job, source: source.clone() };
-                let bytes = serde_json::to_vec(&stored).map_err(err)?;
-                table.insert((device.as_str(), next), bytes.as_slice()).map_err(err)?;
-                queued.push(stored);
+                if let Some(d) = &a.device {
+                    let bytes = match &d.document {
+                        Some(doc) => serde_json::to_vec(doc).map_err(err)?,
+                        None => Vec::new(),
+                    };
+                    devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
+                }
+                let source = a.source.unwrap_or_else(|| SourceRef { topic: String::new(), partition: -1, offset: -1, key: None });
+                let mut queued = Vec::new();
+                for (device, mut job) in a.jobs {
+                    if seen.get(job.message_id.as_str()).map_err(err)?.is_some() {
+                        continue;
+                    }
+                    let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
+                    seq.insert(device.as_str(), next).map_err(err)?;
+                    seen.insert(job.message_id.as_str(), now_ms).map_err(err)?;
+                    job.seq = next;
+                    let stored = StoredJob { device: device.clone(), job, source: source.clone() };
+                    let bytes = serde_json::to_vec(&stored).map_err(err)?;
+                    table.insert((device.as_str(), next), bytes.as_slice()).map_err(err)?;
+                    queued.push(stored);
+                }
+                let mut parked = Vec::new();
+                for dl in a.deadletters {
+                    parked.push(park(&mut dls, &mut meta, dl, None, now_ms)?);
+                }
+                out.push((queued, parked));
             }
         }
         tx.commit().map_err(err)?;
+        Ok(out)
+    }
+
+    /// [`Outbox::accept_batch`] for one record's charge state and jobs (no dead letters).
+    /// Returns the jobs queued.
+    ///
+    /// # Errors
+    /// Disk or database failure; then nothing of this call was written.
+    pub fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<StoredJob>, OutboxError> {
+        let a = Accept { charge: charge.map(|(id, st)| (id.to_string(), st)), jobs, source: Some(source.clone()), ..Accept::default() };
+        Ok(self.accept_batch(vec![a], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
+    }
+
+    /// Durably, in one transaction: removes a job that cannot be carried out (delivery
+    /// failed, expired) from its device's queue and parks its dead letter, keeping the job
+    /// for a replay. Returns the dead letter's id.
+    ///
+    /// # Errors
+    /// Disk or database failure; then the job is still queued.
+    pub fn fail_job(&self, stored: &StoredJob, dl: DeadLetter, now_ms: u64) -> Result<u64, OutboxError> {
+        let mut tx = self.db.begin_write().map_err(err)?;
+        tx.set_durability(Durability::Immediate).map_err(err)?;
+        let id = {
+            tx.open_table(JOBS).map_err(err)?.remove((stored.device.as_str(), stored.job.seq)).map_err(err)?;
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            let mut meta = tx.open_table(META).map_err(err)?;
+            park(&mut dls, &mut meta, dl, Some(stored.clone()), now_ms)?
+        };
+        tx.commit().map_err(err)?;
+        Ok(id)
+    }
+
+    /// Dead letters not yet acknowledged by Kafka, oldest first, at most `limit`.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored dead letter that no longer parses.
+    pub fn parked_deadletters(&self, limit: usize) -> Result<Vec<ParkedDeadLetter>, OutboxError> {
+        Ok(self.deadletters()?.into_iter().filter(|d| d.published_at_ms.is_none()).take(limit).collect())
+    }
+
+    /// Every dead letter the outbox holds (parked, or published within the retention),
+    /// oldest first.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored dead letter that no longer parses.
+    pub fn deadletters(&self) -> Result<Vec<ParkedDeadLetter>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(DEADLETTERS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in table.iter().map_err(err)? {
+            let (_, v) = item.map_err(err)?;
+            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+        }
+        Ok(out)
+    }
+
+    /// The dead letter `id`, if the outbox still holds it.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored dead letter that no longer parses.
+    pub fn deadletter(&self, id: u64) -> Result<Option<ParkedDeadLetter>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(DEADLETTERS).map_err(err)?;
+        let v = table.get(id).map_err(err)?;
+        v.map(|v| serde_json::from_slice(v.value()).map_err(err)).transpose()
+    }
+
+    /// Records that Kafka has the dead letters `ids` (not synced on its own: if lost in a
+    /// crash they are published again, and a dead-letter consumer sees the same `id`).
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn mark_published(&self, ids: &[u64], now_ms: u64) -> Result<(), OutboxError> {
+        self.update_deadletters(ids, Durability::None, |d| d.published_at_ms = Some(now_ms))
+    }
+
+    /// Puts the job of dead letter `id` back at the end of its device's queue, with a new
+    /// `seq` and its original message id (a device that did carry it out dedupes it), and
+    /// marks the dead letter replayed. Returns the job as queued.
+    ///
+    /// # Errors
+    /// [`ReplayError`]: unknown id, a record-level dead letter (no job: fix the source and
+    /// produce it again), already replayed, or the disk.
+    pub fn replay(&self, id: u64, now_ms: u64) -> Result<StoredJob, ReplayError> {
+        let mut tx = self.db.begin_write().map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.set_durability(Durability::Immediate).map_err(|e| ReplayError::Outbox(err(e)))?;
+        let queued = {
+            let mut dls = tx.open_table(DEADLETTERS).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let bytes = dls.get(id).map_err(|e| ReplayError::Outbox(err(e)))?.map(|v| v.value().to_vec()).ok_or(ReplayError::NotFound(id))?;
+            let mut parked: ParkedDeadLetter = serde_json::from_slice(&bytes).map_err(|e| ReplayError::Outbox(err(e)))?;
+            if parked.replayed_at_ms.is_some() {
+                return Err(ReplayError::AlreadyReplayed(id));
+            }
+            let Some(mut stored) = parked.job.clone() else { return Err(ReplayError::NoJob { id, reason: parked.dead_letter.reason.clone() }) };
+            let mut seq = tx.open_table(SEQ).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let next = seq.get(stored.device.as_str()).map_err(|e| ReplayError::Outbox(err(e)))?.map_or(0, |v| v.value()) + 1;
+            seq.insert(stored.device.as_str(), next).map_err(|e| ReplayError::Outbox(err(e)))?;
+            stored.job.seq = next;
+            // A replayed job gets its kind's time to live again from now: the operator asked for it now.
+            stored.job.expires_at = None;
+            let bytes = serde_json::to_vec(&stored).map_err(|e| ReplayError::Outbox(err(e)))?;
+            tx.open_table(JOBS).map_err(|e| ReplayError::Outbox(err(e)))?.insert((stored.device.as_str(), next), bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
+            parked.replayed_at_ms = Some(now_ms);
+            let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
+            dls.insert(id, bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
+            stored
+        };
+        tx.commit().map_err(|e| ReplayError::Outbox(err(e)))?;
         Ok(queued)
+    }
+
+    /// Forgets published dead letters parked before `cutoff_ms`. Returns how many.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn prune_deadletters(&self, cutoff_ms: u64) -> Result<usize, OutboxError> {
+        let tx = self.db.begin_write().map_err(err)?;
+        let mut n = 0;
+        {
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            dls.retain(|_, v| {
+                let keep = serde_json::from_slice::<ParkedDeadLetter>(v).map_or(true, |d| d.published_at_ms.is_none() || d.parked_at_ms >= cutoff_ms);
+                n += usize::from(!keep);
+                keep
+            })
+            .map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        Ok(n)
+    }
+
+    fn update_deadletters(&self, ids: &[u64], durability: Durability, f: impl Fn(&mut ParkedDeadLetter)) -> Result<(), OutboxError> {
+        let mut tx = self.db.begin_write().map_err(err)?;
+        tx.set_durability(durability).map_err(err)?;
+        {
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            for &id in ids {
+                let Some(bytes) = dls.get(id).map_err(err)?.map(|v| v.value().to_vec()) else { continue };
+                let mut d: ParkedDeadLetter = serde_json::from_slice(&bytes).map_err(err)?;
+                f(&mut d);
+                let bytes = serde_json::to_vec(&d).map_err(err)?;
+                dls.insert(id, bytes.as_slice()).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
+    }
+
+    /// The queued jobs of `device`, in delivery order.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn device_jobs(&self, device: &str) -> Result<Vec<StoredJob>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in table.range((device, 0u64)..=(device, u64::MAX)).map_err(err)? {
+            let (_, v) = item.map_err(err)?;
+            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+        }
+        Ok(out)
     }
 
     /// Removes a finished job (done, superseded, or dead-lettered) from its device's queue.
@@ -162,7 +439,7 @@ impl Outbox {
     /// Disk or database failure.
     pub fn complete(&self, device: &str, seq: u64) -> Result<(), OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(Durability::Immediate).map_err(err)?;
+        tx.set_durability(Durability::None).map_err(err)?;
         tx.open_table(JOBS).map_err(err)?.remove((device, seq)).map_err(err)?;
         tx.commit().map_err(err)
     }

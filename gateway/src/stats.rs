@@ -29,6 +29,15 @@ pub struct Snapshot {
     pub effects_done: BTreeMap<String, u64>,
     /// Queued `display_qr` jobs dropped because their charge's next screen came first.
     pub superseded: u64,
+    /// Jobs whose time to live passed before they were done, by kind (recorded on the
+    /// dead-letter topic with reason `expired`).
+    pub expired: BTreeMap<String, u64>,
+    /// Dead letters waiting in the outbox for Kafka (grows while Kafka is unreachable).
+    pub deadletters_parked: u64,
+    /// Dead letters Kafka acknowledged.
+    pub deadletters_published: u64,
+    /// Devices whose queue is at `outbox.max_jobs_per_device` (their partitions are paused).
+    pub devices_at_bound: u64,
     /// Job sends beyond the first (ack timeout or transient failure).
     pub job_redeliveries: u64,
     /// Records read and not yet finished.
@@ -70,11 +79,6 @@ impl Stats {
         f(&mut self.inner.lock().expect("stats lock"));
     }
 
-    /// A record of `topic` was read.
-    pub fn read(&self, topic: &str) {
-        self.update(|s| bump(&mut s.events_read, topic));
-    }
-
     /// A record was ignored for `reason`.
     pub fn ignored(&self, reason: &str) {
         self.update(|s| bump(&mut s.ignored, reason));
@@ -88,6 +92,11 @@ impl Stats {
     /// One effect was dead-lettered for `reason`.
     pub fn dead_effect(&self, reason: &str) {
         self.update(|s| bump(&mut s.dead_lettered_effects, reason));
+    }
+
+    /// A job of `kind` expired before it was done.
+    pub fn expired(&self, kind: &str) {
+        self.update(|s| bump(&mut s.expired, kind));
     }
 
     /// A device acknowledged an effect of `kind` as done.

@@ -101,15 +101,16 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
         outbox_path: out.join("pixgate-data/outbox.redb"),
     };
     progress(format!("starting pixgate: MQTT 127.0.0.1:{}, HTTP 127.0.0.1:{}", settings.mqtt_port, settings.http_port));
-    let mut gateway = GatewayProcess::spawn(&cfg.pixgate_bin, settings.clone(), &out.join("pixgate.log"), Duration::from_secs(60))?;
+    // The fixtures were recorded days ago: replay them with pixgate's clock at that time.
+    let clock = crate::replay_clock_env(&cfg.fixtures);
+    let mut gateway = GatewayProcess::spawn_with_env(&cfg.pixgate_bin, settings.clone(), &clock, &out.join("pixgate.log"), Duration::from_secs(60))?;
 
     progress(format!("starting {} simulated devices", devices.len()));
-    let fleet = fleet::start(fleet::FleetConfig {
-        mqtt_host: "127.0.0.1".into(),
-        mqtt_port: settings.mqtt_port,
-        out_dir: out.join("devices"),
-        devices,
-    })
+    // Devices keep the real clock: pixgate enforces the time to live by the replay clock.
+    let fleet = fleet::start_with(
+        fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices },
+        false,
+    )
     .await?;
     fleet.wait_connected(Duration::from_secs(30)).await?;
 

@@ -56,8 +56,18 @@ impl GatewayProcess {
     /// # Errors
     /// Spawn failure, or not ready within `timeout` (the log path is in the error).
     pub fn spawn(bin: &Path, settings: GatewaySettings, log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
+        Self::spawn_with_env(bin, settings, &[], log, timeout)
+    }
+
+    /// [`GatewayProcess::spawn`] with more `PIXGATE_*` settings in the environment (e.g.
+    /// [`crate::replay_clock_env`]).
+    ///
+    /// # Errors
+    /// As [`GatewayProcess::spawn`].
+    pub fn spawn_with_env(bin: &Path, settings: GatewaySettings, env: &[(String, String)], log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let child = Command::new(bin)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
             .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
             .env("PIXGATE_KAFKA__INSTANCE_ID", format!("{}-1", settings.group_id))

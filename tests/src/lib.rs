@@ -33,6 +33,29 @@ pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<Strin
     want
 }
 
+/// The gateway settings that replay `fixtures` as if they were happening now: its clock set
+/// back to the first charge's `wallTime` (`PIXGATE_CLOCK__OFFSET_MS`), so that the charges'
+/// `expiresDate`s and the jobs' time to live mean what they meant when recorded. Compute it
+/// once per run and pass the same value to every restart (time never runs backward).
+///
+/// Simulated devices keep the real clock, so they must not refuse jobs by `expires_at`
+/// (`fleet::start_with(…, false)`): pixgate enforces the time to live by its own clock.
+///
+/// # Panics
+/// `charges.jsonl` is missing or has no `wallTime`.
+pub fn replay_clock_env(fixtures: &Path) -> Vec<(String, String)> {
+    let path = fixtures.join("charges.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let first = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|r| r["value"]["wallTime"]["$date"].as_str().and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok()))
+        .min()
+        .unwrap_or_else(|| panic!("{}: no wallTime", path.display()));
+    let offset = first.timestamp_millis() - chrono::Utc::now().timestamp_millis();
+    vec![("PIXGATE_CLOCK__OFFSET_MS".into(), offset.to_string())]
+}
+
 /// The repository root (this crate's parent directory).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()

@@ -15,9 +15,21 @@ pub fn free_port() -> u16 {
 /// # Errors
 /// Connection refused, timeout (2 s), or a response that is not HTTP.
 pub fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    http_request(addr, "GET", path)
+}
+
+/// `POST path` with an empty body on `addr`; as [`http_get`].
+///
+/// # Errors
+/// As [`http_get`].
+pub fn http_post(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    http_request(addr, "POST", path)
+}
+
+fn http_request(addr: &str, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let Some((head, body)) = resp.split_once("\r\n\r\n") else { bail!("malformed HTTP response") };

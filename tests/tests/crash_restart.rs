@@ -28,11 +28,12 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
         outbox_path: out.join("data/outbox.redb"),
     };
     let bin = gateway::find_binary().unwrap();
-    let start = |n: usize| GatewayProcess::spawn(&bin, settings.clone(), &out.join(format!("pixgate-{n}.log")), Duration::from_secs(60)).unwrap();
+    let clock = pixgate_tests::replay_clock_env(&fixtures);
+    let start = |n: usize| GatewayProcess::spawn_with_env(&bin, settings.clone(), &clock, &out.join(format!("pixgate-{n}.log")), Duration::from_secs(60)).unwrap();
     let mut gw = start(0);
 
     let devices = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap();
-    let fleet = fleet::start(fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices })
+    let fleet = fleet::start_with(fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices }, false)
         .await
         .unwrap();
     fleet.wait_connected(Duration::from_secs(30)).await.unwrap();

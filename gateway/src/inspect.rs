@@ -1,0 +1,278 @@
+//! Inspection of the outbox and the dead letters: `pixgate outbox list|show` and
+//! `pixgate deadletter list|show|replay`.
+//!
+//! A redb file is open in one process at a time, so while the gateway runs these commands
+//! ask it over HTTP ([`crate::http`], at `http.listen`); when it does not run they open the
+//! outbox file themselves. Both paths return the same JSON, built here.
+
+use crate::outbox::{Outbox, OutboxError, ReplayError, StoredJob};
+use axum::http::StatusCode;
+use clap::Subcommand;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// Why an inspection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    /// Nothing with that name.
+    #[error("{0}")]
+    NotFound(String),
+    /// The replay was refused (see [`ReplayError`]).
+    #[error(transparent)]
+    Replay(ReplayError),
+    /// The outbox could not be read.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+}
+
+impl From<ReplayError> for InspectError {
+    fn from(e: ReplayError) -> Self {
+        match e {
+            ReplayError::NotFound(id) => InspectError::NotFound(format!("no dead letter {id} in the outbox")),
+            ReplayError::Outbox(e) => InspectError::Outbox(e),
+            e => InspectError::Replay(e),
+        }
+    }
+}
+
+impl InspectError {
+    /// The HTTP status for it.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            InspectError::NotFound(_) => StatusCode::NOT_FOUND,
+            InspectError::Replay(_) => StatusCode::CONFLICT,
+            InspectError::Outbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// One line per queued job: no payload (see [`outbox_show`]).
+fn job_summary(s: &StoredJob) -> Value {
+    json!({
+        "device": s.device,
+        "seq": s.job.seq,
+        "kind": s.job.kind.as_str(),
+        "message_id": s.job.message_id,
+        "event_id": s.job.event_id,
+        "charge_id": s.job.charge_id,
+        "content_type": s.job.content_type,
+        "payload_bytes": s.job.payload_bytes().map(|b| b.len()).unwrap_or(0),
+        "expires_at": s.job.expires_at,
+        "source": s.source,
+    })
+}
+
+/// `{"devices": {id: queued jobs}, "total": n}`.
+///
+/// # Errors
+/// The outbox cannot be read.
+pub fn outbox_devices(outbox: &Outbox) -> Result<Value, InspectError> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for s in outbox.pending()? {
+        *counts.entry(s.device).or_default() += 1;
+    }
+    let total: usize = counts.values().sum();
+    Ok(json!({ "devices": counts, "total": total }))
+}
+
+/// `{"device": id, "jobs": [summary, …]}` in delivery order (the first may be in flight).
+///
+/// # Errors
+/// The outbox cannot be read.
+pub fn outbox_list(outbox: &Outbox, device: &str) -> Result<Value, InspectError> {
+    let jobs: Vec<Value> = outbox.device_jobs(device)?.iter().map(job_summary).collect();
+    Ok(json!({ "device": device, "jobs": jobs }))
+}
+
+/// One queued job in full: the job as the device will receive it, and its source record.
+///
+/// # Errors
+/// No such job, or the outbox cannot be read.
+pub fn outbox_show(outbox: &Outbox, device: &str, seq: u64) -> Result<Value, InspectError> {
+    let s = outbox
+        .device_jobs(device)?
+        .into_iter()
+        .find(|s| s.job.seq == seq)
+        .ok_or_else(|| InspectError::NotFound(format!("no job {seq} queued for {device}")))?;
+    Ok(json!({ "device": s.device, "job": s.job, "source": s.source }))
+}
+
+/// `{"deadletters": [{id, state, reason, detail, device, effect, source…}, …]}`, oldest
+/// first; `state` is `parked` (Kafka does not have it yet), `published` or `replayed`.
+///
+/// # Errors
+/// The outbox cannot be read.
+pub fn deadletter_list(outbox: &Outbox) -> Result<Value, InspectError> {
+    let list: Vec<Value> = outbox
+        .deadletters()?
+        .iter()
+        .map(|p| {
+            let d = &p.dead_letter;
+            json!({
+                "id": p.id,
+                "state": state(p),
+                "reason": d.reason,
+                "detail": d.detail,
+                "device": d.device,
+                "effect": d.effect,
+                "message_id": d.message_id,
+                "source": format!("{}/{}@{}", d.source_topic, d.source_partition, d.source_offset),
+                "replayable": p.job.is_some() && p.replayed_at_ms.is_none(),
+            })
+        })
+        .collect();
+    Ok(json!({ "deadletters": list }))
+}
+
+fn state(p: &crate::outbox::ParkedDeadLetter) -> &'static str {
+    match (p.replayed_at_ms, p.published_at_ms) {
+        (Some(_), _) => "replayed",
+        (None, Some(_)) => "published",
+        (None, None) => "parked",
+    }
+}
+
+/// One dead letter in full.
+///
+/// # Errors
+/// No such dead letter, or the outbox cannot be read.
+pub fn deadletter_show(outbox: &Outbox, id: u64) -> Result<Value, InspectError> {
+    let p = outbox.deadletter(id)?.ok_or_else(|| InspectError::NotFound(format!("no dead letter {id} in the outbox")))?;
+    Ok(json!({ "state": state(&p), "deadletter": p }))
+}
+
+/// What a replay answers: the job as queued again.
+pub fn replayed(stored: &StoredJob) -> Value {
+    json!({ "replayed": job_summary(stored) })
+}
+
+/// `pixgate outbox …`
+#[derive(Debug, Subcommand)]
+pub enum OutboxCmd {
+    /// Devices with queued jobs and how many; with DEVICE, that device's jobs in delivery order.
+    List {
+        /// A device id.
+        device: Option<String>,
+    },
+    /// One queued job in full (payload base64, as the device receives it).
+    Show {
+        /// Device id.
+        device: String,
+        /// The job's seq.
+        seq: u64,
+    },
+}
+
+/// `pixgate deadletter …`
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCmd {
+    /// Dead letters the outbox holds (parked until Kafka has them, then kept for
+    /// `outbox.deadletter_retention_hours`), oldest first.
+    List,
+    /// One dead letter in full.
+    Show {
+        /// Its id.
+        id: u64,
+    },
+    /// Puts the job of a dead letter (delivery failed, expired) back at the end of its
+    /// device's queue, with its original message id.
+    Replay {
+        /// Its id.
+        id: u64,
+    },
+}
+
+/// Runs an inspection: over HTTP against the running gateway at `http_listen`, or, when
+/// nothing answers there, on the outbox file at `path`. Prints JSON; returns whether it
+/// succeeded (exit status 1 otherwise, with the error on stderr).
+///
+/// # Errors
+/// Neither the gateway nor the outbox file could be reached.
+pub async fn run(http_listen: &str, path: &std::path::Path, http_path: String, method_post: bool, local: impl FnOnce(&Outbox) -> Result<Value, InspectError>) -> anyhow::Result<bool> {
+    let url = format!("http://{http_listen}{http_path}");
+    let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
+    let req = if method_post { client.post(&url) } else { client.get(&url) };
+    match req.send().await {
+        Ok(resp) => {
+            let ok = resp.status().is_success();
+            let body: Value = resp.json().await?;
+            print_result(ok, &body);
+            Ok(ok)
+        }
+        Err(e) if e.is_connect() => {
+            let outbox = Outbox::open(path).map_err(|oe| anyhow::anyhow!("no gateway answers at {url} ({e}) and the outbox {} cannot be opened: {oe}", path.display()))?;
+            match local(&outbox) {
+                Ok(v) => {
+                    print_result(true, &v);
+                    Ok(true)
+                }
+                Err(e) => {
+                    print_result(false, &json!({ "error": e.to_string() }));
+                    Ok(false)
+                }
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_result(ok: bool, v: &Value) {
+    let text = serde_json::to_string_pretty(v).expect("JSON prints");
+    if ok {
+        println!("{text}");
+    } else {
+        eprintln!("{}", v.get("error").and_then(Value::as_str).unwrap_or(&text));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadletter::DeadLetter;
+    use crate::outbox::SourceRef;
+    use device_protocol::{EffectKind, Job};
+
+    #[test]
+    fn lists_shows_and_replays_once() {
+        let dir = std::env::temp_dir().join(format!("pixgate-inspect-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Outbox::open(&dir.join("o.redb")).unwrap();
+        let job = Job {
+            v: 1,
+            message_id: "m1".into(),
+            seq: 0,
+            kind: EffectKind::PrintReceipt,
+            event_id: "e".into(),
+            charge_id: "c".into(),
+            content_type: "application/vnd.escpos".into(),
+            payload: Job::encode_payload(&[0x1B, 0x40]),
+            expires_at: None,
+        };
+        let src = SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 7, key: Some("c".into()) };
+        let q = o.accept(None, vec![("p1".into(), job)], &src, 1).unwrap();
+        assert_eq!(outbox_devices(&o).unwrap()["devices"]["p1"], 1);
+        assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["payload_bytes"], 2);
+        assert_eq!(outbox_show(&o, "p1", 1).unwrap()["job"]["message_id"], "m1");
+        assert!(matches!(outbox_show(&o, "p1", 9), Err(InspectError::NotFound(_))));
+
+        let id = o.fail_job(&q[0], DeadLetter::for_job("expired", "too late".into(), &q[0]), 2).unwrap();
+        assert_eq!(outbox_devices(&o).unwrap()["total"], 0, "a failed job leaves the queue");
+        let list = deadletter_list(&o).unwrap();
+        assert_eq!((list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()), (Some("parked"), Some(true)));
+        let stored = o.replay(id, 3).unwrap();
+        assert_eq!((stored.job.seq, stored.job.message_id.as_str()), (2, "m1"), "new seq, same message id");
+        assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["seq"], 2);
+        assert!(matches!(o.replay(id, 4), Err(ReplayError::AlreadyReplayed(_))));
+        assert_eq!(deadletter_show(&o, id).unwrap()["state"], "replayed");
+
+        // A record-level dead letter has no job to replay.
+        let a = crate::outbox::Accept { deadletters: vec![DeadLetter::new("not_json", "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
+        let (_, parked) = o.accept_batch(vec![a], 5).unwrap().pop().unwrap();
+        assert!(matches!(o.replay(parked[0], 6), Err(ReplayError::NoJob { .. })));
+        assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);
+        o.mark_published(&[id, parked[0]], 7).unwrap();
+        assert!(o.parked_deadletters(10).unwrap().is_empty());
+        assert_eq!(o.prune_deadletters(100).unwrap(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
