@@ -267,6 +267,7 @@ impl Pipeline {
         if self.batch.is_empty() {
             self.batch_due = Some(tokio::time::Instant::now() + Duration::from_millis(self.cfg.outbox.batch_max_delay_ms));
         }
+        self.count_planned(consumer, &part, &accept);
         self.batch.push(Planned { rec, accept });
         if self.tracker.pending(&part) >= self.cfg.kafka.max_pending_per_partition && self.pending_bound.insert(part.clone()) {
             tracing::info!(topic = %part.0, partition = part.1, "pausing partition: pending bound reached");
@@ -349,17 +350,19 @@ impl Pipeline {
         let (outbox, clock) = (&self.outbox, &self.clock);
         let written = until_stored("the batch", || outbox.accept_batch(accepts.clone(), clock.now_ms())).await;
         let mut parked = false;
-        let mut full_devices = HashSet::new();
         let mut finished = Vec::with_capacity(batch.len());
         for (planned, (queued, dls)) in batch.into_iter().zip(written) {
             parked |= !dls.is_empty();
-            for s in queued {
-                self.outbox_jobs += 1;
-                let n = self.device_jobs.entry(s.device.clone()).or_default();
-                *n += 1;
-                if *n >= self.cfg.outbox.max_jobs_per_device {
-                    full_devices.insert((s.device.clone(), planned.rec.part.clone()));
+            // Counted when planned; a job the dedupe window left out is not in the outbox.
+            for (device, job) in &planned.accept.jobs {
+                if !queued.iter().any(|s| s.job.message_id == job.message_id) {
+                    self.outbox_jobs = self.outbox_jobs.saturating_sub(1);
+                    if let Some(n) = self.device_jobs.get_mut(device) {
+                        *n = n.saturating_sub(1);
+                    }
                 }
+            }
+            for s in queued {
                 if self.commands.send(Command::Enqueue(s)).await.is_err() {
                     tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
                 }
@@ -375,17 +378,23 @@ impl Pipeline {
         if parked {
             self.deadletters.notify_one();
         }
-        for (device, part) in full_devices {
-            let waiting = self.waiting_on.entry(part.clone()).or_default();
-            if waiting.insert(device.clone()) {
+        self.check_outbox_bound(consumer);
+    }
+
+    /// Counts a planned record's jobs against the bounds as soon as it is planned (not when
+    /// its batch is written), so a batch cannot overshoot a device's bound: a device at its
+    /// bound pauses the partition this record came from at once.
+    fn count_planned(&mut self, consumer: &GatewayConsumer, part: &Partition, accept: &Accept) {
+        for (device, _) in &accept.jobs {
+            self.outbox_jobs += 1;
+            let n = self.device_jobs.entry(device.clone()).or_default();
+            *n += 1;
+            if *n >= self.cfg.outbox.max_jobs_per_device && self.waiting_on.entry(part.clone()).or_default().insert(device.clone()) {
                 tracing::warn!(device = %device, topic = %part.0, partition = part.1, bound = self.cfg.outbox.max_jobs_per_device, "device queue at its bound: pausing the partition feeding it");
+                self.reconcile(consumer, part);
             }
-            self.reconcile(consumer, &part);
         }
-        self.stats.update(|s| {
-            s.outbox_jobs = self.outbox_jobs as u64;
-            s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64;
-        });
+        self.stats.update(|s| s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64);
         self.check_outbox_bound(consumer);
     }
 

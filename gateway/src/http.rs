@@ -37,6 +37,8 @@ pub struct AppState {
     pub clock: Clock,
     /// Whether `POST /clock/advance` is served.
     pub clock_control: bool,
+    /// Time to live per kind, for replayed jobs.
+    pub ttl: crate::config::TtlConfig,
     /// The dispatcher, to queue replayed jobs.
     pub commands: mpsc::Sender<Command>,
 }
@@ -83,7 +85,7 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
 /// Replays into the running gateway: the job is stored in the outbox first, then queued.
 async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
     let now = s.clock.now_ms();
-    match s.outbox.replay(id, now) {
+    match s.outbox.replay(id, now, |k| crate::jobs::ttl_of(k, &s.ttl)) {
         Ok(stored) => {
             let v = inspect::replayed(&stored);
             if s.commands.send(Command::Enqueue(stored)).await.is_err() {

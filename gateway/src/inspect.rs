@@ -259,16 +259,17 @@ mod tests {
         assert_eq!(outbox_devices(&o).unwrap()["total"], 0, "a failed job leaves the queue");
         let list = deadletter_list(&o).unwrap();
         assert_eq!((list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()), (Some("parked"), Some(true)));
-        let stored = o.replay(id, 3).unwrap();
+        let stored = o.replay(id, 3, |_| chrono::Duration::seconds(60)).unwrap();
+        assert_eq!(stored.job.expires_at.map(|t| t.timestamp_millis()), Some(60_003), "a replayed receipt lives its TTL again");
         assert_eq!((stored.job.seq, stored.job.message_id.as_str()), (2, "m1"), "new seq, same message id");
         assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["seq"], 2);
-        assert!(matches!(o.replay(id, 4), Err(ReplayError::AlreadyReplayed(_))));
+        assert!(matches!(o.replay(id, 4, |_| chrono::Duration::zero()), Err(ReplayError::AlreadyReplayed(_))));
         assert_eq!(deadletter_show(&o, id).unwrap()["state"], "replayed");
 
         // A record-level dead letter has no job to replay.
         let a = crate::outbox::Accept { deadletters: vec![DeadLetter::new("not_json", "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
         let (_, parked) = o.accept_batch(vec![a], 5).unwrap().pop().unwrap();
-        assert!(matches!(o.replay(parked[0], 6), Err(ReplayError::NoJob { .. })));
+        assert!(matches!(o.replay(parked[0], 6, |_| chrono::Duration::zero()), Err(ReplayError::NoJob { .. })));
         assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);
         o.mark_published(&[id, parked[0]], 7).unwrap();
         assert!(o.parked_deadletters(10).unwrap().is_empty());

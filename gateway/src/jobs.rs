@@ -155,20 +155,26 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
     })
 }
 
-/// When a job of `kind` for `charge`, accepted at `accepted_at`, expires: a `display_qr`
-/// at the charge's `expiresDate` (a QR of a charge that can no longer be paid must not be
-/// shown), else `accepted_at` + the kind's TTL from [`TtlConfig`].
-pub fn expires_at(kind: EffectKind, charge: &Charge, accepted_at: DateTime<Utc>, ttl: &TtlConfig) -> DateTime<Utc> {
+/// The time to live of a job of `kind` from when it is accepted (for `display_qr`, the
+/// fallback when its charge has no `expiresDate`).
+pub fn ttl_of(kind: EffectKind, ttl: &TtlConfig) -> chrono::Duration {
     let secs = match kind {
-        EffectKind::DisplayQr => match charge.expires_at {
-            Some(at) => return at,
-            None => ttl.display_qr_s,
-        },
+        EffectKind::DisplayQr => ttl.display_qr_s,
         EffectKind::PaymentConfirmed => ttl.payment_confirmed_s,
         EffectKind::ChargeExpired => ttl.charge_expired_s,
         EffectKind::PrintReceipt => ttl.print_receipt_s,
     };
-    accepted_at + chrono::Duration::seconds(secs.min(i64::MAX as u64 / 1000) as i64)
+    chrono::Duration::seconds(secs.min(i64::MAX as u64 / 1000) as i64)
+}
+
+/// When a job of `kind` for `charge`, accepted at `accepted_at`, expires: a `display_qr`
+/// at the charge's `expiresDate` (a QR of a charge that can no longer be paid must not be
+/// shown), else `accepted_at` + the kind's TTL from [`TtlConfig`].
+pub fn expires_at(kind: EffectKind, charge: &Charge, accepted_at: DateTime<Utc>, ttl: &TtlConfig) -> DateTime<Utc> {
+    match (kind, charge.expires_at) {
+        (EffectKind::DisplayQr, Some(at)) => at,
+        _ => accepted_at + ttl_of(kind, ttl),
+    }
 }
 
 #[cfg(test)]

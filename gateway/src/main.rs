@@ -87,7 +87,8 @@ fn inspect_command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
             }
             Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
                 let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
-                inspect::run(listen, path, format!("/deadletters/{id}/replay"), true, |o| Ok(inspect::replayed(&o.replay(id, now)?))).await
+                let ttl = &cfg.delivery.ttl;
+                inspect::run(listen, path, format!("/deadletters/{id}/replay"), true, |o| Ok(inspect::replayed(&o.replay(id, now, |k| gateway::jobs::ttl_of(k, ttl))?))).await
             }
         }
     })?;
@@ -133,7 +134,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     });
 
     let mut http_shutdown = shutdown_rx.clone();
-    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, commands: commands_tx.clone() };
+    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, ttl: cfg.delivery.ttl.clone(), commands: commands_tx.clone() };
     let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
         let _ = http_shutdown.changed().await;
     }));

@@ -348,12 +348,13 @@ impl Outbox {
 
     /// Puts the job of dead letter `id` back at the end of its device's queue, with a new
     /// `seq` and its original message id (a device that did carry it out dedupes it), and
-    /// marks the dead letter replayed. Returns the job as queued.
+    /// marks the dead letter replayed. Its `expires_at` becomes `now_ms` + `ttl_of(kind)`,
+    /// except a `display_qr`'s, which stays its charge's expiry. Returns the job as queued.
     ///
     /// # Errors
     /// [`ReplayError`]: unknown id, a record-level dead letter (no job: fix the source and
     /// produce it again), already replayed, or the disk.
-    pub fn replay(&self, id: u64, now_ms: u64) -> Result<StoredJob, ReplayError> {
+    pub fn replay(&self, id: u64, now_ms: u64, ttl_of: impl Fn(device_protocol::EffectKind) -> chrono::Duration) -> Result<StoredJob, ReplayError> {
         let mut tx = self.db.begin_write().map_err(|e| ReplayError::Outbox(err(e)))?;
         tx.set_durability(Durability::Immediate).map_err(|e| ReplayError::Outbox(err(e)))?;
         let queued = {
@@ -368,8 +369,11 @@ impl Outbox {
             let next = seq.get(stored.device.as_str()).map_err(|e| ReplayError::Outbox(err(e)))?.map_or(0, |v| v.value()) + 1;
             seq.insert(stored.device.as_str(), next).map_err(|e| ReplayError::Outbox(err(e)))?;
             stored.job.seq = next;
-            // A replayed job gets its kind's time to live again from now: the operator asked for it now.
-            stored.job.expires_at = None;
+            // A QR stays bound to its charge's expiry (a replay never shows a QR that can no
+            // longer be paid); other kinds live their time to live again from the replay.
+            if stored.job.kind != device_protocol::EffectKind::DisplayQr {
+                stored.job.expires_at = chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
+            }
             let bytes = serde_json::to_vec(&stored).map_err(|e| ReplayError::Outbox(err(e)))?;
             tx.open_table(JOBS).map_err(|e| ReplayError::Outbox(err(e)))?.insert((stored.device.as_str(), next), bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
             parked.replayed_at_ms = Some(now_ms);

@@ -7,6 +7,7 @@
 //! end-to-end tests in `tests/tests/` call the same function and check what it left.
 
 pub mod broker;
+pub mod charges;
 pub mod demo;
 pub mod gateway;
 pub mod net;

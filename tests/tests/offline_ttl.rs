@@ -13,7 +13,7 @@ use pixgate_tests::net::free_port;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
-use serde_json::{json, Value};
+use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
 use simulators::{fleet, registry};
 use std::path::Path;
@@ -22,31 +22,8 @@ use std::time::{Duration, Instant};
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
 const PRINTER: &str = "8baa7196b50ac2f86702824c";
 
-/// A `charge.upserted` record for charge `id` on [`TERMINAL`], from the first fixture
-/// charge (same company, value and brCode), with its own status, `__v` and `expiresDate`.
 fn charge(template: &Value, id: &str, status: &str, v: i64, expires_in_min: i64, t: u64) -> CaptureRecord {
-    let now = chrono::Utc::now();
-    let mut value = template["value"].clone();
-    let date = |d: chrono::DateTime<chrono::Utc>| json!({ "$date": d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) });
-    value["eventId"] = json!(format!("Charge:{id}:{}", t << 32 | v as u64));
-    value["operationType"] = json!(if v == 0 { "insert" } else { "update" });
-    value["documentKey"]["_id"]["$oid"] = json!(id);
-    value["clusterTime"] = json!({ "$timestamp": { "t": t, "i": v + 1 } });
-    value["wallTime"] = date(now);
-    let doc = &mut value["fullDocument"];
-    doc["_id"]["$oid"] = json!(id);
-    doc["status"] = json!(status);
-    doc["__v"] = json!(v);
-    doc["terminal"]["$oid"] = json!(TERMINAL);
-    doc["createdAt"] = date(now);
-    doc["updatedAt"] = date(now);
-    doc["expiresDate"] = date(now + chrono::Duration::minutes(expires_in_min));
-    if status == "COMPLETED" {
-        doc["paidAt"] = date(now);
-        doc["payer"] = json!({ "name": "Maria da Silva" });
-        doc["endToEndId"] = json!(format!("E1234567820261130{id}"));
-    }
-    CaptureRecord { topic: "charge.upserted".into(), key: Some(id.into()), value: serde_json::to_vec(&value).unwrap() }
+    pixgate_tests::charges::charge_record(template, TERMINAL, id, status, v, expires_in_min, t)
 }
 
 /// The effects a device carried out, as (kind, charge) in order.
@@ -100,7 +77,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     let n = capture::publish_file(broker.addr(), &fixtures.join("devices.jsonl")).await.unwrap() as u64;
     pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(60), |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
 
-    let template: Value = serde_json::from_str(std::fs::read_to_string(fixtures.join("charges.jsonl")).unwrap().lines().next().unwrap()).unwrap();
+    let template = pixgate_tests::charges::template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
     let records = vec![
         charge(&template, "aaaaaaaaaaaaaaaaaaaaaaaa", "ACTIVE", 0, 60, t), // QR valid for an hour: shown when back
