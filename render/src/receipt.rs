@@ -17,7 +17,7 @@
 //! 6. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
 //!
 //! The pay-with-Pix slip: the same header with the title "Pague com Pix", the amount,
-//! items, charge id, then the QR (always: a slip without one is an error), the scan hint
+//! items, charge id and txid, then the QR (always: a slip without one is an error), the scan hint
 //! and the expiry ("Válido até …") in the receipt's time zone.
 //!
 //! The expiry notice: the same header with the title "Cobrança expirada", the amount, when
@@ -352,7 +352,7 @@ pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, Rece
         ReceiptKind::PayWithPix { expires_at } => {
             let code = r.brcode.as_deref().filter(|c| !c.is_empty()).ok_or(ReceiptError::NoBrCode)?;
             items(&mut e, r, cols);
-            labelled(&mut e, loc.label(Label::Charge), &r.charge_id, cols);
+            ids(&mut e, r, cols);
             e.lf();
             qr_block(&mut e, code, p)?;
             e.align(Align::Center);
