@@ -131,6 +131,11 @@ pub enum DeviceKind {
         code_page: render::codepage::CodePage,
         /// `printer.nativeQr`: understands `GS ( k`.
         native_qr: bool,
+        /// `printer.printPixSlip` (a pixgate extension of the device document, default
+        /// false): when the printer is the one a charge's receipt goes to, it also prints the
+        /// "pay with Pix" slip when the charge is `ACTIVE` and an expiry notice when it is
+        /// `EXPIRED` (`router`).
+        pix_slip: bool,
     },
     /// A card machine.
     Terminal {
@@ -248,7 +253,7 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 ///
 /// # Errors
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
-/// 80 mm, an unknown code page.
+/// 80 mm, an unknown code page, a `printer.printPixSlip` that is not a boolean.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     let id = oid(req(&doc["_id"], "_id")?, "_id")?;
     let company = oid(req(&doc["company"], "company")?, "company")?;
@@ -264,7 +269,12 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
                 Some(name) => render::codepage::CodePage::from_name(&name)
                     .ok_or_else(|| invalid("printer.codePage", format!("unknown code page `{name}`")))?,
             };
-            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr: p["nativeQr"].as_bool().unwrap_or(false) }
+            let pix_slip = match &p["printPixSlip"] {
+                Value::Null => false,
+                Value::Bool(b) => *b,
+                other => return Err(invalid("printer.printPixSlip", format!("{other} is not a boolean"))),
+            };
+            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr: p["nativeQr"].as_bool().unwrap_or(false), pix_slip }
         }
         "terminal" => {
             let s = &doc["screen"];

@@ -13,8 +13,9 @@
 //!   cannot take them are checked every second too, so they leave the outbox on time).
 //! - A device whose status says offline, or a printer that cannot print (paper out, cover
 //!   open), is not sent anything; its queue waits and resumes on the next good status.
-//! - A queued `display_qr` for a charge whose paid/expired screen is enqueued to the same
-//!   device is superseded: a customer must never see the QR of a charge that is over.
+//! - A queued `display_qr` for a charge whose paid/expired screen (or, on a printer that
+//!   prints pay-with-Pix slips, whose receipt) is enqueued to the same device is
+//!   superseded: a customer must never see the QR of a charge that is over.
 //!
 //! The dispatcher is one task owning the in-memory mirror of the durable outbox
 //! ([`crate::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
@@ -142,7 +143,8 @@ impl Dispatcher {
                 let device = stored.device.clone();
                 let q = self.devices.entry(device.clone()).or_default();
                 let job = &stored.job;
-                if matches!(job.kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired) {
+                // A printer's pay-with-Pix slip (`display_qr`) is over once its receipt is due too.
+                if matches!(job.kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired | EffectKind::PrintReceipt) {
                     let (superseded, kept) = std::mem::take(&mut q.queue)
                         .into_iter()
                         .partition(|s: &StoredJob| s.job.kind == EffectKind::DisplayQr && s.job.charge_id == job.charge_id);
@@ -487,6 +489,16 @@ mod tests {
         let f = h.next_finished().await;
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
         h.nothing_sent(200).await;
+    }
+
+    #[tokio::test]
+    async fn queued_pix_slip_is_superseded_by_the_receipt() {
+        let mut h = harness(10_000, 10);
+        h.enqueue("p", job("busy", EffectKind::PrintReceipt, "c0"), 1).await;
+        h.enqueue("p", job("slip", EffectKind::DisplayQr, "c1"), 2).await;
+        h.enqueue("p", job("receipt", EffectKind::PrintReceipt, "c1"), 3).await;
+        let f = h.next_finished().await;
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("slip", Outcome::Superseded));
     }
 
     #[test]

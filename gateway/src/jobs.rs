@@ -1,5 +1,7 @@
 //! Rendering a planned effect into the job its device receives: a screen description for a
-//! card machine, an ESC/POS stream for a printer.
+//! card machine, an ESC/POS stream for a printer (the receipt for `print_receipt`; the
+//! pay-with-Pix slip for `display_qr` and the expiry notice for `charge_expired`, which the
+//! router sends to printers with `printer.printPixSlip`).
 //!
 //! The Pix payload is checked here, per effect: a `brCode` that fails validation (CRC,
 //! currency, structure), or whose amount differs from the charge's `value`, is never shown
@@ -117,9 +119,17 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
             };
             (CONTENT_SCREEN, serde_json::to_vec(&content).expect("screen content serialises"))
         }
-        (DeviceKind::Printer { paper_width_mm, code_page, native_qr }, EffectKind::PrintReceipt) => {
+        (DeviceKind::Printer { paper_width_mm, code_page, native_qr, .. }, kind @ (EffectKind::PrintReceipt | EffectKind::DisplayQr | EffectKind::ChargeExpired)) => {
+            // On a printer, `display_qr` is the pay-with-Pix slip and `charge_expired` the
+            // expiry notice (router: `printer.printPixSlip`); the notice never carries a QR,
+            // so it goes out even when the payload is invalid, like the card machine's screen.
+            let (kind, brcode) = match kind {
+                EffectKind::PrintReceipt => (ReceiptKind::Paid, Some(pix_payload(charge)?)),
+                EffectKind::DisplayQr => (ReceiptKind::PayWithPix { expires_at: charge.expires_at }, Some(pix_payload(charge)?)),
+                _ => (ReceiptKind::Expired { expired_at: charge.expires_at }, None),
+            };
             let receipt = Receipt {
-                kind: ReceiptKind::Paid,
+                kind,
                 merchant_name: charge.merchant_name.clone(),
                 merchant_city: charge.merchant_city.clone(),
                 amount_cents: charge.value_cents,
@@ -131,7 +141,7 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
                 end_to_end_id: charge.end_to_end_id.clone(),
                 charge_id: charge.id.clone(),
                 txid: charge.transaction_id.clone(),
-                brcode: Some(pix_payload(charge)?),
+                brcode,
                 locale: Locale::from_tag(&device.locale),
             };
             // The model decides the `ESC t` number of the code page (vendors differ) and
@@ -225,6 +235,28 @@ mod tests {
         assert!(seen.contains(&("Bematech MP-4200 TH".into(), "CP860", 4)), "{seen:?}");
         assert!(seen.contains(&("Elgin i9".into(), "CP860", 4)), "{seen:?}");
         assert!(seen.contains(&("Epson TM-T20X".into(), "CP850", 2)), "{seen:?}");
+    }
+
+    /// On a printer (router: `printer.printPixSlip`), `display_qr` is the pay-with-Pix slip
+    /// with the charge's payload as a QR and `charge_expired` the notice without any QR;
+    /// `payment_confirmed` is not a printer job.
+    #[test]
+    fn printers_get_the_slip_and_the_notice_as_escpos() {
+        let charge = charges("charges.jsonl").into_iter().find(|c| c.status == cdc::ChargeStatus::Active && c.transaction_id.is_some()).unwrap();
+        let payload = pix_payload(&charge).unwrap();
+        let has = |b: &[u8], w: &[u8]| b.windows(w.len()).any(|x| x == w);
+        for device in documents("devices.jsonl", cdc::decode_device) {
+            let cdc::DeviceKind::Printer { .. } = device.kind else { continue };
+            let job = |kind| render_job("ev", &charge, &PlannedEffect { kind, device: device.clone() }, "America/Sao_Paulo");
+            let slip = job(EffectKind::DisplayQr).unwrap();
+            assert_eq!((slip.kind, slip.content_type.as_str()), (EffectKind::DisplayQr, CONTENT_ESCPOS));
+            let bytes = slip.payload_bytes().unwrap();
+            assert!(has(&bytes, payload.as_bytes()) || has(&bytes, &[0x1D, 0x76, 0x30]), "{}: no QR", device.id);
+            let notice = job(EffectKind::ChargeExpired).unwrap().payload_bytes().unwrap();
+            assert!(!has(&notice, &[0x1D, 0x28, 0x6B]) && !has(&notice, &[0x1D, 0x76, 0x30]), "{}: QR on a notice", device.id);
+            assert!(has(&notice, charge.transaction_id.as_ref().unwrap().as_bytes()), "{}: notice without txid", device.id);
+            assert!(matches!(job(EffectKind::PaymentConfirmed), Err(RenderError::WrongDevice { .. })));
+        }
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
+mod brcode_cli;
+
 /// pixgate: Pix charge events from Kafka → QR screens and receipts on card machines and
 /// printers, over an embedded MQTT broker, with per-device order and acknowledgements.
 ///
@@ -42,10 +44,16 @@ enum Cmd {
     /// Inspect and replay dead letters kept in the outbox (same access as `outbox`).
     #[command(subcommand)]
     Deadletter(DeadLetterCmd),
+    /// Decode and validate a Pix BR Code, or encode one (no configuration, Kafka or broker needed).
+    #[command(subcommand)]
+    Brcode(brcode_cli::BrcodeCmd),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Cmd::Brcode(cmd)) = &cli.command {
+        std::process::exit(brcode_cli::run(cmd));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into()))
 .with_writer(std::io::stderr)
@@ -57,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             print!("{}", toml::to_string_pretty(&cfg)?);
             Ok(())
         }
+        Cmd::Brcode(_) => unreachable!("brcode runs before the configuration is loaded"),
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(cfg)),
         Cmd::Outbox(cmd) => inspect_command(&cfg, Inspection::Outbox(cmd)),
         Cmd::Deadletter(cmd) => inspect_command(&cfg, Inspection::DeadLetter(cmd)),

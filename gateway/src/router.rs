@@ -7,6 +7,13 @@
 //! - `EXPIRED` → T `charge_expired`;
 //! - no terminal: `COMPLETED` → the company's default printer `print_receipt`; else nothing.
 //!
+//! A pixgate extension (the contract has no such field): a printer whose device document
+//! says `printer.printPixSlip: true` also prints, when it is the printer the charge's
+//! receipt goes to (T's paired printer or the company default, as above), the "pay with
+//! Pix" slip with the QR on `ACTIVE` (`display_qr`, an ESC/POS job) and an expiry notice on
+//! `EXPIRED` (`charge_expired`), after T's own effect. Without the flag (the default, and
+//! every device of the fixtures) nothing changes, so `expected.json` is reproduced exactly.
+//!
 //! Effects fire on a status *change*. An event whose `__v` is not newer than the last one
 //! applied for that charge has no effect (a QR never reappears after "paid"), and neither
 //! has a redelivered `eventId`. Nothing is dropped silently: every event ends as effects,
@@ -157,9 +164,20 @@ fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) ->
     let mut effects = Vec::new();
     let mut unroutable = Vec::new();
     let mut on = |kind, device: &Device| effects.push(PlannedEffect { kind, device: device.clone() });
+    let slip = slip_printer(terminal, &charge.company, registry);
     match (charge.status, terminal) {
-        (ChargeStatus::Active, Some(t)) => on(EffectKind::DisplayQr, t),
-        (ChargeStatus::Expired, Some(t)) => on(EffectKind::ChargeExpired, t),
+        (ChargeStatus::Active, Some(t)) => {
+            on(EffectKind::DisplayQr, t);
+            if let Some(p) = slip {
+                on(EffectKind::DisplayQr, p);
+            }
+        }
+        (ChargeStatus::Expired, Some(t)) => {
+            on(EffectKind::ChargeExpired, t);
+            if let Some(p) = slip {
+                on(EffectKind::ChargeExpired, p);
+            }
+        }
         (ChargeStatus::Completed, Some(t)) => {
             on(EffectKind::PaymentConfirmed, t);
             match receipt_printer(t, &charge.company, registry) {
@@ -171,7 +189,14 @@ fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) ->
             Some(p) => on(EffectKind::PrintReceipt, p),
             None => unroutable.push((EffectKind::PrintReceipt, "no_default_printer".to_string())),
         },
-        (ChargeStatus::Active | ChargeStatus::Expired, None) => return Decision::Ignored("no_device_concerned"),
+        (ChargeStatus::Active, None) => match slip {
+            Some(p) => on(EffectKind::DisplayQr, p),
+            None => return Decision::Ignored("no_device_concerned"),
+        },
+        (ChargeStatus::Expired, None) => match slip {
+            Some(p) => on(EffectKind::ChargeExpired, p),
+            None => return Decision::Ignored("no_device_concerned"),
+        },
     }
     Decision::Effects { charge: Box::new(charge.clone()), effects, unroutable }
 }
@@ -188,6 +213,17 @@ fn receipt_printer<'a>(terminal: &Device, company: &str, registry: &'a Registry)
         .or_else(|| registry.default_printer(company))
 }
 
+/// The printer that prints the pay-with-Pix slip and the expiry notice of a charge: the
+/// one its receipt goes to ([`receipt_printer`] for a terminal's charge, the company's
+/// default printer otherwise), if its document sets `printer.printPixSlip`.
+fn slip_printer<'a>(terminal: Option<&Device>, company: &str, registry: &'a Registry) -> Option<&'a Device> {
+    let printer = match terminal {
+        Some(t) => receipt_printer(t, company, registry),
+        None => registry.default_printer(company),
+    };
+    printer.filter(|p| matches!(p.kind, DeviceKind::Printer { pix_slip: true, .. }))
+}
+
 fn dead(reason: &str, detail: String) -> Decision {
     Decision::DeadLetter { reason: reason.to_string(), detail }
 }
@@ -201,13 +237,135 @@ mod tests {
     use crate::test_fixtures::records as fixture;
 
     fn load_registry() -> Registry {
+        load_registry_flagging(|_| false)
+    }
+
+    /// The fixture registry, with `printer.printPixSlip: true` added to the documents of the
+    /// printers `flag` picks (by id).
+    fn load_registry_flagging(flag: impl Fn(&str) -> bool) -> Registry {
         let mut reg = Registry::default();
         for (_, bytes) in fixture("devices.jsonl") {
             let env = cdc::decode_envelope(&bytes).unwrap();
-            let dev = env.full_document.as_ref().map(|d| cdc::decode_device(d).unwrap());
+            let mut doc = env.full_document.clone();
+            if let Some(d) = doc.as_mut().filter(|d| d["kind"] == "printer" && flag(&env.document_id)) {
+                d["printer"]["printPixSlip"] = Value::Bool(true);
+            }
+            let dev = doc.as_ref().map(|d| cdc::decode_device(d).unwrap());
             reg.apply(&env.document_id, env.cluster_time, dev);
         }
         reg
+    }
+
+    /// Every charge event of `charges.jsonl` through a fresh router: per charge, the
+    /// effects in order as (device, kind).
+    fn route_all(reg: &Registry) -> BTreeMap<String, Vec<(String, String)>> {
+        let mut router = Router::default();
+        let mut got: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (_, bytes) in fixture("charges.jsonl") {
+            let env = cdc::decode_envelope(&bytes).unwrap();
+            let entry = got.entry(env.document_id.clone()).or_default();
+            match router.route_charge(&env, reg) {
+                Decision::Effects { effects, unroutable, .. } => {
+                    assert!(unroutable.is_empty());
+                    entry.extend(effects.into_iter().map(|e| (e.device.id, e.kind.as_str().to_string())));
+                }
+                Decision::Ignored(_) => {}
+                d => panic!("unexpected {d:?}"),
+            }
+        }
+        got.retain(|_, v| !v.is_empty());
+        got
+    }
+
+    fn is_printer(reg: &Registry, id: &str) -> bool {
+        matches!(reg.get(id).map(|d| &d.kind), Some(DeviceKind::Printer { .. }))
+    }
+
+    /// With `printPixSlip` on every printer, each charge gets exactly the effects of
+    /// `expected.json` plus, on the printer that prints (or would print) its receipt, a
+    /// `display_qr` slip after each `ACTIVE` and a `charge_expired` notice after each
+    /// `EXPIRED`, including charges without a terminal.
+    #[test]
+    fn flagged_printers_get_the_slip_and_the_notice_on_the_receipt_printer() {
+        let plain = route_all(&load_registry());
+        let reg = load_registry_flagging(|_| true);
+        let flagged = route_all(&reg);
+        // (kind, after the terminal's own effect?) → count
+        let mut added: BTreeMap<(String, bool), usize> = BTreeMap::new();
+        for (charge, effects) in &flagged {
+            let (on_printers, rest): (Vec<_>, Vec<_>) =
+                effects.iter().cloned().partition(|(d, k)| is_printer(&reg, d) && k != "print_receipt");
+            assert_eq!(&rest, plain.get(charge).unwrap_or(&vec![]), "{charge}: the extension changed a contract effect");
+            let receipt_printer = effects.iter().find(|(_, k)| k == "print_receipt").map(|(d, _)| d);
+            for (i, (device, kind)) in effects.iter().enumerate() {
+                if !is_printer(&reg, device) || kind == "print_receipt" {
+                    continue;
+                }
+                assert!(kind == "display_qr" || kind == "charge_expired", "{charge}: {kind} on printer {device}");
+                if let Some(p) = receipt_printer {
+                    assert_eq!(device, p, "{charge}: slip and receipt on different printers");
+                }
+                // Right after the terminal's own effect of the same kind, when there is one.
+                let after_terminal = match i.checked_sub(1).map(|j| &effects[j]) {
+                    Some((t, k)) if !is_printer(&reg, t) => {
+                        assert_eq!(k, kind, "{charge}");
+                        true
+                    }
+                    _ => false,
+                };
+                *added.entry((kind.clone(), after_terminal)).or_default() += 1;
+            }
+            assert!(on_printers.len() <= 2, "{charge}: {on_printers:?}");
+        }
+        let count = |kind: &str| plain.values().flatten().filter(|(_, k)| k == kind).count();
+        let n = |kind: &str, after: bool| added.get(&(kind.to_string(), after)).copied().unwrap_or(0);
+        // Every terminal in the fixtures has a receipt printer: one slip per QR, one notice per expiry.
+        assert_eq!(n("display_qr", true), count("display_qr"));
+        assert_eq!(n("charge_expired", true), count("charge_expired"));
+        // Charges without a terminal (16 ACTIVE, 2 EXPIRED insert events in the fixtures).
+        assert!(n("display_qr", false) > 0 && n("charge_expired", false) > 0, "{added:?}");
+    }
+
+    /// A charge without terminal: nothing unless the company's default printer has the flag;
+    /// a flagged printer that is not the charge's receipt printer gets nothing.
+    #[test]
+    fn slip_goes_only_to_the_flagged_receipt_printer() {
+        // Company 8dbc…: default printer c967… (paired with terminal 724c…), and 8baa…
+        // (paired with terminal 7f80…, the terminal of the first charge).
+        let first = &fixture("charges.jsonl")[0].1;
+        let env = cdc::decode_envelope(first).unwrap();
+        let kinds = |reg: &Registry| match Router::default().route_charge(&env, reg) {
+            Decision::Effects { effects, .. } => effects.into_iter().map(|e| (e.device.id, e.kind)).collect::<Vec<_>>(),
+            d => panic!("{d:?}"),
+        };
+        let terminal = "7f80e222f828767efc2f9162".to_string();
+        assert_eq!(kinds(&load_registry()), [(terminal.clone(), EffectKind::DisplayQr)]);
+        assert_eq!(kinds(&load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")), [(terminal.clone(), EffectKind::DisplayQr)]);
+        assert_eq!(
+            kinds(&load_registry_flagging(|id| id == "8baa7196b50ac2f86702824c")),
+            [(terminal.clone(), EffectKind::DisplayQr), ("8baa7196b50ac2f86702824c".to_string(), EffectKind::DisplayQr)]
+        );
+
+        // The same charge without its terminal: the company default printer, if flagged.
+        let mut doc = env.full_document.clone().unwrap();
+        doc.as_object_mut().unwrap().remove("terminal");
+        let bare = Envelope { full_document: Some(doc), ..env.clone() };
+        assert_eq!(Router::default().route_charge(&bare, &load_registry()), Decision::Ignored("no_device_concerned"));
+        match Router::default().route_charge(&bare, &load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")) {
+            Decision::Effects { effects, .. } => {
+                assert_eq!(effects.iter().map(|e| (e.device.id.as_str(), e.kind)).collect::<Vec<_>>(), [("c967a64cb14028d512c9791e", EffectKind::DisplayQr)])
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn print_pix_slip_must_be_a_boolean() {
+        let (_, bytes) = &fixture("devices.jsonl")[0];
+        let mut doc = cdc::decode_envelope(bytes).unwrap().full_document.unwrap();
+        assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { pix_slip: false, .. }));
+        doc["printer"]["printPixSlip"] = Value::String("yes".into());
+        assert_eq!(cdc::decode_device(&doc).unwrap_err().reason(), "invalid_field:printer.printPixSlip");
     }
 
     /// The routing rules reproduce `expected.json` exactly, effect for effect.

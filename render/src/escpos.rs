@@ -20,6 +20,16 @@ pub enum Align {
     Right = 2,
 }
 
+/// Character font for `ESC M n`: the cell sizes are the printer's (TM-T20 class: A 12 × 24,
+/// B 9 × 17 dots; see [`crate::profile::FONT_A_DOTS`], [`crate::profile::FONT_B_DOTS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Font {
+    /// n = 0: the default after `ESC @`; 48 columns on 80 mm, 32 on 58 mm.
+    A = 0,
+    /// n = 1: the small font; 64 columns on 80 mm, 42 on 58 mm.
+    B = 1,
+}
+
 /// Writes ESC/POS commands and code-page text into a byte buffer.
 #[derive(Debug, Clone)]
 pub struct EscPos {
@@ -61,6 +71,14 @@ impl EscPos {
     /// `ESC E n` (`1B 45 n`): emphasized (bold) on (n = 1) or off (n = 0).
     pub fn bold(&mut self, on: bool) -> &mut Self {
         self.buf.extend_from_slice(&[0x1B, 0x45, on as u8]);
+        self
+    }
+
+    /// `ESC M n` (`1B 4D n`): select character font A (n = 0) or B (n = 1), for the text
+    /// that follows (what is already in the line buffer is printed in the font in force
+    /// when the line is printed, so switch at line starts). `ESC @` selects font A.
+    pub fn font(&mut self, f: Font) -> &mut Self {
+        self.buf.extend_from_slice(&[0x1B, 0x4D, f as u8]);
         self
     }
 
@@ -213,6 +231,9 @@ mod tests {
             e.into_bytes(),
             vec![0x1B, 0x40, 0x1B, 0x74, 3, 0x1B, 0x61, 1, 0x1B, 0x45, 1, 0x1D, 0x21, 0x11, b'P', 0x84, b'o', b' ', 0x1D, 0x56, 0x41, 3]
         );
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.font(Font::B).font(Font::A);
+        assert_eq!(e.into_bytes(), vec![0x1B, 0x4D, 1, 0x1B, 0x4D, 0]);
     }
 
     #[test]

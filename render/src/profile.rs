@@ -19,6 +19,13 @@ use crate::codepage::CodePage;
 /// Width of a font A character cell, in dots (12 × 24; notes §b `ESC M`, §c).
 pub const FONT_A_DOTS: u32 = 12;
 /// Width of a font B character cell, in dots (9 × 17 on TM-T20, 9 × 24 on clones; notes §b).
+///
+/// Columns = ⌊dots per line / 9⌋: 64 on 80 mm (576 dots: notes §c, TM-T20II / TM-P80 /
+/// RP-F10-80 / TH230 rows; escpos-buffer's Elgin I9 profile also says 64), 42 on 58 mm
+/// (384 dots: notes §c, POS-5890 class). Uncertain: Epson models that run 58 mm paper at 360
+/// or 420 dots (notes §c) have 40 or 46 font B columns there, and clones whose font B is
+/// 9 × 24 have the same columns but taller lines; none of the fixture models is checked on
+/// hardware for its 58 mm font B.
 pub const FONT_B_DOTS: u32 = 9;
 
 /// How the model's autocutter cuts, i.e. which `GS V` function B command a job ends with.

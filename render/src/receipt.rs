@@ -9,19 +9,21 @@
 //! 2. centred, bold, double-size merchant name (wrapped at word boundaries), city, title;
 //! 3. the amount in the receipt's locale format, bold and double size;
 //! 4. line items as two columns (name left, wrapped at words; value right), comment (at
-//!    most 8 lines), payer,
-//!    paid-at in the receipt's time zone, end-to-end id (wrapped when longer than a line),
-//!    charge id and txid;
-//! 5. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster), centred and fitting the
+//!    most 8 lines), payer, paid-at in the receipt's time zone;
+//! 5. the reference lines in **font B** (`ESC M 1`, 9 × 17-dot cells: 64 columns on 80 mm,
+//!    42 on 58 mm, [`PrinterSetup::columns_font_b`]), the small print that identifies the
+//!    payment for support and disputes rather than for the customer's eye: end-to-end id,
+//!    charge id and txid, each on one line where it fits, else wrapped; then `ESC M 0`;
+//! 6. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster), centred and fitting the
 //!    paper with a 4-module quiet zone (module ≤ 6 dots);
-//! 6. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
+//! 7. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
 //!
 //! The pay-with-Pix slip: the same header with the title "Pague com Pix", the amount,
-//! items, charge id, then the QR (always: a slip without one is an error), the scan hint
+//! items, charge id and txid (font B), then the QR (always: a slip without one is an error), the scan hint
 //! and the expiry ("Válido até …") in the receipt's time zone.
 //!
 //! The expiry notice: the same header with the title "Cobrança expirada", the amount, when
-//! it expired, charge id and txid, and the hint to ask for a new charge. Never a QR, even
+//! it expired, charge id and txid (font B), and the hint to ask for a new charge. Never a QR, even
 //! when [`Receipt::brcode`] is set: an expired code must not be scannable from paper.
 //!
 //! Which `ESC t n`, how many dots, native QR or not and which cut come from the printer's
@@ -33,7 +35,7 @@
 //! the printer. Commands are written by [`crate::escpos::EscPos`].
 
 use crate::codepage::CodePage;
-use crate::escpos::{Align, EscPos};
+use crate::escpos::{Align, EscPos, Font};
 use crate::locale::{Label, Locale};
 use crate::money::format_amount;
 use crate::profile::{profile_for_model, CutStyle, ModelProfile, GENERIC};
@@ -73,7 +75,12 @@ impl PrinterProfile {
 
     /// Font A columns (12-dot cells): 58 mm → 32, 80 mm → 48.
     pub fn columns(&self) -> usize {
-        (self.dots() / 12) as usize
+        (self.dots() / crate::profile::FONT_A_DOTS) as usize
+    }
+
+    /// Font B columns (9-dot cells): 58 mm → 42, 80 mm → 64.
+    pub fn columns_font_b(&self) -> usize {
+        (self.dots() / crate::profile::FONT_B_DOTS) as usize
     }
 
     /// These settings on the printer model named `model` (a registry `model` string, looked
@@ -119,6 +126,11 @@ impl PrinterSetup {
     /// Font A columns (12-dot cells) for the configured paper on this model.
     pub fn columns(&self) -> usize {
         self.model.columns_font_a(self.printer.paper_width_mm)
+    }
+
+    /// Font B columns (9-dot cells) for the configured paper on this model: the small print.
+    pub fn columns_font_b(&self) -> usize {
+        self.model.columns_font_b(self.printer.paper_width_mm)
     }
 
     /// Whether to send a native `GS ( k` QR: the device is set to (`nativeQr`) *and* the
@@ -338,10 +350,12 @@ pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, Rece
             if let Some(t) = r.paid_at {
                 labelled(&mut e, loc.label(Label::Date), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
             }
-            if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
-                labelled(&mut e, loc.label(Label::EndToEndId), id, cols);
-            }
-            ids(&mut e, r, cols);
+            small_print(&mut e, p, |e, cols| {
+                if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
+                    labelled(e, loc.label(Label::EndToEndId), id, cols);
+                }
+                ids(e, r, cols);
+            });
             if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
                 separator(&mut e, cols);
                 qr_block(&mut e, code, p)?;
@@ -352,7 +366,7 @@ pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, Rece
         ReceiptKind::PayWithPix { expires_at } => {
             let code = r.brcode.as_deref().filter(|c| !c.is_empty()).ok_or(ReceiptError::NoBrCode)?;
             items(&mut e, r, cols);
-            labelled(&mut e, loc.label(Label::Charge), &r.charge_id, cols);
+            small_print(&mut e, p, |e, cols| ids(e, r, cols));
             e.lf();
             qr_block(&mut e, code, p)?;
             e.align(Align::Center);
@@ -371,7 +385,7 @@ pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, Rece
             if let Some(t) = expired_at {
                 labelled(&mut e, loc.label(Label::ExpiredAt), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
             }
-            ids(&mut e, r, cols);
+            small_print(&mut e, p, |e, cols| ids(e, r, cols));
             separator(&mut e, cols);
             e.align(Align::Center).bold(true);
             wrapped(&mut e, loc.label(Label::NotPaid), cols);
@@ -426,6 +440,15 @@ fn comment(e: &mut EscPos, r: &Receipt, cols: usize) {
             line(e, &l);
         }
     }
+}
+
+/// Lines written by `body` (given the font B columns) in font B (`ESC M 1`), then back to
+/// font A (`ESC M 0`). Every line `body` writes ends with LF, so the switch back happens at
+/// a line start and never changes a line already in the printer's buffer.
+fn small_print(e: &mut EscPos, p: &PrinterSetup, body: impl FnOnce(&mut EscPos, usize)) {
+    e.font(Font::B);
+    body(e, p.columns_font_b());
+    e.font(Font::A);
 }
 
 /// Charge id and txid lines.
@@ -484,8 +507,11 @@ mod tests {
     fn profile_geometry() {
         let p58 = PrinterProfile { paper_width_mm: 58, code_page: CodePage::Cp860, native_qr: true };
         let p80 = PrinterProfile { paper_width_mm: 80, ..p58 };
-        assert_eq!((p58.dots(), p58.columns()), (384, 32));
-        assert_eq!((p80.dots(), p80.columns()), (576, 48));
+        assert_eq!((p58.dots(), p58.columns(), p58.columns_font_b()), (384, 32, 42));
+        assert_eq!((p80.dots(), p80.columns(), p80.columns_font_b()), (576, 48, 64));
+        for p in [p58, p80] {
+            assert_eq!((p.generic().columns(), p.generic().columns_font_b()), (p.columns(), p.columns_font_b()));
+        }
     }
 
     fn sample(kind: ReceiptKind) -> Receipt {
@@ -542,6 +568,29 @@ mod tests {
         assert!(!has(&bema, &[0x1D, 0x28, 0x6B]) && has(&bema, &[0x1D, 0x76, 0x30]), "raster QR on Bematech");
         let elgin = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("Elgin i9")).unwrap();
         assert!(elgin.ends_with(&[0x1D, 0x56, 0x41, 3]), "full cut");
+    }
+
+    /// The reference lines, and only they, are in font B, sized to its columns: on 80 mm
+    /// "ID fim a fim: E…" (46 characters) is one line, which font A's 48 columns would also
+    /// hold, but on 58 mm "Cobrança: <24-char id>" (34) needs font B's 42.
+    #[test]
+    fn reference_lines_are_small_print_in_font_b() {
+        let mut r = sample(ReceiptKind::Paid);
+        r.end_to_end_id = Some("E25328704202611271201yxv2kgafrfw".into());
+        r.charge_id = "6748a1f0c2b3d4e5f6a7b8c9".into();
+        for mm in [58u8, 80] {
+            let b = render_receipt(&r, &PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: true }).unwrap();
+            let on = b.windows(3).position(|w| w == [0x1B, 0x4D, 1]).expect("ESC M 1");
+            let off = b.windows(3).position(|w| w == [0x1B, 0x4D, 0]).expect("ESC M 0");
+            assert_eq!(b.windows(3).filter(|w| w[..2] == [0x1B, 0x4D]).count(), 2, "one font B block");
+            let small = CodePage::Cp860.decode(&b[on + 3..off]);
+            let lines: Vec<&str> = small.lines().collect();
+            assert!(lines.contains(&"Cobrança: 6748a1f0c2b3d4e5f6a7b8c9"), "{mm} mm: {lines:?}");
+            assert!(lines.iter().any(|l| l.contains("ID da transação") && l.ends_with("tx1")), "{lines:?}");
+            let cols_b = if mm == 80 { 64 } else { 42 };
+            assert!(lines.iter().all(|l| l.chars().count() <= cols_b), "{lines:?}");
+            assert_eq!(lines.contains(&"ID fim a fim: E25328704202611271201yxv2kgafrfw"), mm == 80, "{lines:?}");
+        }
     }
 
     #[test]

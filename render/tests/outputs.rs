@@ -167,6 +167,8 @@ enum Piece {
     QrEcc(u8),
     QrPrint,
     Raster { x_bytes: usize, rows: usize, data: Vec<u8> },
+    /// `ESC M n`: 0 font A, 1 font B.
+    Font(u8),
     Cut,
     Other,
 }
@@ -190,6 +192,7 @@ fn walk(b: &[u8]) -> Vec<Piece> {
                     0x40 => { out.push(Piece::Other); i += 2; }
                     0x74 => { out.push(Piece::CodeTable(b[i + 2])); i += 3; }
                     0x61 | 0x45 | 0x64 => { out.push(Piece::Other); i += 3; }
+                    0x4D => { assert!(b[i + 2] <= 1, "ESC M 0 or 1"); out.push(Piece::Font(b[i + 2])); i += 3; }
                     c => panic!("unexpected ESC {c:#x} at {i}"),
                 }
             }
@@ -271,10 +274,26 @@ fn receipts_for_58_and_80_mm_native_and_raster() {
                 }
                 let paid = date(&doc["paidAt"]).unwrap().with_timezone(&chrono_tz::America::Sao_Paulo);
                 assert!(decoded.contains(&paid.format("%d/%m/%Y %H:%M").to_string()));
-                for l in decoded.lines() {
-                    // Double-size lines count twice; the widest plain line must fit the columns.
-                    assert!(l.chars().count() <= p.columns(), "line too long for {mm} mm: {l:?}");
+                // Each line within the columns of the font it is printed in (font A 12 dots,
+                // font B 9 dots a cell). Double-size lines count twice; the widest plain line
+                // must fit the columns.
+                let mut font = 0;
+                let mut small_lines = 0;
+                for piece in &pieces {
+                    match piece {
+                        Piece::Font(n) => font = *n,
+                        Piece::Text(t) => {
+                            for l in CodePage::Cp860.decode(t).split('\n').filter(|l| !l.is_empty()) {
+                                let cols = if font == 1 { p.columns_font_b() } else { p.columns() };
+                                assert!(l.chars().count() <= cols, "line too long for {mm} mm in font {}: {l:?}", font + 1);
+                                small_lines += (font == 1) as usize;
+                            }
+                        }
+                        _ => {}
+                    }
                 }
+                assert!(small_lines >= 2, "charge id and txid in font B");
+                assert_eq!(font, 0, "font A again after the small print");
 
                 if native {
                     let store = pieces.iter().find_map(|p| if let Piece::QrStore { declared, data } = p { Some((*declared, data.clone())) } else { None }).expect("fn 180");

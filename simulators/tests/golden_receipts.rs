@@ -106,6 +106,7 @@ fn expected(kind: ReceiptKind, loc: Locale, r: &Receipt) -> Vec<String> {
         ReceiptKind::PayWithPix { expires_at } => {
             v.push(loc.label(Label::PayWithPix).to_uppercase());
             v.push("Café coado 2x".into());
+            v.push(format!("{}: {}", loc.label(Label::Txid), r.txid.as_ref().unwrap()));
             v.push(loc.label(Label::ScanHint).into());
             v.push(format!("{}: {}", loc.label(Label::ValidUntil), at(expires_at.unwrap())));
         }

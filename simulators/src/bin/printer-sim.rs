@@ -4,6 +4,10 @@
 //!   decodes a raw ESC/POS stream offline.
 //! - `printer-sim run --id ID --mqtt HOST:PORT --out DIR [--paper 80] [--code-page CP860]`
 //!   joins the broker as device `ID` until Ctrl-C.
+//! - `printer-sim listen (--tcp 127.0.0.1:9100 | --pty) --out DIR [--paper-out] [--paper-near-end]
+//!   [--cover-open] [--state-file FILE]` is a printer on a raw byte transport that answers
+//!   `DLE EOT` (`simulators::raw_printer`) until killed. It prints `listening tcp ADDR` or
+//!   `listening pty /dev/pts/N` first, then `printed PATH` for each job.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -11,6 +15,8 @@ use render::codepage::CodePage;
 use render::profile::profile_for_model;
 use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
+use simulators::escpos::status::PrinterCondition;
+use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;
 use std::path::PathBuf;
 
@@ -57,6 +63,47 @@ enum Cmd {
         /// Printer model whose `ESC t` numbering to follow (empty: generic ESC/POS).
         #[arg(long, default_value = "")]
         model: String,
+    },
+    /// Be a printer on a raw TCP port or a serial line (pseudo-terminal): print what
+    /// arrives, answer `DLE EOT n` with the status byte, until killed.
+    #[command(group(clap::ArgGroup::new("transport").required(true).args(["tcp", "pty"])))]
+    Listen {
+        /// Listen on this TCP address (raw port 9100 style; port 0 picks a free one). Keep
+        /// it on loopback: an open raw port prints, and kicks drawers, for anyone.
+        #[arg(long)]
+        tcp: Option<String>,
+        /// Open a pseudo-terminal and serve its master side; clients open the printed
+        /// `/dev/pts/N` as a serial port.
+        #[arg(long)]
+        pty: bool,
+        /// Where PNGs (`NNNN-print.png`) and `transcript.txt` go.
+        #[arg(long)]
+        out: PathBuf,
+        /// Paper width in mm (58 or 80).
+        #[arg(long, default_value_t = 80)]
+        paper: u8,
+        /// Code page at power-on and after `ESC @`.
+        #[arg(long, default_value = "CP437")]
+        code_page: String,
+        /// Printer model whose `ESC t` numbering to follow (empty: generic ESC/POS).
+        #[arg(long, default_value = "")]
+        model: String,
+        /// Start with the roll-paper end sensor seeing no paper (offline).
+        #[arg(long)]
+        paper_out: bool,
+        /// Start with the near-end sensor seeing a thin roll (still prints).
+        #[arg(long)]
+        paper_near_end: bool,
+        /// Start with the cover open (offline).
+        #[arg(long)]
+        cover_open: bool,
+        /// Read the condition from this file at run time (words `paper-out`,
+        /// `paper-near-end`, `cover-open`; empty or `ready`: ready; missing: the flags above).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
+        /// Print what has arrived when the line has been quiet this long without a cut, ms (0: only at cuts and when a connection closes).
+        #[arg(long, default_value_t = 1000)]
+        idle_ms: u64,
     },
 }
 
@@ -107,6 +154,25 @@ async fn main() -> Result<()> {
         Cmd::Run { device, paper, code_page: cp, model } => {
             let spec = DeviceSpec::Printer { id: device.id.clone(), paper_width_mm: paper, code_page: code_page(&cp)?, native_qr: true, model };
             run_single_device(&spec, &device).await?;
+        }
+        Cmd::Listen { tcp, pty, out, paper, code_page: cp, model, paper_out, paper_near_end, cover_open, state_file, idle_ms } => {
+            let mut printer = RawPrinter::new(RawPrinterOptions {
+                settings: PrinterSettings::for_paper(paper, code_page(&cp)?).with_model(&model),
+                out,
+                condition: PrinterCondition { paper_out, paper_near_end, cover_open },
+                state_file,
+                idle_ms,
+            });
+            // Blocking I/O on this thread; Ctrl-C or SIGTERM ends the process.
+            if let Some(addr) = tcp {
+                let listener = std::net::TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
+                println!("listening tcp {}", listener.local_addr()?);
+                simulators::raw_printer::serve_tcp(&mut printer, &listener, &mut StdoutReport)?;
+            } else if pty {
+                let mut line = Pty::open().context("opening a pseudo-terminal")?;
+                println!("listening pty {}", line.path());
+                line.serve(&mut printer, &mut StdoutReport)?;
+            }
         }
     }
     Ok(())

@@ -4,6 +4,8 @@
 //! Layout: [`parser`] splits the stream into commands, [`state`] holds the print modes
 //! `ESC @` resets, [`raster`] is the paper, [`text`] draws character cells, [`qr`] and
 //! [`barcode`] draw symbols, [`images`] decodes `GS v 0`, `GS ( L` and `ESC *` data.
+//! For a printer on a byte transport, [`stream`] splits a stream arriving in pieces into
+//! whole commands and [`status`] answers `DLE EOT`.
 //!
 //! Printing follows an Epson TM-T20-class printer in standard mode: characters collect in a
 //! line buffer and are printed by LF, `ESC d`, `ESC J` (or when the line is full), bottom
@@ -19,6 +21,8 @@ pub mod parser;
 pub mod qr;
 pub mod raster;
 pub mod state;
+pub mod status;
+pub mod stream;
 pub mod text;
 
 #[cfg(test)]

@@ -237,6 +237,39 @@ fn text_styles_change_the_ink() {
     }
 }
 
+/// Font B is drawn in its real 9 × 17-dot cell, font A in 12 × 24: 64 font B characters
+/// fill an 80 mm line exactly (48 in font A, the 49th wraps), and the ink of a line of
+/// capitals spans 9 dots per character and fits 17 dots of height.
+#[test]
+fn font_b_cells_are_9_by_17_dots() {
+    let ink_box = |img: &image::GrayImage| {
+        let inked: Vec<(u32, u32)> = img.enumerate_pixels().filter(|p| p.2 .0[0] == 0).map(|p| (p.0, p.1)).collect();
+        let xs = inked.iter().map(|p| p.0);
+        let ys = inked.iter().map(|p| p.1);
+        (xs.clone().min().unwrap(), xs.max().unwrap(), ys.clone().min().unwrap(), ys.max().unwrap())
+    };
+    let b64 = format!("\x1bM\x01{}\n", "H".repeat(64));
+    let d = decode(b64.as_bytes(), &opts80());
+    assert_eq!(d.transcript, format!("{}\n", "H".repeat(64)), "64 font B cells on one 576-dot line");
+    let (x0, x1, y0, y1) = ink_box(&d.image);
+    assert!(x0 < 9 && x1 >= 576 - 9, "ink spans the line: {x0}..{x1}");
+    assert!(y1 - y0 < 17, "font B capitals within 17 dots: {}", y1 - y0 + 1);
+
+    let a = decode(format!("{}\n", "H".repeat(49)).as_bytes(), &opts80());
+    assert_eq!(a.transcript, format!("{}\nH\n", "H".repeat(48)), "font A: 48 columns");
+    let (_, _, ay0, ay1) = ink_box(&a.image);
+    let a1 = decode(b"HHHH\n", &opts80());
+    let (_, _, a1y0, a1y1) = ink_box(&a1.image);
+    assert!(a1y1 - a1y0 > y1 - y0, "font A capitals taller ({}) than font B ({})", a1y1 - a1y0 + 1, y1 - y0 + 1);
+    assert!(ay1 > ay0);
+
+    // ESC @ goes back to font A; ESC ! bit 0 selects B as well.
+    let reset = decode(format!("\x1bM\x01\x1b@{}\n", "H".repeat(49)).as_bytes(), &opts80());
+    assert_eq!(reset.transcript.lines().count(), 2);
+    let bang = decode(format!("\x1b!\x01{}\n", "H".repeat(64)).as_bytes(), &opts80());
+    assert_eq!(bang.transcript.lines().count(), 1);
+}
+
 #[test]
 fn justification_applies_per_line() {
     let d = decode(b"\x1ba\x02R\n\x1ba\x01C\n\x1ba\x00L\n", &DecodeOptions::mm58());
