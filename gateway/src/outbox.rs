@@ -23,8 +23,8 @@
 //! message id → accepted-at (Unix ms); `charges` charge id → (`__v`, status code);
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
 //! registry, so that a restart does not forget devices whose events are already committed;
-//! `deadletters` id → JSON [`ParkedDeadLetter`]; `meta` name → counter (the last
-//! dead-letter id).
+//! `deadletters` id → JSON [`ParkedDeadLetter`]; `parked` the ids not yet published;
+//! `meta` name → counter (the last dead-letter id).
 
 use crate::cdc::ChargeStatus;
 use crate::deadletter::DeadLetter;
@@ -40,6 +40,9 @@ const CHARGES: TableDefinition<&str, (i64, u8)> = TableDefinition::new("charges"
 const DEVICES: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("devices");
 const DEADLETTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("deadletters");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Ids of the dead letters Kafka does not have yet (an index, so the publisher does not
+/// read the whole retained history every time it looks).
+const PARKED: TableDefinition<u64, ()> = TableDefinition::new("parked");
 const LAST_DEADLETTER_ID: &str = "last_deadletter_id";
 
 /// Outbox failure: the disk or the database file. pixgate cannot accept effects without
@@ -147,6 +150,7 @@ pub enum ReplayError {
 
 fn park(
     dls: &mut redb::Table<u64, &[u8]>,
+    parked_ids: &mut redb::Table<u64, ()>,
     meta: &mut redb::Table<&str, u64>,
     mut dl: DeadLetter,
     job: Option<StoredJob>,
@@ -158,6 +162,7 @@ fn park(
     let parked = ParkedDeadLetter { id, parked_at_ms: now_ms, published_at_ms: None, replayed_at_ms: None, dead_letter: dl, job };
     let bytes = serde_json::to_vec(&parked).map_err(err)?;
     dls.insert(id, bytes.as_slice()).map_err(err)?;
+    parked_ids.insert(id, ()).map_err(err)?;
     Ok(id)
 }
 
@@ -211,6 +216,7 @@ impl Outbox {
             tx.open_table(DEVICES).map_err(err)?;
             tx.open_table(DEADLETTERS).map_err(err)?;
             tx.open_table(META).map_err(err)?;
+            tx.open_table(PARKED).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Outbox { db })
@@ -236,6 +242,7 @@ impl Outbox {
             let mut devices = tx.open_table(DEVICES).map_err(err)?;
             let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
             let mut meta = tx.open_table(META).map_err(err)?;
+            let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
             for a in batch {
                 if let Some((id, st)) = &a.charge {
                     charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
@@ -264,7 +271,7 @@ impl Outbox {
                 }
                 let mut parked = Vec::new();
                 for dl in a.deadletters {
-                    parked.push(park(&mut dls, &mut meta, dl, None, now_ms)?);
+                    parked.push(park(&mut dls, &mut parked_ids, &mut meta, dl, None, now_ms)?);
                 }
                 out.push((queued, parked));
             }
@@ -296,7 +303,8 @@ impl Outbox {
             tx.open_table(JOBS).map_err(err)?.remove((stored.device.as_str(), stored.job.seq)).map_err(err)?;
             let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
             let mut meta = tx.open_table(META).map_err(err)?;
-            park(&mut dls, &mut meta, dl, Some(stored.clone()), now_ms)?
+            let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
+            park(&mut dls, &mut parked_ids, &mut meta, dl, Some(stored.clone()), now_ms)?
         };
         tx.commit().map_err(err)?;
         Ok(id)
@@ -307,7 +315,17 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure, or a stored dead letter that no longer parses.
     pub fn parked_deadletters(&self, limit: usize) -> Result<Vec<ParkedDeadLetter>, OutboxError> {
-        Ok(self.deadletters()?.into_iter().filter(|d| d.published_at_ms.is_none()).take(limit).collect())
+        let tx = self.db.begin_read().map_err(err)?;
+        let parked = tx.open_table(PARKED).map_err(err)?;
+        let table = tx.open_table(DEADLETTERS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in parked.iter().map_err(err)?.take(limit) {
+            let (id, _) = item.map_err(err)?;
+            if let Some(v) = table.get(id.value()).map_err(err)? {
+                out.push(serde_json::from_slice(v.value()).map_err(err)?);
+            }
+        }
+        Ok(out)
     }
 
     /// Every dead letter the outbox holds (parked, or published within the retention),
@@ -343,7 +361,21 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure.
     pub fn mark_published(&self, ids: &[u64], now_ms: u64) -> Result<(), OutboxError> {
-        self.update_deadletters(ids, Durability::None, |d| d.published_at_ms = Some(now_ms))
+        let mut tx = self.db.begin_write().map_err(err)?;
+        tx.set_durability(Durability::None).map_err(err)?;
+        {
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            let mut parked = tx.open_table(PARKED).map_err(err)?;
+            for &id in ids {
+                parked.remove(id).map_err(err)?;
+                let Some(bytes) = dls.get(id).map_err(err)?.map(|v| v.value().to_vec()) else { continue };
+                let mut d: ParkedDeadLetter = serde_json::from_slice(&bytes).map_err(err)?;
+                d.published_at_ms = Some(now_ms);
+                let bytes = serde_json::to_vec(&d).map_err(err)?;
+                dls.insert(id, bytes.as_slice()).map_err(err)?;
+            }
+        }
+        tx.commit().map_err(err)
     }
 
     /// Puts the job of dead letter `id` back at the end of its device's queue, with a new
@@ -403,22 +435,6 @@ impl Outbox {
         }
         tx.commit().map_err(err)?;
         Ok(n)
-    }
-
-    fn update_deadletters(&self, ids: &[u64], durability: Durability, f: impl Fn(&mut ParkedDeadLetter)) -> Result<(), OutboxError> {
-        let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(durability).map_err(err)?;
-        {
-            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
-            for &id in ids {
-                let Some(bytes) = dls.get(id).map_err(err)?.map(|v| v.value().to_vec()) else { continue };
-                let mut d: ParkedDeadLetter = serde_json::from_slice(&bytes).map_err(err)?;
-                f(&mut d);
-                let bytes = serde_json::to_vec(&d).map_err(err)?;
-                dls.insert(id, bytes.as_slice()).map_err(err)?;
-            }
-        }
-        tx.commit().map_err(err)
     }
 
     /// The queued jobs of `device`, in delivery order.
