@@ -7,8 +7,8 @@
 //! - [`brcode`]: parse, validate and write Pix BR Codes (EMV-MPM, CRC16).
 //! - [`money`], [`locale`]: amounts in centavos as text; languages and labels.
 //! - [`qr`]: QR matrices at error correction M, PNGs, module sizing.
-//! - [`qr_fast`]: a byte-mode QR encoder about 100x faster than the `qrcode` crate (not yet
-//!   used by [`qr`]: it makes larger symbols for Pix payloads, see its docs).
+//! - [`qr_fast`]: the QR encoder behind [`qr`] (optimal numeric/alphanumeric/byte
+//!   segments), about 100x faster than the `qrcode` crate.
 //! - [`escpos`], [`receipt`]: ESC/POS command writer and the receipts (paid, pay-with-Pix
 //!   slip, expiry notice).
 //! - [`profile`]: printer models (dots, columns, `ESC t` numbers per vendor, QR, cut).

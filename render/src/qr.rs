@@ -1,21 +1,26 @@
 //! QR codes for Pix payloads: the module matrix, a PNG of it, and how big a module can be
 //! on a given paper or screen.
 //!
-//! Encoding uses the `qrcode` crate (ISO/IEC 18004 model 2) at error correction level **M**
-//! (15 % recovery), the level pixgate uses everywhere: the printer's native `GS ( k` QR is
-//! asked for M too (`fn 169`, n = 49), so the raster and native paths print the same symbol
-//! size. The payload is encoded as given (BR Codes written by [`crate::brcode`] are ASCII).
+//! Encoding uses [`crate::qr_fast`] (ISO/IEC 18004 model 2, numeric / alphanumeric / byte
+//! segments chosen for the fewest bits, so a BR Code's digit runs and uppercase name take
+//! fewer modules; never Kanji mode) at error correction level **M** (15 % recovery), the
+//! level pixgate uses everywhere: the printer's native `GS ( k` QR is asked for M too
+//! (`fn 169`, n = 49). The payload's bytes are encoded as given (BR Codes written by
+//! [`crate::brcode`] are ASCII); a reader gets exactly those bytes back.
 
+use crate::qr_fast::{self, Ec};
 use image::{GrayImage, ImageEncoder, Luma};
 use thiserror::Error;
 
 /// Why a payload could not become a QR code.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum QrError {
-    /// The payload does not fit a version-40 symbol at level M (2331 bytes in byte mode).
+    /// The payload does not fit a version-40 symbol at level M (2331 bytes of arbitrary
+    /// text; up to 5596 digits or 3391 uppercase characters).
     #[error("payload of {len} bytes is too long for a QR code at error correction M")]
     DataTooLong { len: usize },
-    /// Any other refusal by the encoder, with its message.
+    /// Any other refusal by the encoder, with its message. ([`crate::qr_fast`] has no other
+    /// refusal; kept so that callers matching on it keep compiling.)
     #[error("QR encoder failed: {0}")]
     Encoder(String),
 }
@@ -58,29 +63,23 @@ impl QrMatrix {
     }
 }
 
-/// Encodes `payload` (its UTF-8 bytes) as a QR code at error correction level M, the
-/// smallest version that fits.
+/// Encodes `payload` (its UTF-8 bytes) as a QR code at error correction level M, in the
+/// smallest version that holds it with the fewest-bit segmentation, and the mask with the
+/// lowest ISO/IEC 18004 §7.8.3 penalty ([`crate::qr_fast::encode`]).
 ///
 /// # Errors
 /// [`QrError::DataTooLong`] when the payload exceeds version 40-M.
 pub fn encode(payload: &str) -> Result<QrMatrix, QrError> {
-    let code = qrcode::QrCode::with_error_correction_level(payload.as_bytes(), qrcode::EcLevel::M).map_err(|e| match e {
-        qrcode::types::QrError::DataTooLong => QrError::DataTooLong { len: payload.len() },
-        other => QrError::Encoder(other.to_string()),
-    })?;
-    Ok(QrMatrix { width: code.width(), modules: code.to_colors().into_iter().map(|c| c == qrcode::Color::Dark).collect() })
+    let symbol = qr_fast::encode(payload.as_bytes(), Ec::M).map_err(|e| QrError::DataTooLong { len: e.len })?;
+    Ok(QrMatrix { width: symbol.width, modules: symbol.modules })
 }
 
 /// Modules per side of the smallest model-2 symbol at level M that holds `len` bytes in
 /// **byte mode** (what printer firmware typically uses for `GS ( k` data), or `None` past
-/// version 40. Used to size a native printer QR, which the printer encodes itself.
+/// version 40 (2331 bytes). Used to size a native printer QR, which the printer encodes
+/// itself.
 pub fn byte_mode_width(len: usize) -> Option<usize> {
-    let data = vec![b'0'; len];
-    (1..=40i16).find_map(|v| {
-        let mut bits = qrcode::bits::Bits::new(qrcode::Version::Normal(v));
-        let fits = bits.push_byte_data(&data).is_ok() && bits.push_terminator(qrcode::EcLevel::M).is_ok();
-        fits.then_some(17 + 4 * v as usize)
-    })
+    qr_fast::version::smallest_version(len, Ec::M).map(qr_fast::version::width)
 }
 
 /// A PNG (8-bit grayscale) of the symbol with `module_px` pixels per module and a quiet zone
@@ -149,7 +148,38 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn byte_mode_width_matches_the_qrcode_crate_budget() {
+        // Independent oracle: the qrcode crate's byte-mode bit budget at M.
+        let theirs = |len: usize| {
+            let data = vec![b'a'; len];
+            (1..=40i16).find_map(|v| {
+                let mut bits = qrcode::bits::Bits::new(qrcode::Version::Normal(v));
+                let fits = bits.push_byte_data(&data).is_ok() && bits.push_terminator(qrcode::EcLevel::M).is_ok();
+                fits.then_some(17 + 4 * v as usize)
+            })
+        };
+        for len in (0..=2340).step_by(7).chain([14, 15, 2330, 2331, 2332]) {
+            assert_eq!(byte_mode_width(len), theirs(len), "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn br_codes_use_mixed_modes() {
+        // A fixture's dynamic BR Code (175 bytes): a smaller version than one byte-mode
+        // segment needs, and the version the qrcode crate's automatic mode (the previous
+        // encoder) picks.
+        let m = encode(DYN).unwrap();
+        let theirs = qrcode::QrCode::with_error_correction_level(DYN, qrcode::EcLevel::M).unwrap();
+        assert_eq!(qrcode::Version::Normal(m.version() as i16), theirs.version());
+        assert!(m.width < byte_mode_width(DYN.len()).unwrap());
+    }
+
+    #[test]
     fn too_long() {
         assert!(matches!(encode(&"x".repeat(3000)), Err(QrError::DataTooLong { len: 3000 })));
+        assert!(matches!(encode(&"x".repeat(2332)), Err(QrError::DataTooLong { len: 2332 })));
+        assert_eq!(encode(&"x".repeat(2331)).unwrap().version(), 40);
+        assert_eq!(encode(&"7".repeat(5596)).unwrap().version(), 40, "40-M holds 5596 digits");
+        assert!(encode(&"7".repeat(5597)).is_err());
     }
 }

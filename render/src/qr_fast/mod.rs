@@ -1,32 +1,37 @@
-//! A fast QR code encoder (ISO/IEC 18004:2015, model 2, byte mode).
+//! A fast QR code encoder (ISO/IEC 18004:2015, model 2; numeric, alphanumeric and byte
+//! modes).
 //!
-//! [`encode`] picks the smallest version (1..=40) whose byte-mode capacity at the requested
-//! error-correction level holds the data, and the mask with the lowest penalty score
-//! (rules in [`mask`]). For the same bits, version and mask the symbol is module for module
-//! the one the `qrcode` crate draws (checked in the tests for all masks, versions, levels).
+//! [`encode`] splits the data into numeric / alphanumeric / byte segments with the fewest
+//! bits ([`segment`], exact dynamic programming over the character-count widths of each
+//! version range 1–9, 10–26, 27–40), takes the smallest version (1..=40) that holds them at
+//! the requested error-correction level, and the mask with the lowest penalty score (rules
+//! in [`mask`]). For the same segments, version and mask the symbol is module for module
+//! the one the `qrcode` crate draws (checked in the tests for all masks, versions,
+//! levels), and the version is never larger than the one the `qrcode` crate's automatic
+//! mode picks (its segmentation is greedy; this one is optimal): a 150-byte static BR
+//! Code is version 6 at M, where one byte-mode segment would need version 8. The crate
+//! does differ in two ways: it never uses Kanji mode (the `qrcode` crate does for UTF-8
+//! bytes that happen to look like Shift JIS, which readers then decode as Shift JIS), and
+//! its mask penalty N4 is the standard's 10 × ⌊|dark % − 50| / 5⌋, where the `qrcode`
+//! crate scores 2 × |dark % − 50|, so the two can choose different masks.
 //!
-//! Note: this encoder writes one **byte-mode** segment. The `qrcode` crate's automatic
-//! mode (`QrCode::with_error_correction_level`, used by [`crate::qr`]) splits the data into
-//! numeric / alphanumeric / byte segments, which for BR Codes (long digit runs, uppercase
-//! name and city) often gives a smaller version: a 150-byte static BR Code is version 8
-//! here and version 6 there.
-//!
-//! Where the time goes, for a 150-byte payload at M (version 8): choosing the mask (eight
-//! masked symbols scored) ≈ 55 %, placing codewords ≈ 20 %, Reed-Solomon ≈ 7 %, the rest
-//! small. Each step is word-parallel: rows are 64-bit words ([`matrix`]), penalties are
-//! computed with shifts, AND/OR of neighbouring rows and popcounts ([`mask`]), RS uses a
+//! Where the time goes, for a 150-byte payload at M (version 8 in byte mode): choosing the
+//! mask (eight masked symbols scored) ≈ 55 %, placing codewords ≈ 20 %, Reed-Solomon ≈ 7 %,
+//! the rest small. Each step is word-parallel: rows are 64-bit words ([`matrix`]), penalties
+//! are computed with shifts, AND/OR of neighbouring rows and popcounts ([`mask`]), RS uses a
 //! per-degree product table and a 32-byte shift register ([`rs`]), and the per-version
 //! function patterns and zigzag order are built once per version and cached
 //! ([`matrix::Cached`]).
 //!
-//! Layout: [`bits`] (data codewords), [`rs`] (Reed-Solomon, block interleaving),
-//! [`version`] (tables, format/version information), [`matrix`] (function patterns,
-//! placement), [`mask`] (masks and penalty).
+//! Layout: [`segment`] (modes and segmentation), [`bits`] (data codewords), [`rs`]
+//! (Reed-Solomon, block interleaving), [`version`] (tables, format/version information),
+//! [`matrix`] (function patterns, placement), [`mask`] (masks and penalty).
 
 pub mod bits;
 pub mod mask;
 pub mod matrix;
 pub mod rs;
+pub mod segment;
 pub mod version;
 
 #[cfg(test)]
@@ -63,57 +68,89 @@ impl Symbol {
     }
 }
 
-/// The data does not fit: `len` bytes given, `max` bytes fit in byte mode (in version 40,
-/// or in the version asked for by [`encode_with`]).
+/// The data does not fit: its `len` bytes need `bits` data bits (segments as chosen for
+/// `version`), and `version` at `ec` holds `max_bits` (version 40, or the version forced
+/// with [`Options::version`]). In byte mode alone version 40 holds 2953 / 2331 / 1663 /
+/// 1273 bytes at L / M / Q / H; digits and uppercase text fit more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-#[error("{len} bytes do not fit a QR code at error correction {ec:?}: at most {max} bytes")]
+#[error("{len} bytes need {bits} data bits, more than the {max_bits} a version-{version} QR code holds at error correction {ec:?}")]
 pub struct TooLong {
     pub len: usize,
-    pub max: usize,
+    pub bits: usize,
+    pub max_bits: usize,
+    pub version: u8,
     pub ec: Ec,
 }
 
-/// Encodes `data` as one byte-mode segment at level `ec` in the smallest version that holds
-/// it, with the lowest-penalty mask.
-///
-/// # Errors
-/// [`TooLong`] past the version-40 capacity (2953 / 2331 / 1663 / 1273 bytes for L/M/Q/H).
-pub fn encode(data: &[u8], ec: Ec) -> Result<Symbol, TooLong> {
-    encode_with(data, ec, None, None)
+/// Choices [`encode_with`] can force; the default chooses everything as [`encode`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Options {
+    /// Use this version (1..=40) instead of the smallest that holds the data.
+    pub version: Option<u8>,
+    /// Use this mask (0..=7) instead of the lowest-penalty one.
+    pub mask: Option<u8>,
+    /// Write the data as one byte-mode segment instead of the optimal segmentation.
+    pub byte_mode_only: bool,
 }
 
-/// [`encode`] with the version and/or the mask forced (`None` = choose as [`encode`] does).
-/// A forced version must hold the data.
+/// Encodes `data` at level `ec` with the optimal segmentation, in the smallest version
+/// that holds it, with the lowest-penalty mask.
+///
+/// # Errors
+/// [`TooLong`] when not even version 40 holds the data.
+pub fn encode(data: &[u8], ec: Ec) -> Result<Symbol, TooLong> {
+    encode_with(data, ec, Options::default())
+}
+
+/// [`encode`] with the version, the mask and/or the segmentation forced (see [`Options`]).
 ///
 /// # Errors
 /// [`TooLong`] if the data does not fit the forced version (or version 40).
 ///
 /// # Panics
 /// If a forced version is outside 1..=40 or a forced mask outside 0..=7.
-pub fn encode_with(data: &[u8], ec: Ec, version: Option<u8>, mask: Option<u8>) -> Result<Symbol, TooLong> {
-    let version = match version {
-        Some(v) => {
-            assert!((1..=40).contains(&v), "QR version {v} is not in 1..=40");
-            let max = version::byte_capacity(v, ec);
-            if data.len() > max {
-                return Err(TooLong { len: data.len(), max, ec });
-            }
-            v
-        }
-        None => version::smallest_version(data.len(), ec).ok_or(TooLong { len: data.len(), max: version::byte_capacity(40, ec), ec })?,
-    };
-    if let Some(m) = mask {
+pub fn encode_with(data: &[u8], ec: Ec, opts: Options) -> Result<Symbol, TooLong> {
+    if let Some(v) = opts.version {
+        assert!((1..=40).contains(&v), "QR version {v} is not in 1..=40");
+    }
+    if let Some(m) = opts.mask {
         assert!(m < 8, "QR mask {m} is not in 0..=7");
     }
-    let data_cw = bits::data_codewords(data, version, ec);
+    let segment_for = |v: u8| if opts.byte_mode_only { segment::byte_only(data) } else { segment::optimal(data, v) };
+    let (version, segments) = match opts.version {
+        Some(v) => (v, segment_for(v)),
+        // One segmentation per version range (count widths differ); the cost only grows
+        // from one range to the next, so the first range with a fitting version has the
+        // smallest one.
+        None => {
+            let mut chosen = None;
+            for (first, last) in [(1u8, 9u8), (10, 26), (27, 40)] {
+                let segs = segment_for(first);
+                let bits = segment::total_bits(&segs, first);
+                let fits = (first..=last).find(|&v| version::data_codewords(v, ec) * 8 >= bits);
+                // Past version 40 this is (40, segs), refused just below.
+                chosen = Some((fits.unwrap_or(last), segs));
+                if fits.is_some() {
+                    break;
+                }
+            }
+            chosen.expect("three version ranges")
+        }
+    };
+    let bits = segment::total_bits(&segments, version);
+    let max_bits = version::data_codewords(version, ec) * 8;
+    if bits > max_bits {
+        return Err(TooLong { len: data.len(), bits, max_bits, version, ec });
+    }
+    let data_cw = bits::data_codewords(data, &segments, version, ec);
     let codewords = rs::interleave(&data_cw, version, ec);
     let width = version::width(version);
     let (mask, modules) = if width <= 64 {
-        build::<1>(&codewords, version, ec, mask)
+        build::<1>(&codewords, version, ec, opts.mask)
     } else if width <= 128 {
-        build::<2>(&codewords, version, ec, mask)
+        build::<2>(&codewords, version, ec, opts.mask)
     } else {
-        build::<3>(&codewords, version, ec, mask)
+        build::<3>(&codewords, version, ec, opts.mask)
     };
     Ok(Symbol { width, version, mask, modules })
 }
