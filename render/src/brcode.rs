@@ -201,14 +201,16 @@ fn split_tlv(chars: &[char], base: usize) -> Result<Vec<Item>, BrCodeError> {
         if !id.bytes().all(|b| b.is_ascii_digit()) || id.len() != 2 {
             return Err(BrCodeError::Tlv { at, reason: format!("ID {id:?} is not two digits") });
         }
-        let len_s: String = chars[i + 2..i + 4].iter().collect();
-        if !len_s.bytes().all(|b| b.is_ascii_digit()) || len_s.len() != 2 {
+        let len_c = &chars[i + 2..i + 4];
+        if !len_c.iter().all(char::is_ascii_digit) {
+            let len_s: String = len_c.iter().collect();
             return Err(BrCodeError::Tlv {
                 at: at + 2,
                 reason: format!("length {len_s:?} of field {id} is not two digits"),
             });
         }
-        let len: usize = len_s.parse().expect("two ASCII digits");
+        // Two ASCII digits (checked just above).
+        let len = (len_c[0] as usize - '0' as usize) * 10 + (len_c[1] as usize - '0' as usize);
         let start = i + 4;
         if len == 0 {
             return Err(BrCodeError::Tlv { at, reason: format!("field {id} has length 00") });
@@ -327,7 +329,7 @@ pub fn parse(payload: &str) -> Result<BrCode, BrCodeError> {
     let Some(mai_item) = mai_item else { return Err(BrCodeError::NotPix { gui: None }) };
     let mai_chars: Vec<char> = mai_item.value.chars().collect();
     let mai = split_tlv(&mai_chars, mai_item.at + 4)?;
-    let sub = |id: &str| take_unique(&mai, id, &format!("26-{id}"));
+    let sub = |id: &str| take_unique(&mai, id, id).map_err(|_| BrCodeError::Duplicate { tag: format!("26-{id}") });
     let gui = require(sub("00")?, "26-00")?;
     if !gui.eq_ignore_ascii_case(PIX_GUI) {
         return Err(BrCodeError::NotPix { gui: Some(gui) });
@@ -432,19 +434,22 @@ fn tlv(id: &str, value: &str) -> Result<String, BrCodeError> {
     if len > 99 {
         return Err(BrCodeError::FieldTooLong { tag: id.to_string(), max: 99, len });
     }
-    Ok(format!("{id}{len:02}{value}"))
+    // `{id}{len:02}{value}`, without the formatting machinery (every receipt runs this).
+    let mut out = String::with_capacity(id.len() + 2 + value.len());
+    out.push_str(id);
+    out.push(char::from(b'0' + (len / 10) as u8));
+    out.push(char::from(b'0' + (len % 10) as u8));
+    out.push_str(value);
+    Ok(out)
 }
 
 /// Folds text to the BR Code alphanumeric set, uppercase, cut to `max` characters (rule in
 /// the module docs).
 pub fn fold_upper(text: &str, max: usize) -> String {
     let mut out = String::new();
+    let mut one = [0u8; 4];
     for c in text.chars() {
-        let ascii: String = if c.is_ascii() {
-            c.to_string()
-        } else {
-            crate::codepage::fallback(c).unwrap_or("").to_string()
-        };
+        let ascii: &str = if c.is_ascii() { c.encode_utf8(&mut one) } else { crate::codepage::fallback(c).unwrap_or("") };
         for a in ascii.chars() {
             let a = a.to_ascii_uppercase();
             let keep = a.is_ascii_uppercase() || a.is_ascii_digit() || "$%*+-./: ".contains(a);

@@ -151,6 +151,18 @@ impl CodePage {
     /// log or test it). Never emits a byte sequence that is not on the page.
     pub fn encode_lossy(self, text: &str) -> (Vec<u8>, usize) {
         let mut out = Vec::with_capacity(text.len());
+        let replaced = self.encode_lossy_into(text, &mut out);
+        (out, replaced)
+    }
+
+    /// [`CodePage::encode_lossy`] appending to `out` (no allocation of its own); returns
+    /// how many characters needed a fallback. ASCII text (every page's lower half) is
+    /// copied as it is.
+    pub fn encode_lossy_into(self, text: &str, out: &mut Vec<u8>) -> usize {
+        if text.is_ascii() {
+            out.extend_from_slice(text.as_bytes());
+            return 0;
+        }
         let mut replaced = 0;
         for c in text.chars() {
             if let Some(b) = self.encode_char(c) {
@@ -163,7 +175,7 @@ impl CodePage {
                 None => out.push(b'?'),
             }
         }
-        (out, replaced)
+        replaced
     }
 
     /// Decodes printer bytes under this page, control bytes included as they are.

@@ -94,8 +94,8 @@ impl EscPos {
     /// Text encoded with [`CodePage::encode_lossy`] for this job's page (never UTF-8),
     /// after [`printable`] (control characters become spaces, pictographs are dropped).
     pub fn text(&mut self, s: &str) -> &mut Self {
-        let bytes = self.encode(s);
-        self.buf.extend_from_slice(&bytes);
+        let EscPos { buf, page, replaced, .. } = self;
+        encode_into(*page, replaced, s, buf);
         self
     }
 
@@ -108,9 +108,9 @@ impl EscPos {
     /// Encodes text for this page without writing it (for measuring and wrapping: one byte
     /// is one printed character cell), after [`printable`].
     pub fn encode(&mut self, s: &str) -> Vec<u8> {
-        let (bytes, replaced) = self.page.encode_lossy(&printable(s));
-        self.replaced += replaced;
-        bytes
+        let mut out = Vec::with_capacity(s.len());
+        encode_into(self.page, &mut self.replaced, s, &mut out);
+        out
     }
 
     /// `LF` (`0A`): print the line buffer and feed one line.
@@ -163,6 +163,28 @@ impl EscPos {
     /// Images taller than 2047 rows would need banding; callers keep QRs well below that.
     pub fn raster(&mut self, width_dots: u32, height: u32, dark: impl Fn(u32, u32) -> bool) -> &mut Self {
         let x_bytes = width_dots.div_ceil(8);
+        let mut rows = Vec::with_capacity((x_bytes * height) as usize);
+        for y in 0..height {
+            for bx in 0..x_bytes {
+                let mut byte = 0u8;
+                for bit in 0..8 {
+                    let x = bx * 8 + bit;
+                    if x < width_dots && dark(x, y) {
+                        byte |= 0x80 >> bit;
+                    }
+                }
+                rows.push(byte);
+            }
+        }
+        self.raster_packed(width_dots, height, &rows)
+    }
+
+    /// [`EscPos::raster`] with the dots already packed in its layout: `rows` is `height` rows
+    /// of ⌈width_dots / 8⌉ bytes (e.g. [`crate::qr::QrMatrix::to_raster`]). Bytes past
+    /// x·y are ignored, missing ones sent as 0 (white), so the command's length is always
+    /// what its header says.
+    pub fn raster_packed(&mut self, width_dots: u32, height: u32, rows: &[u8]) -> &mut Self {
+        let x_bytes = width_dots.div_ceil(8);
         self.buf.extend_from_slice(&[
             0x1D,
             0x76,
@@ -173,18 +195,10 @@ impl EscPos {
             (height & 0xFF) as u8,
             (height >> 8) as u8,
         ]);
-        for y in 0..height {
-            for bx in 0..x_bytes {
-                let mut byte = 0u8;
-                for bit in 0..8 {
-                    let x = bx * 8 + bit;
-                    if x < width_dots && dark(x, y) {
-                        byte |= 0x80 >> bit;
-                    }
-                }
-                self.buf.push(byte);
-            }
-        }
+        let k = (x_bytes * height) as usize;
+        let given = &rows[..k.min(rows.len())];
+        self.buf.extend_from_slice(given);
+        self.buf.resize(self.buf.len() + (k - given.len()), 0);
         self
     }
 
@@ -199,6 +213,12 @@ impl EscPos {
     }
 }
 
+/// [`printable`] then [`CodePage::encode_lossy_into`] `out`, counting fallbacks in
+/// `replaced`. Most text has nothing to neutralise: then it is encoded without the copy.
+fn encode_into(page: CodePage, replaced: &mut usize, s: &str, out: &mut Vec<u8>) {
+    *replaced += if s.chars().all(|c| class(c) == Class::Keep) { page.encode_lossy_into(s, out) } else { page.encode_lossy_into(&printable(s), out) };
+}
+
 /// Prepares text for a printer: control characters (below 0x20, and DEL) become spaces, so
 /// that data can never inject a command; emoji and other pictographs (U+1F000..U+1FAFF,
 /// U+2600..U+27BF), variation selectors and zero-width joiners are dropped, because no
@@ -207,16 +227,33 @@ impl EscPos {
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
-        let u = c as u32;
-        if u < 0x20 || u == 0x7F {
-            out.push(' ');
-        } else if (0x1F000..=0x1FAFF).contains(&u) || (0x2600..=0x27BF).contains(&u) || (0xFE00..=0xFE0F).contains(&u) || u == 0x200D {
-            continue;
-        } else {
-            out.push(c);
+        match class(c) {
+            Class::Keep => out.push(c),
+            Class::Space => out.push(' '),
+            Class::Drop => {}
         }
     }
     out
+}
+
+/// What [`printable`] does with one character.
+#[derive(PartialEq)]
+enum Class {
+    Keep,
+    Space,
+    Drop,
+}
+
+#[inline]
+fn class(c: char) -> Class {
+    let u = c as u32;
+    if u < 0x20 || u == 0x7F {
+        Class::Space
+    } else if (0x1F000..=0x1FAFF).contains(&u) || (0x2600..=0x27BF).contains(&u) || (0xFE00..=0xFE0F).contains(&u) || u == 0x200D {
+        Class::Drop
+    } else {
+        Class::Keep
+    }
 }
 
 #[cfg(test)]
@@ -267,5 +304,8 @@ mod tests {
         let mut e = EscPos::new(CodePage::Cp860);
         e.raster(10, 1, |x, _| x == 0 || x == 9);
         assert_eq!(e.into_bytes(), vec![0x1D, 0x76, 0x30, 0, 2, 0, 1, 0, 0x80, 0x40]);
+        let mut e = EscPos::new(CodePage::Cp860);
+        e.raster_packed(10, 2, &[0x80, 0x40, 0xFF]);
+        assert_eq!(e.into_bytes(), vec![0x1D, 0x76, 0x30, 0, 2, 0, 2, 0, 0x80, 0x40, 0xFF, 0], "short data padded white");
     }
 }

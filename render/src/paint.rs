@@ -11,7 +11,11 @@ fn blend(img: &mut RgbImage, x: u32, y: u32, c: Rgb<u8>, cov: f32) {
     if cov <= 0.0 || x >= img.width() || y >= img.height() {
         return;
     }
-    let cov = cov.min(1.0);
+    if cov >= 1.0 {
+        // Fully covered (most pixels of a filled shape): the blend below would give `c`.
+        img.put_pixel(x, y, c);
+        return;
+    }
     let d = img.get_pixel_mut(x, y);
     for i in 0..3 {
         let v = d.0[i] as f32;

@@ -61,6 +61,62 @@ impl QrMatrix {
             Luma([if dark { 0 } else { 255 }])
         })
     }
+
+    /// The symbol with `quiet_modules` light modules around it as a 1-bit raster of
+    /// `module_dots` dots per module (clamped to 1..=16, the range `GS ( k` allows), in the
+    /// data layout of ESC/POS `GS v 0`: returns the side in dots and `side` rows of
+    /// ⌈side / 8⌉ bytes each, most significant bit = leftmost dot, 1 = dark, padding bits 0.
+    ///
+    /// Built a module row at a time: each run of dark modules sets its dots byte-wise,
+    /// then the row is repeated `module_dots` times. A per-dot callback costs about 30x
+    /// more for a receipt-sized QR.
+    pub fn to_raster(&self, module_dots: u32, quiet_modules: u32) -> (u32, Vec<u8>) {
+        let m = module_dots.clamp(1, 16) as usize;
+        let q = quiet_modules as usize;
+        let side = (self.width + 2 * q) * m;
+        let row_bytes = side.div_ceil(8);
+        let mut out = Vec::with_capacity(row_bytes * side);
+        out.resize(row_bytes * q * m, 0);
+        let mut line = vec![0u8; row_bytes];
+        for modules in self.modules.chunks_exact(self.width) {
+            line.fill(0);
+            let mut x = 0;
+            while x < modules.len() {
+                if !modules[x] {
+                    x += 1;
+                    continue;
+                }
+                let start = x;
+                while x < modules.len() && modules[x] {
+                    x += 1;
+                }
+                set_dots(&mut line, (q + start) * m, (q + x) * m);
+            }
+            for _ in 0..m {
+                out.extend_from_slice(&line);
+            }
+        }
+        out.resize(row_bytes * side, 0);
+        (side as u32, out)
+    }
+}
+
+/// Sets dots `from..to` of a packed row (most significant bit first).
+fn set_dots(line: &mut [u8], from: usize, to: usize) {
+    let (first, last) = (from / 8, to / 8);
+    let head = 0xFFu8 >> (from % 8);
+    let tail = !(0xFFu8 >> (to % 8));
+    if first == last {
+        line[first] |= head & tail;
+        return;
+    }
+    line[first] |= head;
+    for b in &mut line[first + 1..last] {
+        *b = 0xFF;
+    }
+    if tail != 0 {
+        line[last] |= tail;
+    }
 }
 
 /// Encodes `payload` (its UTF-8 bytes) as a QR code at error correction level M, in the
@@ -172,6 +228,25 @@ pub(crate) mod tests {
         let theirs = qrcode::QrCode::with_error_correction_level(DYN, qrcode::EcLevel::M).unwrap();
         assert_eq!(qrcode::Version::Normal(m.version() as i16), theirs.version());
         assert!(m.width < byte_mode_width(DYN.len()).unwrap());
+    }
+
+    #[test]
+    fn raster_is_the_grey_picture_packed() {
+        let m = encode(DYN).unwrap();
+        for (module, quiet) in [(1u32, 0u32), (1, 3), (3, 4), (6, 4), (7, 2), (8, 1), (13, 4), (16, 0), (5, 17)] {
+            let (side, rows) = m.to_raster(module, quiet);
+            let img = m.to_gray(module, quiet);
+            assert_eq!((side, side), img.dimensions());
+            let row_bytes = side.div_ceil(8) as usize;
+            assert_eq!(rows.len(), row_bytes * side as usize);
+            for y in 0..side {
+                for x in 0..row_bytes as u32 * 8 {
+                    let bit = rows[y as usize * row_bytes + x as usize / 8] & (0x80 >> (x % 8)) != 0;
+                    let dark = x < side && img.get_pixel(x, y)[0] == 0;
+                    assert_eq!(bit, dark, "module {module} quiet {quiet} at ({x}, {y})");
+                }
+            }
+        }
     }
 
     #[test]

@@ -263,7 +263,8 @@ fn wrapped(e: &mut EscPos, text: &str, width: usize) {
 /// "Label: value" on one line if it fits, otherwise the label on its own line and the value
 /// wrapped below.
 fn labelled(e: &mut EscPos, label: &str, value: &str, cols: usize) {
-    let l = e.encode(&format!("{label}:"));
+    let mut l = e.encode(label);
+    l.push(b':');
     let v = e.encode(value);
     if l.len() + 1 + v.len() <= cols {
         let mut b = l;
@@ -425,9 +426,8 @@ fn items(e: &mut EscPos, r: &Receipt, cols: usize) {
 /// The comment after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
 fn comment(e: &mut EscPos, r: &Receipt, cols: usize) {
     if let Some(c) = r.comment.as_deref().filter(|c| !c.trim().is_empty()) {
-        let label = e.encode(&format!("{}:", r.locale.label(Label::Comment)));
-        let mut text = label.clone();
-        text.push(b' ');
+        let mut text = e.encode(r.locale.label(Label::Comment));
+        text.extend_from_slice(b": ");
         text.extend(e.encode(c));
         let mut lines = wrap(&text, cols);
         if lines.len() > MAX_COMMENT_LINES {
@@ -476,14 +476,9 @@ fn qr_block(e: &mut EscPos, code: &str, p: &PrinterSetup) -> Result<(), ReceiptE
         if module == 0 {
             return Err(ReceiptError::QrTooWide { modules: m.width, dots });
         }
-        let module = module.min(MAX_MODULE_DOTS);
         // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
-        let side = (m.width as u32 + 2 * QR_QUIET_MODULES) * module;
-        e.raster(side, side, |x, y| {
-            let mx = (x / module) as i64 - QR_QUIET_MODULES as i64;
-            let my = (y / module) as i64 - QR_QUIET_MODULES as i64;
-            mx >= 0 && my >= 0 && m.get(mx as usize, my as usize)
-        });
+        let (side, rows) = m.to_raster(module.min(MAX_MODULE_DOTS), QR_QUIET_MODULES);
+        e.raster_packed(side, side, &rows);
     }
     e.lf();
     Ok(())

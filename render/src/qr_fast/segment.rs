@@ -136,8 +136,7 @@ pub fn optimal(data: &[u8], version: u8) -> Vec<Segment> {
     if data.is_empty() {
         return Vec::new();
     }
-    const SIXTHS: [u32; 3] = [20, 33, 48];
-    const INF: u32 = u32::MAX / 2;
+    const INF: u32 = u32::MAX / 4;
     let head = MODES.map(|m| 6 * (4 + m.count_bits(version)));
     // `prev[m]`: cheapest cost (sixths of a bit) of the data before this byte with a segment
     // of mode `m` open (possibly still empty). `via[i]` packs, per state mode after byte i
@@ -146,19 +145,15 @@ pub fn optimal(data: &[u8], version: u8) -> Vec<Segment> {
     let mut via = vec![0u8; data.len()];
     for (i, &b) in data.iter().enumerate() {
         let class = CLASS[b as usize];
-        let mut cur = [INF; 3];
-        let mut from = [0u8; 3];
-        for m in 0..3 {
-            if class & (1 << m) != 0 {
-                cur[m] = prev[m] + SIXTHS[m];
-                from[m] = m as u8;
-            }
-        }
-        // Close the open segment after this byte (whole bits) and open one of another mode.
+        // Continue the open segment (byte mode holds every byte; INF + anything stays
+        // far above every real cost and never overflows).
+        let mut cur = [if class & 1 != 0 { prev[0] + 20 } else { INF }, if class & 2 != 0 { prev[1] + 33 } else { INF }, prev[2] + 48];
+        let mut from = [0u8, 1, 2];
+        // Or close it after this byte (whole bits) and open one of another mode.
         let closed = cur.map(|c| c.div_ceil(6) * 6);
         for to in 0..3 {
             for k in 0..3 {
-                if k != to && cur[k] < INF && closed[k] + head[to] < cur[to] {
+                if k != to && closed[k] + head[to] < cur[to] {
                     cur[to] = closed[k] + head[to];
                     from[to] = from[k];
                 }
@@ -169,18 +164,15 @@ pub fn optimal(data: &[u8], version: u8) -> Vec<Segment> {
     }
     // Best final state, then walk back: the byte's mode is the open segment's before it.
     let mut state = (0..3).min_by_key(|&m| prev[m].div_ceil(6)).unwrap_or(2);
-    let mut modes = vec![Mode::Byte; data.len()];
+    let mut out: Vec<Segment> = Vec::new();
     for i in (0..data.len()).rev() {
         state = ((via[i] >> (2 * state)) & 3) as usize;
-        modes[i] = MODES[state];
-    }
-    let mut out: Vec<Segment> = Vec::new();
-    for (i, &m) in modes.iter().enumerate() {
         match out.last_mut() {
-            Some(s) if s.mode == m => s.end = i + 1,
-            _ => out.push(Segment { mode: m, start: i, end: i + 1 }),
+            Some(s) if s.mode == MODES[state] => s.start = i,
+            _ => out.push(Segment { mode: MODES[state], start: i, end: i + 1 }),
         }
     }
+    out.reverse();
     out
 }
 

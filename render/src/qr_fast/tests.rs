@@ -49,7 +49,8 @@ fn to_image(s: &Symbol, px: u32) -> GrayImage {
 /// there, at 1 px per module (exact sampling). rqrr misreads a few correct symbols at
 /// some scales: e.g. one version 12-H BR Code with mask 3 (module for module the `qrcode`
 /// crate's) decodes at 1 px per module and fails with `FormatEcc` / `DataEcc` at 2..=8,
-/// while its seven other masks decode at every scale.
+/// while its seven other masks decode at every scale (and zxing-cpp, tried by hand, reads
+/// it at every scale).
 fn rqrr_decode(s: &Symbol) -> Vec<u8> {
     let read = |px: u32| {
         let mut img = rqrr::PreparedImage::prepare(to_image(s, px));
@@ -480,7 +481,7 @@ fn qr_fast_static_pix_payload_at_m() {
 
 #[test]
 fn qr_fast_random_strings() {
-    let mut rng = Rng(0x5EED_0F_B2C0DE);
+    let mut rng = Rng(0x5EED_0FB2_C0DE);
     let mut vs = Versus::default();
     for i in 0..300 {
         let len = rng.below(if i % 10 == 0 { 900 } else { 260 });
