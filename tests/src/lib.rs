@@ -9,7 +9,9 @@
 pub mod broker;
 pub mod demo;
 pub mod gateway;
+pub mod kafka;
 pub mod net;
+pub mod scenario;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
