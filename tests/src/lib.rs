@@ -10,6 +10,7 @@ pub mod broker;
 pub mod demo;
 pub mod gateway;
 pub mod kafka;
+pub mod load;
 pub mod net;
 pub mod scenario;
 

@@ -401,3 +401,86 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     broker.stop();
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// GATEWAY BUG (ignored until fixed; run with `--ignored`): an effect's dead letter is lost
+/// when pixgate dies after the outbox stored the charge's new state but before Kafka took
+/// the dead letter. `consumer.rs` writes the charge state with the record's jobs
+/// (`Pipeline::accept`) and only then spawns the dead-letter write; the offset stays
+/// uncommitted, so the record is read again after the restart, but the router now finds
+/// its `__v` already applied and ignores it as `stale_version`: the `invalid_brcode` dead
+/// letter is never written, and the record is committed with no trace on
+/// `pixgate.deadletter`. The same holds for `no_printer_for_receipt`/`no_default_printer`
+/// and every render failure. (Whole-record dead letters are fine: no state is stored.)
+///
+/// Deterministic reproduction: `pixgate.deadletter` does not exist yet, so the write cannot
+/// succeed; pixgate is killed while retrying it; the topic is created; pixgate restarts.
+/// Expected: the dead letter is on the topic. Today: it never arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "gateway bug: effect dead letters are lost across a crash (see the doc comment; lead's dead-letter-in-outbox work)"]
+async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
+    let plan = Plan::new(ScenarioConfig::new(5, 8, 40));
+    let out = std::env::temp_dir().join(format!("pixgate-dl-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
+    capture::ensure_topics(broker.addr(), &[("device.upserted", 3), ("charge.upserted", 3)]).await.unwrap();
+    let settings = GatewaySettings {
+        brokers: broker.addr().to_string(),
+        group_id: "pixgate-dl-crash".into(),
+        mqtt_port: free_port(),
+        http_port: free_port(),
+        ack_timeout_ms: 2_000,
+        outbox_path: out.join("data/outbox.redb"),
+    };
+    let bin = gateway::find_binary().unwrap();
+    let mut gw = GatewayProcess::spawn(&bin, settings.clone(), &out.join("pixgate-0.log"), Duration::from_secs(60)).unwrap();
+    let producer = capture::producer(broker.addr()).unwrap();
+    let n = plan.scenario.device_records().len() as u64;
+    publish_records_at(&producer, plan.scenario.device_records(), None).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
+
+    // An ACTIVE charge on a card machine whose BR Code fails its CRC: its QR must be
+    // dead-lettered with reason invalid_brcode.
+    let mut env: Value = plan
+        .charges
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.value).unwrap())
+        .find(|v| v["operationType"] == "insert" && v["fullDocument"]["terminal"].is_object())
+        .expect("an ACTIVE charge on a card machine");
+    let mut code = render::brcode::encode_dynamic("pix.example.com/qr/v2/crash", None, "Loja", "Recife").unwrap();
+    let last = code.pop().unwrap();
+    code.push(if last == '0' { '1' } else { '0' });
+    env["fullDocument"]["brCode"] = json!(code);
+    let key = env["documentKey"]["_id"]["$oid"].as_str().unwrap().to_string();
+    let landed = publish_records_at(&producer, &[rec("charge.upserted", &key, &env)], None).await.unwrap();
+    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["pending_records"] == 1).await.unwrap();
+
+    gw.kill();
+    capture::ensure_topics(broker.addr(), &[("pixgate.deadletter", 1)]).await.unwrap();
+    gw = GatewayProcess::spawn(&bin, settings.clone(), &out.join("pixgate-1.log"), Duration::from_secs(60)).unwrap();
+    // The record is read again and finished (committed) by the restarted gateway.
+    let (b, g, (p, o)) = (broker.addr().to_string(), settings.group_id.clone(), landed[0]);
+    loop {
+        let c = tokio::task::spawn_blocking({
+            let (b, g) = (b.clone(), g.clone());
+            move || pixgate_tests::kafka::committed_offsets(&b, &g, "charge.upserted", 3)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        if c[p as usize] > o {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", gw.stats().unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stats = gw.stats().unwrap();
+    let dls = pixgate_tests::kafka::read_topic(broker.addr(), "pixgate.deadletter", 1, 1, Duration::from_secs(1), Duration::from_secs(40)).await;
+    drop(gw);
+    broker.stop();
+    let dls = dls.unwrap_or_else(|e| panic!("the invalid_brcode dead letter is lost: {e}; after the restart pixgate counted {stats}"));
+    let dl: Value = serde_json::from_slice(&dls[0].value).unwrap();
+    assert_eq!(dl["reason"], "invalid_brcode");
+    assert_eq!(dl["source_offset"], o);
+    let _ = std::fs::remove_dir_all(&out);
+}
