@@ -104,6 +104,7 @@ pub struct Carried {
 #[derive(Debug)]
 pub struct Stats {
     raw_jobs: AtomicU64,
+    raw_bytes: AtomicU64,
     duplicates: AtomicU64,
     order_violations: AtomicU64,
     failed: AtomicU64,
@@ -119,6 +120,7 @@ impl Default for Stats {
     fn default() -> Self {
         Stats {
             raw_jobs: AtomicU64::new(0),
+            raw_bytes: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
             order_violations: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -176,6 +178,10 @@ impl Stats {
     /// Job publishes received, redeliveries included.
     pub fn raw_jobs(&self) -> u64 {
         self.raw_jobs.load(Ordering::Relaxed)
+    }
+    /// Bytes of the job publishes received (MQTT payloads), redeliveries included.
+    pub fn raw_bytes(&self) -> u64 {
+        self.raw_bytes.load(Ordering::Relaxed)
     }
     /// Duplicate jobs (already carried out).
     pub fn duplicates(&self) -> u64 {
@@ -651,6 +657,7 @@ impl Worker {
 
     async fn handle(&mut self, publish: &Publish) {
         self.stats.raw_jobs.fetch_add(1, Ordering::Relaxed);
+        self.stats.raw_bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
         self.counters.raw_jobs.fetch_add(1, Ordering::Relaxed);
         let job: Job = match serde_json::from_slice(&publish.payload) {
             Ok(j) => j,

@@ -153,6 +153,9 @@ impl Model {
         self.devices.get(id).and_then(|(_, d)| d.as_ref())
     }
 
+    /// The company's enabled `defaultForCompany` printer. With several, pixgate's pick is
+    /// unspecified (a hash map's order); the model takes the smallest id, and the
+    /// generator gives every company exactly one.
     fn default_printer(&self, company: &str) -> Option<String> {
         let mut found: Vec<&String> = self
             .devices

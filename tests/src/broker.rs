@@ -8,11 +8,15 @@
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A running broker; dropping it stops the broker.
 pub struct KafkaBroker {
     dir: PathBuf,
     addr: String,
+    /// Started and not stopped or killed since (so drop does not run the script again:
+    /// it would recreate a folder the caller removed).
+    running: AtomicBool,
 }
 
 impl KafkaBroker {
@@ -22,7 +26,7 @@ impl KafkaBroker {
     /// The script failed (its stderr is in the error).
     pub fn start(dir: &Path) -> anyhow::Result<KafkaBroker> {
         let addr = run_start(dir, None)?;
-        Ok(KafkaBroker { dir: dir.to_path_buf(), addr })
+        Ok(KafkaBroker { dir: dir.to_path_buf(), addr, running: AtomicBool::new(true) })
     }
 
     /// `HOST:PORT` for `bootstrap.servers`.
@@ -37,6 +41,7 @@ impl KafkaBroker {
 
     /// Stops the broker (also done on drop). SIGTERM to its process group, SIGKILL after 5 s.
     pub fn stop(&self) {
+        self.running.store(false, Ordering::SeqCst);
         let script = crate::repo_root().join("scripts/kafka-broker.sh");
         let _ = Command::new("bash").arg(script).arg("stop").arg(&self.dir).stderr(std::process::Stdio::null()).status();
     }
@@ -88,6 +93,7 @@ impl KafkaBroker {
         let _ = std::fs::rename(&log, self.dir.join(format!("broker.log.{n}")));
         let port = self.addr.rsplit(':').next().context("broker address has no port")?;
         let addr = run_start(&self.dir, Some(port))?;
+        self.running.store(true, Ordering::SeqCst);
         anyhow::ensure!(addr == self.addr, "restarted broker listens on {addr}, not {}", self.addr);
         Ok(())
     }
@@ -109,6 +115,8 @@ fn run_start(dir: &Path, port: Option<&str>) -> anyhow::Result<String> {
 
 impl Drop for KafkaBroker {
     fn drop(&mut self) {
-        self.stop();
+        if self.running.load(Ordering::SeqCst) {
+            self.stop();
+        }
     }
 }

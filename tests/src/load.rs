@@ -72,6 +72,8 @@ pub struct Sample {
     pub delivered: u64,
     /// Jobs in the outbox.
     pub outbox: u64,
+    /// Job payload bytes the devices received so far (MQTT publishes, resends included).
+    pub job_bytes: u64,
     /// Resident set size, KiB.
     pub rss_kib: u64,
 }
@@ -226,7 +228,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             next_sample += Duration::from_secs(1);
             let (rss, hwm) = gw.memory_kib().unwrap_or((0, 0));
             report.peak_rss_kib = report.peak_rss_kib.max(hwm);
-            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: s["outbox_jobs"].as_u64().unwrap_or(0), rss_kib: rss });
+            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: s["outbox_jobs"].as_u64().unwrap_or(0), job_bytes: stats.raw_bytes(), rss_kib: rss });
         }
         if accepted_at.is_some() && idle {
             report.drain_time = t0.elapsed();
@@ -317,6 +319,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let mut gw = gw;
     let clean = gw.stop(Duration::from_secs(15));
     say(format!("pixgate stopped (clean: {clean})"));
+    drop(producer);
     broker.stop();
     collector.abort();
     if !cfg.keep {
@@ -365,10 +368,23 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
     }
     t.push_str(&format!("| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n", r.raw_jobs.0, r.raw_jobs.1, r.raw_jobs.0.saturating_sub(r.raw_jobs.1), r.pixgate_redeliveries));
     t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
-    t.push_str("\nRSS over the drain (t s: RSS MiB, records accepted, effects acked, outbox jobs):\n");
+    if let (Some(first), Some(last)) = (r.samples.first(), r.samples.last()) {
+        let grew = last.rss_kib.saturating_sub(first.rss_kib) as f64 / 1024.0;
+        let mib = last.job_bytes as f64 / (1024.0 * 1024.0);
+        t.push_str(&format!("| RSS growth over the drain vs job bytes sent over MQTT | +{grew:.0} MiB RSS for {mib:.0} MiB of job payloads ({:.2} MiB RSS per MiB sent) |\n", grew / mib.max(1e-9)));
+    }
+    t.push_str("\nRSS over the drain (t s: RSS MiB, records accepted, effects acked, outbox jobs, job MiB sent):\n");
     let step = (r.samples.len() / 20).max(1);
     for s in r.samples.iter().step_by(step).chain(r.samples.last()) {
-        t.push_str(&format!("  t={:>6.0}  rss={:>7.1}  accepted={:>8}  acked={:>8}  outbox={:>6}\n", s.t, s.rss_kib as f64 / 1024.0, s.accepted, s.delivered, s.outbox));
+        t.push_str(&format!(
+            "  t={:>6.0}  rss={:>7.1}  accepted={:>8}  acked={:>8}  outbox={:>6}  sent={:>7.1}\n",
+            s.t,
+            s.rss_kib as f64 / 1024.0,
+            s.accepted,
+            s.delivered,
+            s.outbox,
+            s.job_bytes as f64 / (1024.0 * 1024.0)
+        ));
     }
     t
 }
