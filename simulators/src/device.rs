@@ -7,9 +7,13 @@
 //! - the **poll task** drives the `EventLoop` continuously. After every ConnAck it publishes
 //!   the retained status `{"v":1,"online":true,"printer":"ready"}` (no `printer` field for a
 //!   card machine; a printer reports its current [`PrinterState`], see
-//!   [`DeviceHandle::set_printer_state`]) and, when the broker did not resume the session,
-//!   subscribes to its jobs topic and its own status topic at QoS 1 (the status echo tells
-//!   the device when the broker has routed a status change to every subscriber). On a connection error it waits with exponential backoff and jitter
+//!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic and its own
+//!   status topic at QoS 1 (the status echo tells the device when the broker has routed a
+//!   status change to every subscriber). It subscribes after every ConnAck, also when the
+//!   broker resumed the session: a connection dropped right after its ConnAck leaves a
+//!   resumed session without the subscription its SUBSCRIBE never delivered (rumqttd keeps
+//!   the cursor of a filter the session already has, so nothing is sent twice). It is ready
+//!   at the SUBACK. On a connection error it waits with exponential backoff and jitter
 //!   (200 ms doubling to 5 s) and reconnects, forever, until shutdown. It never publishes
 //!   itself (it spawns for that), so it cannot deadlock on rumqttc's request channel.
 //! - the **worker** carries jobs out one at a time, in arrival order. Per job: a `message_id`
@@ -18,8 +22,10 @@
 //!   `done`, or `failed` with a reason (`permanent: true` for undecodable content, a wrong
 //!   content type or an expired job). Every job's seq must be larger than the last new job's
 //!   seq; violations are counted and logged. The MQTT PUBACK is sent only after the ack was
-//!   published (manual acks), and only on the connection the job arrived on, so a job that
-//!   was received but not carried out is redelivered by the broker.
+//!   published (manual acks), and only while the connection the job arrived on is still up,
+//!   so a job that was received but not carried out is redelivered by the broker, and a
+//!   PUBACK is never sent on a later connection (rumqttd drops a connection that acks a
+//!   packet id it did not send, e.g. after the gateway restarted).
 //! - A printer whose state cannot print (`paper_out`, `cover_open`) refuses every job with
 //!   `failed`, `permanent: false`, reason `paper_out`/`cover_open`, as a real printer's
 //!   `DLE EOT` check would, and counts it ([`DeviceCounters::received_while_held`]): the
@@ -457,6 +463,7 @@ pub fn spawn_device_with(spec: &DeviceSpec, opts: &DeviceOptions, rendering: Ren
             counters: counters.clone(),
             printer_state: printer_state.subscribe(),
             generation: generation.clone(),
+            connected: ready_rx.clone(),
             done: HashSet::new(),
             attempted: HashMap::new(),
             last_seq: None,
@@ -546,21 +553,14 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                 tracing::info!(device = %id, session_present = ack.session_present, gen, "connected");
                 let (c, jt, st) = (client.clone(), jobs_topic.clone(), status_topic.clone());
                 let online = status_payload_with(true, is_printer.then(|| *printer_state.borrow()));
-                let resume = ack.session_present;
-                let ready_now = ready.clone();
                 tokio::spawn(async move {
-                    if !resume {
-                        // One SUBSCRIBE, one SUBACK: ready means both filters are in place.
-                        let filters = vec![SubscribeFilter::new(jt, QoS::AtLeastOnce), SubscribeFilter::new(st.clone(), QoS::AtLeastOnce)];
-                        if let Err(e) = c.subscribe_many(filters).await {
-                            tracing::warn!("subscribe request failed: {e}");
-                        }
+                    // One SUBSCRIBE, one SUBACK: ready means both filters are in place.
+                    let filters = vec![SubscribeFilter::new(jt, QoS::AtLeastOnce), SubscribeFilter::new(st.clone(), QoS::AtLeastOnce)];
+                    if let Err(e) = c.subscribe_many(filters).await {
+                        tracing::warn!("subscribe request failed: {e}");
                     }
                     if let Err(e) = c.publish(st, QoS::AtLeastOnce, true, online).await {
                         tracing::warn!("status request failed: {e}");
-                    }
-                    if resume {
-                        let _ = ready_now.send(true);
                     }
                 });
             }
@@ -613,6 +613,8 @@ struct Worker {
     counters: Arc<DeviceCounters>,
     printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
+    /// The connection is up (the poll task's ready flag).
+    connected: watch::Receiver<bool>,
     /// Message ids carried out.
     done: HashSet<String>,
     /// Message ids seen (carried out or not) with their seq, so a retry of a failed job is
@@ -635,7 +637,7 @@ impl Worker {
             };
             let Some((publish, gen)) = next else { break };
             self.handle(&publish).await;
-            if gen == self.generation.load(Ordering::SeqCst) {
+            if gen == self.generation.load(Ordering::SeqCst) && *self.connected.borrow() {
                 if let Err(e) = self.client.ack(&publish).await {
                     tracing::warn!(device = %self.id, "puback: {e}");
                 }

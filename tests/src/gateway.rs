@@ -119,6 +119,32 @@ impl GatewayProcess {
         Ok(serde_json::from_str(&body)?)
     }
 
+    /// Waits until the consumer has partitions assigned (`assigned_partitions` on `/stats`):
+    /// its consumer group join is complete. `/readyz` is green before that.
+    ///
+    /// Crash tests wait for this before killing pixgate again: killing a static member
+    /// while its join is still in progress leaves tansu 0.6.0's group in `Forming` with a
+    /// leader member id that no longer exists, and the restarted member never gets its
+    /// partitions back (a broker bug; a real Kafka broker replaces the static member).
+    ///
+    /// # Errors
+    /// No assignment within `timeout` (the last stats are in the error).
+    pub async fn wait_assigned(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.stats();
+            if let Ok(s) = &s {
+                if s["assigned_partitions"].as_u64().unwrap_or(0) > 0 {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no partitions assigned within {timeout:?}; stats {s:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// `GET /readyz` answered 200.
     pub fn is_ready(&self) -> bool {
         matches!(self.get("/readyz"), Ok((200, _)))
