@@ -6,8 +6,14 @@
 //!
 //! - the **poll task** drives the `EventLoop` continuously. After every ConnAck it publishes
 //!   the retained status `{"v":1,"online":true,"printer":"ready"}` (no `printer` field for a
-//!   card machine) and, when the broker did not resume the session, subscribes to its jobs
-//!   topic at QoS 1. On a connection error it waits with exponential backoff and jitter
+//!   card machine; a printer reports its current [`PrinterState`], see
+//!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic and its own
+//!   status topic at QoS 1 (the status echo tells the device when the broker has routed a
+//!   status change to every subscriber). It subscribes after every ConnAck, also when the
+//!   broker resumed the session: a connection dropped right after its ConnAck leaves a
+//!   resumed session without the subscription its SUBSCRIBE never delivered (rumqttd keeps
+//!   the cursor of a filter the session already has, so nothing is sent twice). It is ready
+//!   at the SUBACK. On a connection error it waits with exponential backoff and jitter
 //!   (200 ms doubling to 5 s) and reconnects, forever, until shutdown. It never publishes
 //!   itself (it spawns for that), so it cannot deadlock on rumqttc's request channel.
 //! - the **worker** carries jobs out one at a time, in arrival order. Per job: a `message_id`
@@ -16,8 +22,19 @@
 //!   `done`, or `failed` with a reason (`permanent: true` for undecodable content, a wrong
 //!   content type or an expired job). Every job's seq must be larger than the last new job's
 //!   seq; violations are counted and logged. The MQTT PUBACK is sent only after the ack was
-//!   published (manual acks), and only on the connection the job arrived on, so a job that
-//!   was received but not carried out is redelivered by the broker.
+//!   published (manual acks), and only while the connection the job arrived on is still up,
+//!   so a job that was received but not carried out is redelivered by the broker, and a
+//!   PUBACK is never sent on a later connection (rumqttd drops a connection that acks a
+//!   packet id it did not send, e.g. after the gateway restarted).
+//! - A printer whose state cannot print (`paper_out`, `cover_open`) refuses every job with
+//!   `failed`, `permanent: false`, reason `paper_out`/`cover_open`, as a real printer's
+//!   `DLE EOT` check would, and counts it ([`DeviceCounters::received_while_held`]): the
+//!   gateway is supposed to send nothing while the status says so.
+//!
+//! [`Rendering`] says how much work a job costs: [`Rendering::Full`] draws every receipt
+//! and screen to a PNG (the demo); [`Rendering::Verify`] only decodes and checks the
+//! payload (content type, base64, `ESC @` for ESC/POS, the screen JSON and its BR Code's
+//! CRC and amount) and writes nothing, so hundreds of devices fit in one test process.
 //!
 //! Shutdown (documented choice): the worker finishes the job it is on, then the device
 //! publishes `{"v":1,"online":false}` retained itself and disconnects cleanly, so the last
@@ -31,17 +48,18 @@ use crate::printer::{print_job, PrinterSettings};
 use crate::registry::DeviceSpec;
 use crate::terminal::{show_job, TerminalSettings};
 use anyhow::Result;
-use device_protocol::{Ack, Job, PrinterState, Status, Topic};
+use device_protocol::messages::CONTENT_ESCPOS;
+use device_protocol::{Ack, Job, PrinterState, ScreenKind, Status, Topic};
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet,
-    Publish, QoS,
+    Publish, QoS, SubscribeFilter,
 };
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -62,15 +80,63 @@ pub struct DeviceOptions {
     pub honor_expiry: bool,
 }
 
+/// How much a device does with a job it carries out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Rendering {
+    /// Print the receipt or draw the screen to a PNG and append to the transcript.
+    #[default]
+    Full,
+    /// Decode and check the payload only (content type, base64; ESC/POS starts with
+    /// `ESC @`; a screen parses and a `pay_with_pix` BR Code passes
+    /// `render::brcode::parse` with the screen's amount). Nothing is written; the effect's
+    /// `file` is empty. For fleets of hundreds of devices in one process.
+    Verify,
+}
+
+/// One job carried out, as streamed to [`Stats::with_sink`] (for latency measurements).
+#[derive(Debug, Clone)]
+pub struct Carried {
+    /// Device id.
+    pub device: String,
+    /// Charge id.
+    pub charge: String,
+    /// Effect kind.
+    pub kind: device_protocol::EffectKind,
+    /// When the device had published its `done` ack.
+    pub acked_at: Instant,
+}
+
 /// Counters and effects, shared by every device of a fleet (or owned by one device).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Stats {
     raw_jobs: AtomicU64,
+    raw_bytes: AtomicU64,
     duplicates: AtomicU64,
     order_violations: AtomicU64,
     failed: AtomicU64,
     malformed: AtomicU64,
+    carried_out: AtomicU64,
     effects: Mutex<Vec<EffectRecord>>,
+    /// Keep every [`EffectRecord`] (off: count only, for very long runs).
+    keep_effects: bool,
+    sink: Option<mpsc::UnboundedSender<Carried>>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            raw_jobs: AtomicU64::new(0),
+            raw_bytes: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            order_violations: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+            carried_out: AtomicU64::new(0),
+            effects: Mutex::new(Vec::new()),
+            keep_effects: true,
+            sink: None,
+        }
+    }
 }
 
 /// A copy of [`Stats`] at one instant.
@@ -91,13 +157,37 @@ pub struct StatsSnapshot {
 }
 
 impl Stats {
-    /// Every effect so far, in the order carried out.
+    /// Counters that keep no [`EffectRecord`] list (memory stays flat over millions of
+    /// jobs) and stream each job carried out to `sink` if given.
+    pub fn counting_only(sink: Option<mpsc::UnboundedSender<Carried>>) -> Stats {
+        Stats { keep_effects: false, sink, ..Stats::default() }
+    }
+
+    /// Counters that keep every effect and also stream each to `sink`.
+    pub fn with_sink(sink: mpsc::UnboundedSender<Carried>) -> Stats {
+        Stats { sink: Some(sink), ..Stats::default() }
+    }
+
+    /// Every effect so far, in the order carried out (empty for [`Stats::counting_only`]).
     pub fn effects(&self) -> Vec<EffectRecord> {
         self.effects.lock().expect("effects lock").clone()
+    }
+    /// The effects from index `from` on (cheap polling of a growing list).
+    pub fn effects_since(&self, from: usize) -> Vec<EffectRecord> {
+        let all = self.effects.lock().expect("effects lock");
+        all.get(from..).map(<[EffectRecord]>::to_vec).unwrap_or_default()
+    }
+    /// Jobs carried out so far.
+    pub fn carried_out(&self) -> u64 {
+        self.carried_out.load(Ordering::Relaxed)
     }
     /// Job publishes received, redeliveries included.
     pub fn raw_jobs(&self) -> u64 {
         self.raw_jobs.load(Ordering::Relaxed)
+    }
+    /// Bytes of the job publishes received (MQTT payloads), redeliveries included.
+    pub fn raw_bytes(&self) -> u64 {
+        self.raw_bytes.load(Ordering::Relaxed)
     }
     /// Duplicate jobs (already carried out).
     pub fn duplicates(&self) -> u64 {
@@ -115,7 +205,52 @@ impl Stats {
             order_violations: self.order_violations(),
             failed: self.failed.load(Ordering::Relaxed),
             malformed: self.malformed.load(Ordering::Relaxed),
-            effects: self.effects.lock().expect("effects lock").len() as u64,
+            effects: self.carried_out(),
+        }
+    }
+
+    fn record(&self, effect: EffectRecord) {
+        self.carried_out.fetch_add(1, Ordering::Relaxed);
+        if let Some(sink) = &self.sink {
+            let _ = sink.send(Carried {
+                device: effect.device.clone(),
+                charge: effect.charge.clone(),
+                kind: effect.kind,
+                acked_at: Instant::now(),
+            });
+        }
+        if self.keep_effects {
+            self.effects.lock().expect("effects lock").push(effect);
+        }
+    }
+}
+
+/// One device's own counters (a fleet's [`Stats`] sums all devices).
+#[derive(Debug, Default)]
+pub struct DeviceCounters {
+    raw_jobs: AtomicU64,
+    carried_out: AtomicU64,
+    received_while_held: AtomicU64,
+}
+
+/// A copy of [`DeviceCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceCountersSnapshot {
+    /// Job publishes received, redeliveries included.
+    pub raw_jobs: u64,
+    /// Jobs carried out (new message ids).
+    pub carried_out: u64,
+    /// Jobs that arrived while the printer reported a state that cannot print (refused
+    /// with a transient `failed` ack). A gateway honouring the status sends none.
+    pub received_while_held: u64,
+}
+
+impl DeviceCounters {
+    fn snapshot(&self) -> DeviceCountersSnapshot {
+        DeviceCountersSnapshot {
+            raw_jobs: self.raw_jobs.load(Ordering::Relaxed),
+            carried_out: self.carried_out.load(Ordering::Relaxed),
+            received_while_held: self.received_while_held.load(Ordering::Relaxed),
         }
     }
 }
@@ -130,6 +265,9 @@ pub struct DeviceHandle {
     worker: JoinHandle<()>,
     poll: JoinHandle<()>,
     is_printer: bool,
+    printer_state: Arc<watch::Sender<PrinterState>>,
+    status_echo: watch::Receiver<Option<Status>>,
+    counters: Arc<DeviceCounters>,
 }
 
 impl DeviceHandle {
@@ -143,6 +281,16 @@ impl DeviceHandle {
         *self.ready.borrow()
     }
 
+    /// This device's own counters.
+    pub fn counters(&self) -> DeviceCountersSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// The printer state the device reports now (`ready` for a card machine).
+    pub fn printer_state(&self) -> PrinterState {
+        *self.printer_state.borrow()
+    }
+
     /// Waits until the device is connected and subscribed.
     ///
     /// # Errors
@@ -152,6 +300,32 @@ impl DeviceHandle {
         tokio::time::timeout(timeout, rx.wait_for(|r| *r))
             .await
             .map_err(|_| anyhow::anyhow!("device {} not connected after {timeout:?}", self.id))?
+            .map_err(|_| anyhow::anyhow!("device {} stopped", self.id))?;
+        Ok(())
+    }
+
+    /// Simulates the printer's condition changing (paper out, cover open, paper loaded):
+    /// from now on the device reports `state` in its retained status
+    /// `{"v":1,"online":true,"printer":state}` (also after every reconnect) and refuses jobs
+    /// while `state` cannot print. Publishes the status and returns once the broker has
+    /// routed it, seen as the echo on the device's own subscription to its status topic
+    /// (so the gateway's subscription has it too).
+    ///
+    /// # Errors
+    /// Not a printer, the publish request failed, or no echo within 10 s (not connected).
+    pub async fn set_printer_state(&self, state: PrinterState) -> Result<()> {
+        anyhow::ensure!(self.is_printer, "device {} is a card machine, not a printer", self.id);
+        self.printer_state.send_replace(state);
+        let status = Status { v: 1, online: true, printer: Some(state) };
+        let payload = serde_json::to_vec(&status).expect("status serialises");
+        let mut echo = self.status_echo.clone();
+        echo.mark_unchanged();
+        self.client
+            .publish(Topic::Status(self.id.clone()).path(), QoS::AtLeastOnce, true, payload)
+            .await?;
+        tokio::time::timeout(Duration::from_secs(10), echo.wait_for(|s| s.as_ref() == Some(&status)))
+            .await
+            .map_err(|_| anyhow::anyhow!("device {}: no echo of status {state:?} within 10 s", self.id))?
             .map_err(|_| anyhow::anyhow!("device {} stopped", self.id))?;
         Ok(())
     }
@@ -200,10 +374,16 @@ impl DeviceHandle {
 
 /// The status JSON: `{"v":1,"online":..}` plus `"printer":"ready"` for an online printer.
 pub fn status_payload(online: bool, is_printer: bool) -> Vec<u8> {
+    status_payload_with(online, is_printer.then_some(PrinterState::Ready))
+}
+
+/// The status JSON of a device that is `online` and, for a printer, in `printer` state
+/// (omitted when offline).
+fn status_payload_with(online: bool, printer: Option<PrinterState>) -> Vec<u8> {
     let s = Status {
         v: 1,
         online,
-        printer: (online && is_printer).then_some(PrinterState::Ready),
+        printer: printer.filter(|_| online),
     };
     serde_json::to_vec(&s).expect("status serialises")
 }
@@ -218,6 +398,11 @@ enum Effector {
 /// Starts a simulated device; it connects in the background (see [`DeviceHandle::wait_ready`]).
 /// Must be called inside a tokio runtime.
 pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) -> DeviceHandle {
+    spawn_device_with(spec, opts, Rendering::Full, stats)
+}
+
+/// [`spawn_device`] with a choice of [`Rendering`].
+pub fn spawn_device_with(spec: &DeviceSpec, opts: &DeviceOptions, rendering: Rendering, stats: Arc<Stats>) -> DeviceHandle {
     let id = spec.id().to_string();
     let effector = match spec {
         DeviceSpec::Printer {
@@ -261,6 +446,9 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
     let (stop_worker, stop_worker_rx) = watch::channel(false);
     let (stop_poll, stop_poll_rx) = watch::channel(false);
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<(Publish, u64)>();
+    let (echo_tx, echo_rx) = watch::channel(None);
+    let printer_state = Arc::new(watch::channel(PrinterState::Ready).0);
+    let counters = Arc::new(DeviceCounters::default());
     let generation = Arc::new(AtomicU64::new(0));
 
     let worker = tokio::spawn(
@@ -268,10 +456,14 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
             id: id.clone(),
             client: client.clone(),
             effector,
+            rendering,
             dir: opts.out_dir.join(crate::effect::file_safe(&id)),
             honor_expiry: opts.honor_expiry,
             stats,
+            counters: counters.clone(),
+            printer_state: printer_state.subscribe(),
             generation: generation.clone(),
+            connected: ready_rx.clone(),
             done: HashSet::new(),
             attempted: HashMap::new(),
             last_seq: None,
@@ -279,13 +471,17 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
         .run(jobs_rx, stop_worker_rx),
     );
     let poll = tokio::spawn(poll_loop(
-        id.clone(),
-        is_printer,
-        client.clone(),
+        PollContext {
+            id: id.clone(),
+            is_printer,
+            client: client.clone(),
+            jobs_tx,
+            ready: ready_tx,
+            echo: echo_tx,
+            printer_state: printer_state.subscribe(),
+            generation,
+        },
         eventloop,
-        jobs_tx,
-        ready_tx,
-        generation,
         stop_poll_rx,
     ));
     DeviceHandle {
@@ -297,6 +493,9 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
         worker,
         poll,
         is_printer,
+        printer_state,
+        status_echo: echo_rx,
+        counters,
     }
 }
 
@@ -317,17 +516,21 @@ fn jitter(seed: &mut u64, max_ms: u64) -> u64 {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn poll_loop(
+/// What the poll task shares with the rest of the device.
+struct PollContext {
     id: String,
     is_printer: bool,
     client: AsyncClient,
-    mut eventloop: EventLoop,
     jobs_tx: mpsc::UnboundedSender<(Publish, u64)>,
     ready: watch::Sender<bool>,
+    /// The device's own status as the broker routed it back.
+    echo: watch::Sender<Option<Status>>,
+    printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
-    mut stop: watch::Receiver<bool>,
-) {
+}
+
+async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::Receiver<bool>) {
+    let PollContext { id, is_printer, client, jobs_tx, ready, echo, printer_state, generation } = ctx;
     let jobs_topic = Topic::Jobs(id.clone()).path();
     let status_topic = Topic::Status(id.clone()).path();
     let mut failures: u32 = 0;
@@ -349,20 +552,15 @@ async fn poll_loop(
                 let gen = generation.fetch_add(1, Ordering::SeqCst) + 1;
                 tracing::info!(device = %id, session_present = ack.session_present, gen, "connected");
                 let (c, jt, st) = (client.clone(), jobs_topic.clone(), status_topic.clone());
-                let online = status_payload(true, is_printer);
-                let resume = ack.session_present;
-                let ready_now = ready.clone();
+                let online = status_payload_with(true, is_printer.then(|| *printer_state.borrow()));
                 tokio::spawn(async move {
-                    if !resume {
-                        if let Err(e) = c.subscribe(jt, QoS::AtLeastOnce).await {
-                            tracing::warn!("subscribe request failed: {e}");
-                        }
+                    // One SUBSCRIBE, one SUBACK: ready means both filters are in place.
+                    let filters = vec![SubscribeFilter::new(jt, QoS::AtLeastOnce), SubscribeFilter::new(st.clone(), QoS::AtLeastOnce)];
+                    if let Err(e) = c.subscribe_many(filters).await {
+                        tracing::warn!("subscribe request failed: {e}");
                     }
                     if let Err(e) = c.publish(st, QoS::AtLeastOnce, true, online).await {
                         tracing::warn!("status request failed: {e}");
-                    }
-                    if resume {
-                        let _ = ready_now.send(true);
                     }
                 });
             }
@@ -373,7 +571,13 @@ async fn poll_loop(
                 if p.topic == jobs_topic {
                     let _ = jobs_tx.send((p, generation.load(Ordering::SeqCst)));
                 } else {
-                    tracing::debug!(device = %id, topic = %p.topic, "ignoring publish");
+                    if p.topic == status_topic {
+                        if let Ok(s) = serde_json::from_slice::<Status>(&p.payload) {
+                            echo.send_replace(Some(s));
+                        }
+                    } else {
+                        tracing::debug!(device = %id, topic = %p.topic, "ignoring publish");
+                    }
                     let _ = client.try_ack(&p);
                 }
             }
@@ -402,10 +606,15 @@ struct Worker {
     id: String,
     client: AsyncClient,
     effector: Effector,
+    rendering: Rendering,
     dir: PathBuf,
     honor_expiry: bool,
     stats: Arc<Stats>,
+    counters: Arc<DeviceCounters>,
+    printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
+    /// The connection is up (the poll task's ready flag).
+    connected: watch::Receiver<bool>,
     /// Message ids carried out.
     done: HashSet<String>,
     /// Message ids seen (carried out or not) with their seq, so a retry of a failed job is
@@ -428,7 +637,7 @@ impl Worker {
             };
             let Some((publish, gen)) = next else { break };
             self.handle(&publish).await;
-            if gen == self.generation.load(Ordering::SeqCst) {
+            if gen == self.generation.load(Ordering::SeqCst) && *self.connected.borrow() {
                 if let Err(e) = self.client.ack(&publish).await {
                     tracing::warn!(device = %self.id, "puback: {e}");
                 }
@@ -450,6 +659,8 @@ impl Worker {
 
     async fn handle(&mut self, publish: &Publish) {
         self.stats.raw_jobs.fetch_add(1, Ordering::Relaxed);
+        self.stats.raw_bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
+        self.counters.raw_jobs.fetch_add(1, Ordering::Relaxed);
         let job: Job = match serde_json::from_slice(&publish.payload) {
             Ok(j) => j,
             Err(e) => {
@@ -471,6 +682,18 @@ impl Worker {
                 return;
             }
         };
+        if matches!(self.effector, Effector::Printer(_)) {
+            let state = *self.printer_state.borrow();
+            if !state.can_print() {
+                // A real printer cannot print now either: refuse, the gateway retries later.
+                self.counters.received_while_held.fetch_add(1, Ordering::Relaxed);
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                let reason = serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+                tracing::warn!(device = %self.id, seq = job.seq, %reason, "job received while the printer cannot print");
+                self.send_ack(&Ack::failed(&job.message_id, job.seq, reason, false)).await;
+                return;
+            }
+        }
         if self.done.contains(&job.message_id) {
             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
             tracing::info!(device = %self.id, seq = job.seq, message_id = %job.message_id, "duplicate job, acking again");
@@ -492,19 +715,16 @@ impl Worker {
             Ok(file) => {
                 self.done.insert(job.message_id.clone());
                 tracing::info!(device = %self.id, seq = job.seq, kind = job.kind.as_str(), charge = %job.charge_id, "carried out");
-                self.stats
-                    .effects
-                    .lock()
-                    .expect("effects lock")
-                    .push(EffectRecord {
-                        device: self.id.clone(),
-                        kind: job.kind,
-                        charge: job.charge_id.clone(),
-                        message_id: job.message_id.clone(),
-                        seq: job.seq,
-                        file: file.display().to_string(),
-                    });
                 self.send_ack(&Ack::done(&job.message_id, job.seq, false)).await;
+                self.counters.carried_out.fetch_add(1, Ordering::Relaxed);
+                self.stats.record(EffectRecord {
+                    device: self.id.clone(),
+                    kind: job.kind,
+                    charge: job.charge_id.clone(),
+                    message_id: job.message_id.clone(),
+                    seq: job.seq,
+                    file: file.display().to_string(),
+                });
             }
             Err(e) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
@@ -523,6 +743,9 @@ impl Worker {
                 }
             }
         }
+        if self.rendering == Rendering::Verify {
+            return verify_job(&self.effector, job).map(|()| PathBuf::new());
+        }
         let (effector, job, dir) = (self.effector.clone(), job.clone(), self.dir.clone());
         tokio::task::spawn_blocking(move || match effector {
             Effector::Printer(s) => print_job(&s, &job, &dir),
@@ -530,6 +753,31 @@ impl Worker {
         })
         .await
         .unwrap_or_else(|e| Err(JobError::transient(format!("device crashed: {e}"))))
+    }
+}
+
+/// [`Rendering::Verify`]: checks a job's payload without drawing it.
+fn verify_job(effector: &Effector, job: &Job) -> Result<(), JobError> {
+    match effector {
+        Effector::Printer(_) => {
+            let bytes = crate::effect::payload_for(job, CONTENT_ESCPOS, "a printer")?;
+            if !bytes.starts_with(&[0x1B, 0x40]) {
+                return Err(JobError::permanent("ESC/POS stream does not start with ESC @"));
+            }
+            Ok(())
+        }
+        Effector::Terminal(_) => {
+            let content = crate::terminal::parse_screen_job(job)?;
+            crate::terminal::screen_from_content(&content)?;
+            if content.screen == ScreenKind::PayWithPix {
+                let brcode = content.brcode.as_deref().unwrap_or_default();
+                let parsed = render::brcode::parse(brcode).map_err(|e| JobError::permanent(format!("invalid BR Code: {e}")))?;
+                if parsed.amount_cents().is_some_and(|c| c != content.amount_cents) {
+                    return Err(JobError::permanent(format!("BR Code amount differs from the screen's {} centavos", content.amount_cents)));
+                }
+            }
+            Ok(())
+        }
     }
 }
 

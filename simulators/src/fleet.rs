@@ -1,7 +1,7 @@
 //! A fleet of simulated devices (every printer and card machine of a registry) sharing one
 //! set of counters and one effect list, started and stopped together.
 
-use crate::device::{spawn_device, DeviceHandle, DeviceOptions, Stats, StatsSnapshot};
+use crate::device::{spawn_device_with, DeviceHandle, DeviceOptions, Rendering, Stats, StatsSnapshot};
 use crate::effect::EffectRecord;
 use crate::registry::DeviceSpec;
 use anyhow::Result;
@@ -21,6 +21,23 @@ pub struct FleetConfig {
     pub out_dir: PathBuf,
     /// The devices (see [`crate::registry::devices_from_jsonl`]).
     pub devices: Vec<DeviceSpec>,
+}
+
+/// How the devices of a fleet behave (see [`start_with_options`]).
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Refuse jobs whose `expires_at` has passed (the protocol's rule).
+    pub honor_expiry: bool,
+    /// Draw every job to a PNG, or only check its payload.
+    pub rendering: Rendering,
+    /// The counters the devices share (e.g. [`Stats::counting_only`] for long runs).
+    pub stats: Arc<Stats>,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions { honor_expiry: true, rendering: Rendering::Full, stats: Arc::new(Stats::default()) }
+    }
 }
 
 /// What a fleet did, written by `fleet-sim` as `effects.json`.
@@ -55,8 +72,16 @@ pub async fn start(cfg: FleetConfig) -> Result<FleetHandle> {
 /// # Errors
 /// The output directory cannot be created.
 pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHandle> {
+    start_with_options(cfg, FleetOptions { honor_expiry, ..FleetOptions::default() }).await
+}
+
+/// [`start`] with every device option.
+///
+/// # Errors
+/// The output directory cannot be created.
+pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Result<FleetHandle> {
     tokio::fs::create_dir_all(&cfg.out_dir).await?;
-    let stats = Arc::new(Stats::default());
+    let FleetOptions { honor_expiry, rendering, stats } = options;
     let opts = DeviceOptions {
         mqtt_host: cfg.mqtt_host.clone(),
         mqtt_port: cfg.mqtt_port,
@@ -66,7 +91,7 @@ pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHan
     let devices = cfg
         .devices
         .iter()
-        .map(|d| spawn_device(d, &opts, stats.clone()))
+        .map(|d| spawn_device_with(d, &opts, rendering, stats.clone()))
         .collect();
     Ok(FleetHandle { devices, stats })
 }
@@ -103,9 +128,24 @@ impl FleetHandle {
         self.devices.iter().map(|d| d.id().to_string()).collect()
     }
 
+    /// The simulated device with registry id `id`.
+    pub fn device(&self, id: &str) -> Option<&DeviceHandle> {
+        self.devices.iter().find(|d| d.id() == id)
+    }
+
     /// Every job carried out so far, in order.
     pub fn effects(&self) -> Vec<EffectRecord> {
         self.stats.effects()
+    }
+
+    /// The jobs carried out from index `from` of [`FleetHandle::effects`] on.
+    pub fn effects_since(&self, from: usize) -> Vec<EffectRecord> {
+        self.stats.effects_since(from)
+    }
+
+    /// How many jobs were carried out (also when the effect list is not kept).
+    pub fn carried_out(&self) -> u64 {
+        self.stats.carried_out()
     }
 
     /// Job publishes received, redeliveries included.

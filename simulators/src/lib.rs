@@ -1,6 +1,7 @@
 //! placeholder
 
 pub mod escpos;
+pub mod expected;
 pub mod capture;
 pub mod device;
 pub mod effect;

@@ -175,6 +175,14 @@ pub fn devices_from_jsonl(path: impl AsRef<Path>) -> Result<Vec<DeviceSpec>> {
     Ok(devices_from_str(&text))
 }
 
+/// The devices that `device.upserted` records (e.g. a generated
+/// [`crate::capture::generate::Scenario`]'s) leave registered; same rules as
+/// [`devices_from_jsonl`], the record value being the change event.
+pub fn devices_from_records(records: &[crate::capture::CaptureRecord]) -> Vec<DeviceSpec> {
+    let text: Vec<String> = records.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()).collect();
+    devices_from_str(&text.join("\n"))
+}
+
 /// [`devices_from_jsonl`] on text already in memory.
 pub fn devices_from_str(text: &str) -> Vec<DeviceSpec> {
     let mut order: Vec<String> = Vec::new();

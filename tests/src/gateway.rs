@@ -56,18 +56,18 @@ impl GatewayProcess {
     /// # Errors
     /// Spawn failure, or not ready within `timeout` (the log path is in the error).
     pub fn spawn(bin: &Path, settings: GatewaySettings, log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
-        Self::spawn_with_env(bin, settings, &[], log, timeout)
+        GatewayProcess::spawn_with_env(bin, settings, &[], log, timeout)
     }
 
-    /// [`GatewayProcess::spawn`] with more `PIXGATE_*` settings in the environment (e.g.
-    /// [`crate::replay_clock_env`]).
+    /// [`GatewayProcess::spawn`] with more `PIXGATE_*` settings (`env`, applied last, so
+    /// they override the ones `settings` gives).
     ///
     /// # Errors
-    /// As [`GatewayProcess::spawn`].
-    pub fn spawn_with_env(bin: &Path, settings: GatewaySettings, env: &[(String, String)], log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
+    /// Spawn failure, or not ready within `timeout` (the log path is in the error).
+    pub fn spawn_with_env(bin: &Path, settings: GatewaySettings, env: &[(&str, String)], log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .envs(env.iter().map(|(k, v)| (k, v)))
+        let mut cmd = Command::new(bin);
+        cmd
             .env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
             .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
             .env("PIXGATE_KAFKA__INSTANCE_ID", format!("{}-1", settings.group_id))
@@ -76,7 +76,11 @@ impl GatewayProcess {
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()))
+            .env("RUST_LOG", std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -113,6 +117,55 @@ impl GatewayProcess {
     pub fn stats(&self) -> anyhow::Result<serde_json::Value> {
         let (_, body) = self.get("/stats")?;
         Ok(serde_json::from_str(&body)?)
+    }
+
+    /// Waits until the consumer has partitions assigned (`assigned_partitions` on `/stats`):
+    /// its consumer group join is complete. `/readyz` is green before that.
+    ///
+    /// Crash tests wait for this before killing pixgate again: killing a static member
+    /// while its join is still in progress leaves tansu 0.6.0's group in `Forming` with a
+    /// leader member id that no longer exists, and the restarted member never gets its
+    /// partitions back (a broker bug; a real Kafka broker replaces the static member).
+    ///
+    /// # Errors
+    /// No assignment within `timeout` (the last stats are in the error).
+    pub async fn wait_assigned(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.stats();
+            if let Ok(s) = &s {
+                if s["assigned_partitions"].as_u64().unwrap_or(0) > 0 {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no partitions assigned within {timeout:?}; stats {s:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `GET /readyz` answered 200.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.get("/readyz"), Ok((200, _)))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident set size now and its peak (`VmRSS`, `VmHWM` of `/proc/PID/status`), KiB.
+    ///
+    /// # Errors
+    /// The process is gone or `/proc` has no such fields (not Linux).
+    pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let field = |name: &str| -> anyhow::Result<u64> {
+            let line = status.lines().find(|l| l.starts_with(name)).with_context(|| format!("no {name} in /proc/PID/status"))?;
+            Ok(line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).with_context(|| format!("bad line {line:?}"))?)
+        };
+        Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
     /// SIGKILL: the process dies at once, mid-whatever it was doing.

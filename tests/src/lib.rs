@@ -10,7 +10,10 @@ pub mod broker;
 pub mod charges;
 pub mod demo;
 pub mod gateway;
+pub mod kafka;
+pub mod load;
 pub mod net;
+pub mod scenario;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,7 +47,7 @@ pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<Strin
 ///
 /// # Panics
 /// `charges.jsonl` is missing or has no `wallTime`.
-pub fn replay_clock_env(fixtures: &Path) -> Vec<(String, String)> {
+pub fn replay_clock_env(fixtures: &Path) -> Vec<(&'static str, String)> {
     let path = fixtures.join("charges.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let first = text
@@ -54,7 +57,7 @@ pub fn replay_clock_env(fixtures: &Path) -> Vec<(String, String)> {
         .min()
         .unwrap_or_else(|| panic!("{}: no wallTime", path.display()));
     let offset = first.timestamp_millis() - chrono::Utc::now().timestamp_millis();
-    vec![("PIXGATE_CLOCK__OFFSET_MS".into(), offset.to_string())]
+    vec![("PIXGATE_CLOCK__OFFSET_MS", offset.to_string())]
 }
 
 /// The repository root (this crate's parent directory).

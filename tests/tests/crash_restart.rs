@@ -44,9 +44,11 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     pixgate_tests::demo::wait_until(&gw, registry_read, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
     capture::publish_file(broker.addr(), &fixtures.join("charges.jsonl")).await.unwrap();
 
-    // Kill it while it works, several times, at varied moments.
+    // Kill it while it works, several times, at varied moments after it has rejoined its
+    // consumer group (see `GatewayProcess::wait_assigned` for why not during the join).
     let mut kills = 0;
     for (i, pause_ms) in [700u64, 1300, 400, 2100, 900, 1600].into_iter().enumerate() {
+        gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(pause_ms)).await;
         gw.kill();
         kills += 1;

@@ -33,7 +33,7 @@ async fn a_full_device_queue_pauses_its_partitions_until_it_drains() {
         ack_timeout_ms: 2_000,
         outbox_path: out.join("data/outbox.redb"),
     };
-    let env = [("PIXGATE_OUTBOX__MAX_JOBS_PER_DEVICE".to_string(), BOUND.to_string())];
+    let env = [("PIXGATE_OUTBOX__MAX_JOBS_PER_DEVICE", BOUND.to_string())];
     let gw = GatewayProcess::spawn_with_env(&gateway::find_binary().unwrap(), settings.clone(), &env, &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
 
     let spec = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap().into_iter().find(|d| d.id() == TERMINAL).unwrap();

@@ -61,7 +61,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
         outbox_path: out.join("data/outbox.redb"),
     };
     let bin = gateway::find_binary().unwrap();
-    let control = [("PIXGATE_CLOCK__CONTROL".to_string(), "true".to_string())];
+    let control = [("PIXGATE_CLOCK__CONTROL", "true".to_string())];
     let gw = GatewayProcess::spawn_with_env(&bin, settings.clone(), &control, &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
 
     let all = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap();

@@ -5,12 +5,21 @@
 //! - `capture-sim publish --brokers HOST:PORT FILE...` publishes JSONL event files in order.
 //! - `capture-sim generate --brokers HOST:PORT [--devices devices.jsonl] [--rate 10] [--count 100] [--seed 1]`
 //!   publishes synthetic charge lifecycles for load.
+//! - `capture-sim scenario --out DIR [--seed 1] [--devices 500] [--events 20000]` writes a
+//!   generated world as a fixtures folder: `devices.jsonl`, `charges.jsonl` and
+//!   `expected.json` (what the routing rules call for, from `simulators::expected`), the
+//!   shapes of `fixtures/cdc`, so `scripts/demo.sh DIR out` runs on it.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use simulators::capture::{ensure_topics, generate, publish_file, PIXGATE_TOPICS};
+use simulators::capture::generate::{Scenario, ScenarioConfig};
+use simulators::capture::CaptureRecord;
 use simulators::cli::init_tracing;
-use std::path::PathBuf;
+use simulators::expected::Model;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(about = "Publishes CDC change events to Kafka")]
@@ -54,6 +63,70 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Write a generated registry and charge lifecycles as a fixtures folder.
+    Scenario {
+        /// Output folder (created).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed (same seed, same world; dates are relative to now).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Devices in the registry.
+        #[arg(long, default_value_t = 500)]
+        devices: usize,
+        /// Charge events.
+        #[arg(long, default_value_t = 20_000)]
+        events: usize,
+    },
+}
+
+/// Writes `records` as `{"topic","key","value"}` lines (values are JSON objects).
+fn write_jsonl(path: &Path, records: impl IntoIterator<Item = CaptureRecord>) -> Result<usize> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut n = 0;
+    for r in records {
+        let value: serde_json::Value = serde_json::from_slice(&r.value)?;
+        serde_json::to_writer(&mut out, &serde_json::json!({"topic": r.topic, "key": r.key, "value": value}))?;
+        out.write_all(b"\n")?;
+        n += 1;
+    }
+    out.flush()?;
+    Ok(n)
+}
+
+/// `capture-sim scenario`: the fixtures folder of a generated world.
+fn write_scenario(out: &Path, seed: u64, devices: usize, events: usize) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let scenario = Scenario::new(ScenarioConfig::new(seed, devices, events));
+    let mut model = Model::new();
+    for r in scenario.device_records() {
+        model.apply_device(&r.value);
+    }
+    let n_devices = write_jsonl(&out.join("devices.jsonl"), scenario.device_records().iter().cloned())?;
+    let mut expected: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let charges: Vec<CaptureRecord> = scenario.charge_events().collect();
+    for r in &charges {
+        let fate = model.apply_charge(&r.value);
+        let v: serde_json::Value = serde_json::from_slice(&r.value)?;
+        let Some(key) = r.key.clone() else { continue };
+        let entry = expected.entry(key).or_insert_with(|| serde_json::json!({"effects": []}));
+        let doc = &v["fullDocument"];
+        // The document as applied: a stale or repeated event does not change the charge.
+        let applied = !matches!(fate, simulators::expected::Fate::Ignored("stale_version" | "duplicate_event"));
+        if doc.is_object() && applied {
+            entry["company"] = doc["company"]["$oid"].clone();
+            entry["value"] = doc["value"].clone();
+            entry["final"] = doc["status"].clone();
+        }
+        for e in fate.effects() {
+            entry["effects"].as_array_mut().expect("array").push(serde_json::json!({"device": e.device, "kind": e.kind.as_str()}));
+        }
+    }
+    let n_charges = write_jsonl(&out.join("charges.jsonl"), charges)?;
+    std::fs::write(out.join("expected.json"), serde_json::to_vec_pretty(&expected)?)?;
+    let effects: usize = expected.values().map(|c| c["effects"].as_array().map_or(0, Vec::len)).sum();
+    println!("{}: {n_devices} devices, {n_charges} charge events, {effects} expected effects", out.display());
+    Ok(())
 }
 
 #[tokio::main]
@@ -90,6 +163,7 @@ async fn main() -> Result<()> {
             };
             println!("generated: {n} records");
         }
+        Cmd::Scenario { out, seed, devices, events } => write_scenario(&out, seed, devices, events)?,
     }
     Ok(())
 }

@@ -1,0 +1,70 @@
+//! `pixgate-load`: the load harness (see `pixgate_tests::load`); `scripts/load.sh` builds
+//! it in release and runs it.
+
+use clap::Parser;
+use pixgate_tests::{gateway, load};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Measures pixgate on a real broker with a simulated fleet: a backlog of charge events
+/// produced while pixgate is down, drained with the fleet connected (accept rate, delivery
+/// rate, RSS over time, peak RSS), compared with a bare Kafka consumer reading the same
+/// topic; then live traffic at a fixed rate (latency produce → device ack, p50/p99).
+#[derive(Parser)]
+struct Args {
+    /// Charge events in the backlog.
+    #[arg(long, default_value_t = 1_000_000)]
+    events: usize,
+    /// Devices (printers and card machines), all simulated in this process.
+    #[arg(long, default_value_t = 500)]
+    devices: usize,
+    /// Charge events per second in the live phase (0: skip it).
+    #[arg(long, default_value_t = 50.0)]
+    live_rate: f64,
+    /// Length of the live phase, seconds.
+    #[arg(long, default_value_t = 60)]
+    live_seconds: u64,
+    /// Scenario seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Working folder (broker data, outbox, logs).
+    #[arg(long)]
+    work: Option<PathBuf>,
+    /// Keep the working folder.
+    #[arg(long)]
+    keep: bool,
+    /// Longest wait for any phase, seconds.
+    #[arg(long, default_value_t = 6 * 3600)]
+    timeout_s: u64,
+    /// Extra pixgate setting, e.g. `--pixgate-env PIXGATE_OUTBOX__MAX_JOBS=50000` (repeatable).
+    #[arg(long, value_parser = load::parse_env)]
+    pixgate_env: Vec<(String, String)>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = load::LoadConfig {
+        events: a.events,
+        devices: a.devices,
+        live_rate: a.live_rate,
+        live_seconds: a.live_seconds,
+        seed: a.seed,
+        pixgate_bin: gateway::find_binary()?,
+        work: a.work.unwrap_or_else(load::default_work_dir),
+        keep: a.keep,
+        timeout: Duration::from_secs(a.timeout_s),
+        env: a.pixgate_env,
+    };
+    println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
+    let report = tokio::select! {
+        r = load::run(&cfg) => r?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; everything started is stopped"),
+    };
+    println!("{}", load::table(&cfg, &report));
+    Ok(())
+}

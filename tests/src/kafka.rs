@@ -1,0 +1,107 @@
+//! Reading Kafka from the outside, as an operator would: a topic's records from the
+//! beginning, a consumer group's committed offsets, and a bare consumer's read rate (the
+//! baseline the load harness compares pixgate with).
+
+use anyhow::{bail, Context};
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+
+/// One record read back.
+#[derive(Debug, Clone)]
+pub struct ReadRecord {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key bytes (empty when none).
+    pub key: Vec<u8>,
+    /// Value bytes.
+    pub value: Vec<u8>,
+}
+
+/// Reads `topic` partitions `0..partitions` from the beginning (assigned, no group
+/// membership) until `expected` records arrived, then keeps reading until no record came
+/// for `quiet` (so extra records show up too). Returns them in arrival order.
+///
+/// # Errors
+/// Fewer than `expected` records within `timeout`, or a consumer error.
+pub async fn read_topic(brokers: &str, topic: &str, partitions: i32, expected: usize, quiet: Duration, timeout: Duration) -> anyhow::Result<Vec<ReadRecord>> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("pixgate-tests-reader-{}-{}", std::process::id(), unique()))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        let wait = if out.len() >= expected { quiet } else { deadline.saturating_duration_since(Instant::now()) };
+        match tokio::time::timeout(wait, consumer.recv()).await {
+            Ok(Ok(m)) => out.push(ReadRecord {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().unwrap_or_default().to_vec(),
+                value: m.payload().unwrap_or_default().to_vec(),
+            }),
+            Ok(Err(e)) => return Err(e).context(format!("reading {topic}")),
+            Err(_) if out.len() >= expected => return Ok(out),
+            Err(_) => bail!("only {} of {expected} records on {topic} within {timeout:?}", out.len()),
+        }
+    }
+}
+
+/// The offsets `group` has committed for `topic` partitions `0..partitions` (OffsetFetch;
+/// the caller does not join the group). A partition with no commit gives `-1`.
+///
+/// # Errors
+/// The broker did not answer within 10 s.
+pub fn committed_offsets(brokers: &str, group: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).set("enable.auto.commit", "false").create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let got = consumer.committed_offsets(tpl, Duration::from_secs(10)).context("OffsetFetch")?;
+    Ok((0..partitions)
+        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => -1,
+        })
+        .collect())
+}
+
+/// The read rate of a bare consumer: a `StreamConsumer` with a fresh group id subscribed to
+/// `topics` from the earliest offset, doing nothing with each record. Returns how many it
+/// read and how long it took from its creation to the `expected`-th record.
+///
+/// # Errors
+/// Fewer than `expected` records, or a gap of 30 s without one.
+pub async fn bare_consume(brokers: &str, topics: &[&str], expected: u64) -> anyhow::Result<(u64, Duration)> {
+    let start = Instant::now();
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("pixgate-bare-{}-{}", std::process::id(), unique()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("queued.max.messages.kbytes", "16384")
+        .create()?;
+    consumer.subscribe(topics)?;
+    let mut n = 0u64;
+    while n < expected {
+        match tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await {
+            Ok(Ok(_)) => n += 1,
+            Ok(Err(e)) => return Err(e).context("bare consumer"),
+            Err(_) => bail!("bare consumer: {n} of {expected} records, then nothing for 30 s"),
+        }
+    }
+    Ok((n, start.elapsed()))
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default()
+}

@@ -1,0 +1,404 @@
+//! The load harness behind `pixgate-load` (`scripts/load.sh`): pixgate on a real broker and
+//! a fleet of simulated devices, measured. Figures are printed, never asserted; only lost or
+//! unexpected effects make the run fail.
+//!
+//! Phases, one broker and one topic throughout:
+//! 1. **registry**: pixgate reads the generated device registry, then stops (SIGTERM);
+//! 2. **backlog**: `events` charge events are produced while pixgate is down;
+//! 3. **baseline**: a bare rdkafka `StreamConsumer` with a fresh group id reads the whole
+//!    `charge.upserted` topic: the rate pixgate is compared with;
+//! 4. **drain**: pixgate starts with the fleet connecting; accept rate (records committed
+//!    per second, from `/stats`: `events_read − pending_records`), delivery rate (effects
+//!    acknowledged per second, `effects_done`), RSS sampled from `/proc/PID/status`;
+//! 5. **live**: charge events produced at `live_rate` per second for `live_seconds`;
+//!    latency from handing each event to the producer to the device's `done` ack of each of
+//!    its effects.
+//!
+//! Expected effects come from the model of the routing rules ([`simulators::expected`]).
+//! In the backlog a charge's QR is often still queued when its payment arrives, so it is
+//! superseded (never shown): the check is `carried out + superseded = expected`.
+
+use crate::broker::KafkaBroker;
+use crate::gateway::{GatewayProcess, GatewaySettings};
+use crate::net::free_port;
+use anyhow::{bail, Context};
+use device_protocol::EffectKind;
+use serde_json::Value;
+use simulators::capture::generate::{Scenario, ScenarioConfig};
+use simulators::capture::{self, publish_records_at, CaptureRecord};
+use simulators::device::{Carried, Rendering, Stats};
+use simulators::expected::Model;
+use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::registry::devices_from_records;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// Charge events produced while pixgate is down.
+    pub events: usize,
+    /// Devices in the registry (all simulated).
+    pub devices: usize,
+    /// Charge events per second in the live phase (0: no live phase).
+    pub live_rate: f64,
+    /// Length of the live phase, seconds.
+    pub live_seconds: u64,
+    /// Scenario seed.
+    pub seed: u64,
+    /// The `pixgate` binary.
+    pub pixgate_bin: PathBuf,
+    /// Working folder (broker data, outbox, logs); removed at the end unless `keep`.
+    pub work: PathBuf,
+    /// Keep the working folder.
+    pub keep: bool,
+    /// Longest wait for any phase.
+    pub timeout: Duration,
+    /// Extra `PIXGATE_*` settings for pixgate.
+    pub env: Vec<(String, String)>,
+}
+
+/// One sample of pixgate during the drain.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since pixgate started.
+    pub t: f64,
+    /// Charge records read and finished (committed or about to be).
+    pub accepted: u64,
+    /// Effects acknowledged by devices.
+    pub delivered: u64,
+    /// Jobs in the outbox.
+    pub outbox: u64,
+    /// Job payload bytes the devices received so far (MQTT publishes, resends included).
+    pub job_bytes: u64,
+    /// Resident set size, KiB.
+    pub rss_kib: u64,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default)]
+pub struct LoadReport {
+    /// Records produced in the backlog and their production time.
+    pub produced: (u64, Duration),
+    /// Bare consumer: records read and time.
+    pub bare: (u64, Duration),
+    /// Time from pixgate's start to its first accepted record (start-up and group join).
+    pub first_accept: Duration,
+    /// Time from pixgate's start to every backlog record accepted.
+    pub accept_time: Duration,
+    /// Time from pixgate's start to every backlog effect delivered (pixgate idle).
+    pub drain_time: Duration,
+    /// Effects acknowledged in the drain.
+    pub drained_effects: u64,
+    /// Expected effects of the backlog (model) and the superseded QRs pixgate reported.
+    pub expected_backlog: (u64, u64),
+    /// Samples over the drain.
+    pub samples: Vec<Sample>,
+    /// Live phase: events produced, effects timed, latencies sorted (ms).
+    pub live: (u64, Vec<f64>),
+    /// Devices' raw job deliveries and effects carried out, whole run.
+    pub raw_jobs: (u64, u64),
+    /// pixgate's own resend counter (`job_redeliveries`), whole run.
+    pub pixgate_redeliveries: u64,
+    /// Peak RSS (`VmHWM`) of the draining pixgate, KiB.
+    pub peak_rss_kib: u64,
+}
+
+fn say(msg: impl AsRef<str>) {
+    println!("[pixgate-load] {}", msg.as_ref());
+}
+
+fn sum(v: &Value) -> u64 {
+    v.as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+}
+
+/// Runs every phase and returns the figures (also printed as they come).
+///
+/// # Errors
+/// Any part failed to start, a phase exceeded `timeout`, or effects were lost.
+pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
+    let mut report = LoadReport::default();
+    let _ = std::fs::remove_dir_all(&cfg.work);
+    std::fs::create_dir_all(&cfg.work)?;
+    let live_events = (cfg.live_rate * cfg.live_seconds as f64).round() as usize;
+    let scenario = Scenario::new(ScenarioConfig::new(cfg.seed, cfg.devices, cfg.events + live_events));
+    let devices = devices_from_records(scenario.device_records());
+    let mut model = Model::new();
+    for r in scenario.device_records() {
+        model.apply_device(&r.value);
+    }
+
+    let broker = KafkaBroker::start(&cfg.work.join("kafka"))?;
+    let brokers = broker.addr().to_string();
+    capture::ensure_topics(&brokers, &capture::PIXGATE_TOPICS).await?;
+    let settings = GatewaySettings {
+        brokers: brokers.clone(),
+        group_id: "pixgate-load".into(),
+        mqtt_port: free_port(),
+        http_port: free_port(),
+        ack_timeout_ms: 5_000,
+        outbox_path: cfg.work.join("data/outbox.redb"),
+    };
+    let env: Vec<(&str, String)> = cfg.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let spawn = |n: usize| GatewayProcess::spawn_with_env(&cfg.pixgate_bin, settings.clone(), &env, &cfg.work.join(format!("pixgate-{n}.log")), Duration::from_secs(60));
+
+    // 1. The registry, read by pixgate before it goes down.
+    let producer = capture::producer(&brokers)?;
+    {
+        let mut gw = spawn(0)?;
+        publish_records_at(&producer, scenario.device_records(), None).await?;
+        let n = scenario.device_records().len() as u64;
+        crate::demo::wait_until(&gw, Instant::now() + cfg.timeout, |s| s["devices_applied"].as_u64() >= Some(n) && s["pending_records"] == 0).await?;
+        // Let the auto-commit (1 s) store the registry's offsets before the stop.
+        let clean = gw.stop(Duration::from_secs(15));
+        say(format!("registry: {n} devices read by pixgate, which then stopped (clean: {clean})"));
+    }
+
+    // 2. The backlog, produced while pixgate is down.
+    let mut events = scenario.charge_events();
+    let start = Instant::now();
+    let mut produced = 0usize;
+    let mut expected = 0u64;
+    let mut last = Instant::now();
+    while produced < cfg.events {
+        let chunk: Vec<CaptureRecord> = events.by_ref().take((cfg.events - produced).min(10_000)).collect();
+        for r in &chunk {
+            expected += model.apply_charge(&r.value).effects().len() as u64;
+        }
+        publish_records_at(&producer, &chunk, None).await?;
+        produced += chunk.len();
+        if last.elapsed() > Duration::from_secs(10) {
+            last = Instant::now();
+            say(format!("backlog: {produced} of {} events produced ({:.0}/s)", cfg.events, produced as f64 / start.elapsed().as_secs_f64()));
+        }
+    }
+    report.produced = (produced as u64, start.elapsed());
+    say(format!("backlog: {produced} events in {:.1} s while pixgate was down; {expected} effects expected", start.elapsed().as_secs_f64()));
+
+    // 3. Baseline: a bare consumer reads the whole topic.
+    report.bare = crate::kafka::bare_consume(&brokers, &["charge.upserted"], produced as u64).await?;
+    say(format!("baseline: bare StreamConsumer read {} records in {:.2} s", report.bare.0, report.bare.1.as_secs_f64()));
+
+    // 4. Drain: pixgate starts, the fleet connects.
+    let (sink_tx, mut sink_rx) = mpsc::unbounded_channel::<Carried>();
+    let stats = Arc::new(Stats::counting_only(Some(sink_tx)));
+    let produced_at: Arc<Mutex<HashMap<(String, EffectKind), Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let collected = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let collector = {
+        let (produced_at, latencies, collected) = (produced_at.clone(), latencies.clone(), collected.clone());
+        tokio::spawn(async move {
+            while let Some(c) = sink_rx.recv().await {
+                collected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(t) = produced_at.lock().expect("lock").remove(&(c.charge, c.kind)) {
+                    latencies.lock().expect("lock").push(c.acked_at.duration_since(t).as_secs_f64() * 1000.0);
+                }
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let gw = spawn(1)?;
+    let fleet = fleet::start_with_options(
+        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: cfg.work.join("devices"), devices },
+        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
+    )
+    .await?;
+    fleet.wait_connected(Duration::from_secs(60)).await?;
+    say(format!("drain: pixgate ready and {} devices connected after {:.1} s", fleet.device_ids().len(), t0.elapsed().as_secs_f64()));
+    let deadline = Instant::now() + cfg.timeout;
+    let mut next_sample = Instant::now();
+    let mut last_print = Instant::now();
+    let mut accepted_at = None;
+    loop {
+        let s = gw.stats()?;
+        let read = s["events_read"]["charge.upserted"].as_u64().unwrap_or(0);
+        let accepted = read.saturating_sub(s["pending_records"].as_u64().unwrap_or(0));
+        let delivered = sum(&s["effects_done"]);
+        let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+        if report.first_accept.is_zero() && accepted > 0 {
+            report.first_accept = t0.elapsed();
+        }
+        if accepted_at.is_none() && read >= produced as u64 && s["pending_records"] == 0 {
+            accepted_at = Some(t0.elapsed());
+        }
+        if Instant::now() >= next_sample {
+            next_sample += Duration::from_secs(1);
+            let (rss, hwm) = gw.memory_kib().unwrap_or((0, 0));
+            report.peak_rss_kib = report.peak_rss_kib.max(hwm);
+            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: s["outbox_jobs"].as_u64().unwrap_or(0), job_bytes: stats.raw_bytes(), rss_kib: rss });
+        }
+        if accepted_at.is_some() && idle {
+            report.drain_time = t0.elapsed();
+            report.drained_effects = delivered;
+            report.expected_backlog = (expected, s["superseded"].as_u64().unwrap_or(0));
+            break;
+        }
+        if last_print.elapsed() > Duration::from_secs(10) {
+            last_print = Instant::now();
+            let rss = report.samples.last().map_or(0, |x| x.rss_kib);
+            say(format!("drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB", t0.elapsed().as_secs_f64(), s["outbox_jobs"], rss / 1024));
+        }
+        if Instant::now() > deadline {
+            bail!("drain not finished within {:?}; stats {s}", cfg.timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    report.accept_time = accepted_at.unwrap_or(report.drain_time);
+    let (exp, superseded) = report.expected_backlog;
+    say(format!("drain: accepted in {:.1} s, delivered in {:.1} s: {} effects + {superseded} superseded QRs, {exp} expected", report.accept_time.as_secs_f64(), report.drain_time.as_secs_f64(), report.drained_effects));
+    if report.drained_effects + superseded != exp || stats.carried_out() != report.drained_effects {
+        bail!("backlog effects do not add up: devices carried out {}, pixgate acked {}, superseded {superseded}, expected {exp}", stats.carried_out(), report.drained_effects);
+    }
+
+    // 5. Live traffic at a fixed rate.
+    if live_events > 0 {
+        let carried_before = stats.carried_out();
+        let live: Vec<CaptureRecord> = events.by_ref().take(live_events).collect();
+        let mut live_expected = 0u64;
+        let fates: Vec<Vec<(String, EffectKind)>> = live
+            .iter()
+            .map(|r| {
+                let f = model.apply_charge(&r.value);
+                live_expected += f.effects().len() as u64;
+                f.effects().iter().map(|e| (e.charge.clone(), e.kind)).collect()
+            })
+            .collect();
+        let superseded_before = gw.stats()?["superseded"].as_u64().unwrap_or(0);
+        let start = Instant::now();
+        let mut i = 0;
+        while i < live.len() {
+            let due = ((start.elapsed().as_secs_f64() * cfg.live_rate) as usize + 1).min(live.len());
+            if due > i {
+                {
+                    let mut map = produced_at.lock().expect("lock");
+                    let now = Instant::now();
+                    for f in &fates[i..due] {
+                        for key in f {
+                            map.insert(key.clone(), now);
+                        }
+                    }
+                }
+                publish_records_at(&producer, &live[i..due], None).await?;
+                i = due;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let deadline = Instant::now() + cfg.timeout;
+        loop {
+            let s = gw.stats()?;
+            let superseded = s["superseded"].as_u64().unwrap_or(0) - superseded_before;
+            let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+            if idle && stats.carried_out() - carried_before + superseded >= live_expected {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("live phase not delivered within {:?}: {} of {live_expected}; stats {s}", cfg.timeout, stats.carried_out() - carried_before);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Let the collector catch up with the sink (every carried-out effect goes through it).
+        let catch_up = Instant::now() + Duration::from_secs(10);
+        while collected.load(std::sync::atomic::Ordering::Relaxed) < stats.carried_out() && Instant::now() < catch_up {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut l = latencies.lock().expect("lock").clone();
+        l.sort_by(f64::total_cmp);
+        report.live = (live.len() as u64, l);
+    }
+
+    let s = gw.stats()?;
+    report.pixgate_redeliveries = s["job_redeliveries"].as_u64().unwrap_or(0);
+    if let Ok((_, hwm)) = gw.memory_kib() {
+        report.peak_rss_kib = report.peak_rss_kib.max(hwm);
+    }
+    let fleet_report = fleet.shutdown().await;
+    report.raw_jobs = (fleet_report.stats.raw_jobs, fleet_report.stats.effects);
+    let mut gw = gw;
+    let clean = gw.stop(Duration::from_secs(15));
+    say(format!("pixgate stopped (clean: {clean})"));
+    drop(producer);
+    broker.stop();
+    collector.abort();
+    if !cfg.keep {
+        let _ = std::fs::remove_dir_all(&cfg.work);
+    }
+    Ok(report)
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// The figures as a table, with RSS samples over the drain.
+pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
+    let secs = |d: Duration| d.as_secs_f64().max(1e-9);
+    let bare_rate = r.bare.0 as f64 / secs(r.bare.1);
+    // Rates from pixgate's first accepted record: start-up and the group join are shown apart.
+    let accept_rate = r.produced.0 as f64 / secs(r.accept_time.saturating_sub(r.first_accept));
+    let delivery_rate = r.drained_effects as f64 / secs(r.drain_time.saturating_sub(r.first_accept));
+    let e2e_rate = r.produced.0 as f64 / secs(r.drain_time.saturating_sub(r.first_accept));
+    let (live_n, lat) = &r.live;
+    let mut t = String::new();
+    t.push_str(&format!("\npixgate load run: {} charge events backlog, {} devices, seed {}, live {} ev/s for {} s\n", cfg.events, cfg.devices, cfg.seed, cfg.live_rate, cfg.live_seconds));
+    t.push_str("| figure | value |\n|---|---|\n");
+    t.push_str(&format!("| backlog produced (pixgate down) | {} records in {:.1} s ({:.0} records/s) |\n", r.produced.0, secs(r.produced.1), r.produced.0 as f64 / secs(r.produced.1)));
+    t.push_str(&format!("| bare StreamConsumer, fresh group, whole topic | {} records in {:.2} s = **{bare_rate:.0} records/s** (baseline) |\n", r.bare.0, secs(r.bare.1)));
+    t.push_str(&format!("| pixgate start → first record accepted (start-up, group join) | {:.1} s (not in the rates below) |\n", secs(r.first_accept)));
+    t.push_str(&format!("| pixgate accept rate (records committed, backlog) | {accept_rate:.0} records/s (all accepted {:.1} s after start) = {:.4} × baseline |\n", secs(r.accept_time), accept_rate / bare_rate));
+    t.push_str(&format!("| pixgate delivery rate (effects acked, backlog) | {delivery_rate:.0} effects/s ({} effects, all acked {:.1} s after start) |\n", r.drained_effects, secs(r.drain_time)));
+    t.push_str(&format!("| pixgate end to end (backlog record → all effects acked) | {e2e_rate:.0} records/s = **{:.4} × baseline** |\n", e2e_rate / bare_rate));
+    t.push_str(&format!("| backlog effects | {} acked + {} superseded QRs = {} expected by the model |\n", r.drained_effects, r.expected_backlog.1, r.expected_backlog.0));
+    if *live_n > 0 {
+        t.push_str(&format!(
+            "| live latency, produce → device ack ({} events at {} ev/s, {} effects timed) | p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms |\n",
+            live_n,
+            cfg.live_rate,
+            lat.len(),
+            pct(lat, 0.5),
+            pct(lat, 0.99),
+            lat.last().copied().unwrap_or(f64::NAN)
+        ));
+    }
+    t.push_str(&format!("| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n", r.raw_jobs.0, r.raw_jobs.1, r.raw_jobs.0.saturating_sub(r.raw_jobs.1), r.pixgate_redeliveries));
+    t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
+    if let (Some(first), Some(last)) = (r.samples.first(), r.samples.last()) {
+        let grew = last.rss_kib.saturating_sub(first.rss_kib) as f64 / 1024.0;
+        let mib = last.job_bytes as f64 / (1024.0 * 1024.0);
+        t.push_str(&format!("| RSS growth over the drain vs job bytes sent over MQTT | +{grew:.0} MiB RSS for {mib:.0} MiB of job payloads ({:.2} MiB RSS per MiB sent) |\n", grew / mib.max(1e-9)));
+    }
+    t.push_str("\nRSS over the drain (t s: RSS MiB, records accepted, effects acked, outbox jobs, job MiB sent):\n");
+    let step = (r.samples.len() / 20).max(1);
+    for s in r.samples.iter().step_by(step).chain(r.samples.last()) {
+        t.push_str(&format!(
+            "  t={:>6.0}  rss={:>7.1}  accepted={:>8}  acked={:>8}  outbox={:>6}  sent={:>7.1}\n",
+            s.t,
+            s.rss_kib as f64 / 1024.0,
+            s.accepted,
+            s.delivered,
+            s.outbox,
+            s.job_bytes as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    t
+}
+
+/// The working folder used when none is given.
+pub fn default_work_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("pixgate-load-{}", std::process::id()))
+}
+
+/// Parses `KEY=VALUE`.
+///
+/// # Errors
+/// No `=`.
+pub fn parse_env(s: &str) -> anyhow::Result<(String, String)> {
+    let (k, v) = s.split_once('=').context("expected KEY=VALUE")?;
+    Ok((k.to_string(), v.to_string()))
+}
