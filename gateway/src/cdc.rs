@@ -174,7 +174,8 @@ pub struct Device {
 ///
 /// # Errors
 /// [`DecodeError::NotJson`] for bytes that are not a JSON object; `Missing`/`Invalid` for
-/// envelope fields.
+/// envelope fields (`clusterTime` with a `t` or `i` that is not an unsigned 32-bit integer,
+/// as BSON timestamps are, is `Invalid`).
 pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     let v: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     if !v.is_object() {
@@ -190,14 +191,18 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     };
     let document_id = oid(req(&v["documentKey"]["_id"], "documentKey._id")?, "documentKey._id")?;
     let ts = req(&v["clusterTime"]["$timestamp"], "clusterTime")?;
-    let t = ts["t"].as_u64().ok_or_else(|| invalid("clusterTime", "t is not an integer".into()))?;
-    let i = ts["i"].as_u64().ok_or_else(|| invalid("clusterTime", "i is not an integer".into()))?;
+    // A BSON timestamp is two unsigned 32-bit integers (seconds, ordinal); a wider value
+    // would be cut off when packed into `cluster_time` and mis-order the event.
+    let part = |k: &str| {
+        ts[k].as_u64().filter(|n| *n <= u64::from(u32::MAX)).ok_or_else(|| invalid("clusterTime", format!("{k} is not an unsigned 32-bit integer: {}", ts[k])))
+    };
+    let (t, i) = (part("t")?, part("i")?);
     let full_document = match &v["fullDocument"] {
         Value::Null => None,
         d @ Value::Object(_) => Some(d.clone()),
         _ => return Err(invalid("fullDocument", "not an object".into())),
     };
-    Ok(Envelope { event_id, operation, document_id, cluster_time: (t << 32) | (i & 0xFFFF_FFFF), full_document })
+    Ok(Envelope { event_id, operation, document_id, cluster_time: (t << 32) | i, full_document })
 }
 
 /// Decodes a `Charge` document.
@@ -379,6 +384,26 @@ mod tests {
         assert_eq!(decode_envelope(b"[1]").unwrap_err().reason(), "not_json");
         let e = decode_envelope(br#"{"operationType":"insert"}"#).unwrap_err();
         assert_eq!(e.reason(), "missing_field:eventId");
+    }
+
+    /// Found by `fuzz/fuzz_targets/cdc_decode.rs` (minimised): `t` above `u32::MAX` was
+    /// shifted out of `cluster_time` silently (`7955216000 << 32` keeps only its low 32 bits),
+    /// so the event looked older than it was.
+    #[test]
+    fn cluster_time_parts_wider_than_32_bits_are_refused() {
+        let minimised = br#"{"eventId":"D","operationType":"insert","documentKey":{"_id":{"$oid":"c48"}},"clusterTime":{"$timestamp":{"t":7955216000,"i":6}}}"#;
+        let e = decode_envelope(minimised).unwrap_err();
+        assert_eq!(e.to_string(), "field `clusterTime`: t is not an unsigned 32-bit integer: 7955216000");
+        let env = |t: &str, i: &str| {
+            decode_envelope(format!(r#"{{"eventId":"D","operationType":"insert","documentKey":{{"_id":{{"$oid":"c48"}}}},"clusterTime":{{"$timestamp":{{"t":{t},"i":{i}}}}}}}"#).as_bytes())
+        };
+        for (t, i) in [("4294967296", "6"), ("1", "4294967296"), ("18446744073709551615", "0")] {
+            let e = env(t, i).unwrap_err();
+            assert_eq!(e.reason(), "invalid_field:clusterTime", "t={t} i={i}: {e}");
+            assert!(e.to_string().contains("32-bit"), "{e}");
+        }
+        assert_eq!(env("4294967295", "4294967295").unwrap().cluster_time, u64::MAX);
+        assert_eq!(env("1795780800", "18").unwrap().cluster_time, (1_795_780_800u64 << 32) | 18);
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl Decoder {
             opts: opts.clone(),
             page: Page::new(opts.width_dots),
             state: PrintState::new(opts.initial_code_page),
-            glyphs: Glyphs::default(),
+            glyphs: Glyphs::new(opts.width_dots.max(1)),
             line: Line::default(),
             transcript: vec![],
             bit_image_marker: None,

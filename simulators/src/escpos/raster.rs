@@ -18,6 +18,13 @@ impl Bitmap {
         Bitmap { width, height, bits: vec![false; width as usize * height as usize] }
     }
 
+    /// A bitmap from its dots, row by row, `width * height` of them (missing dots are
+    /// white, extra ones dropped).
+    pub fn from_bits(width: u32, height: u32, mut bits: Vec<bool>) -> Bitmap {
+        bits.resize(width as usize * height as usize, false);
+        Bitmap { width, height, bits }
+    }
+
     pub fn get(&self, x: u32, y: u32) -> bool {
         x < self.width && y < self.height && self.bits[(y * self.width + x) as usize]
     }
