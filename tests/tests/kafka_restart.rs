@@ -89,20 +89,27 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
         tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
     };
 
-    // A third of the way through, with the auto-commit having run, stop the broker.
+    // A third of the way through, kill the broker ...
     while stats.carried_out() < expected as u64 / 3 {
         assert!(Instant::now() < deadline && !feeder.is_finished(), "no progress before the restart: {}", stats.carried_out());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // ... and once pixgate has committed offsets (auto-commit runs every second).
     let (brokers, group) = (broker.addr().to_string(), settings.group_id.clone());
-    let before = tokio::task::spawn_blocking({
-        let (b, g) = (brokers.clone(), group.clone());
-        move || committed_offsets(&b, &g, "charge.upserted", 3)
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    assert!(before.iter().any(|&o| o > 0), "pixgate committed nothing before the restart: {before:?}");
+    let before = loop {
+        let c = tokio::task::spawn_blocking({
+            let (b, g) = (brokers.clone(), group.clone());
+            move || committed_offsets(&b, &g, "charge.upserted", 3)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        if c.iter().any(|&o| o > 0) {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "pixgate committed nothing: {c:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     broker.kill();
     let down_at = Instant::now();
     let carried_at_stop = stats.carried_out();
