@@ -149,11 +149,18 @@ pub struct MqttConfig {
     pub max_payload_bytes: usize,
     /// Most MQTT connections.
     pub max_connections: usize,
+    /// rumqttd keeps what is published on each topic in an in-memory commit log of
+    /// `segment_count` segments of `segment_bytes` (at least `max_payload_bytes`), per
+    /// device topic. This bounds the broker's memory per device; a job rotated out before
+    /// its device read it is sent again by the dispatcher (the outbox is the record).
+    pub segment_bytes: usize,
+    /// Segments kept per topic (see `segment_bytes`).
+    pub segment_count: usize,
 }
 
 impl Default for MqttConfig {
     fn default() -> Self {
-        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000 }
+        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000, segment_bytes: 1 << 20, segment_count: 2 }
     }
 }
 

@@ -87,8 +87,10 @@ pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Resu
         router: RouterConfig {
             max_connections: cfg.max_connections,
             max_outgoing_packet_count: 200,
-            max_segment_size: 16 << 20,
-            max_segment_count: 4,
+            // Per-topic memory bound (rumqttd's commit log is in memory; 16 MiB × 4 per device
+            // topic grew RSS with every job sent in the load harness).
+            max_segment_size: cfg.segment_bytes.max(cfg.max_payload_bytes),
+            max_segment_count: cfg.segment_count.max(1),
             custom_segment: None,
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
