@@ -411,7 +411,7 @@ impl Pipeline {
                     tracing::info!(device = %stored.device, charge = %stored.job.charge_id, "display_qr superseded before delivery");
                     self.stats.update(|s| s.superseded += 1);
                 }
-                if let Err(e) = tokio::task::block_in_place(|| self.outbox.complete(&stored.device, stored.job.seq)) {
+                if let Err(e) = tokio::task::block_in_place(|| self.outbox.complete(&stored.device, stored.job.seq, f.outcome == Outcome::Superseded)) {
                     // Left in the outbox: redelivered after a restart, deduped by the device.
                     tracing::error!(error = %e, device = %stored.device, seq = stored.job.seq, "cannot remove a finished job from the outbox");
                 }

@@ -108,10 +108,25 @@ impl Dispatcher {
         Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new() }
     }
 
-    /// Queues jobs stored before a restart, in their order.
+    /// Queues jobs stored before a restart, in their order, applying the supersede rule
+    /// again: a `display_qr` followed in its device's queue by its charge's paid/expired
+    /// screen or receipt is over, even if its removal had not reached the disk before the
+    /// crash (the next job may already have been carried out).
     pub fn preload(&mut self, jobs: Vec<StoredJob>) {
         for stored in jobs {
             self.devices.entry(stored.device.clone()).or_default().queue.push_back(stored);
+        }
+        let mut over = Vec::new();
+        for q in self.devices.values_mut() {
+            let ends: Vec<(String, u64)> = q.queue.iter().filter(|s| ends_qr(s.job.kind)).map(|s| (s.job.charge_id.clone(), s.job.seq)).collect();
+            let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|s: &StoredJob| {
+                s.job.kind == EffectKind::DisplayQr && ends.iter().any(|(c, seq)| *c == s.job.charge_id && *seq > s.job.seq)
+            });
+            q.queue = kept;
+            over.extend::<VecDeque<StoredJob>>(gone);
+        }
+        for s in over {
+            self.finish(s, Outcome::Superseded);
         }
     }
 
@@ -144,7 +159,7 @@ impl Dispatcher {
                 let q = self.devices.entry(device.clone()).or_default();
                 let job = &stored.job;
                 // A printer's pay-with-Pix slip (`display_qr`) is over once its receipt is due too.
-                if matches!(job.kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired | EffectKind::PrintReceipt) {
+                if ends_qr(job.kind) {
                     let (superseded, kept) = std::mem::take(&mut q.queue)
                         .into_iter()
                         .partition(|s: &StoredJob| s.job.kind == EffectKind::DisplayQr && s.job.charge_id == job.charge_id);
@@ -281,6 +296,12 @@ impl Dispatcher {
     fn finish(&self, stored: StoredJob, outcome: Outcome) {
         let _ = self.finished.send(Finished { stored, outcome });
     }
+}
+
+/// Whether a job of `kind` ends its charge's QR on the same device (paid or expired screen,
+/// or a printer's receipt after its pay-with-Pix slip).
+fn ends_qr(kind: EffectKind) -> bool {
+    matches!(kind, EffectKind::PaymentConfirmed | EffectKind::ChargeExpired | EffectKind::PrintReceipt)
 }
 
 /// Delay before attempt `attempt + 1`: `backoff_initial_ms · 2^(attempt-1)`, capped at
@@ -489,6 +510,29 @@ mod tests {
         let f = h.next_finished().await;
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
         h.nothing_sent(200).await;
+    }
+
+    /// After a crash the outbox may still hold a QR whose removal had not reached the disk,
+    /// ahead of its charge's "paid" screen: it is superseded at load, never sent.
+    #[tokio::test]
+    async fn preload_supersedes_a_qr_followed_by_its_charges_end() {
+        let cfg = DeliveryConfig { ack_timeout_ms: 10_000, ..DeliveryConfig::default() };
+        let (publisher, mut sent) = Publisher::channel(64);
+        let (ftx, mut finished) = mpsc::unbounded_channel();
+        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default());
+        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+        let stored = |id: &str, kind, charge: &str, seq| {
+            let mut j = job(id, kind, charge);
+            j.seq = seq;
+            StoredJob { device: "t".into(), job: j, source: src.clone() }
+        };
+        d.preload(vec![stored("qr1", EffectKind::DisplayQr, "c1", 5), stored("paid1", EffectKind::PaymentConfirmed, "c1", 6), stored("qr2", EffectKind::DisplayQr, "c2", 7)]);
+        let (_cmd, rx) = mpsc::channel(8);
+        tokio::spawn(d.run(rx));
+        let f = finished.recv().await.unwrap();
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("qr1", Outcome::Superseded));
+        let (_, payload) = sent.recv().await.unwrap();
+        assert_eq!(serde_json::from_slice::<Job>(&payload).unwrap().message_id, "paid1");
     }
 
     #[tokio::test]

@@ -452,14 +452,19 @@ impl Outbox {
         Ok(out)
     }
 
-    /// Removes a finished job (done, superseded, or dead-lettered) from its device's queue.
-    /// Its message id stays in the dedupe window.
+    /// Removes a finished job (done or superseded) from its device's queue. Its message id
+    /// stays in the dedupe window.
+    ///
+    /// `durable = false` (a done job) does not sync: a removal lost in a crash means the
+    /// job is sent again and the device dedupes it. A superseded job must be removed
+    /// durably (`true`): sent after a restart, it would be *new* to the device (a QR shown
+    /// after "paid").
     ///
     /// # Errors
     /// Disk or database failure.
-    pub fn complete(&self, device: &str, seq: u64) -> Result<(), OutboxError> {
+    pub fn complete(&self, device: &str, seq: u64, durable: bool) -> Result<(), OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(Durability::None).map_err(err)?;
+        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
         tx.open_table(JOBS).map_err(err)?.remove((device, seq)).map_err(err)?;
         tx.commit().map_err(err)
     }
@@ -585,7 +590,7 @@ mod tests {
             assert_eq!(q.iter().map(|s| (s.device.as_str(), s.job.seq)).collect::<Vec<_>>(), [("p", 1), ("p", 2), ("t", 1)]);
             // The same record read again after a crash: nothing new is queued.
             assert!(o.accept(None, vec![("p".into(), job("a"))], &src(1), 2000).unwrap().is_empty());
-            o.complete("p", 1).unwrap();
+            o.complete("p", 1, true).unwrap();
         }
         let o = Outbox::open(&path).unwrap();
         let pending = o.pending().unwrap();
