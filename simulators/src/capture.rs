@@ -697,7 +697,7 @@ pub mod generate {
             let tick0 = self.next_charge * TICKS_PER_CHARGE;
             self.next_charge += 1;
             let kind = rng.below(100);
-            let on_terminal = !(kind >= 84 && kind < 96) && !s.tills.is_empty();
+            let on_terminal = !(84..96).contains(&kind) && !s.tills.is_empty();
             let (company, terminal) = if on_terminal {
                 let till = &s.tills[rng.below(s.tills.len() as u64) as usize];
                 (&s.companies[till.company], Some(till.terminal.clone()))

@@ -163,7 +163,7 @@ impl GatewayProcess {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
         let field = |name: &str| -> anyhow::Result<u64> {
             let line = status.lines().find(|l| l.starts_with(name)).with_context(|| format!("no {name} in /proc/PID/status"))?;
-            Ok(line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).with_context(|| format!("bad line {line:?}"))?)
+            line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).with_context(|| format!("bad line {line:?}"))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
