@@ -120,6 +120,10 @@ pub struct KafkaConfig {
     pub session_timeout_ms: u32,
     /// `max.poll.interval.ms`; also bounds how long a lost StreamConsumer wake-up can last.
     pub max_poll_interval_ms: u32,
+    /// `fetch.wait.max.ms`: how long the broker may hold a fetch waiting for data. Every
+    /// charge event waits for it when the broker does not answer as soon as a record
+    /// arrives (tansu), so it is latency a customer in front of the card machine sees.
+    pub fetch_wait_max_ms: u32,
 }
 
 impl Default for KafkaConfig {
@@ -135,6 +139,7 @@ impl Default for KafkaConfig {
             assignment_strategy: "range".into(),
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 60_000,
+            fetch_wait_max_ms: 100,
         }
     }
 }

@@ -150,6 +150,7 @@ pub async fn run(
         .set("partition.assignment.strategy", &k.assignment_strategy)
         .set("session.timeout.ms", k.session_timeout_ms.to_string())
         .set("max.poll.interval.ms", k.max_poll_interval_ms.to_string())
+        .set("fetch.wait.max.ms", k.fetch_wait_max_ms.to_string())
         .set("queued.max.messages.kbytes", "16384")
         .create_with_context(Rebalances::default())
         .context("creating the Kafka consumer")?;
