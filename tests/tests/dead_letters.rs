@@ -448,7 +448,7 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     env["fullDocument"]["brCode"] = json!(code);
     let key = env["documentKey"]["_id"]["$oid"].as_str().unwrap().to_string();
     let landed = publish_records_at(&producer, &[rec("charge.upserted", &key, &env)], None).await.unwrap();
-    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["pending_records"] == 1).await.unwrap();
+    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["deadletters_parked"] == 1).await.unwrap();
 
     gw.kill();
     capture::ensure_topics(broker.addr(), &[("pixgate.deadletter", 1)]).await.unwrap();
