@@ -257,8 +257,7 @@ impl Pipeline {
         });
         let value = m.payload().unwrap_or_default();
         let src = Source { topic: m.topic(), partition: m.partition(), offset: m.offset(), key: m.key(), value };
-        let accept = if m.topic() == self.cfg.kafka.device_topic { self.plan_device(&src) } else { self.plan_charge(&src) };
-        let mut accept = accept;
+        let mut accept = if m.topic() == self.cfg.kafka.device_topic { self.plan_device(&src) } else { self.plan_charge(&src) };
         accept.source = Some(SourceRef {
             topic: src.topic.to_string(),
             partition: src.partition,
@@ -346,16 +345,14 @@ impl Pipeline {
         if self.batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.batch);
-        let accepts: Vec<Accept> = batch.iter().map(|p| p.accept.clone()).collect();
+        let (finished, accepts): (Vec<RecordRef>, Vec<Accept>) = std::mem::take(&mut self.batch).into_iter().map(|p| (p.rec, p.accept)).unzip();
         let (outbox, clock) = (&self.outbox, &self.clock);
-        let written = until_stored("the batch", || outbox.accept_batch(accepts.clone(), clock.now_ms())).await;
+        let written = until_stored("the batch", || outbox.accept_batch(&accepts, clock.now_ms())).await;
         let mut parked = false;
-        let mut finished = Vec::with_capacity(batch.len());
-        for (planned, (queued, dls)) in batch.into_iter().zip(written) {
+        for (accept, (queued, dls)) in accepts.iter().zip(written) {
             parked |= !dls.is_empty();
             // Counted when planned; a job the dedupe window left out is not in the outbox.
-            for (device, job) in &planned.accept.jobs {
+            for (device, job) in &accept.jobs {
                 if !queued.iter().any(|s| s.job.message_id == job.message_id) {
                     self.outbox_jobs = self.outbox_jobs.saturating_sub(1);
                     if let Some(n) = self.device_jobs.get_mut(device) {
@@ -368,7 +365,6 @@ impl Pipeline {
                     tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
                 }
             }
-            finished.push(planned.rec);
         }
         // Counted in the outbox before the records count as finished: a reader of /stats
         // never sees a record done whose jobs are nowhere.
@@ -395,7 +391,8 @@ impl Pipeline {
                 self.reconcile(consumer, part);
             }
         }
-        self.stats.update(|s| s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64);
+        let at_bound = self.devices_at_bound();
+        self.stats.update(|s| s.devices_at_bound = at_bound);
         self.check_outbox_bound(consumer);
     }
 
@@ -449,9 +446,14 @@ impl Pipeline {
         }
         self.stats.update(|s| {
             s.outbox_jobs = self.outbox_jobs as u64;
-            s.devices_at_bound = self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64;
+            s.devices_at_bound = self.devices_at_bound();
         });
         self.check_outbox_bound(consumer);
+    }
+
+    /// Devices at their bound (one may hold back several partitions).
+    fn devices_at_bound(&self) -> u64 {
+        self.waiting_on.values().flatten().collect::<HashSet<_>>().len() as u64
     }
 
     /// Pauses every assigned partition while the outbox holds `max_jobs`; resumes at half.

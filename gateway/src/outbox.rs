@@ -230,7 +230,7 @@ impl Outbox {
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
-    pub fn accept_batch(&self, batch: Vec<Accept>, now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
+    pub fn accept_batch(&self, batch: &[Accept], now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
         let mut out = Vec::with_capacity(batch.len());
@@ -254,12 +254,13 @@ impl Outbox {
                     };
                     devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
                 }
-                let source = a.source.unwrap_or_else(|| SourceRef { topic: String::new(), partition: -1, offset: -1, key: None });
+                let source = a.source.clone().unwrap_or_else(|| SourceRef { topic: String::new(), partition: -1, offset: -1, key: None });
                 let mut queued = Vec::new();
-                for (device, mut job) in a.jobs {
+                for (device, job) in &a.jobs {
                     if seen.get(job.message_id.as_str()).map_err(err)?.is_some() {
                         continue;
                     }
+                    let mut job = job.clone();
                     let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
                     seq.insert(device.as_str(), next).map_err(err)?;
                     seen.insert(job.message_id.as_str(), now_ms).map_err(err)?;
@@ -270,8 +271,8 @@ impl Outbox {
                     queued.push(stored);
                 }
                 let mut parked = Vec::new();
-                for dl in a.deadletters {
-                    parked.push(park(&mut dls, &mut parked_ids, &mut meta, dl, None, now_ms)?);
+                for dl in &a.deadletters {
+                    parked.push(park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, now_ms)?);
                 }
                 out.push((queued, parked));
             }
@@ -285,9 +286,10 @@ impl Outbox {
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
-    pub fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<StoredJob>, OutboxError> {
+    #[cfg(test)]
+    pub(crate) fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<StoredJob>, OutboxError> {
         let a = Accept { charge: charge.map(|(id, st)| (id.to_string(), st)), jobs, source: Some(source.clone()), ..Accept::default() };
-        Ok(self.accept_batch(vec![a], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
+        Ok(self.accept_batch(&[a], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
     }
 
     /// Durably, in one transaction: removes a job that cannot be carried out (delivery
@@ -500,23 +502,8 @@ impl Outbox {
         Ok(out)
     }
 
-    /// Records a device registry event durably: its `fullDocument` (`None` for a delete) at
-    /// oplog position `cluster_time`.
-    ///
-    /// # Errors
-    /// Disk or database failure.
-    pub fn put_device(&self, id: &str, cluster_time: u64, document: Option<&serde_json::Value>) -> Result<(), OutboxError> {
-        let bytes = match document {
-            Some(d) => serde_json::to_vec(d).map_err(err)?,
-            None => Vec::new(),
-        };
-        let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(Durability::Immediate).map_err(err)?;
-        tx.open_table(DEVICES).map_err(err)?.insert(id, (cluster_time, bytes.as_slice())).map_err(err)?;
-        tx.commit().map_err(err)
-    }
-
-    /// Every registry entry stored by [`Outbox::put_device`]: id, oplog position, document.
+    /// Every registry entry stored by [`Outbox::accept_batch`] ([`Accept::device`]): id, oplog
+    /// position, document.
     ///
     /// # Errors
     /// Disk or database failure, or a stored document that no longer parses.
