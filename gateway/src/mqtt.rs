@@ -127,6 +127,17 @@ pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Resu
                     }
                 }
             }
+            // The router parks a link whose buffer reached its capacity (200 notifications,
+            // `rumqttd::router::MAX_CHANNEL_CAPACITY`) and forwards nothing more to it until
+            // the link says it is ready again, as rumqttd's own network links do after
+            // writing. Without this, a burst of acks (a fleet reconnecting, a backlog
+            // draining) silenced every device's acks for good.
+            Ok(Some(Notification::Unschedule)) => {
+                if let Err(e) = link_rx.ready() {
+                    tracing::error!(error = %e, "MQTT link closed");
+                    return;
+                }
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::error!(error = %e, "MQTT link closed");
@@ -157,4 +168,67 @@ fn wait_listening(addr: SocketAddr) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!("embedded MQTT broker is not listening on {addr} (port in use?)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use device_protocol::Ack;
+    use rumqttc::{AsyncClient, Event, MqttOptions, QoS};
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// A burst of device messages larger than the router's buffer for the gateway's link
+    /// (200), arriving while the gateway is not reading: rumqttd parks the link, and every
+    /// message must still arrive once the gateway reads again. Real broker, real MQTT
+    /// client over TCP.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_larger_than_the_link_buffer_still_arrives() {
+        const N: u64 = 1_000;
+        let cfg = MqttConfig { listen: format!("127.0.0.1:{}", free_port()), ..MqttConfig::default() };
+        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
+        // Capacity 1 and nobody reading yet: the receive thread blocks and the router's
+        // buffer for the link fills up.
+        let (tx, mut rx) = mpsc::channel(1);
+        let _publisher = start(&cfg, tx).unwrap();
+
+        let mut opts = MqttOptions::new("burst-device", "127.0.0.1", port);
+        opts.set_inflight(100);
+        let (client, mut eventloop) = AsyncClient::new(opts, 64);
+        let topic = Topic::Acks("dev1".into()).path();
+        let sender = tokio::spawn(async move {
+            for seq in 1..=N {
+                let ack = serde_json::to_vec(&Ack::done(&format!("m{seq}"), seq, false)).unwrap();
+                client.publish(topic.clone(), QoS::AtLeastOnce, false, ack).await.unwrap();
+            }
+        });
+        // Drive the client until every publish has been written and acknowledged.
+        let mut pubacks = 0;
+        while pubacks < N {
+            match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
+                Ok(Ok(Event::Incoming(rumqttc::Packet::PubAck(_)))) => pubacks += 1,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("MQTT client error: {e}"),
+                Err(_) => panic!("broker stopped acknowledging after {pubacks} publishes"),
+            }
+        }
+        sender.await.unwrap();
+        let poller = tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+
+        // Now read: all N acks, in order.
+        let mut seen = 0;
+        while seen < N {
+            match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
+                Ok(Some(Incoming::Ack { device, ack })) => {
+                    seen += 1;
+                    assert_eq!((device.as_str(), ack.seq), ("dev1", seen), "acks arrive once, in order");
+                }
+                Ok(other) => panic!("unexpected {other:?}"),
+                Err(_) => panic!("only {seen} of {N} acks reached the gateway: the link stayed parked"),
+            }
+        }
+        poller.abort();
+    }
 }
