@@ -154,18 +154,29 @@ pub struct MqttConfig {
     pub max_payload_bytes: usize,
     /// Most MQTT connections.
     pub max_connections: usize,
-    /// rumqttd keeps what is published on each topic in an in-memory commit log of
-    /// `segment_count` segments of `segment_bytes` (at least `max_payload_bytes`), per
-    /// device topic. This bounds the broker's memory per device; a job rotated out before
-    /// its device read it is sent again by the dispatcher (the outbox is the record).
+    /// rumqttd keeps what is published on each topic in an in-memory commit log: the
+    /// active segment plus `segment_count` full ones, a segment closing once it holds
+    /// `segment_bytes` or more (at least 1024, rumqttd's minimum). The last message
+    /// published always stays in the active segment, so a device sent one job at a time
+    /// never misses it; the broker's memory per device topic stays under
+    /// `(segment_count + 1) × (segment_bytes + max_payload_bytes)` whatever the traffic.
+    /// pixgate keeps nothing in the broker it needs: the outbox is the record, and a job
+    /// rotated out before its device read it is sent again by the dispatcher.
     pub segment_bytes: usize,
-    /// Segments kept per topic (see `segment_bytes`).
+    /// Full segments kept per topic besides the active one (see `segment_bytes`).
     pub segment_count: usize,
+    /// The same for the gateway's own two subscriptions, to every device's acks and to
+    /// every device's status: rumqttd keeps one commit log per subscription filter, so
+    /// these two carry the whole fleet's traffic. Two full segments of this size are kept
+    /// besides the active one; should the gateway fall further behind than that (it reads
+    /// them continuously), the acks it missed are made good by resends after
+    /// `delivery.ack_timeout_ms`.
+    pub gateway_segment_bytes: usize,
 }
 
 impl Default for MqttConfig {
     fn default() -> Self {
-        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000, segment_bytes: 1 << 20, segment_count: 2 }
+        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000, segment_bytes: 64 << 10, segment_count: 1, gateway_segment_bytes: 4 << 20 }
     }
 }
 

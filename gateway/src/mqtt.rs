@@ -88,10 +88,16 @@ pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Resu
             max_connections: cfg.max_connections,
             max_outgoing_packet_count: 200,
             // Per-topic memory bound (rumqttd's commit log is in memory; 16 MiB × 4 per device
-            // topic grew RSS with every job sent in the load harness).
-            max_segment_size: cfg.segment_bytes.max(cfg.max_payload_bytes),
+            // topic grew RSS with every job sent in the load harness). rumqttd panics below
+            // 1024 bytes.
+            max_segment_size: cfg.segment_bytes.max(1024),
             max_segment_count: cfg.segment_count.max(1),
-            custom_segment: None,
+            custom_segment: Some(
+                [topics::ALL_ACKS, topics::ALL_STATUS]
+                    .into_iter()
+                    .map(|f| (f.to_string(), rumqttd::SegmentConfig { max_segment_size: cfg.gateway_segment_bytes.max(1024), max_segment_count: 2 }))
+                    .collect(),
+            ),
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
         },
@@ -181,12 +187,13 @@ mod tests {
     }
 
     /// A burst of device messages larger than the router's buffer for the gateway's link
-    /// (200), arriving while the gateway is not reading: rumqttd parks the link, and every
-    /// message must still arrive once the gateway reads again. Real broker, real MQTT
-    /// client over TCP.
+    /// (200), arriving while the gateway is not reading (a fleet reconnecting and acking
+    /// at once): rumqttd parks the link, and every message must still arrive once the
+    /// gateway reads again. Real broker with its default segments, real MQTT client over TCP.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_burst_larger_than_the_link_buffer_still_arrives() {
-        const N: u64 = 1_000;
+        const DEVICES: u64 = 250;
+        const PER_DEVICE: u64 = 4;
         let cfg = MqttConfig { listen: format!("127.0.0.1:{}", free_port()), ..MqttConfig::default() };
         let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
         // Capacity 1 and nobody reading yet: the receive thread blocks and the router's
@@ -197,16 +204,17 @@ mod tests {
         let mut opts = MqttOptions::new("burst-device", "127.0.0.1", port);
         opts.set_inflight(100);
         let (client, mut eventloop) = AsyncClient::new(opts, 64);
-        let topic = Topic::Acks("dev1".into()).path();
         let sender = tokio::spawn(async move {
-            for seq in 1..=N {
-                let ack = serde_json::to_vec(&Ack::done(&format!("m{seq}"), seq, false)).unwrap();
-                client.publish(topic.clone(), QoS::AtLeastOnce, false, ack).await.unwrap();
+            for seq in 1..=PER_DEVICE {
+                for d in 0..DEVICES {
+                    let ack = serde_json::to_vec(&Ack::done(&format!("m{d}-{seq}"), seq, false)).unwrap();
+                    client.publish(Topic::Acks(format!("dev{d}")).path(), QoS::AtLeastOnce, false, ack).await.unwrap();
+                }
             }
         });
         // Drive the client until every publish has been written and acknowledged.
         let mut pubacks = 0;
-        while pubacks < N {
+        while pubacks < DEVICES * PER_DEVICE {
             match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
                 Ok(Ok(Event::Incoming(rumqttc::Packet::PubAck(_)))) => pubacks += 1,
                 Ok(Ok(_)) => {}
@@ -217,18 +225,57 @@ mod tests {
         sender.await.unwrap();
         let poller = tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
 
-        // Now read: all N acks, in order.
+        // Now read: every ack, each device's in order.
+        let mut last: HashMap<String, u64> = HashMap::new();
         let mut seen = 0;
-        while seen < N {
+        while seen < DEVICES * PER_DEVICE {
             match tokio::time::timeout(Duration::from_secs(10), rx.recv()).await {
                 Ok(Some(Incoming::Ack { device, ack })) => {
                     seen += 1;
-                    assert_eq!((device.as_str(), ack.seq), ("dev1", seen), "acks arrive once, in order");
+                    let prev = last.insert(device.clone(), ack.seq).unwrap_or(0);
+                    assert_eq!(ack.seq, prev + 1, "{device}: acks arrive once, in order");
                 }
                 Ok(other) => panic!("unexpected {other:?}"),
-                Err(_) => panic!("only {seen} of {N} acks reached the gateway: the link stayed parked"),
+                Err(_) => panic!("only {seen} of {} acks reached the gateway: the link stayed parked", DEVICES * PER_DEVICE),
             }
         }
+        assert!(last.values().all(|&s| s == PER_DEVICE));
         poller.abort();
+    }
+
+    /// Jobs far larger than a commit-log segment (rumqttd's minimum, 1 KiB, against
+    /// 50 KiB jobs), sent one at a time as the dispatcher does: each reaches the device's
+    /// QoS 1 subscription whole, so the segment size bounds memory without losing jobs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_larger_than_a_segment_arrive_whole() {
+        let cfg = MqttConfig { listen: format!("127.0.0.1:{}", free_port()), segment_bytes: 1024, segment_count: 1, ..MqttConfig::default() };
+        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
+        let (tx, _rx) = mpsc::channel(16);
+        let publisher = start(&cfg, tx).unwrap();
+
+        let mut opts = MqttOptions::new("big-jobs-device", "127.0.0.1", port);
+        opts.set_max_packet_size(1 << 20, 1 << 20);
+        let (client, mut eventloop) = AsyncClient::new(opts, 16);
+        let jobs = Topic::Jobs("dev2".into()).path();
+        client.subscribe(jobs.clone(), QoS::AtLeastOnce).await.unwrap();
+        loop {
+            if let Event::Incoming(rumqttc::Packet::SubAck(_)) = eventloop.poll().await.unwrap() {
+                break;
+            }
+        }
+        for i in 0..20u8 {
+            let payload = vec![b'a' + i; 50 * 1024];
+            publisher.publish(jobs.clone(), payload.clone()).await.unwrap();
+            let got = loop {
+                match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
+                    Ok(Ok(Event::Incoming(rumqttc::Packet::Publish(p)))) => break p,
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => panic!("MQTT client error: {e}"),
+                    Err(_) => panic!("job {i} never arrived"),
+                }
+            };
+            assert_eq!((got.topic.as_str(), got.payload.len()), (jobs.as_str(), payload.len()));
+            assert!(got.payload.iter().all(|&b| b == b'a' + i), "job {i} arrives intact");
+        }
     }
 }
