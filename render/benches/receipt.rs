@@ -27,7 +27,7 @@ use chrono::{DateTime, Utc};
 use criterion::{criterion_group, Criterion, Throughput};
 use render::brcode::{encode_static, StaticPix};
 use render::codepage::CodePage;
-use render::receipt::{render_receipt_for, PrinterProfile, PrinterSetup, Receipt, ReceiptKind};
+use render::receipt::{render_receipt_for, render_receipt_into, PrinterProfile, PrinterSetup, Receipt, ReceiptKind};
 use render::screen::{self, render_screen, Screen};
 use render::Locale;
 use std::hint::black_box;
@@ -80,7 +80,12 @@ fn brcode(c: &Charge) -> String {
 
 /// One paid receipt from the charge, BR Code included (as `gateway::jobs::render_job`).
 fn receipt_bytes(c: &Charge, setup: &PrinterSetup) -> Vec<u8> {
-    let r = Receipt {
+    render_receipt_for(&receipt(c), setup).expect("renders")
+}
+
+/// The paid receipt of the charge, its BR Code written.
+fn receipt(c: &Charge) -> Receipt {
+    Receipt {
         kind: ReceiptKind::Paid,
         merchant_name: c.merchant_name.into(),
         merchant_city: c.merchant_city.into(),
@@ -95,8 +100,7 @@ fn receipt_bytes(c: &Charge, setup: &PrinterSetup) -> Vec<u8> {
         txid: Some(c.transaction_id.into()),
         brcode: Some(brcode(c)),
         locale: Locale::PtBr,
-    };
-    render_receipt_for(&r, setup).expect("renders")
+    }
 }
 
 /// The card machine's pay-with-Pix screen as a PNG.
@@ -133,6 +137,15 @@ fn bench(c: &mut Criterion) {
     p.throughput(Throughput::Elements(1));
     p.bench_function("brcode_encode_static", |b| b.iter(|| brcode(black_box(&ch))));
     p.bench_function("qr_encode", |b| b.iter(|| render::qr::encode(black_box(&payload)).unwrap()));
+    // The native-QR receipt's layout alone (charge and BR Code ready), into a reused buffer.
+    let r = receipt(&ch);
+    let mut buf = Vec::new();
+    p.bench_function("native_receipt_layout_into_reused_buffer", |b| {
+        b.iter(|| {
+            buf.clear();
+            render_receipt_into(&mut buf, black_box(&r), &native).unwrap();
+        })
+    });
     let s = Screen::PayWithPix { merchant_name: ch.merchant_name.into(), amount_cents: ch.value_cents, brcode: payload.clone(), expires_at: Some(ch.paid_at) };
     p.bench_function("screen_picture_only", |b| b.iter(|| render_screen(black_box(&s), 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo)));
     let img = render_screen(&s, 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo);

@@ -122,7 +122,23 @@ impl CodePage {
     }
 
     /// The byte for `c` under this page, or `None` when the page has no such character.
+    /// Latin-1 characters (U+0080..=U+00FF, every Portuguese and Spanish letter) are looked
+    /// up in a 128-byte table per page, built on first use from the full tables below;
+    /// other characters go to those tables directly.
     pub fn encode_char(self, c: char) -> Option<u8> {
+        let u = c as u32;
+        if u < 0x80 {
+            return Some(c as u8);
+        }
+        if u < 0x100 {
+            let b = LATIN1[self as usize][(u - 0x80) as usize];
+            return (b != 0).then_some(b);
+        }
+        self.encode_char_full(c)
+    }
+
+    /// [`CodePage::encode_char`] from the `oem_cp` / `encoding_rs` tables, for any character.
+    fn encode_char_full(self, c: char) -> Option<u8> {
         if (c as u32) < 0x80 {
             return Some(c as u8);
         }
@@ -163,19 +179,22 @@ impl CodePage {
             out.extend_from_slice(text.as_bytes());
             return 0;
         }
-        let mut replaced = 0;
-        for c in text.chars() {
-            if let Some(b) = self.encode_char(c) {
-                out.push(b);
-                continue;
-            }
-            replaced += 1;
-            match fallback(c) {
-                Some(s) => out.extend(s.chars().map(|f| self.encode_char(f).unwrap_or(b'?'))),
-                None => out.push(b'?'),
-            }
+        text.chars().map(|c| self.encode_char_lossy_into(c, out)).sum()
+    }
+
+    /// One character of [`CodePage::encode_lossy`], appended to `out`: its byte, else its
+    /// [`fallback`] encoded, else `?`. Returns 1 when a fallback (or `?`) was needed, else 0.
+    #[inline]
+    pub fn encode_char_lossy_into(self, c: char, out: &mut Vec<u8>) -> usize {
+        if let Some(b) = self.encode_char(c) {
+            out.push(b);
+            return 0;
         }
-        replaced
+        match fallback(c) {
+            Some(s) => out.extend(s.chars().map(|f| self.encode_char(f).unwrap_or(b'?'))),
+            None => out.push(b'?'),
+        }
+        1
     }
 
     /// Decodes printer bytes under this page, control bytes included as they are.
@@ -183,6 +202,19 @@ impl CodePage {
         bytes.iter().map(|&b| self.decode_byte(b)).collect()
     }
 }
+
+/// `LATIN1[page as usize][u - 0x80]`: the byte for U+0080 + `u` on that page, 0 when it has
+/// none (a mapped non-ASCII character is never byte 0).
+static LATIN1: std::sync::LazyLock<[[u8; 128]; 7]> = std::sync::LazyLock::new(|| {
+    let mut t = [[0u8; 128]; 7];
+    for page in CodePage::ALL {
+        for (i, b) in t[page as usize].iter_mut().enumerate() {
+            let c = char::from_u32(0x80 + i as u32).expect("Latin-1 is valid");
+            *b = page.encode_char_full(c).unwrap_or(0);
+        }
+    }
+    t
+});
 
 /// The documented fallback for a character a code page lacks.
 ///
@@ -260,6 +292,21 @@ mod tests {
         // CP437 has ç and í but not ã, €, or emoji.
         assert_eq!(replaced, 3);
         assert_eq!(CodePage::Cp437.decode(&bytes), "Açaí a EUR5 ?");
+    }
+
+    /// The Latin-1 fast path gives what the full tables give, for every page and every
+    /// character of the Basic Multilingual Plane and a sample beyond it; the table order is
+    /// the enum's.
+    #[test]
+    fn latin1_table_matches_the_full_tables() {
+        for (i, page) in CodePage::ALL.into_iter().enumerate() {
+            assert_eq!(page as usize, i);
+            for u in (0..0x1_0000u32).chain(0x1F300..0x1F400) {
+                let Some(c) = char::from_u32(u) else { continue };
+                assert_eq!(page.encode_char(c), page.encode_char_full(c), "{page:?} U+{u:04X}");
+            }
+        }
+        assert_eq!(CodePage::Cp860.encode_char('\u{80}'), None);
     }
 
     #[test]

@@ -51,7 +51,13 @@ impl EscPos {
     /// Like [`EscPos::new`], but `ESC t` sends `esc_t`: the number that selects `page` on
     /// the target model (vendors number tables differently; see [`crate::profile`]).
     pub fn with_table(page: CodePage, esc_t: u8) -> Self {
-        EscPos { buf: Vec::with_capacity(2048), page, table: esc_t, replaced: 0 }
+        EscPos::with_buffer(Vec::with_capacity(2048), page, esc_t)
+    }
+
+    /// Like [`EscPos::with_table`], writing after what `buf` already holds (a caller's
+    /// buffer, reused across jobs); [`EscPos::into_bytes`] gives it back.
+    pub fn with_buffer(buf: Vec<u8>, page: CodePage, esc_t: u8) -> Self {
+        EscPos { buf, page, table: esc_t, replaced: 0 }
     }
 
     /// `ESC @` (`1B 40`), initialize, immediately followed by `ESC t n` (`1B 74 n`) for
@@ -105,12 +111,37 @@ impl EscPos {
         self
     }
 
+    /// `n` copies of `byte` (already a code-page byte, e.g. `b'-'` for a rule line or
+    /// `b' '` for padding).
+    pub fn fill(&mut self, byte: u8, n: usize) -> &mut Self {
+        self.buf.resize(self.buf.len() + n, byte);
+        self
+    }
+
     /// Encodes text for this page without writing it (for measuring and wrapping: one byte
     /// is one printed character cell), after [`printable`].
     pub fn encode(&mut self, s: &str) -> Vec<u8> {
         let mut out = Vec::with_capacity(s.len());
         encode_into(self.page, &mut self.replaced, s, &mut out);
         out
+    }
+
+    /// [`EscPos::encode`] appended to `out` (a caller's scratch buffer) instead of a new
+    /// vector.
+    pub fn encode_into(&mut self, s: &str, out: &mut Vec<u8>) {
+        encode_into(self.page, &mut self.replaced, s, out);
+    }
+
+    /// [`EscPos::encode_into`] of `s` in upper case (`str::to_uppercase`, character by
+    /// character: `ç` → `Ç`, `ß` → `SS`).
+    pub fn encode_upper_into(&mut self, s: &str, out: &mut Vec<u8>) {
+        if s.bytes().all(|b| (0x20..0x7F).contains(&b)) {
+            out.extend(s.bytes().map(|b| b.to_ascii_uppercase()));
+            return;
+        }
+        for c in s.chars().flat_map(char::to_uppercase) {
+            self.replaced += encode_char_into(self.page, c, out);
+        }
     }
 
     /// `LF` (`0A`): print the line buffer and feed one line.
@@ -214,9 +245,36 @@ impl EscPos {
 }
 
 /// [`printable`] then [`CodePage::encode_lossy_into`] `out`, counting fallbacks in
-/// `replaced`. Most text has nothing to neutralise: then it is encoded without the copy.
+/// `replaced`: both work character by character, so this does the two per character,
+/// without the intermediate string. Runs of printable ASCII (most text) are copied as
+/// they are; only the other characters are looked at one by one.
 fn encode_into(page: CodePage, replaced: &mut usize, s: &str, out: &mut Vec<u8>) {
-    *replaced += if s.chars().all(|c| class(c) == Class::Keep) { page.encode_lossy_into(s, out) } else { page.encode_lossy_into(&printable(s), out) };
+    out.reserve(s.len());
+    let mut rest = s;
+    while !rest.is_empty() {
+        let run = rest.bytes().position(|b| !(0x20..0x7F).contains(&b)).unwrap_or(rest.len());
+        out.extend_from_slice(&rest.as_bytes()[..run]);
+        // `run` ends at an ASCII byte or at a character's first byte: a char boundary.
+        rest = &rest[run..];
+        let mut chars = rest.chars();
+        if let Some(c) = chars.next() {
+            *replaced += encode_char_into(page, c, out);
+            rest = chars.as_str();
+        }
+    }
+}
+
+/// One character of [`encode_into`]; returns 1 when it needed a code-page fallback.
+#[inline]
+fn encode_char_into(page: CodePage, c: char, out: &mut Vec<u8>) -> usize {
+    match class(c) {
+        Class::Keep => page.encode_char_lossy_into(c, out),
+        Class::Space => {
+            out.push(b' ');
+            0
+        }
+        Class::Drop => 0,
+    }
 }
 
 /// Prepares text for a printer: control characters (below 0x20, and DEL) become spaces, so
@@ -285,6 +343,27 @@ mod tests {
         let mut e = EscPos::new(CodePage::Cp860);
         e.text("Pão 🍞\x1B@!");
         assert_eq!(e.into_bytes(), vec![b'P', 0x84, b'o', b' ', b' ', b'@', b'!']);
+    }
+
+    /// The per-character path equals its definition, [`printable`] then
+    /// [`CodePage::encode_lossy`], bytes and fallback count, on every page.
+    #[test]
+    fn encoding_is_printable_then_encode_lossy() {
+        let texts = [
+            "Padaria São João", "plain ascii 123", "", "Pão 🍞\x1B@!\n\tfim\u{7F}", "“Açaí” — €5 … ¡olé! ß Ω 漢 e\u{301}\u{FE0F}\u{200D}", "\u{A0}NBSP ÀÉÎÕÜ ñ º ª",
+        ];
+        for page in CodePage::ALL {
+            for t in texts {
+                let mut e = EscPos::new(page);
+                let got = e.encode(t);
+                let (want, replaced) = page.encode_lossy(&printable(t));
+                assert_eq!((got, e.replaced()), (want, replaced), "{page:?} {t:?}");
+                let mut e = EscPos::new(page);
+                let mut up = Vec::new();
+                e.encode_upper_into(t, &mut up);
+                assert_eq!(up, page.encode_lossy(&printable(&t.to_uppercase())).0, "{page:?} {t:?} upper");
+            }
+        }
     }
 
     #[test]

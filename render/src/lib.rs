@@ -28,4 +28,7 @@ pub mod qr_fast;
 pub mod receipt;
 pub mod screen;
 
+#[cfg(test)]
+mod testgen;
+
 pub use locale::Locale;

@@ -155,14 +155,58 @@ impl Locale {
     }
 
     /// Date and time in this language's usual numeric form, 24-hour except en-US:
-    /// pt-BR and es-ES `dd/mm/yyyy HH:MM`, en-US `mm/dd/yyyy hh:MM AM`.
+    /// pt-BR and es-ES `dd/mm/yyyy HH:MM`, en-US `mm/dd/yyyy hh:MM AM` (chrono's
+    /// `%d/%m/%Y %H:%M` and `%m/%d/%Y %I:%M %p`).
     pub fn format_datetime<Tz: TimeZone>(self, t: &DateTime<Tz>) -> String
     where
         Tz::Offset: std::fmt::Display,
     {
+        let mut out = String::with_capacity(20);
+        self.push_datetime(t, &mut out);
+        out
+    }
+
+    /// [`Locale::format_datetime`] appended to `out`, the digits written directly for
+    /// years 0..=9999 (chrono's formatter for the others, which carry a sign).
+    pub fn push_datetime<Tz: TimeZone>(self, t: &DateTime<Tz>, out: &mut String)
+    where
+        Tz::Offset: std::fmt::Display,
+    {
+        use chrono::{Datelike, Timelike};
+        use std::fmt::Write;
+        let year = t.year();
+        if !(0..=9999).contains(&year) {
+            let spec = match self {
+                Locale::PtBr | Locale::EsEs => "%d/%m/%Y %H:%M",
+                Locale::EnUs => "%m/%d/%Y %I:%M %p",
+            };
+            // Writing into a String cannot fail.
+            let _ = write!(out, "{}", t.format(spec));
+            return;
+        }
+        let two = |out: &mut String, n: u32| {
+            out.push(char::from(b'0' + (n / 10 % 10) as u8));
+            out.push(char::from(b'0' + (n % 10) as u8));
+        };
+        let (first, second) = match self {
+            Locale::PtBr | Locale::EsEs => (t.day(), t.month()),
+            Locale::EnUs => (t.month(), t.day()),
+        };
+        two(out, first);
+        out.push('/');
+        two(out, second);
+        out.push('/');
+        two(out, year as u32 / 100);
+        two(out, year as u32 % 100);
+        out.push(' ');
         match self {
-            Locale::PtBr | Locale::EsEs => t.format("%d/%m/%Y %H:%M").to_string(),
-            Locale::EnUs => t.format("%m/%d/%Y %I:%M %p").to_string(),
+            Locale::PtBr | Locale::EsEs => two(out, t.hour()),
+            Locale::EnUs => two(out, t.hour12().1),
+        }
+        out.push(':');
+        two(out, t.minute());
+        if self == Locale::EnUs {
+            out.push_str(if t.hour12().0 { " PM" } else { " AM" });
         }
     }
 
@@ -181,7 +225,7 @@ impl Locale {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Utc;
+    use chrono::{Datelike, Utc};
 
     #[test]
     fn tags() {
@@ -206,5 +250,30 @@ mod tests {
         let sp = t.with_timezone(&chrono_tz::America::Sao_Paulo);
         assert_eq!(Locale::PtBr.format_datetime(&sp), "27/11/2026 09:01");
         assert_eq!(Locale::EnUs.format_datetime(&sp), "11/27/2026 09:01 AM");
+    }
+
+    /// The direct writer gives chrono's `%d/%m/%Y %H:%M` / `%m/%d/%Y %I:%M %p` for instants
+    /// spread over years 0 to 10,100 (every hour of the day, midnight and noon included) in
+    /// several time zones, and years outside 0..=9999 still go through chrono.
+    #[test]
+    fn datetime_matches_chrono_format() {
+        let zones = [chrono_tz::America::Sao_Paulo, chrono_tz::UTC, chrono_tz::Asia::Tokyo, chrono_tz::America::New_York];
+        let first = chrono::NaiveDate::from_ymd_opt(-2, 12, 31).unwrap().and_hms_opt(23, 59, 0).unwrap().and_utc().timestamp();
+        let mut secs = first;
+        let mut n = 0;
+        while n < 60_000 {
+            let t = chrono::DateTime::from_timestamp(secs, 0).unwrap();
+            for tz in zones {
+                let local = t.with_timezone(&tz);
+                assert_eq!(Locale::PtBr.format_datetime(&local), local.format("%d/%m/%Y %H:%M").to_string());
+                assert_eq!(Locale::EsEs.format_datetime(&local), local.format("%d/%m/%Y %H:%M").to_string());
+                assert_eq!(Locale::EnUs.format_datetime(&local), local.format("%m/%d/%Y %I:%M %p").to_string());
+            }
+            // About 63 days a step, shifted by 7 minutes and 0..96 hours: every hour of the
+            // day and many minutes, years -2 to past 10,000.
+            secs += 5_300_420 + (n % 97) * 3_600;
+            n += 1;
+        }
+        assert!(chrono::DateTime::from_timestamp(secs, 0).unwrap().year() > 10_000, "the walk reaches past year 9999");
     }
 }

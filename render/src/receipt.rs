@@ -33,11 +33,15 @@
 //! All text goes through [`crate::escpos::printable`] (emoji dropped, control characters
 //! neutralised) and [`crate::codepage::CodePage::encode_lossy`]; raw UTF-8 never reaches
 //! the printer. Commands are written by [`crate::escpos::EscPos`].
+//!
+//! Text that is measured or wrapped is encoded once into a scratch buffer (one per receipt),
+//! its spaces squeezed, and its lines copied from there into the job as slices: no vector
+//! per line or per string. [`render_receipt_into`] also reuses the caller's job buffer.
 
 use crate::codepage::CodePage;
 use crate::escpos::{Align, EscPos, Font};
 use crate::locale::{Label, Locale};
-use crate::money::format_amount;
+use crate::money::push_amount;
 use crate::profile::{profile_for_model, CutStyle, ModelProfile, GENERIC};
 use crate::qr;
 use chrono::{DateTime, Utc};
@@ -214,73 +218,105 @@ pub enum ReceiptError {
     NoBrCode,
 }
 
-/// Splits encoded text (one byte per cell) into lines of at most `width` cells, breaking at
-/// spaces; a word longer than a line is cut hard. Never returns an empty list.
-fn wrap(bytes: &[u8], width: usize) -> Vec<Vec<u8>> {
-    let width = width.max(1);
-    let mut lines: Vec<Vec<u8>> = Vec::new();
-    let mut line: Vec<u8> = Vec::new();
-    for word in bytes.split(|&b| b == b' ').filter(|w| !w.is_empty()) {
-        let mut word = word;
-        loop {
-            let need = if line.is_empty() { word.len() } else { line.len() + 1 + word.len() };
-            if need <= width {
-                if !line.is_empty() {
-                    line.push(b' ');
-                }
-                line.extend_from_slice(word);
-                break;
+/// Collapses the spaces of `text[from..]` (encoded text, one byte per cell) in place: no
+/// leading or trailing space, one space between words. Wrapping splits at spaces and drops
+/// them, so this changes no line [`Lines`] makes, and makes every line a slice of the text.
+fn squeeze_spaces(text: &mut Vec<u8>, from: usize) {
+    let mut w = from;
+    let mut space = false;
+    for r in from..text.len() {
+        let b = text[r];
+        if b == b' ' {
+            space = w > from;
+        } else {
+            if space {
+                text[w] = b' ';
+                w += 1;
+                space = false;
             }
-            if !line.is_empty() {
-                lines.push(std::mem::take(&mut line));
-                continue;
+            text[w] = b;
+            w += 1;
+        }
+    }
+    text.truncate(w);
+}
+
+/// The lines of squeezed text ([`squeeze_spaces`]) of at most `width` cells, as slices of
+/// it: greedy, breaking at spaces (dropped); a word longer than a line is cut hard and its
+/// rest starts the next line. Empty text is one empty line (never no line).
+struct Lines<'a> {
+    rest: &'a [u8],
+    width: usize,
+    done: bool,
+}
+
+impl<'a> Lines<'a> {
+    fn new(squeezed: &'a [u8], width: usize) -> Self {
+        Lines { rest: squeezed, width: width.max(1), done: false }
+    }
+}
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.done {
+            return None;
+        }
+        let (t, w) = (self.rest, self.width);
+        if t.len() <= w {
+            self.done = true;
+            return Some(t);
+        }
+        // The last word end within the line: a space at 1..=w (t[0] starts a word).
+        match t[1..=w].iter().rposition(|&b| b == b' ') {
+            Some(k) => {
+                self.rest = &t[k + 2..];
+                Some(&t[..k + 1])
             }
-            // Word longer than a whole line: cut it.
-            lines.push(word[..width].to_vec());
-            word = &word[width..];
-            if word.is_empty() {
-                break;
+            None => {
+                self.rest = &t[w..];
+                Some(&t[..w])
             }
         }
     }
-    if !line.is_empty() || lines.is_empty() {
-        lines.push(line);
-    }
-    lines
 }
 
-fn line(e: &mut EscPos, bytes: &[u8]) {
-    e.raw_text(bytes).lf();
+/// `text` (already encoded and squeezed) wrapped to `width`, each line then LF.
+fn put_lines(e: &mut EscPos, text: &[u8], width: usize) {
+    for l in Lines::new(text, width) {
+        e.raw_text(l).lf();
+    }
 }
 
-fn wrapped(e: &mut EscPos, text: &str, width: usize) {
-    let bytes = e.encode(text);
-    for l in wrap(&bytes, width) {
-        line(e, &l);
-    }
+/// `text` encoded, wrapped at words to `width` cells. `scratch` is the receipt's text
+/// buffer (one per receipt, reused by every line).
+fn wrapped(e: &mut EscPos, scratch: &mut Vec<u8>, text: &str, width: usize) {
+    scratch.clear();
+    e.encode_into(text, scratch);
+    squeeze_spaces(scratch, 0);
+    put_lines(e, scratch, width);
 }
 
 /// "Label: value" on one line if it fits, otherwise the label on its own line and the value
 /// wrapped below.
-fn labelled(e: &mut EscPos, label: &str, value: &str, cols: usize) {
-    let mut l = e.encode(label);
-    l.push(b':');
-    let v = e.encode(value);
-    if l.len() + 1 + v.len() <= cols {
-        let mut b = l;
-        b.push(b' ');
-        b.extend_from_slice(&v);
-        line(e, &b);
+fn labelled(e: &mut EscPos, scratch: &mut Vec<u8>, label: &str, value: &str, cols: usize) {
+    scratch.clear();
+    e.encode_into(label, scratch);
+    scratch.push(b':');
+    let l = scratch.len();
+    e.encode_into(value, scratch);
+    if scratch.len() < cols {
+        e.raw_text(&scratch[..l]).raw_text(b" ").raw_text(&scratch[l..]).lf();
     } else {
-        line(e, &l);
-        for w in wrap(&v, cols) {
-            line(e, &w);
-        }
+        e.raw_text(&scratch[..l]).lf();
+        squeeze_spaces(scratch, l);
+        put_lines(e, &scratch[l..], cols);
     }
 }
 
 fn separator(e: &mut EscPos, cols: usize) {
-    line(e, &vec![b'-'; cols]);
+    e.fill(b'-', cols).lf();
 }
 
 /// Renders `r` as an ESC/POS job for printer `p` on the generic ESC/POS model (Epson
@@ -299,145 +335,216 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
 /// or a `GS v 0` raster of [`qr::encode`]'s matrix, centred by `ESC a 1`. Either way the
 /// module is the largest whole number of dots that fits, capped at [`MAX_MODULE_DOTS`].
 /// A comment is printed after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
+/// The job is [`render_receipt_into`] a new vector sized for it.
 ///
 /// # Errors
 /// [`ReceiptError::CodePageUnsupported`] when the model lacks the configured code page;
 /// [`ReceiptError::Qr`] when the BR Code cannot be a QR; [`ReceiptError::QrTooWide`] when
 /// it cannot fit the paper; [`ReceiptError::NoBrCode`] for a slip without a BR Code.
 pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, ReceiptError> {
+    let mut out = Vec::with_capacity(size_hint(r, p));
+    render_receipt_into(&mut out, r, p)?;
+    Ok(out)
+}
+
+/// [`render_receipt_for`] appended to `out`, a caller's buffer (reuse one across receipts
+/// and a receipt allocates only its small text scratch, plus the QR for a raster). On an
+/// error `out` is left as it was.
+///
+/// # Errors
+/// As [`render_receipt_for`].
+pub fn render_receipt_into(out: &mut Vec<u8>, r: &Receipt, p: &PrinterSetup) -> Result<(), ReceiptError> {
+    let esc_t = p.esc_t()?;
+    let start = out.len();
+    let mut e = EscPos::with_buffer(std::mem::take(out), p.printer.code_page, esc_t);
+    let result = layout(&mut e, r, p);
+    *out = e.into_bytes();
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+/// Bytes a receipt takes, about (commands, labels and rules, the texts, the native QR's data;
+/// a raster QR grows the buffer once, when it is written).
+fn size_hint(r: &Receipt, p: &PrinterSetup) -> usize {
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let items: usize = r.items.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    512 + 4 * p.columns()
+        + r.merchant_name.len()
+        + r.merchant_city.len()
+        + items
+        + opt(&r.comment)
+        + opt(&r.payer_name)
+        + opt(&r.end_to_end_id)
+        + r.charge_id.len()
+        + opt(&r.txid)
+        + if p.native_qr() { opt(&r.brcode) } else { 0 }
+}
+
+/// The receipt's commands and text, after `ESC @` `ESC t n`... up to the cut.
+fn layout(e: &mut EscPos, r: &Receipt, p: &PrinterSetup) -> Result<(), ReceiptError> {
     let cols = p.columns();
     let loc = r.locale;
-    let mut e = EscPos::with_table(p.printer.code_page, p.esc_t()?);
+    // Encoded text waiting to be measured or wrapped, and a formatted amount or date: one
+    // of each per receipt, reused by every line.
+    let mut scratch: Vec<u8> = Vec::with_capacity(128);
+    let mut formatted = String::with_capacity(32);
     e.init();
 
     // Header.
     e.align(Align::Center).bold(true).size(2, 2);
-    wrapped(&mut e, &r.merchant_name, cols / 2);
+    wrapped(e, &mut scratch, &r.merchant_name, cols / 2);
     e.size(1, 1).bold(false);
     if !r.merchant_city.trim().is_empty() {
-        wrapped(&mut e, &r.merchant_city, cols);
+        wrapped(e, &mut scratch, &r.merchant_city, cols);
     }
     e.lf();
-    let title = match r.kind {
-        ReceiptKind::Paid => format!("{} - {}", loc.label(Label::PixReceipt), loc.label(Label::Paid)),
-        ReceiptKind::PayWithPix { .. } => loc.label(Label::PayWithPix).to_string(),
-        ReceiptKind::Expired { .. } => loc.label(Label::ChargeExpired).to_string(),
-    };
+    scratch.clear();
+    match r.kind {
+        ReceiptKind::Paid => {
+            e.encode_upper_into(loc.label(Label::PixReceipt), &mut scratch);
+            e.encode_into(" - ", &mut scratch);
+            e.encode_upper_into(loc.label(Label::Paid), &mut scratch);
+        }
+        ReceiptKind::PayWithPix { .. } => e.encode_upper_into(loc.label(Label::PayWithPix), &mut scratch),
+        ReceiptKind::Expired { .. } => e.encode_upper_into(loc.label(Label::ChargeExpired), &mut scratch),
+    }
+    squeeze_spaces(&mut scratch, 0);
     e.bold(true);
-    wrapped(&mut e, &title.to_uppercase(), cols);
+    put_lines(e, &scratch, cols);
     e.bold(false);
 
     // Amount.
-    let amount = format_amount(r.amount_cents.min(i64::MAX as u64) as i64, loc);
-    let amount_b = e.encode(&amount);
+    push_amount(r.amount_cents.min(i64::MAX as u64) as i64, loc, &mut formatted);
+    scratch.clear();
+    e.encode_into(&formatted, &mut scratch);
     e.text(loc.label(Label::Total)).lf();
     e.bold(true);
-    if amount_b.len() <= cols / 2 {
+    if scratch.len() <= cols / 2 {
         e.size(2, 2);
     } else {
         e.size(1, 2);
     }
-    line(&mut e, &amount_b);
+    e.raw_text(&scratch).lf();
     e.size(1, 1).bold(false).align(Align::Left);
-    separator(&mut e, cols);
+    separator(e, cols);
 
+    // When: "dd/mm/yyyy HH:MM" (or en-US's form) in the receipt's time zone, into `formatted`.
+    let when = |t: &DateTime<Utc>, formatted: &mut String| {
+        formatted.clear();
+        loc.push_datetime(&t.with_timezone(&r.time_zone), formatted);
+    };
     match r.kind {
         ReceiptKind::Paid => {
-            items(&mut e, r, cols);
-            comment(&mut e, r, cols);
+            items(e, &mut scratch, r, cols);
+            comment(e, &mut scratch, r, cols);
             if let Some(n) = r.payer_name.as_deref().filter(|c| !c.trim().is_empty()) {
-                labelled(&mut e, loc.label(Label::Payer), n, cols);
+                labelled(e, &mut scratch, loc.label(Label::Payer), n, cols);
             }
             if let Some(t) = r.paid_at {
-                labelled(&mut e, loc.label(Label::Date), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+                when(&t, &mut formatted);
+                labelled(e, &mut scratch, loc.label(Label::Date), &formatted, cols);
             }
-            small_print(&mut e, p, |e, cols| {
+            small_print(e, p, |e, cols| {
                 if let Some(id) = r.end_to_end_id.as_deref().filter(|c| !c.trim().is_empty()) {
-                    labelled(e, loc.label(Label::EndToEndId), id, cols);
+                    labelled(e, &mut scratch, loc.label(Label::EndToEndId), id, cols);
                 }
-                ids(e, r, cols);
+                ids(e, &mut scratch, r, cols);
             });
             if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
-                separator(&mut e, cols);
-                qr_block(&mut e, code, p)?;
+                separator(e, cols);
+                qr_block(e, code, p)?;
             }
             e.align(Align::Center);
             e.text(loc.label(Label::ThankYou)).lf();
         }
         ReceiptKind::PayWithPix { expires_at } => {
             let code = r.brcode.as_deref().filter(|c| !c.is_empty()).ok_or(ReceiptError::NoBrCode)?;
-            items(&mut e, r, cols);
-            small_print(&mut e, p, |e, cols| ids(e, r, cols));
+            items(e, &mut scratch, r, cols);
+            small_print(e, p, |e, cols| ids(e, &mut scratch, r, cols));
             e.lf();
-            qr_block(&mut e, code, p)?;
+            qr_block(e, code, p)?;
             e.align(Align::Center);
-            wrapped(&mut e, loc.label(Label::ScanHint), cols);
+            wrapped(e, &mut scratch, loc.label(Label::ScanHint), cols);
             if let Some(t) = expires_at {
                 e.bold(true);
-                wrapped(
-                    &mut e,
-                    &format!("{}: {}", loc.label(Label::ValidUntil), loc.format_datetime(&t.with_timezone(&r.time_zone))),
-                    cols,
-                );
+                scratch.clear();
+                e.encode_into(loc.label(Label::ValidUntil), &mut scratch);
+                e.encode_into(": ", &mut scratch);
+                when(&t, &mut formatted);
+                e.encode_into(&formatted, &mut scratch);
+                squeeze_spaces(&mut scratch, 0);
+                put_lines(e, &scratch, cols);
                 e.bold(false);
             }
         }
         ReceiptKind::Expired { expired_at } => {
             if let Some(t) = expired_at {
-                labelled(&mut e, loc.label(Label::ExpiredAt), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+                when(&t, &mut formatted);
+                labelled(e, &mut scratch, loc.label(Label::ExpiredAt), &formatted, cols);
             }
-            small_print(&mut e, p, |e, cols| ids(e, r, cols));
-            separator(&mut e, cols);
+            small_print(e, p, |e, cols| ids(e, &mut scratch, r, cols));
+            separator(e, cols);
             e.align(Align::Center).bold(true);
-            wrapped(&mut e, loc.label(Label::NotPaid), cols);
+            wrapped(e, &mut scratch, loc.label(Label::NotPaid), cols);
             e.bold(false);
-            wrapped(&mut e, loc.label(Label::NewChargeHint), cols);
+            wrapped(e, &mut scratch, loc.label(Label::NewChargeHint), cols);
         }
     }
 
     e.align(Align::Left);
     e.feed_lines(3).cut_with(p.cut(), 3);
-    Ok(e.into_bytes())
+    Ok(())
 }
 
 /// Line items: name left (wrapped), value right-aligned on the name's first line; then a
 /// separator. Nothing when there are none.
-fn items(e: &mut EscPos, r: &Receipt, cols: usize) {
+fn items(e: &mut EscPos, scratch: &mut Vec<u8>, r: &Receipt, cols: usize) {
     if r.items.is_empty() {
         return;
     }
     for (name, value) in &r.items {
-        let v = e.encode(value);
-        let v = &v[..v.len().min(cols / 2)];
-        let name_w = cols - v.len() - 1;
-        let name_lines = wrap(&e.encode(name), name_w);
-        for (i, nl) in name_lines.iter().enumerate() {
-            let mut b = nl.clone();
+        // The value (cut to half a line), then the name after it in the same scratch.
+        scratch.clear();
+        e.encode_into(value, scratch);
+        let v = scratch.len().min(cols / 2);
+        scratch.truncate(v);
+        e.encode_into(name, scratch);
+        squeeze_spaces(scratch, v);
+        let (value_b, name_b) = scratch.split_at(v);
+        let name_end = cols - v;
+        for (i, nl) in Lines::new(name_b, name_end - 1).enumerate() {
             if i == 0 {
-                b.resize(cols - v.len(), b' ');
-                b.extend_from_slice(v);
+                let nl = &nl[..nl.len().min(name_end)];
+                e.raw_text(nl).fill(b' ', name_end - nl.len()).raw_text(value_b);
+            } else {
+                e.raw_text(nl);
             }
-            line(e, &b);
+            e.lf();
         }
     }
     separator(e, cols);
 }
 
-/// The comment after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
-fn comment(e: &mut EscPos, r: &Receipt, cols: usize) {
+/// The comment after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines; when there
+/// are more, the last one printed ends in `...`.
+fn comment(e: &mut EscPos, scratch: &mut Vec<u8>, r: &Receipt, cols: usize) {
     if let Some(c) = r.comment.as_deref().filter(|c| !c.trim().is_empty()) {
-        let mut text = e.encode(r.locale.label(Label::Comment));
-        text.extend_from_slice(b": ");
-        text.extend(e.encode(c));
-        let mut lines = wrap(&text, cols);
-        if lines.len() > MAX_COMMENT_LINES {
-            lines.truncate(MAX_COMMENT_LINES);
-            let last = lines.last_mut().expect("non-empty");
-            last.truncate(cols - 3);
-            last.extend_from_slice(b"...");
-        }
-        for l in lines {
-            line(e, &l);
+        scratch.clear();
+        e.encode_into(r.locale.label(Label::Comment), scratch);
+        scratch.extend_from_slice(b": ");
+        e.encode_into(c, scratch);
+        squeeze_spaces(scratch, 0);
+        let mut lines = Lines::new(scratch, cols).peekable();
+        let mut n = 0;
+        while let Some(l) = lines.next() {
+            n += 1;
+            if n == MAX_COMMENT_LINES && lines.peek().is_some() {
+                e.raw_text(&l[..l.len().min(cols.saturating_sub(3))]).raw_text(b"...").lf();
+                break;
+            }
+            e.raw_text(l).lf();
         }
     }
 }
@@ -452,10 +559,10 @@ fn small_print(e: &mut EscPos, p: &PrinterSetup, body: impl FnOnce(&mut EscPos, 
 }
 
 /// Charge id and txid lines.
-fn ids(e: &mut EscPos, r: &Receipt, cols: usize) {
-    labelled(e, r.locale.label(Label::Charge), &r.charge_id, cols);
+fn ids(e: &mut EscPos, scratch: &mut Vec<u8>, r: &Receipt, cols: usize) {
+    labelled(e, scratch, r.locale.label(Label::Charge), &r.charge_id, cols);
     if let Some(t) = r.txid.as_deref().filter(|c| !c.trim().is_empty()) {
-        labelled(e, r.locale.label(Label::Txid), t, cols);
+        labelled(e, scratch, r.locale.label(Label::Txid), t, cols);
     }
 }
 
@@ -485,8 +592,18 @@ fn qr_block(e: &mut EscPos, code: &str, p: &PrinterSetup) -> Result<(), ReceiptE
 }
 
 #[cfg(test)]
+mod oracle;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lines of `bytes` wrapped to `width`, as the receipt prints them.
+    fn wrap(bytes: &[u8], width: usize) -> Vec<Vec<u8>> {
+        let mut t = bytes.to_vec();
+        squeeze_spaces(&mut t, 0);
+        Lines::new(&t, width).map(<[u8]>::to_vec).collect()
+    }
 
     #[test]
     fn wrap_breaks_at_words_and_cuts_long_words() {
@@ -602,5 +719,108 @@ mod tests {
         }
         r.brcode = None;
         assert!(render_receipt(&r, &p(CodePage::Cp860, true)).is_ok());
+    }
+
+    /// Narrow heads (3 and 8 font A columns on "58 mm", 20 on "80 mm") for the wrapping
+    /// edge cases; not real models.
+    static TINY: ModelProfile = ModelProfile { model: "tiny", paper_widths_mm: &[58, 80], dots_58mm: 40, dots_80mm: 240, code_tables: GENERIC.code_tables, native_qr: true, cut: CutStyle::Partial, source: "test" };
+    static NARROW: ModelProfile = ModelProfile { model: "narrow", paper_widths_mm: &[58], dots_58mm: 100, dots_80mm: 100, code_tables: GENERIC.code_tables, native_qr: true, cut: CutStyle::Full, source: "test" };
+
+    /// A receipt from the generator: every kind, every locale; merchant names, cities, items,
+    /// comments, payers and ids from [`Gen::text`] (long words, accents, emoji, controls,
+    /// runs of spaces, empty), items with values longer than half a line, comments past
+    /// [`MAX_COMMENT_LINES`], amounts up to `u64::MAX`, dates from 1970 to past year 9999
+    /// in several time zones, BR Codes real, random, too long for a QR, or none.
+    fn generated_receipt(g: &mut crate::testgen::Gen, payloads: &[String]) -> Receipt {
+        let date = |g: &mut crate::testgen::Gen| match g.below(6) {
+            0 => None,
+            1 => DateTime::from_timestamp(253_402_300_800 + g.below(1 << 36) as i64, 0), // year 10000 on
+            _ => DateTime::from_timestamp(g.below(4_200_000_000) as i64, 0),
+        };
+        let kind = match g.below(4) {
+            0 => ReceiptKind::PayWithPix { expires_at: date(g) },
+            1 => ReceiptKind::Expired { expired_at: date(g) },
+            _ => ReceiptKind::Paid,
+        };
+        let opt = |g: &mut crate::testgen::Gen, max: u64| if g.below(4) == 0 { None } else { Some(g.text(max)) };
+        let mut items = Vec::new();
+        for _ in 0..g.below(4) {
+            let name = g.text(70);
+            let long = g.below(3) == 0;
+            items.push((name, g.text(if long { 40 } else { 6 })));
+        }
+        Receipt {
+            kind,
+            merchant_name: g.text(60),
+            merchant_city: g.text(30),
+            amount_cents: match g.below(4) {
+                0 => g.next(),
+                1 => 0,
+                _ => g.below(10_000_000),
+            },
+            items,
+            comment: if g.below(3) == 0 { Some(g.text(500)) } else { opt(g, 60) },
+            payer_name: opt(g, 50),
+            paid_at: date(g),
+            time_zone: *g.pick(&[&chrono_tz::America::Sao_Paulo, &chrono_tz::UTC, &chrono_tz::Asia::Tokyo, &chrono_tz::America::New_York, &chrono_tz::Pacific::Chatham]),
+            end_to_end_id: opt(g, 70),
+            charge_id: g.text(40),
+            txid: opt(g, 40),
+            brcode: match g.below(6) {
+                0 => None,
+                1 => Some(String::new()),
+                2 => Some("x".repeat(g.below(3000) as usize)),
+                _ => Some(payloads[g.below(payloads.len() as u64) as usize].clone()),
+            },
+            locale: *g.pick(&[&Locale::PtBr, &Locale::EnUs, &Locale::EsEs]),
+        }
+    }
+
+    /// The layout writing into the job's buffer gives, byte for byte (and error for error),
+    /// what the previous layout (`oracle`: `Vec<Vec<u8>>` per wrap, a vector per string,
+    /// text encoded as `printable` then `encode_lossy`) gave, on 4,000 generated receipts
+    /// over every paper, code page and model, native and raster QR; and
+    /// `render_receipt_into` appends exactly those bytes to a buffer already in use.
+    #[test]
+    fn layout_matches_the_previous_layout() {
+        use crate::brcode::{encode_dynamic, encode_static, StaticPix};
+        let mut payloads = vec![
+            encode_static(&StaticPix { key: "padaria.paoeacucar@example.com".into(), amount_cents: Some(123_456), merchant_name: "Padaria Pão e Açúcar".into(), merchant_city: "São Paulo".into(), txid: Some("PIXGATEBENCH0001".into()), description: None }).unwrap(),
+            encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap(),
+            "00020101021226".into(),
+        ];
+        payloads.push(format!("{}{}", payloads[0], "0".repeat(300)));
+        let mut g = crate::testgen::Gen(0x5EED_F00D_7EC0_1A7E);
+        let (mut ok, mut raster) = (0, 0);
+        for i in 0..4_000 {
+            let r = generated_receipt(&mut g, &payloads);
+            let printer = PrinterProfile { paper_width_mm: *g.pick(&[&58u8, &80, &76, &60]), code_page: *g.pick(&CodePage::ALL.each_ref()), native_qr: g.below(8) != 0 };
+            let setup = match g.below(8) {
+                0 => PrinterSetup { printer, model: &TINY },
+                1 => PrinterSetup { printer, model: &NARROW },
+                _ => {
+                    let model: &str = g.pick(&["generic", "", "Epson TM-T20X", "Elgin i9", "Bematech MP-4200 TH", "Nobody X1"]);
+                    printer.on_model(model)
+                }
+            };
+            let new = render_receipt_for(&r, &setup);
+            let old = oracle::render_receipt_for(&r, &setup);
+            if new != old {
+                let page = setup.printer.code_page;
+                let show = |x: &Result<Vec<u8>, ReceiptError>| -> Result<String, ReceiptError> { x.clone().map(|b| page.decode(&b)) };
+                panic!("#{i}: {r:?} on {setup:?}\nnew: {:?}\nold: {:?}", show(&new), show(&old));
+            }
+            let mut buf = b"earlier job".to_vec();
+            let into = render_receipt_into(&mut buf, &r, &setup);
+            match &new {
+                Ok(b) => {
+                    assert_eq!((into, &buf[..11], &buf[11..]), (Ok(()), &b"earlier job"[..], &b[..]), "#{i}");
+                    ok += 1;
+                    raster += usize::from(b.windows(3).any(|w| w == [0x1D, 0x76, 0x30]));
+                }
+                Err(e) => assert_eq!((into, &buf[..]), (Err(e.clone()), &b"earlier job"[..]), "#{i}"),
+            }
+        }
+        assert!(ok > 2_000 && raster > 100, "the generator reaches too few receipts ({ok}, {raster} raster)");
     }
 }
