@@ -22,6 +22,8 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
+    /// What `/readyz` checks, and throughput expected per topic ([`crate::health`]).
+    pub health: HealthConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
     /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
     /// not committed is read again at the next start and deduplicated.
@@ -37,6 +39,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
             clock: ClockConfig::default(),
+            health: HealthConfig::default(),
             shutdown_timeout_ms: 10_000,
         }
     }
@@ -194,6 +197,65 @@ impl Default for HttpConfig {
     }
 }
 
+/// Readiness rules and the per-topic throughput expectations ([`crate::health`]). A
+/// threshold of 0 turns its rule off.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthConfig {
+    /// Kafka counts as unreachable once librdkafka's statistics have shown no broker
+    /// connection in state `UP` for this long, ms.
+    pub kafka_down_after_ms: u64,
+    /// A subscribed topic of which this consumer holds no partition for this long fails
+    /// readiness, ms (covers a rebalance). With more gateway instances than a topic has
+    /// partitions, some instance legitimately holds none: set 0 there.
+    pub unassigned_after_ms: u64,
+    /// A topic with lag (records on its assigned partitions beyond the stored or
+    /// committed offset) on which the consumer made no progress for this long is
+    /// stalled, ms.
+    pub stall_after_ms: u64,
+    /// The sliding window over which the read rate per topic is measured, ms.
+    pub rate_window_ms: u64,
+    /// librdkafka `statistics.interval.ms`: how often the consumer's statistics (broker
+    /// states, per-partition offsets and watermarks) arrive, ms. They cost no requests:
+    /// librdkafka learns the watermarks from its fetch responses.
+    pub statistics_interval_ms: u64,
+    /// A paused partition is not fetched, so librdkafka stops learning its end offset:
+    /// while any partition is paused, its end offset is asked from Kafka (ListOffsets)
+    /// this often, ms, so the lag behind a pause is known.
+    pub paused_probe_interval_ms: u64,
+    /// Expectations per topic name, e.g. `[health.topics."charge.upserted"]`; none by
+    /// default (the demo has no live traffic).
+    pub topics: std::collections::BTreeMap<String, TopicExpectation>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            kafka_down_after_ms: 10_000,
+            unassigned_after_ms: 30_000,
+            stall_after_ms: 60_000,
+            rate_window_ms: 60_000,
+            statistics_interval_ms: 1_000,
+            paused_probe_interval_ms: 5_000,
+            topics: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+/// What is expected of one topic's traffic; each rule is off when absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TopicExpectation {
+    /// Longest expected gap between two records arriving on the topic, ms: quieter than
+    /// that fails readiness (the source may have stopped producing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_quiet_ms: Option<u64>,
+    /// Least expected read rate while the topic has lag, records/s over
+    /// `rate_window_ms`: slower than that (with lag for the whole window) is an alarm.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_rate_per_s: Option<f64>,
+}
+
 /// Device delivery: acknowledgement timeouts, retries, bounds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -274,6 +336,24 @@ mod tests {
             assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
             assert_eq!(c.delivery.max_deliveries, 4);
             assert_eq!(c.kafka.group_id, "pixgate");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn health_section_from_file_and_env() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("p.toml", "[health]\nstall_after_ms = 5000\n[health.topics.\"charge.upserted\"]\nmin_rate_per_s = 2.5\nmax_quiet_ms = 600000\n")?;
+            jail.set_env("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "3000");
+            let c = Config::load(Some(Path::new("p.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!((c.health.stall_after_ms, c.health.kafka_down_after_ms, c.health.unassigned_after_ms), (5_000, 3_000, 30_000));
+            let t = &c.health.topics["charge.upserted"];
+            assert_eq!((t.min_rate_per_s, t.max_quiet_ms), (Some(2.5), Some(600_000)));
+            // `pixgate config` prints a file that loads back to the same settings.
+            let printed = toml::to_string_pretty(&c).map_err(|e| e.to_string())?;
+            jail.create_file("printed.toml", &printed)?;
+            let again = Config::load(Some(Path::new("printed.toml"))).map_err(|e| e.to_string())?;
+            assert_eq!(again.health.topics, c.health.topics);
             Ok(())
         });
     }

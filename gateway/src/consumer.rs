@@ -57,9 +57,15 @@ use tokio::sync::{mpsc, watch, Notify};
 struct Rebalances {
     revoked: Mutex<Vec<Partition>>,
     changed: AtomicBool,
+    stats: Arc<Stats>,
 }
 
-impl ClientContext for Rebalances {}
+impl ClientContext for Rebalances {
+    /// librdkafka's statistics (`statistics.interval.ms`) feed readiness ([`crate::health`]).
+    fn stats(&self, statistics: rdkafka::statistics::Statistics) {
+        self.stats.health.kafka_statistics(&statistics);
+    }
+}
 
 impl ConsumerContext for Rebalances {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -152,7 +158,8 @@ pub async fn run(
         .set("max.poll.interval.ms", k.max_poll_interval_ms.to_string())
         .set("fetch.wait.max.ms", k.fetch_wait_max_ms.to_string())
         .set("queued.max.messages.kbytes", "16384")
-        .create_with_context(Rebalances::default())
+        .set("statistics.interval.ms", cfg.health.statistics_interval_ms.to_string())
+        .create_with_context(Rebalances { stats: stats.clone(), ..Rebalances::default() })
         .context("creating the Kafka consumer")?;
     consumer.subscribe(&[&k.device_topic, &k.charge_topic]).context("subscribing")?;
     let publisher = deadletter::Publisher::new(&k.brokers, &k.deadletter_topic, outbox.clone(), clock.clone(), stats.clone())?;
@@ -347,7 +354,7 @@ impl Pipeline {
         }
         let (finished, accepts): (Vec<RecordRef>, Vec<Accept>) = std::mem::take(&mut self.batch).into_iter().map(|p| (p.rec, p.accept)).unzip();
         let (outbox, clock) = (&self.outbox, &self.clock);
-        let written = until_stored("the batch", || outbox.accept_batch(&accepts, clock.now_ms())).await;
+        let written = until_stored(&self.stats, "the batch", || outbox.accept_batch(&accepts, clock.now_ms())).await;
         let mut parked = false;
         for (accept, (queued, dls)) in accepts.iter().zip(written) {
             parked |= !dls.is_empty();
@@ -428,7 +435,7 @@ impl Pipeline {
             }
             tracing::warn!(device = %stored.device, reason, detail = %dl.detail, "job dead-lettered");
             let (outbox, clock) = (&self.outbox, &self.clock);
-            until_stored("a dead letter", || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await;
+            until_stored(&self.stats, "a dead letter", || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await;
             self.deadletters.notify_one();
         }
         if left.is_some_and(|n| n <= self.cfg.outbox.max_jobs_per_device / 2) {
@@ -471,6 +478,7 @@ impl Pipeline {
     /// Pauses or resumes `part` in librdkafka to match its pause reasons.
     fn reconcile(&mut self, consumer: &GatewayConsumer, part: &Partition) {
         let want = self.outbox_full || self.pending_bound.contains(part) || self.waiting_on.get(part).is_some_and(|d| !d.is_empty());
+        self.stats.health.paused(part, crate::health::PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part)));
         if want == self.paused.contains(part) {
             return;
         }
@@ -542,6 +550,9 @@ impl Pipeline {
             }
             // Pauses do not survive a reassignment: apply them again.
             self.paused.clear();
+            if let Ok(a) = consumer.assignment() {
+                self.stats.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+            }
             self.reconcile_all(consumer);
             let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
             self.stats.update(|s| {
@@ -575,13 +586,19 @@ impl Pipeline {
 
 /// Runs `write` against the outbox until it succeeds, backing off from 100 ms doubling to
 /// 10 s: reading on past an effect or registry change that is not stored would lose it, so
-/// the consumer holds here (and `/readyz` goes red) while the disk refuses.
-async fn until_stored<T>(what: &str, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> T {
+/// the consumer holds here (and `/readyz` goes red, naming the failure) while the disk refuses.
+async fn until_stored<T>(stats: &Stats, what: &str, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> T {
     let mut delay = Duration::from_millis(100);
     loop {
         match tokio::task::block_in_place(&mut write) {
-            Ok(v) => return v,
+            Ok(v) => {
+                if delay > Duration::from_millis(100) {
+                    stats.health.outbox_failing(None);
+                }
+                return v;
+            }
             Err(e) => {
+                stats.health.outbox_failing(Some(e.to_string()));
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));

@@ -1,9 +1,13 @@
 //! Health, stats and inspection over HTTP.
 //!
-//! - `GET /healthz`: the process serves requests (liveness).
-//! - `GET /readyz`: 200 only when the consumer loop runs and has polled within the last
-//!   10 s; otherwise 503 with the reason. A dead consumer makes readiness fail.
-//! - `GET /stats`: the counters of [`crate::stats::Snapshot`] as JSON.
+//! - `GET /healthz`: the process serves requests (liveness only).
+//! - `GET /readyz`: 200 `ready` when none of the rules of [`crate::health`] fails;
+//!   otherwise 503 with every reason, one per line, plain text (a dead or idle consumer,
+//!   Kafka unreachable, a topic unassigned, stalled, slow or quiet).
+//! - `GET /stats`: the counters of [`crate::stats::Snapshot`] as JSON, with per-topic
+//!   throughput, lag and alarms (`topics`) and the readiness reasons (`not_ready`).
+//! - `GET /metrics`: the same in the Prometheus text format
+//!   ([`crate::stats::prometheus_text`]).
 //! - `GET /outbox`, `GET /outbox/{device}`, `GET /outbox/{device}/{seq}`,
 //!   `GET /deadletters`, `GET /deadletters/{id}`, `POST /deadletters/{id}/replay`: what
 //!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::inspect`]).
@@ -23,8 +27,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// Longest gap between consumer loop runs that still counts as ready, ms.
-pub const MAX_CONSUMER_IDLE_MS: u64 = 10_000;
+pub use crate::health::MAX_CONSUMER_IDLE_MS;
 
 /// What the handlers read and act on.
 #[derive(Clone)]
@@ -58,6 +61,7 @@ pub fn routes(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/stats", get(|State(s): State<AppState>| async move { Json(s.stats.snapshot()) }))
+        .route("/metrics", get(metrics))
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
         .route("/outbox/{device}", get(|State(s): State<AppState>, Path(d): Path<String>| async move { reply(inspect::outbox_list(&s.outbox, &d)) }))
         .route(
@@ -72,14 +76,19 @@ pub fn routes(state: AppState) -> Router {
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
-    let s = state.stats.snapshot();
-    if !s.consumer_running {
-        return (StatusCode::SERVICE_UNAVAILABLE, "consumer not running\n".into());
+    let reasons = state.stats.readiness();
+    if reasons.is_empty() {
+        return (StatusCode::OK, "ready\n".into());
     }
-    if s.consumer_idle_ms > MAX_CONSUMER_IDLE_MS {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("consumer idle for {} ms\n", s.consumer_idle_ms));
+    (StatusCode::SERVICE_UNAVAILABLE, reasons.iter().map(|r| format!("{r}\n")).collect())
+}
+
+async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::header::HeaderName, &'static str); 1], String) {
+    let (snapshot, reasons) = state.stats.snapshot_with_reasons();
+    match crate::stats::prometheus_text(&snapshot, &reasons) {
+        Ok(text) => (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, crate::stats::PROMETHEUS_CONTENT_TYPE)], text),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], format!("encoding the metrics: {e}\n")),
     }
-    (StatusCode::OK, "ready\n".into())
 }
 
 /// Replays into the running gateway: the job is stored in the outbox first, then queued.

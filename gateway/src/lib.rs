@@ -19,7 +19,8 @@
 //! ```
 //!
 //! Around it: [`clock`] (the injectable wall clock for expiry), [`config`], [`stats`],
-//! [`http`] (health, stats, inspection) and [`inspect`] (`pixgate outbox|deadletter`).
+//! [`health`] (readiness rules, throughput per topic), [`http`] (health, stats, metrics,
+//! inspection) and [`inspect`] (`pixgate outbox|deadletter`).
 
 pub mod cdc;
 pub mod clock;
@@ -27,6 +28,7 @@ pub mod config;
 pub mod consumer;
 pub mod deadletter;
 pub mod dispatch;
+pub mod health;
 pub mod http;
 pub mod inspect;
 pub mod jobs;

@@ -108,7 +108,7 @@ fn inspect_command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
-    let stats = Arc::new(Stats::default());
+    let stats = Arc::new(Stats::new(&cfg));
     let clock = Clock::with_offset(cfg.clock.offset_ms);
     if cfg.clock.offset_ms != 0 || cfg.clock.control {
         tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
@@ -148,6 +148,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = http_shutdown.changed().await;
     }));
 
+    tokio::spawn(gateway::health::watch(stats.clone(), cfg.kafka.brokers.clone(), shutdown_rx.clone()));
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested");

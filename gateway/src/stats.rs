@@ -4,7 +4,14 @@
 //! or dead-lettered (by reason), so `events_read` = `records_with_effects` + the sum of
 //! `ignored` + the sum of `dead_lettered_records`. Dead-lettered *effects* (one effect of a
 //! record that had others) are counted separately.
+//!
+//! The health [`Monitor`] rides along ([`Stats::health`]), so whatever counts can also
+//! report what readiness needs without more plumbing; `/stats` shows its per-topic view
+//! ([`TopicStats`]) and the reasons the gateway is not ready; [`prometheus_text`] gives
+//! the same for `/metrics`.
 
+use crate::config::Config;
+use crate::health::{Monitor, Reason};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -54,6 +61,37 @@ pub struct Snapshot {
     pub consumer_idle_ms: u64,
     /// Whether the consumer loop is running.
     pub consumer_running: bool,
+    /// Throughput, lag and alarms per subscribed topic ([`crate::health`]).
+    pub topics: BTreeMap<String, TopicStats>,
+    /// Broker connections `UP` in librdkafka's latest statistics (`null` before the first).
+    pub kafka_brokers_up: Option<u64>,
+    /// Every reason `/readyz` fails now, as it words them (empty: ready).
+    pub not_ready: Vec<String>,
+}
+
+/// One topic on `/stats` (and `/metrics`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TopicStats {
+    /// Records read since the start.
+    pub records_read: u64,
+    /// Records read per second over the rate window (`health.rate_window_ms`, or what of it
+    /// has passed since the start: `rate_window_covered_ms`).
+    pub rate_per_s: f64,
+    /// How much time `rate_per_s` covers, ms.
+    pub rate_window_covered_ms: u64,
+    /// Records on the assigned partitions beyond the consumer's position (stored or
+    /// committed offset); `null` while unknown.
+    pub lag: Option<u64>,
+    /// Since the last progress (record read or offset stored), ms; `null` if none yet.
+    pub ms_since_progress: Option<u64>,
+    /// Partitions of the topic this consumer holds.
+    pub assigned_partitions: u64,
+    /// Of those, paused for backpressure.
+    pub paused_partitions: u64,
+    /// Whether the topic is stalled (lag and no progress for `health.stall_after_ms`).
+    pub stalled: bool,
+    /// The alarms on this topic: `unassigned`, `stalled`, `slow`, `quiet`.
+    pub alarms: Vec<String>,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.
@@ -61,11 +99,13 @@ pub struct Snapshot {
 pub struct Stats {
     inner: Mutex<Snapshot>,
     last_poll: Mutex<Instant>,
+    /// Readiness and per-topic throughput ([`crate::health`]).
+    pub health: Monitor,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()) }
+        Stats::new(&Config::default())
     }
 }
 
@@ -74,6 +114,11 @@ fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
 }
 
 impl Stats {
+    /// Counters at zero, with a health monitor for `cfg`'s topics and `health` rules.
+    pub fn new(cfg: &Config) -> Stats {
+        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()), health: Monitor::new(cfg) }
+    }
+
     /// Applies `f` to the counters.
     pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
         f(&mut self.inner.lock().expect("stats lock"));
@@ -109,10 +154,287 @@ impl Stats {
         *self.last_poll.lock().expect("poll lock") = Instant::now();
     }
 
-    /// The current counters.
+    /// Advances the health history with the records read per topic (about every second,
+    /// [`crate::health::watch`]).
+    pub fn sample_health(&self) {
+        let reads = self.inner.lock().expect("stats lock").events_read.clone();
+        self.health.sample(&reads);
+    }
+
+    /// Every reason the gateway is not ready now (empty: ready).
+    pub fn readiness(&self) -> Vec<Reason> {
+        let (running, idle) = (self.inner.lock().expect("stats lock").consumer_running, self.idle_ms());
+        self.health.report(running, idle).1
+    }
+
+    fn idle_ms(&self) -> u64 {
+        self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64
+    }
+
+    /// The current counters, with the per-topic health view and the readiness reasons.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with_reasons().0
+    }
+
+    /// [`Stats::snapshot`] and the readiness reasons it was made with.
+    pub fn snapshot_with_reasons(&self) -> (Snapshot, Vec<Reason>) {
         let mut s = self.inner.lock().expect("stats lock").clone();
-        s.consumer_idle_ms = self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64;
-        s
+        s.consumer_idle_ms = self.idle_ms();
+        let (facts, reasons) = self.health.report(s.consumer_running, s.consumer_idle_ms);
+        let now = self.health.now_ms();
+        s.topics = facts
+            .topics
+            .iter()
+            .map(|(name, t)| {
+                let alarms: Vec<String> = reasons.iter().filter(|r| r.topic() == Some(name.as_str())).map(|r| r.kind().to_string()).collect();
+                let topic = TopicStats {
+                    records_read: s.events_read.get(name).copied().unwrap_or(0),
+                    rate_per_s: t.rate_per_s,
+                    rate_window_covered_ms: t.rate_span_ms,
+                    lag: t.lag,
+                    ms_since_progress: t.last_progress.map(|p| now.saturating_sub(p)),
+                    assigned_partitions: t.assigned as u64,
+                    paused_partitions: t.paused as u64,
+                    stalled: alarms.iter().any(|a| a == "stalled"),
+                    alarms,
+                };
+                (name.clone(), topic)
+            })
+            .collect();
+        s.kafka_brokers_up = facts.brokers.map(|b| b.up as u64);
+        s.not_ready = reasons.iter().map(ToString::to_string).collect();
+        (s, reasons)
+    }
+}
+
+/// `Content-Type` of [`prometheus_text`]: the Prometheus text exposition format 0.0.4.
+pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// The snapshot in the Prometheus text exposition format (0.0.4), names prefixed
+/// `pixgate_`: per topic (label `topic`) records read, read rate, lag, time since progress,
+/// assigned and paused partitions, stalled and the alarms (`alarm` label); readiness; and
+/// the counters and gauges of [`Snapshot`] that matter for operation.
+///
+/// # Errors
+/// Only a formatting error from the encoder (writing to a `String` does not fail).
+pub fn prometheus_text(s: &Snapshot, reasons: &[Reason]) -> Result<String, std::fmt::Error> {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("pixgate");
+    registry.register_collector(Box::new(Exposition { s: s.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+/// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
+const TOPIC_ALARMS: [&str; 4] = ["unassigned", "stalled", "slow", "quiet"];
+/// Gateway-wide alarms, likewise.
+const GLOBAL_ALARMS: [&str; 3] = ["consumer_not_running", "consumer_idle", "kafka_unreachable"];
+
+/// One scrape: the snapshot encoded on demand (a collector, so values are read once).
+#[derive(Debug)]
+struct Exposition {
+    s: Snapshot,
+    kinds: Vec<&'static str>,
+}
+
+mod expose {
+    use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+    use prometheus_client::metrics::counter::ConstCounter;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    use prometheus_client::metrics::MetricType;
+    use std::fmt;
+
+    /// A counter family (`_total` is appended), one sample per label set.
+    pub fn counters<'a, L: EncodeLabelSet + 'a>(enc: &mut DescriptorEncoder, name: &str, help: &str, samples: impl IntoIterator<Item = (L, u64)>) -> fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (labels, v) in samples {
+            ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    /// A gauge family, one sample per label set.
+    pub fn gauges<'a, L: EncodeLabelSet + 'a>(enc: &mut DescriptorEncoder, name: &str, help: &str, samples: impl IntoIterator<Item = (L, f64)>) -> fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (labels, v) in samples {
+            ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    /// A single unlabelled gauge.
+    pub fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> fmt::Result {
+        ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
+    }
+
+    /// A single unlabelled counter (`_total` is appended).
+    pub fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+        ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+    }
+}
+
+impl prometheus_client::collector::Collector for Exposition {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use expose::{counter, counters, gauge, gauges};
+        let (s, e) = (&self.s, &mut enc);
+        let topics = || s.topics.iter().map(|(t, v)| ([("topic", t.as_str())], v));
+        let by = |label: &'static str, m: &'_ BTreeMap<String, u64>| m.iter().map(move |(k, v)| ([(label, k.clone())], *v)).collect::<Vec<_>>();
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+
+        counters(e, "topic_records_read", "Records read from the topic.", topics().map(|(l, t)| (l, t.records_read)))?;
+        gauges(e, "topic_read_rate_per_second", "Records read per second over the rate window (health.rate_window_ms).", topics().map(|(l, t)| (l, t.rate_per_s)))?;
+        gauges(e, "topic_lag_records", "Records on the assigned partitions beyond the consumer's stored or committed offset (absent while unknown).", topics().filter_map(|(l, t)| Some((l, t.lag? as f64))))?;
+        gauges(e, "topic_seconds_since_progress", "Seconds since a record was read or an offset stored on the topic (absent before the first).", topics().filter_map(|(l, t)| Some((l, t.ms_since_progress? as f64 / 1000.0))))?;
+        gauges(e, "topic_assigned_partitions", "Partitions of the topic held by this consumer.", topics().map(|(l, t)| (l, t.assigned_partitions as f64)))?;
+        gauges(e, "topic_paused_partitions", "Partitions of the topic paused for backpressure.", topics().map(|(l, t)| (l, t.paused_partitions as f64)))?;
+        gauges(e, "topic_stalled", "1 while the topic has lag and no progress for health.stall_after_ms.", topics().map(|(l, t)| (l, flag(t.stalled))))?;
+        let alarms = topics().flat_map(|([(_, topic)], t)| TOPIC_ALARMS.iter().map(move |a| ([("topic", topic), ("alarm", *a)], flag(t.alarms.iter().any(|x| x == a)))));
+        gauges(e, "topic_alarm", "1 while the alarm holds on the topic (unassigned, stalled, slow, quiet); each fails /readyz.", alarms)?;
+
+        gauge(e, "ready", "1 when /readyz answers 200.", flag(self.kinds.is_empty()))?;
+        let global = GLOBAL_ALARMS.iter().map(|a| ([("alarm", *a)], flag(self.kinds.contains(a))));
+        gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable); each fails /readyz.", global)?;
+        if let Some(up) = s.kafka_brokers_up {
+            gauge(e, "kafka_brokers_up", "Broker connections in state UP in librdkafka's latest statistics.", up as f64)?;
+        }
+        gauge(e, "consumer_running", "1 while the consumer loop runs.", flag(s.consumer_running))?;
+        gauge(e, "consumer_idle_seconds", "Seconds since the consumer loop last ran.", s.consumer_idle_ms as f64 / 1000.0)?;
+
+        counters(e, "effects_done", "Effects acknowledged as done by their device, by kind.", by("kind", &s.effects_done))?;
+        counters(e, "dead_lettered_records", "Whole records dead-lettered, by reason.", by("reason", &s.dead_lettered_records))?;
+        counters(e, "dead_lettered_effects", "Single effects dead-lettered, by reason.", by("reason", &s.dead_lettered_effects))?;
+        counters(e, "ignored_records", "Records with no effect by design, by reason.", by("reason", &s.ignored))?;
+        counters(e, "expired_jobs", "Jobs whose time to live passed before they were done, by kind.", by("kind", &s.expired))?;
+        counter(e, "records_with_effects", "Records whose effects were planned.", s.records_with_effects)?;
+        counter(e, "job_redeliveries", "Job sends beyond the first (ack timeout or transient failure).", s.job_redeliveries)?;
+        counter(e, "superseded_jobs", "Queued display_qr jobs dropped because their charge's next screen came first.", s.superseded)?;
+        counter(e, "deadletters_published", "Dead letters Kafka acknowledged.", s.deadletters_published)?;
+        gauge(e, "deadletters_parked", "Dead letters waiting in the outbox for Kafka.", s.deadletters_parked as f64)?;
+        gauge(e, "outbox_jobs", "Jobs in the durable outbox (the bound outbox.max_jobs applies to this).", s.outbox_jobs as f64)?;
+        gauge(e, "queued_jobs", "Jobs waiting or in flight, all devices (the dispatcher's view).", s.queued_jobs as f64)?;
+        gauge(e, "pending_records", "Records read and not yet finished.", s.pending_records as f64)?;
+        gauge(e, "paused_partitions", "Partitions paused for backpressure.", s.paused_partitions as f64)?;
+        gauge(e, "assigned_partitions", "Partitions assigned to this consumer.", s.assigned_partitions as f64)?;
+        gauge(e, "devices_at_bound", "Devices whose queue is at outbox.max_jobs_per_device.", s.devices_at_bound as f64)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::statistics::{Broker, Partition as KafkaPartition, Statistics, Topic};
+
+    /// One exposition sample: metric name, labels, value.
+    type Sample = (String, BTreeMap<String, String>, f64);
+
+    /// Reads the Prometheus text format line by line, independently of the encoder: every
+    /// line is `# HELP …`, `# TYPE name counter|gauge`, or `name{k="v",…} value`.
+    fn parse(text: &str) -> Result<Vec<Sample>, String> {
+        let mut out = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let kind = rest.split(' ').nth(1).ok_or(line)?;
+                if !["counter", "gauge"].contains(&kind) {
+                    return Err(format!("type {kind:?}: {line}"));
+                }
+                continue;
+            }
+            if line.starts_with("# HELP ") {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').ok_or(line)?;
+            let value: f64 = value.parse().map_err(|e| format!("{e}: {line}"))?;
+            let (name, labels) = match series.split_once('{') {
+                None => (series, BTreeMap::new()),
+                Some((name, rest)) => {
+                    let body = rest.strip_suffix('}').ok_or(line)?;
+                    let mut labels = BTreeMap::new();
+                    for pair in body.split("\",").filter(|p| !p.is_empty()) {
+                        let (k, v) = pair.split_once("=\"").ok_or(line)?;
+                        labels.insert(k.to_string(), v.trim_end_matches('"').to_string());
+                    }
+                    (name, labels)
+                }
+            };
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+                return Err(format!("bad metric name: {line}"));
+            }
+            out.push((name.to_string(), labels, value));
+        }
+        Ok(out)
+    }
+
+    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        samples.iter().find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)) && l.len() == labels.len()).map(|s| s.2)
+    }
+
+    fn statistics(end: i64, stored: i64) -> Statistics {
+        let broker = Broker { name: "127.0.0.1:9092/1".into(), source: "learned".into(), state: "UP".into(), ..Broker::default() };
+        let internal = Broker { name: ":0/internal".into(), source: "internal".into(), state: "INIT".into(), ..Broker::default() };
+        let p = KafkaPartition { partition: 0, hi_offset: end, ls_offset: end, stored_offset: stored, committed_offset: -1001, lo_offset: 0, ..KafkaPartition::default() };
+        let ua = KafkaPartition { partition: -1, hi_offset: 99, ..KafkaPartition::default() };
+        let topic = Topic { topic: "charge.upserted".into(), partitions: [(0, p), (-1, ua)].into(), ..Topic::default() };
+        Statistics { brokers: [("a".into(), broker), ("b".into(), internal)].into(), topics: [("charge.upserted".into(), topic)].into(), ..Statistics::default() }
+    }
+
+    #[test]
+    fn metrics_are_prometheus_text_with_per_topic_lag_and_the_counters() {
+        let stats = Stats::default();
+        stats.health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
+        stats.health.kafka_statistics(&statistics(12, 7));
+        stats.update(|s| {
+            s.consumer_running = true;
+            s.events_read.insert("charge.upserted".into(), 9);
+            s.effects_done.insert("print_receipt".into(), 3);
+            s.job_redeliveries = 2;
+            s.outbox_jobs = 4;
+            s.paused_partitions = 1;
+        });
+        stats.polled();
+        stats.sample_health();
+        let (snapshot, reasons) = stats.snapshot_with_reasons();
+        assert!(reasons.is_empty(), "{reasons:?}");
+        assert_eq!(snapshot.topics["charge.upserted"].lag, Some(5));
+        assert_eq!(snapshot.kafka_brokers_up, Some(1), "the internal broker is not a connection");
+        let text = prometheus_text(&snapshot, &reasons).unwrap();
+        let samples = parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let ch = [("topic", "charge.upserted")];
+        assert_eq!(value(&samples, "pixgate_topic_lag_records", &ch), Some(5.0), "{text}");
+        assert_eq!(value(&samples, "pixgate_topic_records_read_total", &ch), Some(9.0));
+        assert_eq!(value(&samples, "pixgate_topic_assigned_partitions", &ch), Some(1.0));
+        assert_eq!(value(&samples, "pixgate_topic_stalled", &ch), Some(0.0));
+        assert_eq!(value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(0.0));
+        assert_eq!(value(&samples, "pixgate_ready", &[]), Some(1.0));
+        assert_eq!(value(&samples, "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
+        assert_eq!(value(&samples, "pixgate_kafka_brokers_up", &[]), Some(1.0));
+        assert_eq!(value(&samples, "pixgate_effects_done_total", &[("kind", "print_receipt")]), Some(3.0));
+        assert_eq!(value(&samples, "pixgate_job_redeliveries_total", &[]), Some(2.0));
+        assert_eq!(value(&samples, "pixgate_outbox_jobs", &[]), Some(4.0));
+        assert_eq!(value(&samples, "pixgate_paused_partitions", &[]), Some(1.0));
+        // device.upserted has no known offsets yet: no lag sample rather than a made-up one.
+        assert_eq!(value(&samples, "pixgate_topic_lag_records", &[("topic", "device.upserted")]), None);
+    }
+
+    #[test]
+    fn alarms_show_on_stats_and_metrics() {
+        let mut cfg = Config::default();
+        cfg.health.stall_after_ms = 1; // the lag below stalls at once
+        let stats = Stats::new(&cfg);
+        stats.health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
+        stats.health.kafka_statistics(&statistics(12, 7));
+        stats.update(|s| s.consumer_running = true);
+        stats.polled();
+        stats.sample_health();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let (snapshot, reasons) = stats.snapshot_with_reasons();
+        assert_eq!(reasons.iter().map(Reason::kind).collect::<Vec<_>>(), ["stalled"]);
+        assert!(snapshot.not_ready[0].starts_with("topic charge.upserted stalled: lag 5 records, no progress for "), "{:?}", snapshot.not_ready);
+        assert!(snapshot.topics["charge.upserted"].stalled);
+        assert_eq!(snapshot.topics["charge.upserted"].alarms, ["stalled"]);
+        let samples = parse(&prometheus_text(&snapshot, &reasons).unwrap()).unwrap();
+        assert_eq!(value(&samples, "pixgate_topic_stalled", &[("topic", "charge.upserted")]), Some(1.0));
+        assert_eq!(value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(1.0));
+        assert_eq!(value(&samples, "pixgate_ready", &[]), Some(0.0));
     }
 }
