@@ -77,6 +77,9 @@ pub struct OutboxConfig {
     /// How long dead letters stay listed in the outbox for `pixgate deadletter list|replay`
     /// after Kafka has them, hours.
     pub deadletter_retention_hours: u64,
+    /// redb's page cache, bytes (redb's own default is 1 GiB, which a large outbox fills:
+    /// memory would grow with the backlog). Reads of queued jobs beyond it go to the disk.
+    pub cache_bytes: usize,
 }
 
 impl Default for OutboxConfig {
@@ -89,6 +92,7 @@ impl Default for OutboxConfig {
             batch_max_records: 256,
             batch_max_delay_ms: 5,
             deadletter_retention_hours: 168,
+            cache_bytes: crate::outbox::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -127,6 +131,10 @@ pub struct KafkaConfig {
     /// charge event waits for it when the broker does not answer as soon as a record
     /// arrives (tansu), so it is latency a customer in front of the card machine sees.
     pub fetch_wait_max_ms: u32,
+    /// librdkafka `debug` contexts for troubleshooting, e.g. `cgrp` (consumer group joins
+    /// and rebalances) or `consumer,fetch`; empty = none. Logged at debug level under the
+    /// `librdkafka` target: run with `RUST_LOG=info,librdkafka=debug` to see them.
+    pub debug: String,
 }
 
 impl Default for KafkaConfig {
@@ -143,6 +151,7 @@ impl Default for KafkaConfig {
             session_timeout_ms: 10_000,
             max_poll_interval_ms: 60_000,
             fetch_wait_max_ms: 100,
+            debug: String::new(),
         }
     }
 }

@@ -7,7 +7,12 @@
 //!
 //! Records are planned one by one (decode, route, render) and written in batches: up to
 //! `outbox.batch_max_records` records, or what arrived within `outbox.batch_max_delay_ms`,
-//! in one outbox transaction (one fsync). Their offsets are stored after that write.
+//! in one outbox transaction (one fsync), together with the removals of the jobs finished
+//! meanwhile. Their offsets are stored after that write. The write runs on a blocking
+//! thread while the loop plans the next batch (group commit): one write in flight at a
+//! time, so batches reach the outbox, and their jobs the dispatcher, in the order read,
+//! and at most two batches are held in memory (reading stops while the next batch is full
+//! and the write in flight has not returned).
 //!
 //! Settings (librdkafka): `enable.auto.offset.store=false` (we decide what is stored),
 //! `enable.auto.commit=true` (stored offsets are committed every second),
@@ -37,7 +42,7 @@ use crate::deadletter::{self, DeadLetter};
 use crate::dispatch::{Command, Finished, Outcome};
 use crate::jobs;
 use crate::offsets::{OffsetTracker, Partition};
-use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, SourceRef};
+use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Removal, SourceRef, StoredJob};
 use crate::registry::Registry;
 use crate::router::{Decision, Router};
 use crate::stats::Stats;
@@ -97,6 +102,17 @@ struct Planned {
     accept: Accept,
 }
 
+/// What [`Outbox::write`] returns per record: the jobs queued, the dead letters parked.
+type Written = Vec<(Vec<StoredJob>, Vec<u64>)>;
+
+/// A batch the outbox writer (a blocking thread) is writing while the loop plans the next.
+struct Writing {
+    /// The batch's records, finished once it is written.
+    records: Vec<RecordRef>,
+    /// The write; gives the batch back with the outcome, for a retry.
+    handle: tokio::task::JoinHandle<(Vec<Accept>, Vec<Removal>, Result<Written, OutboxError>)>,
+}
+
 /// The consumer loop's state.
 struct Pipeline {
     cfg: Config,
@@ -111,8 +127,10 @@ struct Pipeline {
     outbox: Arc<Outbox>,
     /// Records planned, not yet written.
     batch: Vec<Planned>,
-    /// When the oldest record of `batch` must be written.
+    /// When the oldest record of `batch` (or removal) must be written.
     batch_due: Option<tokio::time::Instant>,
+    /// Finished jobs to remove from the outbox with the next write.
+    removals: Vec<Removal>,
     /// Jobs in the outbox (queued or in flight), all devices and per device.
     outbox_jobs: usize,
     device_jobs: HashMap<String, usize>,
@@ -145,6 +163,9 @@ pub async fn run(
     let mut client = ClientConfig::new();
     if !k.instance_id.is_empty() {
         client.set("group.instance.id", &k.instance_id);
+    }
+    if !k.debug.is_empty() {
+        client.set("debug", &k.debug);
     }
     let consumer: GatewayConsumer = client
         .set("bootstrap.servers", &k.brokers)
@@ -190,6 +211,7 @@ pub async fn run(
         outbox,
         batch: Vec::new(),
         batch_due: None,
+        removals: Vec::new(),
         outbox_jobs: total,
         device_jobs: outbox_jobs,
         pending_bound: HashSet::new(),
@@ -203,20 +225,31 @@ pub async fn run(
         s.outbox_jobs = total as u64;
     });
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let max_batch = cfg.outbox.batch_max_records.max(1);
+    let mut writing: Option<Writing> = None;
     loop {
-        let due = p.batch_due;
+        // The batch timer runs only while no write is in flight: when one returns, what
+        // waited meanwhile is written at once.
+        let due = if writing.is_none() { p.batch_due } else { None };
+        let full = p.batch.len() >= max_batch;
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
+            r = async { (&mut writing.as_mut().expect("guarded").handle).await }, if writing.is_some() => {
+                let w = writing.take().expect("guarded");
+                p.on_written(&consumer, w.records, r.expect("the outbox writer panicked")).await;
+                writing = p.start_write();
+            }
             Some(f) = finished.recv() => p.on_finished(&consumer, f).await,
             _ = tick.tick() => p.on_tick(&consumer),
-            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => p.flush(&consumer).await,
-            msg = consumer.recv() => match msg {
+            _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => writing = p.start_write(),
+            // A full batch waits for the write in flight: at most two batches in memory.
+            msg = consumer.recv(), if !full => match msg {
                 Ok(m) => {
                     let m = m.detach();
                     p.on_message(&consumer, m);
-                    if p.batch.len() >= p.cfg.outbox.batch_max_records.max(1) {
-                        p.flush(&consumer).await;
+                    if p.batch.len() >= max_batch && writing.is_none() {
+                        writing = p.start_write();
                     }
                 }
                 Err(e) => {
@@ -227,13 +260,19 @@ pub async fn run(
         }
     }
 
-    tracing::info!(batch = p.batch.len(), "stopping intake; writing what was read, then committing");
+    tracing::info!(batch = p.batch.len(), writing = writing.is_some(), "stopping intake; writing what was read, then committing");
     let bound = Duration::from_millis(cfg.shutdown_timeout_ms);
     let closed = tokio::time::timeout(bound, async {
-        p.flush(&consumer).await;
-        // Jobs finished meanwhile are removed now rather than sent again after the restart.
+        if let Some(w) = writing.take() {
+            p.on_written(&consumer, w.records, w.handle.await.expect("the outbox writer panicked")).await;
+        }
+        // Jobs finished meanwhile are removed with the last batch rather than sent again
+        // after the restart.
         while let Ok(f) = finished.try_recv() {
             p.on_finished(&consumer, f).await;
+        }
+        if let Some(w) = p.start_write() {
+            p.on_written(&consumer, w.records, w.handle.await.expect("the outbox writer panicked")).await;
         }
         match tokio::task::block_in_place(|| consumer.commit_consumer_state(CommitMode::Sync)) {
             Ok(()) => tracing::info!("final offsets committed"),
@@ -271,7 +310,7 @@ impl Pipeline {
             offset: src.offset,
             key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
         });
-        if self.batch.is_empty() {
+        if self.batch_due.is_none() {
             self.batch_due = Some(tokio::time::Instant::now() + Duration::from_millis(self.cfg.outbox.batch_max_delay_ms));
         }
         self.count_planned(consumer, &part, &accept);
@@ -344,17 +383,37 @@ impl Pipeline {
         accept
     }
 
-    /// Writes the batch to the outbox in one durable transaction, retrying until the disk
-    /// takes it (reading on past an effect that is not stored would lose it), then hands
-    /// the jobs to the dispatcher and stores the records' offsets.
-    async fn flush(&mut self, consumer: &GatewayConsumer) {
+    /// Hands the batch and the pending removals to the outbox writer, on a blocking thread;
+    /// `None` when there is nothing to write. The caller keeps at most one in flight.
+    fn start_write(&mut self) -> Option<Writing> {
         self.batch_due = None;
-        if self.batch.is_empty() {
-            return;
+        if self.batch.is_empty() && self.removals.is_empty() {
+            return None;
         }
-        let (finished, accepts): (Vec<RecordRef>, Vec<Accept>) = std::mem::take(&mut self.batch).into_iter().map(|p| (p.rec, p.accept)).unzip();
-        let (outbox, clock) = (&self.outbox, &self.clock);
-        let written = until_stored(&self.stats, "the batch", || outbox.accept_batch(&accepts, clock.now_ms())).await;
+        let (records, accepts): (Vec<RecordRef>, Vec<Accept>) = std::mem::take(&mut self.batch).into_iter().map(|p| (p.rec, p.accept)).unzip();
+        let removals = std::mem::take(&mut self.removals);
+        let (outbox, now) = (self.outbox.clone(), self.clock.now_ms());
+        let handle = tokio::task::spawn_blocking(move || {
+            let r = outbox.write(&accepts, &removals, now);
+            (accepts, removals, r)
+        });
+        Some(Writing { records, handle })
+    }
+
+    /// A write returned: on failure it is retried here until the disk takes it (reading on
+    /// past an effect that is not stored would lose it, so reading holds meanwhile); then
+    /// the jobs go to the dispatcher and the records' offsets are stored.
+    async fn on_written(&mut self, consumer: &GatewayConsumer, records: Vec<RecordRef>, (accepts, removals, result): (Vec<Accept>, Vec<Removal>, Result<Written, OutboxError>)) {
+        let written = match result {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
+                self.stats.health.outbox_failing(Some(e.to_string()));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let (outbox, clock) = (&self.outbox, &self.clock);
+                until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await
+            }
+        };
         let mut parked = false;
         for (accept, (queued, dls)) in accepts.iter().zip(written) {
             parked |= !dls.is_empty();
@@ -376,7 +435,7 @@ impl Pipeline {
         // Counted in the outbox before the records count as finished: a reader of /stats
         // never sees a record done whose jobs are nowhere.
         self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
-        for rec in finished {
+        for rec in records {
             self.record_finished(consumer, &rec);
         }
         if parked {
@@ -416,9 +475,10 @@ impl Pipeline {
                     tracing::info!(device = %stored.device, charge = %stored.job.charge_id, "display_qr superseded before delivery");
                     self.stats.update(|s| s.superseded += 1);
                 }
-                if let Err(e) = tokio::task::block_in_place(|| self.outbox.complete(&stored.device, stored.job.seq, f.outcome == Outcome::Superseded)) {
-                    // Left in the outbox: redelivered after a restart, deduped by the device.
-                    tracing::error!(error = %e, device = %stored.device, seq = stored.job.seq, "cannot remove a finished job from the outbox");
+                // Removed with the next write (within `batch_max_delay_ms`).
+                self.removals.push(Removal { device: stored.device.clone(), seq: stored.job.seq, superseded: f.outcome == Outcome::Superseded });
+                if self.batch_due.is_none() {
+                    self.batch_due = Some(tokio::time::Instant::now() + Duration::from_millis(self.cfg.outbox.batch_max_delay_ms));
                 }
                 (None, String::new())
             }

@@ -20,12 +20,14 @@
 //! The dispatcher is one task owning the in-memory mirror of the durable outbox
 //! ([`crate::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
 //! is given every job the outbox still holds. Its queues are bounded by the outbox bound
-//! (see [`crate::consumer`]).
+//! (see [`crate::consumer`]). With an outbox attached ([`Dispatcher::with_outbox`]) the
+//! jobs waiting behind a device's head are kept without their payload, read back from the
+//! outbox when sent: memory stays small and flat however full the outbox gets.
 
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::mqtt::{Incoming, Publisher};
-use crate::outbox::StoredJob;
+use crate::outbox::{Outbox, StoredJob};
 use crate::stats::Stats;
 use device_protocol::{AckResult, EffectKind, PrinterState, Topic};
 use std::collections::{HashMap, VecDeque};
@@ -96,6 +98,8 @@ pub struct Dispatcher {
     stats: Arc<Stats>,
     clock: Clock,
     devices: HashMap<String, DeviceQueue>,
+    /// Where payloads are read back from; `None`: jobs are kept whole.
+    outbox: Option<Arc<Outbox>>,
 }
 
 impl Dispatcher {
@@ -105,7 +109,23 @@ impl Dispatcher {
     /// the consumer bounds, and a bounded channel here could deadlock against the
     /// consumer's bounded [`Command`] channel.
     pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, clock: Clock) -> Self {
-        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new() }
+        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new(), outbox: None }
+    }
+
+    /// Keeps queued jobs without their payload, reading it back from `outbox` (where every
+    /// job the dispatcher is given is stored) when the job is sent.
+    pub fn with_outbox(mut self, outbox: Arc<Outbox>) -> Self {
+        self.outbox = Some(outbox);
+        self
+    }
+
+    /// A job to wait in a queue: without its payload when it can be read back.
+    fn shelve(&self, stored: StoredJob) -> StoredJob {
+        if self.outbox.is_some() {
+            stored.without_payload()
+        } else {
+            stored
+        }
     }
 
     /// Queues jobs stored before a restart, in their order, applying the supersede rule
@@ -114,6 +134,7 @@ impl Dispatcher {
     /// crash (the next job may already have been carried out).
     pub fn preload(&mut self, jobs: Vec<StoredJob>) {
         for stored in jobs {
+            let stored = self.shelve(stored);
             self.devices.entry(stored.device.clone()).or_default().queue.push_back(stored);
         }
         let mut over = Vec::new();
@@ -168,6 +189,9 @@ impl Dispatcher {
                         self.finish(s, Outcome::Superseded);
                     }
                 }
+                // Sent at once when the device is idle: no need to drop the payload and read it back.
+                let idle = self.devices.get(&device).is_some_and(|q| q.in_flight.is_none() && q.queue.is_empty() && q.can_send());
+                let stored = if idle { stored } else { self.shelve(stored) };
                 self.devices.get_mut(&device).expect("just inserted").queue.push_back(stored);
                 self.pump(&device).await;
             }
@@ -246,6 +270,24 @@ impl Dispatcher {
                 return Box::pin(self.pump(device)).await;
             }
             self.stats.update(|s| s.job_redeliveries += 1);
+        }
+        if f.stored.job.payload.is_empty() {
+            if let Some(outbox) = &self.outbox {
+                match outbox.job(device, f.stored.job.seq) {
+                    Ok(Some(full)) => f.stored = full,
+                    Ok(None) => {
+                        // Not in the outbox any more (finished by an earlier run): nothing to send.
+                        tracing::error!(device, seq = f.stored.job.seq, message_id = %f.stored.job.message_id, "queued job is no longer in the outbox; dropped");
+                        q.in_flight = None;
+                        return Box::pin(self.pump(device)).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(device, seq = f.stored.job.seq, error = %e, "cannot read the job's payload from the outbox; retrying");
+                        f.due = now + backoff(&self.cfg, f.attempts.max(1));
+                        return;
+                    }
+                }
+            }
         }
         f.attempts += 1;
         f.awaiting_ack = true;
@@ -543,6 +585,67 @@ mod tests {
         h.enqueue("p", job("receipt", EffectKind::PrintReceipt, "c1"), 3).await;
         let f = h.next_finished().await;
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("slip", Outcome::Superseded));
+    }
+
+    /// With an outbox attached, queued jobs are held without their payload and read back
+    /// when sent: each device still gets every job whole, in order, whether it was
+    /// reloaded at start-up or enqueued behind a busy head; a failed one's dead letter
+    /// keeps the stored job, payload included.
+    #[tokio::test]
+    async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
+        let dir = std::env::temp_dir().join(format!("pixgate-dispatch-payload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let outbox = Arc::new(Outbox::open(&dir.join("outbox.redb")).unwrap());
+        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+        let with_payload = |id: &str| {
+            let mut j = job(id, EffectKind::PrintReceipt, &format!("c-{id}"));
+            j.payload = Job::encode_payload(format!("receipt bytes of {id}").as_bytes());
+            j
+        };
+        // Two stored before a "restart", three after (one behind a busy head).
+        let before = outbox.accept(None, vec![("p".into(), with_payload("a")), ("p".into(), with_payload("b"))], &src, 1).unwrap();
+        assert_eq!(before.len(), 2);
+        let cfg = DeliveryConfig { ack_timeout_ms: 10_000, ..DeliveryConfig::default() };
+        let (publisher, mut sent) = Publisher::channel(64);
+        let (ftx, mut finished) = mpsc::unbounded_channel();
+        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default()).with_outbox(outbox.clone());
+        let headers = outbox.pending_headers().unwrap();
+        assert!(headers.iter().all(|s| s.job.payload.is_empty()), "loaded without payloads");
+        d.preload(headers);
+        let (cmd, rx) = mpsc::channel(8);
+        tokio::spawn(d.run(rx));
+        let after = outbox.accept(None, vec![("p".into(), with_payload("c")), ("p".into(), with_payload("d"))], &src, 2).unwrap();
+        for s in after {
+            cmd.send(Command::Enqueue(s)).await.unwrap();
+        }
+        for id in ["a", "b", "c", "d"] {
+            let (_, payload) = sent.recv().await.unwrap();
+            let j: Job = serde_json::from_slice(&payload).unwrap();
+            assert_eq!(j.message_id, id, "in order");
+            assert_eq!(j.payload_bytes().unwrap(), format!("receipt bytes of {id}").as_bytes(), "{id} sent whole");
+            if id == "d" {
+                cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::failed(id, j.seq, "jam", true) })).await.unwrap();
+            } else {
+                cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done(id, j.seq, false) })).await.unwrap();
+            }
+        }
+        for _ in 0..4 {
+            let f = finished.recv().await.unwrap();
+            if f.outcome == Outcome::Done {
+                outbox.complete(&f.stored.device, f.stored.job.seq, false).unwrap();
+                continue;
+            }
+            // What the consumer does with a failed job: its dead letter keeps the job whole.
+            let dl = crate::deadletter::DeadLetter::for_job("delivery_failed", "jam".into(), &f.stored);
+            let id = outbox.fail_job(&f.stored, dl, 3).unwrap();
+            let parked = outbox.parked_deadletters(10).unwrap().into_iter().find(|p| p.id == id).unwrap();
+            let kept = parked.job.unwrap();
+            assert_eq!(kept.job.payload_bytes().unwrap(), b"receipt bytes of d");
+            let value: Job = serde_json::from_str(parked.dead_letter.value.as_deref().unwrap()).unwrap();
+            assert_eq!(value.payload_bytes().unwrap(), b"receipt bytes of d", "the dead letter's value is the whole job");
+        }
+        assert!(outbox.pending().unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -116,21 +116,24 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
 
     let (commands_tx, commands_rx) = mpsc::channel(1024);
+    // Unbounded in type only: one message per job that leaves the outbox, and the outbox
+    // holds at most `outbox.max_jobs`. Bounding it would deadlock the dispatcher and the
+    // consumer against each other (each waits on the other's full channel).
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
     let publisher = mqtt::start(&cfg.mqtt, incoming_tx).context("starting the embedded MQTT broker")?;
     tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
 
     let outbox = Arc::new(
-        gateway::outbox::Outbox::open(&cfg.outbox.path).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
+        gateway::outbox::Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
     );
-    let pending = outbox.pending()?;
+    let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();
     for s in &pending {
         *per_device.entry(s.device.clone()).or_insert(0usize) += 1;
     }
     tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
-    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), clock.clone());
+    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), clock.clone()).with_outbox(outbox.clone());
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
     let to_dispatcher = commands_tx.clone();

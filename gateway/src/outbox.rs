@@ -14,10 +14,10 @@
 //!   ([`crate::deadletter::Publisher`] drains them): a dead letter is accepted like a job,
 //!   so an unreachable Kafka never holds back, loses or forgets one.
 //!
-//! Writes are batched: [`Outbox::accept_batch`] takes many records in one transaction, one
-//! fsync. Removing a finished job is not synced on its own ([`Durability::None`]; it
-//! becomes durable with the next synced write): a removal lost in a crash only means the
-//! job is sent again, and the device dedupes it by message id.
+//! Writes are batched: [`Outbox::write`] takes many records, and the removals of many
+//! finished jobs, in one transaction, one fsync. Removing a finished job is not synced on
+//! its own ([`Durability::None`]; it becomes durable with the next synced write): a removal
+//! lost in a crash only means the job is sent again, and the device dedupes it by message id.
 //!
 //! Tables: `jobs` (device, seq) → JSON [`StoredJob`]; `seq` device → last seq; `seen`
 //! message id → accepted-at (Unix ms); `charges` charge id → (`__v`, status code);
@@ -79,6 +79,17 @@ pub struct StoredJob {
     pub source: SourceRef,
 }
 
+impl StoredJob {
+    /// The job with its payload dropped (an empty `job.payload`), as the dispatcher keeps
+    /// the jobs waiting behind a device's head: a receipt's payload is kilobytes, the
+    /// rest a few hundred bytes, so a full outbox does not fill memory. The payload is
+    /// read back from the outbox ([`Outbox::job`]) when the job is sent.
+    pub fn without_payload(mut self) -> StoredJob {
+        self.job.payload = String::new();
+        self
+    }
+}
+
 /// A dead letter kept in the outbox: parked until Kafka has it, then listed (for
 /// `pixgate deadletter list|replay`) until the retention ends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,6 +134,21 @@ pub struct Accept {
     pub deadletters: Vec<DeadLetter>,
     /// The record.
     pub source: Option<SourceRef>,
+}
+
+/// A finished job (done or superseded) to remove from its device's queue; its message id
+/// stays in the dedupe window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// Device id.
+    pub device: String,
+    /// The job's `seq`.
+    pub seq: u64,
+    /// Superseded (never delivered) rather than done. A superseded job's removal must
+    /// reach the disk: sent after a restart it would be *new* to the device (a QR shown
+    /// after "paid"). A done job's removal need not: lost in a crash, the job is sent again
+    /// and the device dedupes it by message id.
+    pub superseded: bool,
 }
 
 /// Why `pixgate deadletter replay` refused.
@@ -191,22 +217,34 @@ fn status_from(c: u8) -> ChargeStatus {
     }
 }
 
+/// The default page cache of the outbox, bytes (`outbox.cache_bytes`).
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
 /// The outbox database.
 pub struct Outbox {
     db: Database,
 }
 
 impl Outbox {
-    /// Opens (or creates) the outbox at `path`, creating its folder.
+    /// [`Outbox::open_with_cache`] with [`DEFAULT_CACHE_BYTES`].
+    ///
+    /// # Errors
+    /// As [`Outbox::open_with_cache`].
+    pub fn open(path: &Path) -> Result<Outbox, OutboxError> {
+        Outbox::open_with_cache(path, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens (or creates) the outbox at `path`, creating its folder, with a page cache of
+    /// `cache_bytes` (`outbox.cache_bytes`).
     ///
     /// # Errors
     /// The file cannot be created or is not a redb database, or is locked by another
     /// process (one gateway per outbox).
-    pub fn open(path: &Path) -> Result<Outbox, OutboxError> {
+    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Outbox, OutboxError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let db = Database::create(path).map_err(err)?;
+        let db = redb::Builder::new().set_cache_size(cache_bytes).create(path).map_err(err)?;
         let tx = db.begin_write().map_err(err)?;
         {
             tx.open_table(JOBS).map_err(err)?;
@@ -222,19 +260,39 @@ impl Outbox {
         Ok(Outbox { db })
     }
 
-    /// Atomically and durably (one transaction, one fsync) for every record of `batch`:
-    /// records its charge state and registry change, queues each job whose message id is
-    /// not in the dedupe window (assigning its device's next `seq`), and parks its dead
-    /// letters. Returns, per record, the jobs queued (a job already seen is left out) and
-    /// the ids of the dead letters parked.
+    /// [`Outbox::write`] without removals.
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
     pub fn accept_batch(&self, batch: &[Accept], now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
+        self.write(batch, &[], now_ms)
+    }
+
+    /// Atomically, in one transaction: for every record of `batch`, records its charge
+    /// state and registry change, queues each job whose message id is not in the dedupe
+    /// window (assigning its device's next `seq`), and parks its dead letters; and removes
+    /// the finished jobs of `removals`. Returns, per record, the jobs queued (a job already
+    /// seen is left out) and the ids of the dead letters parked.
+    ///
+    /// Durable when it returns (`Durability::Immediate`, one fsync) if `batch` is not empty
+    /// or a removal is superseded; otherwise (only done jobs removed) not synced: see
+    /// [`Removal::superseded`]. One transaction for many records and removals is what
+    /// makes the outbox fast: redb's cost is per commit far more than per row.
+    ///
+    /// # Errors
+    /// Disk or database failure; then nothing of this call was written.
+    pub fn write(&self, batch: &[Accept], removals: &[Removal], now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(Durability::Immediate).map_err(err)?;
+        let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
+        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
         let mut out = Vec::with_capacity(batch.len());
-        {
+        if !removals.is_empty() {
+            let mut table = tx.open_table(JOBS).map_err(err)?;
+            for r in removals {
+                table.remove((r.device.as_str(), r.seq)).map_err(err)?;
+            }
+        }
+        if !batch.is_empty() {
             let mut seen = tx.open_table(SEEN).map_err(err)?;
             let mut seq = tx.open_table(SEQ).map_err(err)?;
             let mut table = tx.open_table(JOBS).map_err(err)?;
@@ -301,12 +359,26 @@ impl Outbox {
     pub fn fail_job(&self, stored: &StoredJob, dl: DeadLetter, now_ms: u64) -> Result<u64, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
+        let mut dl = dl;
         let id = {
-            tx.open_table(JOBS).map_err(err)?.remove((stored.device.as_str(), stored.job.seq)).map_err(err)?;
+            let mut jobs = tx.open_table(JOBS).map_err(err)?;
+            // The job as stored, payload included: the dispatcher's copy may have shed its
+            // payload while queued ([`StoredJob::without_payload`]).
+            let removed: Option<StoredJob> = match jobs.remove((stored.device.as_str(), stored.job.seq)).map_err(err)? {
+                Some(v) => Some(serde_json::from_slice(v.value()).map_err(err)?),
+                None => None,
+            };
+            let job = match removed {
+                Some(full) => {
+                    dl.value = serde_json::to_string(&full.job).ok();
+                    full
+                }
+                None => stored.clone(),
+            };
             let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
             let mut meta = tx.open_table(META).map_err(err)?;
             let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
-            park(&mut dls, &mut parked_ids, &mut meta, dl, Some(stored.clone()), now_ms)?
+            park(&mut dls, &mut parked_ids, &mut meta, dl, Some(job), now_ms)?
         };
         tx.commit().map_err(err)?;
         Ok(id)
@@ -454,21 +526,13 @@ impl Outbox {
         Ok(out)
     }
 
-    /// Removes a finished job (done or superseded) from its device's queue. Its message id
-    /// stays in the dedupe window.
-    ///
-    /// `durable = false` (a done job) does not sync: a removal lost in a crash means the
-    /// job is sent again and the device dedupes it. A superseded job must be removed
-    /// durably (`true`): sent after a restart, it would be *new* to the device (a QR shown
-    /// after "paid").
+    /// [`Outbox::write`] for one removal.
     ///
     /// # Errors
     /// Disk or database failure.
-    pub fn complete(&self, device: &str, seq: u64, durable: bool) -> Result<(), OutboxError> {
-        let mut tx = self.db.begin_write().map_err(err)?;
-        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
-        tx.open_table(JOBS).map_err(err)?.remove((device, seq)).map_err(err)?;
-        tx.commit().map_err(err)
+    #[cfg(test)]
+    pub(crate) fn complete(&self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
+        self.write(&[], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
     }
 
     /// Every queued job, by device then seq (delivery order).
@@ -476,14 +540,40 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure, or a stored job that no longer parses.
     pub fn pending(&self) -> Result<Vec<StoredJob>, OutboxError> {
+        self.pending_with(|s| s)
+    }
+
+    /// [`Outbox::pending`] without the payloads ([`StoredJob::without_payload`]): what the
+    /// dispatcher keeps in memory at start-up, whatever the outbox holds.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn pending_headers(&self) -> Result<Vec<StoredJob>, OutboxError> {
+        self.pending_with(StoredJob::without_payload)
+    }
+
+    fn pending_with(&self, f: impl Fn(StoredJob) -> StoredJob) -> Result<Vec<StoredJob>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
         let table = tx.open_table(JOBS).map_err(err)?;
         let mut out = Vec::new();
         for item in table.iter().map_err(err)? {
             let (_, v) = item.map_err(err)?;
-            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+            out.push(f(serde_json::from_slice(v.value()).map_err(err)?));
         }
         Ok(out)
+    }
+
+    /// One queued job, payload included; `None` if it is not queued (finished).
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn job(&self, device: &str, seq: u64) -> Result<Option<StoredJob>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        match table.get((device, seq)).map_err(err)? {
+            Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(err)?)),
+            None => Ok(None),
+        }
     }
 
     /// Every charge's last applied state, for the router at start-up.

@@ -142,7 +142,13 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         ack_timeout_ms: 5_000,
         outbox_path: cfg.work.join("data/outbox.redb"),
     };
-    let env: Vec<(&str, String)> = cfg.env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    // Dynamic group membership: with a static `group.instance.id`, tansu 0.6.0 answered the
+    // restarted member's heartbeat with UNKNOWN_MEMBER_ID and then kept the group's leader
+    // set to the old member id, failing every SyncGroup: the group never settled and the
+    // drain stalled (seen with `kafka.debug = cgrp`). Dynamic membership also joins in
+    // about 2 s instead of 13. `--pixgate-env PIXGATE_KAFKA__INSTANCE_ID=…` overrides it.
+    let mut env: Vec<(&str, String)> = vec![("PIXGATE_KAFKA__INSTANCE_ID", String::new())];
+    env.extend(cfg.env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let spawn = |n: usize| GatewayProcess::spawn_with_env(&cfg.pixgate_bin, settings.clone(), &env, &cfg.work.join(format!("pixgate-{n}.log")), Duration::from_secs(60));
 
     // 1. The registry, read by pixgate before it goes down.
