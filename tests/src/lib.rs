@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod harness;
 pub mod kafka;
 pub mod load;
+pub mod mosquitto;
 pub mod net;
 pub mod scenario;
 
