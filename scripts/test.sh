@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All tests, integration tests included (they start a tansu broker on loopback, the pixgate
-# binary and the device simulators). Installs tansu if missing (~15 min, once per machine).
+# binary and the device simulators). Installs tansu if missing (~15 min, once per machine)
+# and Debian's mosquitto-clients (the outside MQTT peer of tests/tests/mosquitto_peer.rs).
 #
 # Tests that read the third-party ESC/POS and BR Code samples take them from ../shared
 # (beside the clone); with CI=true a missing ../shared fails those tests loudly.
@@ -8,6 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 "$root/scripts/ensure-tansu.sh" >/dev/null
+"$root/scripts/ensure-mosquitto.sh" >/dev/null
 if [ ! -d "$root/../shared/fixtures" ]; then
   if [ "${CI:-}" = "true" ]; then
     echo "NOTE: ../shared/fixtures is missing beside the clone: the tests that need it will FAIL (CI=true)."

@@ -4,33 +4,20 @@
 //! payload encoded from a valid vector's fields must decode back to them (checked by
 //! `render::brcode::parse`, not only by the CLI).
 //!
-//! Like `render/tests/brcode_vectors.rs`: without `../shared` the tests skip with a
-//! message, unless `CI=true`, where a missing `../shared` fails them.
+//! The vectors, their skip rule (without `../shared` the tests skip with a message, unless
+//! `CI=true`, where a missing `../shared` fails them) and the policy overrides are
+//! `render/tests/support/brcode_vectors.rs`, shared with `render/tests/brcode_vectors.rs`.
 
 use render::brcode::{fold_upper, parse};
 use serde_json::Value;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use vectors::{expectation, load, Rule};
 
-const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/brcode/vectors.json");
+#[path = "../../render/tests/support/brcode_vectors.rs"]
+mod vectors;
+
 const PIXGATE: &str = env!("CARGO_BIN_EXE_pixgate");
-
-/// Vectors where `vectors.json` contradicts itself and the parser's documented policy wins
-/// (field 62 mandatory): the same list and reasoning as `render/tests/brcode_vectors.rs`.
-const POLICY_OVERRIDES: &[&str] = &["6009SAO PAULO630434FE", "6009SAO PAULO6304DC67"];
-
-fn load() -> Option<Vec<Value>> {
-    match std::fs::read_to_string(VECTORS) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("vectors.json is valid JSON")),
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("BR Code vectors missing at {VECTORS}: {e} (required in CI)");
-            }
-            eprintln!("SKIP: BR Code vectors not found at {VECTORS}: {e}");
-            None
-        }
-    }
-}
 
 fn pixgate(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(PIXGATE)
@@ -58,23 +45,14 @@ fn json_name(fixture_name: &str) -> &str {
     }
 }
 
-/// The EMV tag a fixture's `expect_rule` is about, where it names one.
+/// The EMV tag a fixture's `expect_rule` is about, where it names one (see
+/// [`vectors::rule`]); the CLI's error names it as `(…, tag T)`.
 fn rule_tag(rule: &str) -> Option<&'static str> {
-    let r = rule.to_lowercase();
-    if r.contains("not a pix") {
-        Some("26-00")
-    } else if r.contains("wrong crc") {
-        Some("63")
-    } else if r.contains("merchant name over") {
-        Some("59")
-    } else if r.contains("field 62") {
-        Some("62")
-    } else if r.contains("txid") {
-        Some("62-05")
-    } else if r.contains("amount") {
-        Some("54")
-    } else {
-        None
+    match vectors::rule(rule) {
+        Rule::NotPix => Some("26-00"),
+        Rule::Crc => Some("63"),
+        Rule::Tag(t) => Some(t),
+        Rule::TooLong | Rule::Structural => None,
     }
 }
 
@@ -83,7 +61,7 @@ fn decode_every_vector() {
     let Some(vectors) = load() else { return };
     for (i, v) in vectors.iter().enumerate() {
         let payload = v["payload"].as_str().unwrap();
-        let expect = if POLICY_OVERRIDES.iter().any(|s| payload.ends_with(s)) { "reject" } else { v["expect"].as_str().unwrap() };
+        let expect = expectation(v);
         let out = pixgate(&["brcode", "decode", payload], None);
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         match (expect, out.status.code()) {
@@ -128,7 +106,7 @@ fn encode_decode_round_trip_of_every_valid_vector() {
     let mut checked = 0;
     for (i, v) in vectors.iter().enumerate() {
         let payload = v["payload"].as_str().unwrap();
-        if v["expect"] != "accept" || POLICY_OVERRIDES.iter().any(|s| payload.ends_with(s)) {
+        if expectation(v) != "accept" {
             continue;
         }
         let original = parse(payload).unwrap();

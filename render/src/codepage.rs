@@ -83,7 +83,7 @@ impl CodePage {
     }
 
     /// The `n` of `ESC t n` on Epson-compatible printers (Epson ESC/POS reference, `ESC t`).
-    pub fn epson_table(self) -> u8 {
+    pub const fn epson_table(self) -> u8 {
         match self {
             CodePage::Cp437 => 0,
             CodePage::Cp850 => 2,

@@ -120,16 +120,23 @@ impl ModelProfile {
 const NOTES_B: &str = "shared/notes/escpos.md §b, ESC t row (Epson numbering; python-escpos DB: same on Epson and most clones)";
 const ESCPOS_BUFFER: &str = "grandchef/escpos-buffer:src/capabilities.ts (commit c947483), cited in shared/notes/escpos.md §a; not in the notes' tables, not verified on hardware";
 
-/// Epson's numbering, every page [`CodePage`] knows (notes §b).
-const EPSON_TABLES: &[CodeTable] = &[
-    CodeTable { page: CodePage::Cp437, esc_t: 0, source: NOTES_B },
-    CodeTable { page: CodePage::Cp850, esc_t: 2, source: NOTES_B },
-    CodeTable { page: CodePage::Cp860, esc_t: 3, source: NOTES_B },
-    CodeTable { page: CodePage::Cp863, esc_t: 4, source: NOTES_B },
-    CodeTable { page: CodePage::Cp865, esc_t: 5, source: NOTES_B },
-    CodeTable { page: CodePage::Wpc1252, esc_t: 16, source: NOTES_B },
-    CodeTable { page: CodePage::Cp858, esc_t: 19, source: NOTES_B },
-];
+/// Epson's numbering, every page [`CodePage`] knows (notes §b): built from
+/// [`CodePage::epson_table`], the one place that numbering is written down.
+const EPSON_TABLES: &[CodeTable] = &{
+    let mut tables = [CodeTable { page: CodePage::Cp437, esc_t: 0, source: NOTES_B }; CodePage::ALL.len()];
+    let mut i = 0;
+    while i < tables.len() {
+        let page = CodePage::ALL[i];
+        tables[i] = CodeTable { page, esc_t: page.epson_table(), source: NOTES_B };
+        i += 1;
+    }
+    tables
+};
+
+// Bematech's and Elgin's tables below agree on four of their numbers, but they are two
+// vendors' facts, each from its own escpos-buffer profile (`bematech` stands alone;
+// `elgin` overrides `epson`): kept apart on purpose, so that correcting one vendor's
+// numbering (e.g. after checking a self-test page) cannot change the other's.
 
 /// Bematech MP-4200 TH tables (escpos-buffer `bematech` profile): no CP863, CP865, WPC1252.
 const BEMATECH_TABLES: &[CodeTable] = &[

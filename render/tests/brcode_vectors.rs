@@ -3,34 +3,10 @@
 //! must be for the rule the fixture names (`expect_rule`).
 
 use render::brcode::{crc16, parse, BrCode, BrCodeError};
-use serde_json::Value;
+use vectors::{load, policy_override, Rule};
 
-const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/brcode/vectors.json");
-
-/// Payloads where the fixture file contradicts itself and our documented policy wins.
-///
-/// Entries 10 and 12 (`…6009SAO PAULO6304…`, no field 62) are marked `accept`, while entry 11
-/// — the same payload plus a postal code — is marked `reject` with the rule "field 62 with
-/// 62-05 is mandatory". No rule accepts 10/12 and rejects 11, so the parser follows the
-/// notes' field table and Stone's reader (62 mandatory) and rejects all three with
-/// `Missing { tag: "62" }`. Reported to the lead.
-const POLICY_OVERRIDES: &[(&str, &str)] = &[
-    ("6009SAO PAULO630434FE", "62 mandatory (fixture says accept)"),
-    ("6009SAO PAULO6304DC67", "62 mandatory (fixture says accept)"),
-];
-
-fn load() -> Option<Vec<Value>> {
-    match std::fs::read_to_string(VECTORS) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("vectors.json is valid JSON")),
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("BR Code vectors missing at {VECTORS}: {e} (required in CI)");
-            }
-            eprintln!("SKIP: BR Code vectors not found at {VECTORS}: {e}");
-            None
-        }
-    }
-}
+#[path = "support/brcode_vectors.rs"]
+mod vectors;
 
 fn field<'a>(b: &'a BrCode, name: &str) -> Option<&'a str> {
     match name {
@@ -52,31 +28,18 @@ fn field<'a>(b: &'a BrCode, name: &str) -> Option<&'a str> {
     }
 }
 
-/// The error kind a fixture's `expect_rule` implies, checked loosely by keyword.
+/// Whether `err` is a rejection for the fixture's `expect_rule` (see [`vectors::rule`]).
 fn rule_matches(rule: &str, err: &BrCodeError) -> bool {
-    let r = rule.to_lowercase();
     let tag_is = |t: &str| match err {
         BrCodeError::InvalidValue { tag, .. } | BrCodeError::FieldTooLong { tag, .. } | BrCodeError::Missing { tag } => tag == t,
         _ => false,
     };
-    if r.contains("not a pix") {
-        matches!(err, BrCodeError::NotPix { .. })
-    } else if r.contains("512") {
-        matches!(err, BrCodeError::TooLong { .. })
-    } else if r.contains("wrong crc") {
-        matches!(err, BrCodeError::Crc { .. })
-    } else if r.contains("merchant name over") {
-        tag_is("59")
-    } else if r.contains("field 62") {
-        tag_is("62")
-    } else if r.contains("txid") {
-        tag_is("62-05")
-    } else if r.contains("amount") {
-        tag_is("54")
-    } else {
-        // Structural damage (misaligned, truncated, wrong length prefix): a TLV error, a
-        // CRC mismatch or a missing CRC field are all correct answers.
-        matches!(err, BrCodeError::Tlv { .. } | BrCodeError::Crc { .. } | BrCodeError::Missing { .. } | BrCodeError::InvalidValue { .. } | BrCodeError::FieldTooLong { .. })
+    match vectors::rule(rule) {
+        Rule::NotPix => matches!(err, BrCodeError::NotPix { .. }),
+        Rule::TooLong => matches!(err, BrCodeError::TooLong { .. }),
+        Rule::Crc => matches!(err, BrCodeError::Crc { .. }),
+        Rule::Tag(t) => tag_is(t),
+        Rule::Structural => matches!(err, BrCodeError::Tlv { .. } | BrCodeError::Crc { .. } | BrCodeError::Missing { .. } | BrCodeError::InvalidValue { .. } | BrCodeError::FieldTooLong { .. }),
     }
 }
 
@@ -89,7 +52,7 @@ fn every_vector_matches_expectation() {
         let payload = v["payload"].as_str().expect("payload");
         let expect = v["expect"].as_str().expect("expect");
         let result = parse(payload);
-        let override_ = POLICY_OVERRIDES.iter().find(|(suffix, _)| payload.ends_with(suffix));
+        let override_ = policy_override(payload);
 
         // Independent CRC cross-check of the fixture's crc_valid flag where 6304 exists.
         if let (Some(valid), Some(pos)) = (v["crc_valid"].as_bool(), payload.rfind("6304")) {
@@ -99,7 +62,7 @@ fn every_vector_matches_expectation() {
             }
         }
 
-        if let Some((_, why)) = override_ {
+        if let Some(why) = override_ {
             let e = result.expect_err(&format!("#{i} ({why}) should be rejected by policy"));
             assert_eq!(e, BrCodeError::Missing { tag: "62".into() }, "#{i}");
             checked += 1;

@@ -46,6 +46,7 @@ pub struct GatewaySettings {
 /// A running gateway; dropping it kills the process.
 pub struct GatewayProcess {
     child: Child,
+    log: PathBuf,
     /// The settings it runs with.
     pub settings: GatewaySettings,
 }
@@ -86,7 +87,7 @@ impl GatewayProcess {
             .stderr(out)
             .spawn()
             .with_context(|| format!("spawning {}", bin.display()))?;
-        let mut gw = GatewayProcess { child, settings };
+        let mut gw = GatewayProcess { child, log: log.to_path_buf(), settings };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = gw.child.try_wait()? {
@@ -108,6 +109,14 @@ impl GatewayProcess {
     /// Connection failure.
     pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         http_get(&format!("127.0.0.1:{}", self.settings.http_port), path)
+    }
+
+    /// `POST path` (empty body) on the gateway's HTTP endpoint, e.g. `/clock/advance?ms=N`.
+    ///
+    /// # Errors
+    /// Connection failure.
+    pub fn post(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        crate::net::http_post(&format!("127.0.0.1:{}", self.settings.http_port), path)
     }
 
     /// The gateway's `/stats` counters.
@@ -148,6 +157,11 @@ impl GatewayProcess {
     /// `GET /readyz` answered 200.
     pub fn is_ready(&self) -> bool {
         matches!(self.get("/readyz"), Ok((200, _)))
+    }
+
+    /// The file its stdout and stderr go to (its `tracing` log).
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// The process id.

@@ -3,15 +3,19 @@
 //! Starts the real parts a newcomer (and CI) runs pixgate with: a Kafka-protocol broker
 //! (tansu, via `scripts/kafka-broker.sh`), the `pixgate` binary as a child process with its
 //! embedded MQTT broker, a fleet of simulated devices connected over MQTT, and the capture
-//! simulator feeding a fixtures folder into Kafka. [`demo::run`] is the main job; the
-//! end-to-end tests in `tests/tests/` call the same function and check what it left.
+//! simulator feeding a fixtures folder into Kafka. [`demo::run`] is the main job;
+//! `tests/tests/end_to_end.rs` calls the same function and checks what it left. The other
+//! end-to-end tests in `tests/tests/` stand on a [`harness::Rig`] (broker, pixgate, devices)
+//! and read as their scenario.
 
 pub mod broker;
 pub mod charges;
 pub mod demo;
 pub mod gateway;
+pub mod harness;
 pub mod kafka;
 pub mod load;
+pub mod mosquitto;
 pub mod net;
 pub mod scenario;
 
@@ -35,6 +39,23 @@ pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<Strin
         }
     }
     want
+}
+
+/// The devices of `fixtures/devices.jsonl` (printers and card machines), to simulate.
+///
+/// # Panics
+/// The file is missing or malformed (a broken fixture fails the test).
+pub fn fixture_devices(fixtures: &Path) -> Vec<simulators::registry::DeviceSpec> {
+    let path = fixtures.join("devices.jsonl");
+    simulators::registry::devices_from_jsonl(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()))
+}
+
+/// The device `id` of `fixtures/devices.jsonl`.
+///
+/// # Panics
+/// As [`fixture_devices`], or no device has that id.
+pub fn fixture_device(fixtures: &Path, id: &str) -> simulators::registry::DeviceSpec {
+    fixture_devices(fixtures).into_iter().find(|d| d.id() == id).unwrap_or_else(|| panic!("no device {id} in {}", fixtures.join("devices.jsonl").display()))
 }
 
 /// The gateway settings that replay `fixtures` as if they were happening now: its clock set

@@ -4,55 +4,31 @@
 //! and nothing that should not have happened. Real tansu broker, real MQTT, real process
 //! kills.
 
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
+use pixgate_tests::harness::{replay_devices, Rig};
 use serde_json::Value;
-use simulators::{capture, fleet, registry};
+use simulators::capture;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     let fixtures = pixgate_tests::demo::default_fixtures();
-    let out = std::env::temp_dir().join(format!("pixgate-crash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-crash".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let bin = gateway::find_binary().unwrap();
-    let clock = pixgate_tests::replay_clock_env(&fixtures);
-    let start = |n: usize| GatewayProcess::spawn_with_env(&bin, settings.clone(), &clock, &out.join(format!("pixgate-{n}.log")), Duration::from_secs(60)).unwrap();
-    let mut gw = start(0);
-
-    let devices = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap();
-    let fleet = fleet::start_with(fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices }, false)
-        .await
-        .unwrap();
-    fleet.wait_connected(Duration::from_secs(30)).await.unwrap();
+    let mut rig = Rig::builder("crash").envs(pixgate_tests::replay_clock_env(&fixtures)).start().await;
+    let fleet = rig.start_fleet(pixgate_tests::fixture_devices(&fixtures), replay_devices()).await;
 
     // The registry first (as the contract asks), then every charge event at once.
-    let n = capture::publish_file(broker.addr(), &fixtures.join("devices.jsonl")).await.unwrap() as u64;
-    let registry_read = Instant::now() + Duration::from_secs(60);
-    pixgate_tests::demo::wait_until(&gw, registry_read, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
-    capture::publish_file(broker.addr(), &fixtures.join("charges.jsonl")).await.unwrap();
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+    capture::publish_file(rig.brokers(), &fixtures.join("charges.jsonl")).await.unwrap();
 
     // Kill it while it works, several times, at varied moments after it has rejoined its
     // consumer group (see `GatewayProcess::wait_assigned` for why not during the join).
     let mut kills = 0;
-    for (i, pause_ms) in [700u64, 1300, 400, 2100, 900, 1600].into_iter().enumerate() {
-        gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
+    for pause_ms in [700u64, 1300, 400, 2100, 900, 1600] {
+        rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-        gw.kill();
+        rig.kill_gateway();
         kills += 1;
-        gw = start(i + 1);
+        rig.start_gateway();
     }
 
     // Then let it finish. Every effect but a QR is certain to happen (a QR may be
@@ -66,7 +42,7 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = (usize::MAX, Instant::now());
     loop {
-        let s = gw.stats().unwrap_or(Value::Null);
+        let s = rig.gateway().stats().unwrap_or(Value::Null);
         let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
         let effects = fleet.effects();
         let seen: BTreeSet<(String, String, String)> = effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
@@ -80,8 +56,6 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let report = fleet.shutdown().await;
-    gw.stop(Duration::from_secs(10));
-    broker.stop();
 
     let mut got: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     let mut per_device_seq: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -114,5 +88,5 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
         report.stats.raw_jobs,
         report.stats.duplicates
     );
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

@@ -14,13 +14,10 @@
 //! `PIXGATE_SCALE_DEVICES` (default 500), `PIXGATE_SCALE_KILLS` (default 20),
 //! `PIXGATE_SCALE_SEED`. `scripts/load.sh crash` runs the full 20,000 events.
 
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
+use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::scenario::{self, env_scale, Plan};
-use simulators::capture::{self, generate::ScenarioConfig};
-use simulators::device::{Rendering, Stats};
-use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::capture::generate::ScenarioConfig;
+use simulators::device::Stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,32 +41,11 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
     let expected = plan.expected_count();
     println!("crash scale: seed {seed}, {} devices, {events} charge events, {expected} expected effects, {kills} kills; {:?}", plan.devices.len(), plan.summary());
 
-    let out = std::env::temp_dir().join(format!("pixgate-crash-scale-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-crash-scale".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let bin = gateway::find_binary().unwrap();
-    let start = |n: usize| GatewayProcess::spawn(&bin, settings.clone(), &out.join(format!("pixgate-{n}.log")), Duration::from_secs(60)).unwrap();
-    let mut gw = start(0);
-
+    let mut rig = Rig::builder("crash-scale").start().await;
     let stats = Arc::new(Stats::default());
-    let fleet = fleet::start_with_options(
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices: plan.devices.clone() },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
-    )
-    .await
-    .unwrap();
-    fleet.wait_connected(Duration::from_secs(60)).await.unwrap();
-    let producer = capture::producer(broker.addr()).unwrap();
-    let device_positions = scenario::publish_registry(&producer, &plan, &gw).await.unwrap();
+    let fleet = rig.start_fleet(plan.devices.clone(), verifying_devices(&stats)).await;
+    let producer = rig.producer();
+    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
 
     // Generous: the default scale took 3.5 min on a 2-core machine shared with other builds.
     let deadline = Instant::now() + Duration::from_secs(180) + Duration::from_millis(60 * events as u64);
@@ -105,11 +81,11 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(splitmix(&mut rng) % 500)).await;
         // Not during a group join (see `GatewayProcess::wait_assigned`).
-        gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
-        let s = gw.stats().unwrap_or_default();
+        rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
+        let s = rig.gateway().stats().unwrap_or_default();
         killed_at.push(format!("{}@{}(p{},q{})", stats.carried_out(), began.elapsed().as_secs(), s["pending_records"], s["queued_jobs"]));
-        gw.kill();
-        gw = start(i + 1);
+        rig.kill_gateway();
+        rig.start_gateway();
     }
     println!("crash scale: kills at effects@seconds(pending,queued): {}", killed_at.join(" "));
 
@@ -120,10 +96,8 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
     .expect("feeding the charge events");
     let charge_ends = scenario::end_offsets(&positions);
     let device_ends = scenario::end_offsets(&device_positions);
-    scenario::wait_all_delivered(&gw, &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
     let report = fleet.shutdown().await;
-    gw.stop(Duration::from_secs(10));
-    broker.stop();
 
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
@@ -137,5 +111,5 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
         report.stats.failed,
         began.elapsed().as_secs_f64()
     );
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

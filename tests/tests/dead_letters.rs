@@ -26,15 +26,12 @@
 //! a malformed record).
 
 use device_protocol::EffectKind;
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
+use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::scenario::Plan;
 use serde_json::{json, Value};
 use simulators::capture::{self, generate::ScenarioConfig, publish_records_at, CaptureRecord};
-use simulators::device::{Rendering, Stats};
+use simulators::device::Stats;
 use simulators::expected::Model;
-use simulators::fleet::{self, FleetConfig, FleetOptions};
 use simulators::registry::devices_from_records;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -285,36 +282,18 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     }
     let want_total: usize = want.values().sum();
 
-    let out = std::env::temp_dir().join(format!("pixgate-dead-letters-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-dead-letters".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let gw = GatewayProcess::spawn(&gateway::find_binary().unwrap(), settings.clone(), &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
+    let rig = Rig::builder("dead-letters").start().await;
     let stats = Arc::new(Stats::default());
-    let fleet = fleet::start_with_options(
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices: devices_from_records(&device_records) },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
-    )
-    .await
-    .unwrap();
-    fleet.wait_connected(Duration::from_secs(30)).await.unwrap();
+    let fleet = rig.start_fleet(devices_from_records(&device_records), verifying_devices(&stats)).await;
 
-    let producer = capture::producer(broker.addr()).unwrap();
+    let producer = rig.producer();
     let device_pos = publish_records_at(&producer, &device_stream, Some(0)).await.unwrap();
     let n_devices = device_stream.len() as u64;
     let deadline = Instant::now() + Duration::from_secs(180);
-    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["events_read"]["device.upserted"].as_u64() >= Some(n_devices) && s["pending_records"] == 0).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["events_read"]["device.upserted"].as_u64() >= Some(n_devices) && s["pending_records"] == 0).await.unwrap();
     let charge_pos = publish_records_at(&producer, &charge_stream, Some(0)).await.unwrap();
     let n_charges = charge_stream.len() as u64;
-    pixgate_tests::demo::wait_until(&gw, deadline, |s| {
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
         s["events_read"]["charge.upserted"].as_u64() >= Some(n_charges) && s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0 && stats.carried_out() >= want_total as u64
     })
     .await
@@ -322,7 +301,7 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
 
     // The partition flowed to its end: pixgate committed past every record, bad ones too.
     let committed_end = |topic: &'static str, end: i64| {
-        let (b, g) = (broker.addr().to_string(), settings.group_id.clone());
+        let (b, g) = (rig.brokers().to_string(), rig.settings().group_id.clone());
         async move {
             loop {
                 let c = tokio::task::spawn_blocking({
@@ -363,10 +342,10 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
             }
         }
     }
-    let s = gw.stats().unwrap();
+    let s = rig.gateway().stats().unwrap();
     let counted: u64 = ["dead_lettered_records", "dead_lettered_effects"].iter().flat_map(|k| s[k].as_object().unwrap().values()).map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(counted as usize, expected_dl.len(), "dead letters counted on /stats: {s}");
-    let dls = pixgate_tests::kafka::read_topic(broker.addr(), "pixgate.deadletter", 1, expected_dl.len(), Duration::from_secs(2), Duration::from_secs(60)).await.unwrap();
+    let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, expected_dl.len(), Duration::from_secs(2), Duration::from_secs(60)).await.unwrap();
     let mut seen = BTreeMap::new();
     for m in &dls {
         let dl: Value = serde_json::from_slice(&m.value).unwrap();
@@ -397,9 +376,7 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         dls.len()
     );
     fleet.shutdown().await;
-    drop(gw);
-    broker.stop();
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }
 
 /// An effect's dead letter survives pixgate dying before Kafka took it. (It used to be
@@ -414,25 +391,13 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     let plan = Plan::new(ScenarioConfig::new(5, 8, 40));
-    let out = std::env::temp_dir().join(format!("pixgate-dl-crash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &[("device.upserted", 3), ("charge.upserted", 3)]).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-dl-crash".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let bin = gateway::find_binary().unwrap();
-    let mut gw = GatewayProcess::spawn(&bin, settings.clone(), &out.join("pixgate-0.log"), Duration::from_secs(60)).unwrap();
-    let producer = capture::producer(broker.addr()).unwrap();
+    // No pixgate.deadletter topic yet: a dead letter cannot be written to Kafka.
+    let mut rig = Rig::builder("dl-crash").topics(&[("device.upserted", 3), ("charge.upserted", 3)]).start().await;
+    let producer = rig.producer();
     let n = plan.scenario.device_records().len() as u64;
     publish_records_at(&producer, plan.scenario.device_records(), None).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
 
     // An ACTIVE charge on a card machine whose BR Code fails its CRC: its QR must be
     // dead-lettered with reason invalid_brcode.
@@ -448,13 +413,13 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     env["fullDocument"]["brCode"] = json!(code);
     let key = env["documentKey"]["_id"]["$oid"].as_str().unwrap().to_string();
     let landed = publish_records_at(&producer, &[rec("charge.upserted", &key, &env)], None).await.unwrap();
-    pixgate_tests::demo::wait_until(&gw, deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["deadletters_parked"] == 1).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["deadletters_parked"] == 1).await.unwrap();
 
-    gw.kill();
-    capture::ensure_topics(broker.addr(), &[("pixgate.deadletter", 1)]).await.unwrap();
-    gw = GatewayProcess::spawn(&bin, settings.clone(), &out.join("pixgate-1.log"), Duration::from_secs(60)).unwrap();
+    rig.kill_gateway();
+    capture::ensure_topics(rig.brokers(), &[("pixgate.deadletter", 1)]).await.unwrap();
+    rig.start_gateway();
     // The record is read again and finished (committed) by the restarted gateway.
-    let (b, g, (p, o)) = (broker.addr().to_string(), settings.group_id.clone(), landed[0]);
+    let (b, g, (p, o)) = (rig.brokers().to_string(), rig.settings().group_id.clone(), landed[0]);
     loop {
         let c = tokio::task::spawn_blocking({
             let (b, g) = (b.clone(), g.clone());
@@ -466,16 +431,14 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
         if c[p as usize] > o {
             break;
         }
-        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", gw.stats().unwrap_or_default());
+        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", rig.gateway().stats().unwrap_or_default());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let stats = gw.stats().unwrap();
-    let dls = pixgate_tests::kafka::read_topic(broker.addr(), "pixgate.deadletter", 1, 1, Duration::from_secs(1), Duration::from_secs(40)).await;
-    drop(gw);
-    broker.stop();
+    let stats = rig.gateway().stats().unwrap();
+    let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, 1, Duration::from_secs(1), Duration::from_secs(40)).await;
     let dls = dls.unwrap_or_else(|e| panic!("the invalid_brcode dead letter is lost: {e}; after the restart pixgate counted {stats}"));
     let dl: Value = serde_json::from_slice(&dls[0].value).unwrap();
     assert_eq!(dl["reason"], "invalid_brcode");
     assert_eq!(dl["source_offset"], o);
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

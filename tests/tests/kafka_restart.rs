@@ -17,14 +17,11 @@
 //!   back. Seen in 1 of 3 runs of this test and 1 of 5 runs of a plain restart script (0 of
 //!   5 with dynamic membership); a real Kafka broker replaces a static member's id instead.
 
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
+use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::kafka::{committed_offsets, read_topic};
-use pixgate_tests::net::free_port;
 use pixgate_tests::scenario::{self, Plan};
-use simulators::capture::{self, generate::ScenarioConfig};
-use simulators::device::{Rendering, Stats};
-use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::capture::generate::ScenarioConfig;
+use simulators::device::Stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,33 +52,15 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     let name = format!("{membership:?}-{}s", outage.as_secs()).to_lowercase();
     println!("kafka restart ({name}): {} devices, {} charge events, {expected} expected effects", plan.devices.len(), plan.charges.len());
 
-    let out = std::env::temp_dir().join(format!("pixgate-kafka-restart-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: format!("pixgate-kafka-restart-{name}"),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let env: Vec<(&str, String)> = match membership {
-        Membership::Static => vec![],
-        Membership::Dynamic => vec![("PIXGATE_KAFKA__INSTANCE_ID", String::new())],
-    };
-    let gw = GatewayProcess::spawn_with_env(&gateway::find_binary().unwrap(), settings.clone(), &env, &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
+    let mut rig = Rig::builder(&format!("kafka-restart-{name}"));
+    if membership == Membership::Dynamic {
+        rig = rig.env("PIXGATE_KAFKA__INSTANCE_ID", "");
+    }
+    let rig = rig.start().await;
     let stats = Arc::new(Stats::default());
-    let fleet = fleet::start_with_options(
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices: plan.devices.clone() },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
-    )
-    .await
-    .unwrap();
-    fleet.wait_connected(Duration::from_secs(30)).await.unwrap();
-    let producer = capture::producer(broker.addr()).unwrap();
-    let device_positions = scenario::publish_registry(&producer, &plan, &gw).await.unwrap();
+    let fleet = rig.start_fleet(plan.devices.clone(), verifying_devices(&stats)).await;
+    let producer = rig.producer();
+    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(400);
     let feeder = {
@@ -95,7 +74,7 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // ... and once pixgate has committed offsets (auto-commit runs every second).
-    let (brokers, group) = (broker.addr().to_string(), settings.group_id.clone());
+    let (brokers, group) = (rig.brokers().to_string(), rig.settings().group_id.clone());
     let before = loop {
         let c = tokio::task::spawn_blocking({
             let (b, g) = (brokers.clone(), group.clone());
@@ -110,7 +89,7 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
         assert!(Instant::now() < deadline, "pixgate committed nothing: {c:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    broker.kill();
+    rig.broker().kill();
     let down_at = Instant::now();
     let carried_at_stop = stats.carried_out();
 
@@ -118,8 +97,8 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     // the devices.
     let mut ready_during_outage = Vec::new();
     loop {
-        ready_during_outage.push(gw.is_ready());
-        let s = gw.stats().expect("pixgate serves /stats during the outage");
+        ready_during_outage.push(rig.gateway().is_ready());
+        let s = rig.gateway().stats().expect("pixgate serves /stats during the outage");
         let drained = s["outbox_jobs"] == 0 && s["queued_jobs"] == 0;
         if down_at.elapsed() >= outage && (drained || membership == Membership::Static) {
             break;
@@ -128,7 +107,7 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let delivered_in_outage = stats.carried_out() - carried_at_stop;
-    broker.start_again().expect("broker restart on the same folder and port");
+    rig.broker().start_again().expect("broker restart on the same folder and port");
     let outage = down_at.elapsed();
 
     // The broker kept the group's committed offsets (it did not reset them).
@@ -153,16 +132,14 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
 
     // pixgate catches up alone, and is ready again.
     let (charge_ends, device_ends) = (scenario::end_offsets(&positions), scenario::end_offsets(&device_positions));
-    scenario::wait_all_delivered(&gw, &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
     let ready_deadline = Instant::now() + Duration::from_secs(30);
-    while !gw.is_ready() {
-        assert!(Instant::now() < ready_deadline, "/readyz did not come back after the broker restart: {:?}", gw.get("/readyz"));
+    while !rig.gateway().is_ready() {
+        assert!(Instant::now() < ready_deadline, "/readyz did not come back after the broker restart: {:?}", rig.gateway().get("/readyz"));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let report = fleet.shutdown().await;
-    drop(gw);
-    broker.stop();
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     let went_red = ready_during_outage.iter().filter(|r| !**r).count();
     println!(
@@ -173,5 +150,5 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
         records.len(),
         report.stats.raw_jobs
     );
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

@@ -7,15 +7,13 @@
 //! Real parts: tansu, the `pixgate` binary (with `clock.control` on), MQTT devices, and
 //! the `pixgate` CLI as an operator would run it.
 
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
+use pixgate_tests::harness::{protocol_devices, Rig};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
-use simulators::{fleet, registry};
+use simulators::fleet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -48,34 +46,13 @@ fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str]) -> (bool, Value, Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlived_its_ttl() {
     let fixtures = pixgate_tests::demo::default_fixtures();
-    let out = std::env::temp_dir().join(format!("pixgate-offline-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-offline".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let bin = gateway::find_binary().unwrap();
-    let control = [("PIXGATE_CLOCK__CONTROL", "true".to_string())];
-    let gw = GatewayProcess::spawn_with_env(&bin, settings.clone(), &control, &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
-
-    let all = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap();
-    let spec = |id: &str| all.iter().find(|d| d.id() == id).unwrap().clone();
-    let fleet_cfg = |devices| fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices };
-    let printer = fleet::start(fleet_cfg(vec![spec(PRINTER)])).await.unwrap();
-    printer.wait_connected(Duration::from_secs(30)).await.unwrap();
+    let rig = Rig::builder("offline").env("PIXGATE_CLOCK__CONTROL", "true").start().await;
+    let (bin, http_port) = (rig.bin(), rig.settings().http_port);
+    let device = |id: &str| vec![pixgate_tests::fixture_device(&fixtures, id)];
+    let printer = rig.start_fleet(device(PRINTER), protocol_devices()).await;
     // The card machine connects, then goes away: its retained status says offline.
-    let terminal = fleet::start(fleet_cfg(vec![spec(TERMINAL)])).await.unwrap();
-    terminal.wait_connected(Duration::from_secs(30)).await.unwrap();
-    terminal.shutdown().await;
-
-    let n = capture::publish_file(broker.addr(), &fixtures.join("devices.jsonl")).await.unwrap() as u64;
-    pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(60), |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
+    rig.connect_and_leave(pixgate_tests::fixture_device(&fixtures, TERMINAL)).await;
+    let n = rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
 
     let template = pixgate_tests::charges::template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
@@ -87,64 +64,55 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     ];
     // One at a time: the charges have different keys, so different partitions, and the
     // order a device gets them in is the order pixgate reads them in.
-    let producer = capture::producer(broker.addr()).unwrap();
+    let producer = rig.producer();
     for (i, r) in records.iter().enumerate() {
         capture::publish_records(&producer, std::slice::from_ref(r)).await.unwrap();
         let read = n + i as u64 + 1;
-        pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(30), |s| {
-            s["events_read"]["charge.upserted"].as_u64() == Some(read - n) && s["pending_records"] == 0
-        })
-        .await
-        .unwrap();
+        rig.wait_stats(Duration::from_secs(30), |s| s["events_read"]["charge.upserted"].as_u64() == Some(read - n) && s["pending_records"] == 0).await;
     }
 
     // The printer is not held back by the offline card machine.
     wait_for("the receipt on the paired printer", Duration::from_secs(60), || carried_out(&printer, PRINTER) == [("print_receipt".to_string(), "c".repeat(24))]).await;
-    pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(30), |s| s["outbox_jobs"] == 3 && s["superseded"] == 1).await.unwrap();
-    let (ok, queued, err) = pixgate_cli(&bin, settings.http_port, &["outbox", "list", TERMINAL]);
+    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 3 && s["superseded"] == 1).await;
+    let (ok, queued, err) = pixgate_cli(bin, http_port, &["outbox", "list", TERMINAL]);
     assert!(ok, "{err}");
     let kinds: Vec<(&str, &str)> = queued["jobs"].as_array().unwrap().iter().map(|j| (j["kind"].as_str().unwrap(), &j["charge_id"].as_str().unwrap()[..1])).collect();
     assert_eq!(kinds, [("display_qr", "a"), ("display_qr", "b"), ("payment_confirmed", "c")], "the backlog, in order");
 
     // 25 minutes pass.
-    let (status, body) = pixgate_tests::net::http_post(&format!("127.0.0.1:{}", settings.http_port), "/clock/advance?ms=1500000").unwrap();
+    let (status, body) = rig.gateway().post("/clock/advance?ms=1500000").unwrap();
     assert_eq!(status, 200, "{body}");
-    pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(30), |s| s["expired"]["display_qr"] == 1 && s["expired"]["payment_confirmed"] == 1 && s["outbox_jobs"] == 1)
-        .await
-        .unwrap();
+    rig.wait_stats(Duration::from_secs(30), |s| s["expired"]["display_qr"] == 1 && s["expired"]["payment_confirmed"] == 1 && s["outbox_jobs"] == 1).await;
 
     // Back online: only the QR still valid is shown.
-    let terminal = fleet::start(fleet_cfg(vec![spec(TERMINAL)])).await.unwrap();
-    terminal.wait_connected(Duration::from_secs(30)).await.unwrap();
+    let terminal = rig.start_fleet(device(TERMINAL), protocol_devices()).await;
     wait_for("the valid QR", Duration::from_secs(30), || !carried_out(&terminal, TERMINAL).is_empty()).await;
-    pixgate_tests::demo::wait_until(&gw, Instant::now() + Duration::from_secs(30), |s| s["outbox_jobs"] == 0).await.unwrap();
+    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 0).await;
     assert_eq!(carried_out(&terminal, TERMINAL), [("display_qr".to_string(), "a".repeat(24))]);
 
     // The expired jobs are recorded on the dead-letter topic, and listed by the CLI.
-    let dls = read_dead_letters(broker.addr(), 2).await;
+    let dls = read_dead_letters(rig.brokers(), 2).await;
     let mut seen: Vec<(String, String, String)> = dls.iter().map(|d| (d["reason"].as_str().unwrap().into(), d["effect"].as_str().unwrap().into(), d["device"].as_str().unwrap().into())).collect();
     seen.sort();
     assert_eq!(seen, [("expired".into(), "display_qr".into(), TERMINAL.into()), ("expired".into(), "payment_confirmed".into(), TERMINAL.into())]);
-    let (ok, list, err) = pixgate_cli(&bin, settings.http_port, &["deadletter", "list"]);
+    let (ok, list, err) = pixgate_cli(bin, http_port, &["deadletter", "list"]);
     assert!(ok, "{err}");
     let paid = list["deadletters"].as_array().unwrap().iter().find(|d| d["effect"] == "payment_confirmed").unwrap().clone();
     assert_eq!((paid["state"].as_str(), paid["replayable"].as_bool()), (Some("published"), Some(true)), "{paid}");
 
     // An operator replays the "paid" screen: it comes after the QR, with its original id.
     let id = paid["id"].as_u64().unwrap().to_string();
-    let (ok, replayed, err) = pixgate_cli(&bin, settings.http_port, &["deadletter", "replay", &id]);
+    let (ok, replayed, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(ok, "{err}");
     assert_eq!(replayed["replayed"]["message_id"], paid["message_id"]);
     wait_for("the replayed paid screen", Duration::from_secs(30), || carried_out(&terminal, TERMINAL).len() == 2).await;
     assert_eq!(carried_out(&terminal, TERMINAL)[1], ("payment_confirmed".to_string(), "c".repeat(24)));
-    let (ok, _, err) = pixgate_cli(&bin, settings.http_port, &["deadletter", "replay", &id]);
+    let (ok, _, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(!ok && err.contains("already replayed"), "a second replay is refused: {err}");
 
     terminal.shutdown().await;
     printer.shutdown().await;
-    drop(gw);
-    broker.stop();
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }
 
 async fn read_dead_letters(brokers: &str, want: usize) -> Vec<Value> {

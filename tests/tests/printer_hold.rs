@@ -8,13 +8,10 @@
 //! Real tansu broker, pixgate as a child process, devices as MQTT clients in-process.
 
 use device_protocol::{EffectKind, PrinterState};
-use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
+use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::scenario::{self, Plan};
-use simulators::capture::{self, generate::ScenarioConfig};
-use simulators::device::{Rendering, Stats};
-use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::capture::generate::ScenarioConfig;
+use simulators::device::Stats;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,29 +32,11 @@ async fn paper_out_holds_only_that_printer_and_delivers_in_order_after_ready() {
     assert!(p_jobs >= 10 && q_jobs >= 5 && others > 200, "scenario too small: {ranked:?}");
     println!("printer hold: {} effects; printer {p} holds {p_jobs} receipts, {q} (paper near end) {q_jobs}; {others} on other devices", plan.expected_count());
 
-    let out = std::env::temp_dir().join(format!("pixgate-printer-hold-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: "pixgate-printer-hold".into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let gw = GatewayProcess::spawn(&gateway::find_binary().unwrap(), settings.clone(), &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
+    let rig = Rig::builder("printer-hold").start().await;
     let stats = Arc::new(Stats::default());
-    let fleet = fleet::start_with_options(
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices: plan.devices.clone() },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
-    )
-    .await
-    .unwrap();
-    fleet.wait_connected(Duration::from_secs(30)).await.unwrap();
-    let producer = capture::producer(broker.addr()).unwrap();
-    let device_positions = scenario::publish_registry(&producer, &plan, &gw).await.unwrap();
+    let fleet = rig.start_fleet(plan.devices.clone(), verifying_devices(&stats)).await;
+    let producer = rig.producer();
+    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
 
     // The status change is routed by the broker (the printer sees its own status echoed)
     // before any charge event exists, so every job for P is created while P is out of paper.
@@ -81,7 +60,7 @@ async fn paper_out_holds_only_that_printer_and_delivers_in_order_after_ready() {
             printer.set_printer_state(PrinterState::CoverOpen).await.unwrap();
             cover_opened = true;
         }
-        let s = gw.stats().unwrap();
+        let s = rig.gateway().stats().unwrap();
         // All of P's receipts are in the outbox and nothing else is: the partitions flowed on.
         let held_only = s["queued_jobs"] == p_jobs && s["outbox_jobs"] == p_jobs && s["pending_records"] == 0;
         if done == not_p.len() && held_only && cover_opened {
@@ -101,14 +80,12 @@ async fn paper_out_holds_only_that_printer_and_delivers_in_order_after_ready() {
     printer.set_printer_state(PrinterState::Ready).await.unwrap();
     let positions = feeder.await.unwrap().expect("feeding the charge events");
     let (charge_ends, device_ends) = (scenario::end_offsets(&positions), scenario::end_offsets(&device_positions));
-    scenario::wait_all_delivered(&gw, &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
     let report = fleet.shutdown().await;
-    drop(gw);
-    broker.stop();
 
     scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     let p_seqs: Vec<u64> = report.effects.iter().filter(|e| e.device == p).map(|e| e.seq).collect();
     assert_eq!(p_seqs, (1..=p_jobs as u64).collect::<Vec<_>>(), "held receipts in their queue order, none lost");
     println!("printer hold: after ready, {p} printed its {p_jobs} receipts in seq order 1..={p_jobs}; {} raw jobs fleet-wide", report.stats.raw_jobs);
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

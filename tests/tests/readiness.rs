@@ -11,12 +11,10 @@
 //! per-topic lag. Thresholds are shortened through `PIXGATE_HEALTH__*`; every wait polls
 //! under a generous deadline (no timed assertions).
 
-use pixgate_tests::broker::KafkaBroker;
 use pixgate_tests::charges::{charge_record, template};
-use pixgate_tests::demo::wait_until;
-use pixgate_tests::gateway::{self, GatewayProcess, GatewaySettings};
-use pixgate_tests::net::free_port;
-use simulators::{capture, fleet, registry};
+use pixgate_tests::gateway::GatewayProcess;
+use pixgate_tests::harness::{protocol_devices, Rig};
+use simulators::capture;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -94,41 +92,24 @@ async fn log_until(log: &Path, what: &str, want: usize, count: impl Fn(&str) -> 
     }
 }
 
-/// A fresh broker with pixgate's topics, and pixgate on it with `env`, ready.
-async fn start(out: &Path, group: &str, env: &[(&str, String)]) -> (KafkaBroker, GatewayProcess) {
-    let _ = std::fs::remove_dir_all(out);
-    let broker = KafkaBroker::start(&out.join("kafka")).expect("broker");
-    capture::ensure_topics(broker.addr(), &capture::PIXGATE_TOPICS).await.unwrap();
-    let settings = GatewaySettings {
-        brokers: broker.addr().to_string(),
-        group_id: group.into(),
-        mqtt_port: free_port(),
-        http_port: free_port(),
-        ack_timeout_ms: 2_000,
-        outbox_path: out.join("data/outbox.redb"),
-    };
-    let gw = GatewayProcess::spawn_with_env(&gateway::find_binary().unwrap(), settings, env, &out.join("pixgate.log"), Duration::from_secs(60)).unwrap();
-    (broker, gw)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_going_away_fails_readiness_until_it_is_back() {
-    let out = std::env::temp_dir().join(format!("pixgate-readiness-kafka-{}", std::process::id()));
-    let env = [
-        ("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "2000".to_string()),
+    let rig = Rig::builder("readiness-kafka")
+        .env("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "2000")
         // Dynamic membership: tansu 0.6.0 can leave a static member's group stuck after an
         // outage (see tests/tests/kafka_restart.rs).
-        ("PIXGATE_KAFKA__INSTANCE_ID", String::new()),
-    ];
-    let (broker, gw) = start(&out, "pixgate-readiness-kafka", &env).await;
+        .env("PIXGATE_KAFKA__INSTANCE_ID", "")
+        .start()
+        .await;
+    let gw = rig.gateway();
     gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
-    readyz_until(&gw, "ready", Duration::from_secs(60), |c, _| c == 200).await;
+    readyz_until(gw, "ready", Duration::from_secs(60), |c, _| c == 200).await;
 
     // Healthy: /metrics is Prometheus text and has each topic's lag once librdkafka's
     // statistics arrived (nothing produced: lag 0).
     let deadline = Instant::now() + Duration::from_secs(30);
     let m = loop {
-        let m = metrics(&gw);
+        let m = metrics(gw);
         if ["charge.upserted", "device.upserted"].iter().all(|t| sample(&m, "pixgate_topic_lag_records", &[("topic", t)]).is_some()) {
             break m;
         }
@@ -141,34 +122,32 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     assert!(sample(&m, "pixgate_kafka_brokers_up", &[]) >= Some(1.0));
 
     // The broker dies: /readyz names Kafka, one reason per line.
-    broker.kill();
-    let body = readyz_until(&gw, "named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
-    let log = out.join("pixgate.log");
+    rig.broker().kill();
+    let body = readyz_until(gw, "named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
+    let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
     log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::health: not ready: kafka unreachable")).await;
     assert!(body.ends_with('\n') && body.lines().all(|l| !l.trim().is_empty()), "one reason per line: {body:?}");
     let stats = gw.stats().unwrap();
     assert!(stats["not_ready"].as_array().unwrap().iter().any(|r| r.as_str().unwrap_or("").starts_with("kafka unreachable")), "{stats}");
     assert_eq!(stats["kafka_brokers_up"], 0, "{stats}");
-    let m = metrics(&gw);
+    let m = metrics(gw);
     assert_eq!(sample(&m, "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_ready", &[]), Some(0.0));
     let (code, _) = gw.get("/healthz").unwrap();
     assert_eq!(code, 200, "/healthz is liveness only");
 
     // Back on the same storage: ready again.
-    broker.start_again().expect("broker restart on the same folder and port");
-    readyz_until(&gw, "ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
-    assert_eq!(sample(&metrics(&gw), "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
+    rig.broker().start_again().expect("broker restart on the same folder and port");
+    readyz_until(gw, "ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
+    assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
 
     log_until(&log, "the Kafka alarm's end (info)", 1, count("INFO gateway::health: alarm cleared (was: kafka unreachable")).await;
     log_until(&log, "the Kafka alarm's start, still", 1, count("WARN gateway::health: not ready: kafka unreachable")).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("not ready: consumer not running"), "the start-up is no alarm");
     println!("readiness: /readyz named Kafka during the outage ({}), green after the restart", body.trim());
-    drop(gw);
-    broker.stop();
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,40 +158,35 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     const LATER: u64 = 6;
     const ALL: u64 = CHARGES + LATER;
     let fixtures = pixgate_tests::demo::default_fixtures();
-    let out = std::env::temp_dir().join(format!("pixgate-readiness-stall-{}", std::process::id()));
-    let env = [
-        ("PIXGATE_OUTBOX__MAX_JOBS_PER_DEVICE", BOUND.to_string()),
-        ("PIXGATE_HEALTH__STALL_AFTER_MS", "3000".to_string()),
-        ("PIXGATE_HEALTH__PAUSED_PROBE_INTERVAL_MS", "1000".to_string()),
-    ];
-    let (broker, gw) = start(&out, "pixgate-readiness-stall", &env).await;
+    let rig = Rig::builder("readiness-stall")
+        .env("PIXGATE_OUTBOX__MAX_JOBS_PER_DEVICE", BOUND.to_string())
+        .env("PIXGATE_HEALTH__STALL_AFTER_MS", "3000")
+        .env("PIXGATE_HEALTH__PAUSED_PROBE_INTERVAL_MS", "1000")
+        .start()
+        .await;
+    let gw = rig.gateway();
     gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
 
-    let spec = registry::devices_from_jsonl(fixtures.join("devices.jsonl")).unwrap().into_iter().find(|d| d.id() == TERMINAL).unwrap();
-    let mqtt_port = gw.settings.mqtt_port;
-    let fleet_cfg = || fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port, out_dir: out.join("devices"), devices: vec![spec.clone()] };
-    let terminal = fleet::start(fleet_cfg()).await.unwrap();
-    terminal.wait_connected(Duration::from_secs(30)).await.unwrap();
-    terminal.shutdown().await; // offline (retained status)
-    let n = capture::publish_file(broker.addr(), &fixtures.join("devices.jsonl")).await.unwrap() as u64;
-    wait_until(&gw, Instant::now() + Duration::from_secs(60), |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
-    readyz_until(&gw, "ready before the charges", Duration::from_secs(60), |c, _| c == 200).await;
+    let spec = pixgate_tests::fixture_device(&fixtures, TERMINAL);
+    rig.connect_and_leave(spec.clone()).await; // offline (retained status)
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+    readyz_until(gw, "ready before the charges", Duration::from_secs(60), |c, _| c == 200).await;
 
     let tpl = template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
     let records: Vec<_> = (0..ALL).map(|i| charge_record(&tpl, TERMINAL, &format!("{i:024x}"), "ACTIVE", 0, 60, t)).collect();
-    let producer = capture::producer(broker.addr()).unwrap();
+    let producer = rig.producer();
     capture::publish_records(&producer, &records[..CHARGES as usize]).await.unwrap();
 
     // The card machine's queue is at its bound, its partitions are paused with records
     // behind: the topic is stalled, and /readyz says so, with the lag and why.
-    let body = readyz_until(&gw, "named charge.upserted as stalled", Duration::from_secs(90), |c, b| c == 503 && b.contains("topic charge.upserted stalled: lag ")).await;
+    let body = readyz_until(gw, "named charge.upserted as stalled", Duration::from_secs(90), |c, b| c == 503 && b.contains("topic charge.upserted stalled: lag ")).await;
     let line = body.lines().find(|l| l.starts_with("topic charge.upserted stalled")).unwrap().to_string();
     let lag: u64 = line["topic charge.upserted stalled: lag ".len()..].split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("lag in {line:?}: {e}"));
     assert!(lag > 0, "{line}");
     assert!(line.contains("paused for backpressure") && line.contains("at the per-device outbox bound") && line.contains(TERMINAL), "why: {line}");
     assert!(!body.contains("device.upserted"), "only the stalled topic is named: {body}");
-    let log = out.join("pixgate.log");
+    let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
     log_until(&log, "the stall's start (warn)", 1, count("WARN gateway::health: not ready: topic charge.upserted stalled")).await;
 
@@ -227,7 +201,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
         let s = gw.stats().unwrap();
         let topic = &s["topics"]["charge.upserted"];
         let read = s["events_read"]["charge.upserted"].as_u64().unwrap_or(0);
-        let m = metrics(&gw);
+        let m = metrics(gw);
         let metric_lag = sample(&m, "pixgate_topic_lag_records", &[("topic", "charge.upserted")]);
         if s["pending_records"] == 0 && topic["lag"].as_u64() == Some(ALL - read) && metric_lag == Some((ALL - read) as f64) && topic["stalled"] == true {
             break (ALL - read, read, m);
@@ -236,7 +210,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(read < CHARGES, "the rest waits in Kafka");
-    let stalled = readyz_until(&gw, "named the grown lag", Duration::from_secs(30), |_, b| b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))).await;
+    let stalled = readyz_until(gw, "named the grown lag", Duration::from_secs(30), |_, b| b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))).await;
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "charge.upserted")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "device.upserted")]), Some(0.0));
@@ -245,19 +219,16 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     assert_eq!(sample(&m, "pixgate_topic_records_read_total", &[("topic", "charge.upserted")]), Some(read as f64));
 
     // Back online: the backlog drains, the partitions resume, readiness is green.
-    let terminal = fleet::start(fleet_cfg()).await.unwrap();
-    terminal.wait_connected(Duration::from_secs(30)).await.unwrap();
-    wait_until(&gw, Instant::now() + Duration::from_secs(120), |s| s["events_read"]["charge.upserted"].as_u64() == Some(ALL) && s["outbox_jobs"] == 0).await.unwrap();
-    readyz_until(&gw, "ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
+    let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
+    rig.wait_stats(Duration::from_secs(120), |s| s["events_read"]["charge.upserted"].as_u64() == Some(ALL) && s["outbox_jobs"] == 0).await;
+    readyz_until(gw, "ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
     // librdkafka's statistics arrive every second: the lag reaches 0 within a few.
-    wait_until(&gw, Instant::now() + Duration::from_secs(30), |s| s["topics"]["charge.upserted"]["lag"] == 0 && s["topics"]["charge.upserted"]["stalled"] == false).await.unwrap();
+    rig.wait_stats(Duration::from_secs(30), |s| s["topics"]["charge.upserted"]["lag"] == 0 && s["topics"]["charge.upserted"]["stalled"] == false).await;
     assert_eq!(terminal.effects().len() as u64, ALL, "every QR shown once the device is back");
 
     log_until(&log, "the stall's end (info)", 1, count("INFO gateway::health: alarm cleared (was: topic charge.upserted stalled")).await;
     log_until(&log, "the stall's start, still", 1, count("WARN gateway::health: not ready: topic charge.upserted stalled")).await;
     println!("readiness: stalled at lag {lag} ({read} of {ALL} read): {}", stalled.trim());
     terminal.shutdown().await;
-    drop(gw);
-    broker.stop();
-    let _ = std::fs::remove_dir_all(&out);
+    rig.shutdown();
 }

@@ -1,0 +1,107 @@
+//! The team's BR Code vectors (`shared/fixtures/brcode/vectors.json`, in the `shared` folder
+//! beside the clone), loaded once for the two tests that run every vector:
+//! `render/tests/brcode_vectors.rs` (the parser) and `gateway/tests/brcode_cli.rs` (the
+//! `pixgate brcode` CLI), which includes this file with `#[path]`.
+//!
+//! Without `../shared` the tests skip with a message, unless `CI=true`, where a missing
+//! `../shared` fails them.
+
+// Each including test uses part of this module.
+#![allow(dead_code)]
+
+use serde_json::Value;
+
+/// Where the vectors are. Both including crates sit one level below the repository root,
+/// so the path is the same from either manifest directory.
+pub const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/brcode/vectors.json");
+
+/// Payloads (by suffix) where the fixture file contradicts itself and our documented
+/// policy wins, with why.
+///
+/// Entries 10 and 12 (`…6009SAO PAULO6304…`, no field 62) are marked `accept`, while entry 11
+/// — the same payload plus a postal code — is marked `reject` with the rule "field 62 with
+/// 62-05 is mandatory". No rule accepts 10/12 and rejects 11, so the parser follows the
+/// notes' field table and Stone's reader (62 mandatory) and rejects all three with
+/// `Missing { tag: "62" }`. Reported to the lead.
+pub const POLICY_OVERRIDES: &[(&str, &str)] = &[
+    ("6009SAO PAULO630434FE", "62 mandatory (fixture says accept)"),
+    ("6009SAO PAULO6304DC67", "62 mandatory (fixture says accept)"),
+];
+
+/// Why `payload` is rejected by policy against its fixture's `expect` ([`POLICY_OVERRIDES`]),
+/// if it is.
+pub fn policy_override(payload: &str) -> Option<&'static str> {
+    POLICY_OVERRIDES.iter().find(|(suffix, _)| payload.ends_with(suffix)).map(|(_, why)| *why)
+}
+
+/// What must happen to vector `v`: its `expect` (`accept`, `reject`, `either`), or
+/// `reject` where a [`POLICY_OVERRIDES`] entry says so.
+///
+/// # Panics
+/// `v` has no string `payload` or `expect` (a broken fixture fails the test).
+pub fn expectation(v: &Value) -> &str {
+    let payload = v["payload"].as_str().expect("vector has a payload");
+    if policy_override(payload).is_some() {
+        "reject"
+    } else {
+        v["expect"].as_str().expect("vector has an expect")
+    }
+}
+
+/// The vectors, or `None` (after saying SKIP on stderr) when `../shared` is not there and
+/// `CI` is not `true`.
+///
+/// # Panics
+/// The file is missing with `CI=true`, or it is not JSON.
+pub fn load() -> Option<Vec<Value>> {
+    match std::fs::read_to_string(VECTORS) {
+        Ok(text) => Some(serde_json::from_str(&text).expect("vectors.json is valid JSON")),
+        Err(e) => {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("BR Code vectors missing at {VECTORS}: {e} (required in CI)");
+            }
+            eprintln!("SKIP: BR Code vectors not found at {VECTORS}: {e}");
+            None
+        }
+    }
+}
+
+/// The rule a rejected vector's `expect_rule` (free text) names, read by keyword.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// "not a Pix payload": the GUI of field 26 is not `br.gov.bcb.pix`.
+    NotPix,
+    /// "payload over 512 bytes".
+    TooLong,
+    /// "wrong CRC": field 63 does not match the CRC16 of the rest.
+    Crc,
+    /// A rule about one EMV field: `59` (merchant name), `62` (additional data), `62-05`
+    /// (txid), `54` (amount).
+    Tag(&'static str),
+    /// Structural damage (misaligned, truncated, wrong length prefix): a TLV error, a CRC
+    /// mismatch or a missing field are all correct answers.
+    Structural,
+}
+
+/// Reads `expect_rule` (case-insensitive keywords, checked in this order: "not a pix",
+/// "512", "wrong crc", "merchant name over", "field 62", "txid", "amount").
+pub fn rule(expect_rule: &str) -> Rule {
+    let r = expect_rule.to_lowercase();
+    if r.contains("not a pix") {
+        Rule::NotPix
+    } else if r.contains("512") {
+        Rule::TooLong
+    } else if r.contains("wrong crc") {
+        Rule::Crc
+    } else if r.contains("merchant name over") {
+        Rule::Tag("59")
+    } else if r.contains("field 62") {
+        Rule::Tag("62")
+    } else if r.contains("txid") {
+        Rule::Tag("62-05")
+    } else if r.contains("amount") {
+        Rule::Tag("54")
+    } else {
+        Rule::Structural
+    }
+}
