@@ -9,6 +9,14 @@ use gateway::inspect::{self, DeadLetterCmd, OutboxCmd};
 use gateway::stats::Stats;
 use gateway::{consumer, http, mqtt};
 use std::path::PathBuf;
+
+/// mimalloc instead of glibc's malloc: a fifth of the gateway's CPU under load went to
+/// glibc's allocator (`_int_malloc`, `_int_free`, `malloc_consolidate`), and its
+/// per-thread arenas kept freed memory in the resident set. Built without transparent huge
+/// pages (feature `no_thp`): with them mimalloc's resident set was 2.5 times larger
+/// (about 650 MiB against 260 in the load harness, 500 devices).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 

@@ -71,9 +71,15 @@ pub struct Router {
     seen_capacity: usize,
 }
 
+/// Event ids the router remembers by default: a redelivery within the last 10,000 events
+/// is reported as `duplicate_event`; an older one is still ignored, as `stale_version`
+/// (its `__v` is not newer than the charge's). At about 200 bytes an id, 1,000,000 (the
+/// old default) made memory grow by some 200 MiB over a backlog of a million events.
+pub const DEFAULT_SEEN_CAPACITY: usize = 10_000;
+
 impl Default for Router {
     fn default() -> Self {
-        Router::new(1_000_000)
+        Router::new(DEFAULT_SEEN_CAPACITY)
     }
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Rules, applied to each `charge.upserted` event in order (per charge, Kafka keeps order):
 //! 1. an `eventId` already applied → ignored `duplicate_event`; a `delete` → `delete_event`;
-//!    no `fullDocument` → `document_deleted_before_lookup`;
+//!    no `fullDocument` → `document_deleted_before_lookup`; (pixgate remembers the last
+//!    10,000 event ids only and reports an older redelivery as `stale_version`: the same
+//!    fate, ignored, under another label);
 //! 2. a document without the fields the rules need (company, integer centavos `value ≥ 0`,
 //!    known `status`, integer `__v`, merchant name and city) → dead letter;
 //! 3. `__v` not newer than the last applied one → `stale_version`; same status as applied →
