@@ -232,6 +232,9 @@ pub struct HealthConfig {
     /// while any partition is paused, its end offset is asked from Kafka (ListOffsets)
     /// this often, ms, so the lag behind a pause is known.
     pub paused_probe_interval_ms: u64,
+    /// Jobs in flight to reachable devices and no device ack at all for this long, ms:
+    /// delivery stalled (0: off).
+    pub delivery_stall_after_ms: u64,
     /// Expectations per topic name, e.g. `[health.topics."charge.upserted"]`; none by
     /// default (the demo has no live traffic).
     pub topics: std::collections::BTreeMap<String, TopicExpectation>,
@@ -243,6 +246,7 @@ impl Default for HealthConfig {
             kafka_down_after_ms: 10_000,
             unassigned_after_ms: 30_000,
             stall_after_ms: 60_000,
+            delivery_stall_after_ms: 120_000,
             rate_window_ms: 60_000,
             statistics_interval_ms: 1_000,
             paused_probe_interval_ms: 5_000,

@@ -168,8 +168,13 @@ impl Dispatcher {
                 _ = tick.tick() => self.on_tick().await,
                 _ = expiry_tick.tick() => self.expire_queued(),
             }
-            let queued = self.devices.values().map(|d| d.queue.len() + d.in_flight.is_some() as usize).sum::<usize>();
+            let (mut queued, mut in_flight) = (0, 0);
+            for d in self.devices.values() {
+                queued += d.queue.len() + d.in_flight.is_some() as usize;
+                in_flight += (d.can_send() && d.in_flight.as_ref().is_some_and(|f| f.awaiting_ack)) as usize;
+            }
             self.stats.update(|s| s.queued_jobs = queued as u64);
+            self.stats.health.in_flight(in_flight);
         }
     }
 
@@ -196,6 +201,7 @@ impl Dispatcher {
                 self.pump(&device).await;
             }
             Command::Device(Incoming::Ack { device, ack }) => {
+                self.stats.health.acked();
                 let Some(q) = self.devices.get_mut(&device) else { return };
                 let Some(f) = q.in_flight.as_mut() else { return };
                 if f.stored.job.message_id != ack.message_id {

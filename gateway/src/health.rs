@@ -13,7 +13,11 @@
 //!   failing, Kafka unreachable);
 //! - a topic reads slower than `health.topics.<topic>.min_rate_per_s` while it has had lag
 //!   for a whole `health.rate_window_ms`;
-//! - no record arrived on a topic for `health.topics.<topic>.max_quiet_ms`.
+//! - no record arrived on a topic for `health.topics.<topic>.max_quiet_ms`;
+//! - delivery stalled: jobs are in flight to devices believed reachable and no device has
+//!   acknowledged anything for `health.delivery_stall_after_ms` (a broken link from the
+//!   MQTT broker to the gateway, or a fleet that stopped answering, is otherwise silent:
+//!   the consumer keeps reading and the outbox fills).
 //!
 //! Where the facts come from, at no extra cost to the consumer:
 //! - librdkafka statistics (`statistics.interval.ms`, [`Monitor::kafka_statistics`], see
@@ -183,6 +187,10 @@ pub struct Facts {
     pub outbox_failing: Option<(u64, String)>,
     /// Per subscribed topic.
     pub topics: BTreeMap<String, TopicFacts>,
+    /// Jobs in flight to devices the dispatcher believes reachable.
+    pub in_flight: usize,
+    /// Since when jobs have been in flight with no device ack (`None`: nothing in flight).
+    pub unacked_since: Option<u64>,
 }
 
 /// Why the gateway is not ready. `Display` gives the line `/readyz` answers; its wording
@@ -203,11 +211,14 @@ pub enum Reason {
     Slow { topic: String, lag: u64, rate_per_s: f64, window_s: u64, min_per_s: f64 },
     /// No record for `for_ms`, more than the expected `max_ms`.
     Quiet { topic: String, for_ms: u64, max_ms: u64 },
+    /// `in_flight` jobs sent to reachable devices and no device ack for `for_ms`.
+    DeliveryStalled { in_flight: usize, for_ms: u64 },
 }
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
-    /// `unassigned`, `stalled`, `slow`, `quiet` (the `alarm` label on `/metrics`).
+    /// `unassigned`, `stalled`, `slow`, `quiet`, `delivery_stalled` (the `alarm` label on
+    /// `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
@@ -217,6 +228,7 @@ impl Reason {
             Reason::Stalled { .. } => "stalled",
             Reason::Slow { .. } => "slow",
             Reason::Quiet { .. } => "quiet",
+            Reason::DeliveryStalled { .. } => "delivery_stalled",
         }
     }
 
@@ -265,6 +277,7 @@ impl fmt::Display for Reason {
                 write!(f, "topic {topic} slow: lag {lag} records, {rate_per_s:.2} records/s over the last {window_s} s, expected at least {min_per_s}/s")
             }
             Reason::Quiet { topic, for_ms, max_ms } => write!(f, "topic {topic} quiet: no record for {for_ms} ms, expected one within {max_ms} ms"),
+            Reason::DeliveryStalled { in_flight, for_ms } => write!(f, "delivery stalled: {in_flight} jobs in flight to reachable devices, no device ack for {for_ms} ms"),
         }
     }
 }
@@ -307,6 +320,11 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
             if on(max, quiet) {
                 out.push(Reason::Quiet { topic: topic.clone(), for_ms: quiet, max_ms: max });
             }
+        }
+    }
+    if let Some(since_ms) = facts.unacked_since.filter(|_| facts.in_flight > 0) {
+        if on(rules.delivery_stall_after_ms, since(since_ms)) {
+            out.push(Reason::DeliveryStalled { in_flight: facts.in_flight, for_ms: since(since_ms) });
         }
     }
     out
@@ -371,6 +389,8 @@ pub struct Tracker {
     last_broker_up: u64,
     outbox_failing: Option<(u64, String)>,
     topics: BTreeMap<String, TopicTrack>,
+    in_flight: usize,
+    unacked_since: Option<u64>,
 }
 
 impl Tracker {
@@ -388,7 +408,25 @@ impl Tracker {
             last_broker_up: 0,
             outbox_failing: None,
             topics,
+            in_flight: 0,
+            unacked_since: None,
         }
+    }
+
+    /// The dispatcher has `in_flight` jobs sent to devices it believes reachable.
+    pub fn in_flight(&mut self, now: u64, in_flight: usize) {
+        self.in_flight = in_flight;
+        if in_flight == 0 {
+            self.unacked_since = None;
+        } else if self.unacked_since.is_none() {
+            self.unacked_since = Some(now);
+        }
+    }
+
+    /// A device acknowledged a job (done or failed: either way the path from the devices
+    /// works).
+    pub fn acked(&mut self, now: u64) {
+        self.unacked_since = (self.in_flight > 0).then_some(now);
     }
 
     /// The consumer's whole assignment now (after a rebalance). What is known of
@@ -546,6 +584,8 @@ impl Tracker {
             last_broker_up: self.last_broker_up,
             outbox_failing: self.outbox_failing.clone(),
             topics,
+            in_flight: self.in_flight,
+            unacked_since: self.unacked_since,
         }
     }
 }
@@ -611,6 +651,18 @@ impl Monitor {
     pub fn outbox_failing(&self, error: Option<String>) {
         let now = self.now_ms();
         self.with(|t| t.outbox_failing(now, error));
+    }
+
+    /// See [`Tracker::in_flight`].
+    pub fn in_flight(&self, in_flight: usize) {
+        let now = self.now_ms();
+        self.with(|t| t.in_flight(now, in_flight));
+    }
+
+    /// See [`Tracker::acked`].
+    pub fn acked(&self) {
+        let now = self.now_ms();
+        self.with(|t| t.acked(now));
     }
 
     /// Advances the per-topic history with the records read so far per topic.
@@ -786,6 +838,29 @@ mod tests {
         let r = evaluate(2_000, &t.facts(true, MAX_CONSUMER_IDLE_MS + 1), &rules());
         assert_eq!(r[0].to_string(), "consumer idle for 10001 ms");
         assert!(evaluate(2_000, &t.facts(true, MAX_CONSUMER_IDLE_MS), &rules()).is_empty(), "at the limit is still ready");
+    }
+
+    #[test]
+    fn delivery_stalls_when_no_device_acks_while_jobs_are_in_flight() {
+        let rules = HealthConfig { delivery_stall_after_ms: 120_000, ..rules() };
+        let mut t = healthy();
+        t.in_flight(1_000, 3);
+        assert!(kinds(120_999, &t, &rules).is_empty(), "not yet");
+        let r = evaluate(121_000, &t.facts(true, 0), &rules);
+        assert_eq!(r, vec![Reason::DeliveryStalled { in_flight: 3, for_ms: 120_000 }]);
+        assert_eq!(r[0].to_string(), "delivery stalled: 3 jobs in flight to reachable devices, no device ack for 120000 ms");
+        // Any ack restarts the clock; more jobs in flight do not.
+        t.acked(121_000);
+        t.in_flight(122_000, 5);
+        assert!(kinds(240_999, &t, &rules).is_empty());
+        assert_eq!(kinds(241_000, &t, &rules), vec![("delivery_stalled", String::new())]);
+        // Nothing in flight: nothing to wait for, whatever the time since the last ack.
+        t.in_flight(241_000, 0);
+        assert!(kinds(900_000, &t, &rules).is_empty());
+        t.acked(900_000);
+        t.in_flight(900_000, 1);
+        assert!(kinds(1_019_999, &t, &rules).is_empty(), "counted from when jobs went in flight again");
+        assert!(kinds(10_000_000, &t, &HealthConfig { delivery_stall_after_ms: 0, ..rules.clone() }).is_empty(), "0 turns the rule off");
     }
 
     #[test]

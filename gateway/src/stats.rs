@@ -228,7 +228,7 @@ pub fn prometheus_text(s: &Snapshot, reasons: &[Reason]) -> Result<String, std::
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
 const TOPIC_ALARMS: [&str; 4] = ["unassigned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
-const GLOBAL_ALARMS: [&str; 3] = ["consumer_not_running", "consumer_idle", "kafka_unreachable"];
+const GLOBAL_ALARMS: [&str; 4] = ["consumer_not_running", "consumer_idle", "kafka_unreachable", "delivery_stalled"];
 
 /// One scrape: the snapshot encoded on demand (a collector, so values are read once).
 #[derive(Debug)]
@@ -293,7 +293,7 @@ impl prometheus_client::collector::Collector for Exposition {
 
         gauge(e, "ready", "1 when /readyz answers 200.", flag(self.kinds.is_empty()))?;
         let global = GLOBAL_ALARMS.iter().map(|a| ([("alarm", *a)], flag(self.kinds.contains(a))));
-        gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable); each fails /readyz.", global)?;
+        gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable, delivery_stalled); each fails /readyz.", global)?;
         if let Some(up) = s.kafka_brokers_up {
             gauge(e, "kafka_brokers_up", "Broker connections in state UP in librdkafka's latest statistics.", up as f64)?;
         }
