@@ -80,6 +80,9 @@ pub struct OutboxConfig {
     /// redb's page cache, bytes (redb's own default is 1 GiB, which a large outbox fills:
     /// memory would grow with the backlog). Reads of queued jobs beyond it go to the disk.
     pub cache_bytes: usize,
+    /// Charge states (last applied `__v` and status) the router keeps in memory, entries;
+    /// older ones are read back from the outbox. At least `4 × batch_max_records`.
+    pub charge_cache_entries: usize,
 }
 
 impl Default for OutboxConfig {
@@ -93,6 +96,7 @@ impl Default for OutboxConfig {
             batch_max_delay_ms: 5,
             deadletter_retention_hours: 168,
             cache_bytes: crate::outbox::DEFAULT_CACHE_BYTES,
+            charge_cache_entries: crate::router::DEFAULT_CHARGE_CACHE,
         }
     }
 }

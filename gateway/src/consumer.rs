@@ -196,8 +196,10 @@ pub async fn run(
         }
     }
     tracing::info!(devices = registry.len(), "device registry restored");
-    let mut router = Router::default();
-    router.restore(outbox.charges()?.into_iter().map(|(id, st)| (id, st.version, st.status)));
+    // Charge states are read back from the outbox as needed: memory does not grow with
+    // the charges seen.
+    let cache = cfg.outbox.charge_cache_entries.max(4 * cfg.outbox.batch_max_records.max(1));
+    let router = Router::with_store(crate::router::DEFAULT_SEEN_CAPACITY, outbox.clone(), cache);
     let total: usize = outbox_jobs.values().sum();
     let mut p = Pipeline {
         cfg: cfg.clone(),
@@ -411,7 +413,9 @@ impl Pipeline {
                 self.stats.health.outbox_failing(Some(e.to_string()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await
+                let w = until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await;
+                self.stats.health.outbox_failing(None);
+                w
             }
         };
         let mut parked = false;

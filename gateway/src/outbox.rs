@@ -576,7 +576,20 @@ impl Outbox {
         }
     }
 
-    /// Every charge's last applied state, for the router at start-up.
+    /// One charge's last applied state; `None` if none was ever stored.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn charge(&self, id: &str) -> Result<Option<ChargeState>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(CHARGES).map_err(err)?;
+        Ok(table.get(id).map_err(err)?.map(|v| {
+            let (version, code) = v.value();
+            ChargeState { version, status: status_from(code) }
+        }))
+    }
+
+    /// Every charge's last applied state.
     ///
     /// # Errors
     /// Disk or database failure.

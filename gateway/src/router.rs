@@ -21,8 +21,10 @@
 
 use crate::cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
 use crate::registry::Registry;
+use crate::outbox::Outbox;
 use device_protocol::EffectKind;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 /// One effect to carry out on one device.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,11 +61,45 @@ pub enum Decision {
     },
 }
 
-/// Routing state: the last applied version and status of each charge, and recently
-/// applied event ids.
+/// The last applied `(__v, status)` of the charges seen lately: two generations of at most
+/// `capacity / 2` entries each; when the current one fills up it becomes the previous one
+/// and the old previous one is dropped. Bounded memory, O(1), and a charge used within the
+/// last `capacity / 2` charges is always held (the batch being written among them).
 #[derive(Debug)]
+struct ChargeCache {
+    current: HashMap<String, (i64, ChargeStatus)>,
+    previous: HashMap<String, (i64, ChargeStatus)>,
+    half: usize,
+}
+
+impl ChargeCache {
+    fn new(capacity: usize) -> ChargeCache {
+        ChargeCache { current: HashMap::new(), previous: HashMap::new(), half: (capacity / 2).max(1) }
+    }
+
+    fn get(&self, id: &str) -> Option<(i64, ChargeStatus)> {
+        self.current.get(id).or_else(|| self.previous.get(id)).copied()
+    }
+
+    fn insert(&mut self, id: String, state: (i64, ChargeStatus)) {
+        self.current.insert(id, state);
+        if self.current.len() >= self.half {
+            self.previous = std::mem::take(&mut self.current);
+        }
+    }
+}
+
+/// Charge states the router holds in memory by default (`outbox.charge_cache_entries`);
+/// older ones are read back from the outbox, where every applied state is stored. About
+/// 100 bytes each.
+pub const DEFAULT_CHARGE_CACHE: usize = 100_000;
+
+/// Routing state: the last applied version and status of each charge (recent ones in
+/// memory, all of them in the outbox), and recently applied event ids.
 pub struct Router {
-    charges: HashMap<String, (i64, ChargeStatus)>,
+    charges: ChargeCache,
+    /// Where the states of charges not in memory are read from; `None`: memory only.
+    store: Option<Arc<Outbox>>,
     /// The charge whose state the last `route_charge` changed, for the outbox to persist.
     applied: Option<String>,
     seen: HashSet<String>,
@@ -87,13 +123,32 @@ impl Router {
     /// A router that remembers up to `seen_capacity` event ids (oldest forgotten first;
     /// the `__v` check still stops an old redelivery after that).
     pub fn new(seen_capacity: usize) -> Router {
-        Router { charges: HashMap::new(), applied: None, seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
+        Router { charges: ChargeCache::new(usize::MAX), store: None, applied: None, seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
     }
 
-    /// Restores the last applied `(__v, status)` of charges (from the outbox at start-up).
+    /// A router that keeps the states of the last `cache` charges or so in memory and reads
+    /// older ones from `outbox` (which stores every state the router applies, with the
+    /// batch of its record). `cache` must exceed two outbox batches, so that the states of
+    /// the batch being written, not yet in the outbox, are always in memory.
+    pub fn with_store(seen_capacity: usize, outbox: Arc<Outbox>, cache: usize) -> Router {
+        Router { charges: ChargeCache::new(cache), store: Some(outbox), ..Router::new(seen_capacity) }
+    }
+
+    /// Restores the last applied `(__v, status)` of charges.
     pub fn restore(&mut self, charges: impl IntoIterator<Item = (String, i64, ChargeStatus)>) {
         for (id, v, status) in charges {
             self.charges.insert(id, (v, status));
+        }
+    }
+
+    /// The charge's last applied state: in memory, else in the outbox.
+    fn previous(&self, id: &str) -> Result<Option<(i64, ChargeStatus)>, String> {
+        if let Some(s) = self.charges.get(id) {
+            return Ok(Some(s));
+        }
+        match &self.store {
+            Some(o) => o.charge(id).map(|s| s.map(|s| (s.version, s.status))).map_err(|e| e.to_string()),
+            None => Ok(None),
         }
     }
 
@@ -101,7 +156,7 @@ impl Router {
     /// (taken: a second call returns `None`). The outbox persists it with the jobs.
     pub fn take_applied(&mut self) -> Option<(String, i64, ChargeStatus)> {
         let id = self.applied.take()?;
-        let (v, s) = self.charges.get(&id).copied()?;
+        let (v, s) = self.charges.get(&id)?;
         Some((id, v, s))
     }
 
@@ -122,7 +177,12 @@ impl Router {
             Ok(c) => c,
             Err(e) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
         };
-        let previous = self.charges.get(&charge.id).copied();
+        let previous = match self.previous(&charge.id) {
+            Ok(p) => p,
+            // Without the charge's state the event could undo a later one (a QR after "paid"):
+            // it is not applied, and the dead letter says why.
+            Err(e) => return Decision::DeadLetter { reason: "charge_state_unreadable".into(), detail: format!("charge {}: {e}", charge.id) },
+        };
         if let Some((v, _)) = previous {
             if charge.version <= v {
                 return Decision::Ignored("stale_version");
@@ -372,6 +432,36 @@ mod tests {
         assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { pix_slip: false, .. }));
         doc["printer"]["printPixSlip"] = Value::String("yes".into());
         assert_eq!(cdc::decode_device(&doc).unwrap_err().reason(), "invalid_field:printer.printPixSlip");
+    }
+
+    /// With room for 4 charge states in memory, the router decides every fixture event
+    /// (charges and edge cases) exactly as one that remembers every charge: the states it
+    /// dropped are read back from the outbox, where the consumer stores each applied one.
+    #[test]
+    fn charge_states_beyond_the_cache_are_read_back_from_the_outbox() {
+        let dir = std::env::temp_dir().join(format!("pixgate-router-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let outbox = Arc::new(Outbox::open(&dir.join("outbox.redb")).unwrap());
+        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 0, key: None };
+        let reg = load_registry();
+        let mut bounded = Router::with_store(DEFAULT_SEEN_CAPACITY, outbox.clone(), 4);
+        let mut unbounded = Router::default();
+        let (mut decided, mut read_back) = (0, 0);
+        for (_, bytes) in fixture("charges.jsonl").into_iter().chain(fixture("edge-cases.jsonl")) {
+            let Ok(env) = cdc::decode_envelope(&bytes) else { continue };
+            let in_memory = cdc::decode_charge(env.full_document.as_ref().unwrap_or(&Value::Null)).map(|c| bounded.charges.get(&c.id).is_some());
+            if in_memory == Ok(false) && outbox.charge(&env.document_id).unwrap().is_some() {
+                read_back += 1;
+            }
+            assert_eq!(bounded.route_charge(&env, &reg), unbounded.route_charge(&env, &reg), "event {}", env.event_id);
+            decided += 1;
+            if let Some((id, version, status)) = bounded.take_applied() {
+                outbox.accept(Some((&id, crate::outbox::ChargeState { version, status })), vec![], &src, 1).unwrap();
+            }
+            assert!(bounded.charges.current.len() + bounded.charges.previous.len() <= 4, "memory holds at most 4 states");
+        }
+        assert!(decided > 20 && read_back > 0, "{decided} events, {read_back} states read back from the outbox");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The routing rules reproduce `expected.json` exactly, effect for effect.
