@@ -61,9 +61,13 @@ async fn main() -> anyhow::Result<()> {
         env: a.pixgate_env,
     };
     println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
+    // Ctrl-C or SIGTERM: dropping the run stops the broker and pixgate it started (a
+    // SIGTERM used to leave tansu running).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let report = tokio::select! {
         r = load::run(&cfg) => r?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; everything started is stopped"),
+        _ = term.recv() => anyhow::bail!("terminated; everything started is stopped"),
     };
     println!("{}", load::table(&cfg, &report));
     Ok(())
