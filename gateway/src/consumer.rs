@@ -413,9 +413,7 @@ impl Pipeline {
                 self.stats.health.outbox_failing(Some(e.to_string()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                let w = until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await;
-                self.stats.health.outbox_failing(None);
-                w
+                until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await
             }
         };
         let mut parked = false;
@@ -656,9 +654,8 @@ async fn until_stored<T>(stats: &Stats, what: &str, mut write: impl FnMut() -> R
     loop {
         match tokio::task::block_in_place(&mut write) {
             Ok(v) => {
-                if delay > Duration::from_millis(100) {
-                    stats.health.outbox_failing(None);
-                }
+                // Clears what this call or its caller reported (a no-op when nothing was).
+                stats.health.outbox_failing(None);
                 return v;
             }
             Err(e) => {

@@ -268,7 +268,7 @@ mod tests {
 
         // A record-level dead letter has no job to replay.
         let a = crate::outbox::Accept { deadletters: vec![DeadLetter::new("not_json", "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
-        let (_, parked) = o.accept_batch(&[a], 5).unwrap().pop().unwrap();
+        let (_, parked) = o.write(&[a], &[], 5).unwrap().pop().unwrap();
         assert!(matches!(o.replay(parked[0], 6, |_| chrono::Duration::zero()), Err(ReplayError::NoJob { .. })));
         assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);
         o.mark_published(&[id, parked[0]], 7).unwrap();

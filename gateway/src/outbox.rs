@@ -109,7 +109,7 @@ pub struct ParkedDeadLetter {
     pub job: Option<StoredJob>,
 }
 
-/// A device registry change to store ([`Outbox::accept_batch`]).
+/// A device registry change to store ([`Outbox::write`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceEntry {
     /// Device id.
@@ -121,7 +121,7 @@ pub struct DeviceEntry {
 }
 
 /// Everything one Kafka record leads to, written in one transaction by
-/// [`Outbox::accept_batch`].
+/// [`Outbox::write`].
 #[derive(Debug, Clone, Default)]
 pub struct Accept {
     /// The charge state the router applied (charge id, state).
@@ -260,14 +260,6 @@ impl Outbox {
         Ok(Outbox { db })
     }
 
-    /// [`Outbox::write`] without removals.
-    ///
-    /// # Errors
-    /// Disk or database failure; then nothing of this call was written.
-    pub fn accept_batch(&self, batch: &[Accept], now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
-        self.write(batch, &[], now_ms)
-    }
-
     /// Atomically, in one transaction: for every record of `batch`, records its charge
     /// state and registry change, queues each job whose message id is not in the dedupe
     /// window (assigning its device's next `seq`), and parks its dead letters; and removes
@@ -339,7 +331,7 @@ impl Outbox {
         Ok(out)
     }
 
-    /// [`Outbox::accept_batch`] for one record's charge state and jobs (no dead letters).
+    /// [`Outbox::write`] for one record's charge state and jobs (no dead letters).
     /// Returns the jobs queued.
     ///
     /// # Errors
@@ -347,7 +339,7 @@ impl Outbox {
     #[cfg(test)]
     pub(crate) fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<StoredJob>, OutboxError> {
         let a = Accept { charge: charge.map(|(id, st)| (id.to_string(), st)), jobs, source: Some(source.clone()), ..Accept::default() };
-        Ok(self.accept_batch(&[a], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
+        Ok(self.write(&[a], &[], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
     }
 
     /// Durably, in one transaction: removes a job that cannot be carried out (delivery
@@ -589,23 +581,7 @@ impl Outbox {
         }))
     }
 
-    /// Every charge's last applied state.
-    ///
-    /// # Errors
-    /// Disk or database failure.
-    pub fn charges(&self) -> Result<Vec<(String, ChargeState)>, OutboxError> {
-        let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(CHARGES).map_err(err)?;
-        let mut out = Vec::new();
-        for item in table.iter().map_err(err)? {
-            let (k, v) = item.map_err(err)?;
-            let (version, code) = v.value();
-            out.push((k.value().to_string(), ChargeState { version, status: status_from(code) }));
-        }
-        Ok(out)
-    }
-
-    /// Every registry entry stored by [`Outbox::accept_batch`] ([`Accept::device`]): id, oplog
+    /// Every registry entry stored by [`Outbox::write`] ([`Accept::device`]): id, oplog
     /// position, document.
     ///
     /// # Errors
@@ -686,7 +662,8 @@ mod tests {
         let pending = o.pending().unwrap();
         assert_eq!(pending.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(), [("b", 2), ("x", 1)]);
         assert_eq!(pending[0].source, src(1));
-        assert_eq!(o.charges().unwrap(), [("c".to_string(), ChargeState { version: 3, status: ChargeStatus::Completed })]);
+        assert_eq!(o.charge("c").unwrap(), Some(ChargeState { version: 3, status: ChargeStatus::Completed }));
+        assert_eq!(o.charge("other").unwrap(), None);
         // Sequence numbers continue after a restart; a completed id stays deduped.
         let q = o.accept(None, vec![("p".into(), job("a")), ("p".into(), job("c"))], &src(2), 3000).unwrap();
         assert_eq!(q.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(), [("c", 3)]);

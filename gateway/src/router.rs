@@ -134,13 +134,6 @@ impl Router {
         Router { charges: ChargeCache::new(cache), store: Some(outbox), ..Router::new(seen_capacity) }
     }
 
-    /// Restores the last applied `(__v, status)` of charges.
-    pub fn restore(&mut self, charges: impl IntoIterator<Item = (String, i64, ChargeStatus)>) {
-        for (id, v, status) in charges {
-            self.charges.insert(id, (v, status));
-        }
-    }
-
     /// The charge's last applied state: in memory, else in the outbox.
     fn previous(&self, id: &str) -> Result<Option<(i64, ChargeStatus)>, String> {
         if let Some(s) = self.charges.get(id) {
