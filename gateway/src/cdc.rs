@@ -177,7 +177,7 @@ pub struct Device {
 /// envelope fields (`clusterTime` with a `t` or `i` that is not an unsigned 32-bit integer,
 /// as BSON timestamps are, is `Invalid`).
 pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+    let mut v: Value = serde_json::from_slice(bytes).map_err(|e| DecodeError::NotJson(e.to_string()))?;
     if !v.is_object() {
         return Err(DecodeError::NotJson("not a JSON object".into()));
     }
@@ -197,10 +197,11 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
         ts[k].as_u64().filter(|n| *n <= u64::from(u32::MAX)).ok_or_else(|| invalid("clusterTime", format!("{k} is not an unsigned 32-bit integer: {}", ts[k])))
     };
     let (t, i) = (part("t")?, part("i")?);
-    let full_document = match &v["fullDocument"] {
-        Value::Null => None,
-        d @ Value::Object(_) => Some(d.clone()),
-        _ => return Err(invalid("fullDocument", "not an object".into())),
+    // Moved out, not cloned: the document is most of the record.
+    let full_document = match v.get_mut("fullDocument").map(Value::take) {
+        None | Some(Value::Null) => None,
+        Some(d @ Value::Object(_)) => Some(d),
+        Some(_) => return Err(invalid("fullDocument", "not an object".into())),
     };
     Ok(Envelope { event_id, operation, document_id, cluster_time: (t << 32) | i, full_document })
 }
