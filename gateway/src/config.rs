@@ -291,6 +291,11 @@ pub struct DeliveryConfig {
     /// then is *expired*: never sent again, recorded on the dead-letter topic (reason
     /// `expired`). `display_qr` lives until its charge's `expiresDate`.
     pub ttl: TtlConfig,
+    /// Bytes of queued jobs (their JSON as published) kept in memory, all devices together.
+    /// A job beyond it keeps only its header in memory and is read back from the outbox when
+    /// sent; so are jobs reloaded at start-up. Memory against disk reads: at 32 MiB a backlog
+    /// of a few thousand receipts is sent without reading the outbox back.
+    pub held_payload_bytes: usize,
 }
 
 /// Time to live per job kind, seconds from when the job is accepted into the outbox.
@@ -322,6 +327,7 @@ impl Default for DeliveryConfig {
             max_deliveries: 10,
             default_time_zone: "America/Sao_Paulo".into(),
             ttl: TtlConfig::default(),
+            held_payload_bytes: 32 << 20,
         }
     }
 }

@@ -42,7 +42,7 @@ use crate::deadletter::{self, DeadLetter};
 use crate::dispatch::{Command, Finished, Outcome};
 use crate::jobs;
 use crate::offsets::{OffsetTracker, Partition};
-use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Removal, SourceRef, StoredJob};
+use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Queued, Removal, SourceRef};
 use crate::registry::Registry;
 use crate::router::{Decision, Router};
 use crate::stats::Stats;
@@ -103,7 +103,7 @@ struct Planned {
 }
 
 /// What [`Outbox::write`] returns per record: the jobs queued, the dead letters parked.
-type Written = Vec<(Vec<StoredJob>, Vec<u64>)>;
+type Written = Vec<(Vec<Queued>, Vec<u64>)>;
 
 /// A batch the outbox writer (a blocking thread) is writing while the loop plans the next.
 struct Writing {
@@ -396,7 +396,8 @@ impl Pipeline {
         let removals = std::mem::take(&mut self.removals);
         let (outbox, now) = (self.outbox.clone(), self.clock.now_ms());
         let handle = tokio::task::spawn_blocking(move || {
-            let r = outbox.write(&accepts, &removals, now);
+            let mut accepts = accepts;
+            let r = outbox.write(&mut accepts, &removals, now);
             (accepts, removals, r)
         });
         Some(Writing { records, handle })
@@ -405,7 +406,7 @@ impl Pipeline {
     /// A write returned: on failure it is retried here until the disk takes it (reading on
     /// past an effect that is not stored would lose it, so reading holds meanwhile); then
     /// the jobs go to the dispatcher and the records' offsets are stored.
-    async fn on_written(&mut self, consumer: &GatewayConsumer, records: Vec<RecordRef>, (accepts, removals, result): (Vec<Accept>, Vec<Removal>, Result<Written, OutboxError>)) {
+    async fn on_written(&mut self, consumer: &GatewayConsumer, records: Vec<RecordRef>, (mut accepts, removals, result): (Vec<Accept>, Vec<Removal>, Result<Written, OutboxError>)) {
         let written = match result {
             Ok(w) => w,
             Err(e) => {
@@ -413,7 +414,7 @@ impl Pipeline {
                 self.stats.health.outbox_failing(Some(e.to_string()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                until_stored(&self.stats, "the batch", || outbox.write(&accepts, &removals, clock.now_ms())).await
+                until_stored(&self.stats, "the batch", || outbox.write(&mut accepts, &removals, clock.now_ms())).await
             }
         };
         let mut parked = false;
@@ -421,7 +422,7 @@ impl Pipeline {
             parked |= !dls.is_empty();
             // Counted when planned; a job the dedupe window left out is not in the outbox.
             for (device, job) in &accept.jobs {
-                if !queued.iter().any(|s| s.job.message_id == job.message_id) {
+                if !queued.iter().any(|q| q.stored.job.message_id == job.message_id) {
                     self.outbox_jobs = self.outbox_jobs.saturating_sub(1);
                     if let Some(n) = self.device_jobs.get_mut(device) {
                         *n = n.saturating_sub(1);

@@ -20,15 +20,18 @@
 //! The dispatcher is one task owning the in-memory mirror of the durable outbox
 //! ([`crate::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
 //! is given every job the outbox still holds. Its queues are bounded by the outbox bound
-//! (see [`crate::consumer`]). With an outbox attached ([`Dispatcher::with_outbox`]) the
-//! jobs waiting behind a device's head are kept without their payload, read back from the
-//! outbox when sent: memory stays small and flat however full the outbox gets.
+//! (see [`crate::consumer`]). A job arrives with its wire bytes (its JSON as the outbox
+//! stored it), published as they are. Queued jobs keep them in memory up to
+//! `delivery.held_payload_bytes` in all; beyond that, and for jobs reloaded at start-up, only
+//! the job's header is kept and the bytes are read back from the outbox when the job is
+//! sent ([`Dispatcher::with_outbox`]): memory stays flat however full the outbox gets.
 
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
 use crate::mqtt::{Incoming, Publisher};
-use crate::outbox::{Outbox, StoredJob};
+use crate::outbox::{Outbox, Queued, StoredJob};
 use crate::stats::Stats;
+use bytes::Bytes;
 use device_protocol::{AckResult, EffectKind, PrinterState, Topic};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -39,7 +42,7 @@ use tokio::sync::mpsc;
 #[derive(Debug)]
 pub enum Command {
     /// Queue a job the outbox has stored (its `seq` assigned there).
-    Enqueue(StoredJob),
+    Enqueue(Queued),
     /// A message from a device.
     Device(Incoming),
 }
@@ -67,8 +70,24 @@ pub struct Finished {
     pub outcome: Outcome,
 }
 
+/// A job waiting in its device's queue.
+struct Pending {
+    /// Without its payload.
+    stored: StoredJob,
+    /// What to publish, while `held_payload_bytes` allows; else read back when sent.
+    wire: Option<Bytes>,
+}
+
+impl Pending {
+    fn held(&self) -> usize {
+        self.wire.as_ref().map_or(0, Bytes::len)
+    }
+}
+
 struct InFlight {
     stored: StoredJob,
+    /// What is published (and published again on a resend); read back if it was not held.
+    wire: Option<Bytes>,
     attempts: u32,
     /// When to act next: the ack timeout if `awaiting_ack`, else the retry time.
     due: Instant,
@@ -77,7 +96,7 @@ struct InFlight {
 
 #[derive(Default)]
 struct DeviceQueue {
-    queue: VecDeque<StoredJob>,
+    queue: VecDeque<Pending>,
     in_flight: Option<InFlight>,
     online: Option<bool>,
     printer: Option<PrinterState>,
@@ -98,8 +117,11 @@ pub struct Dispatcher {
     stats: Arc<Stats>,
     clock: Clock,
     devices: HashMap<String, DeviceQueue>,
-    /// Where payloads are read back from; `None`: jobs are kept whole.
+    /// Where wire bytes not held are read back from; `None`: every job is held (or, reloaded
+    /// whole, serialized when sent).
     outbox: Option<Arc<Outbox>>,
+    /// Wire bytes held by queued jobs (not the in-flight ones: at most one per device), bytes.
+    held: usize,
 }
 
 impl Dispatcher {
@@ -109,45 +131,49 @@ impl Dispatcher {
     /// the consumer bounds, and a bounded channel here could deadlock against the
     /// consumer's bounded [`Command`] channel.
     pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, clock: Clock) -> Self {
-        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new(), outbox: None }
+        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new(), outbox: None, held: 0 }
     }
 
-    /// Keeps queued jobs without their payload, reading it back from `outbox` (where every
-    /// job the dispatcher is given is stored) when the job is sent.
+    /// Reads the wire bytes of jobs whose bytes are not held (beyond
+    /// `delivery.held_payload_bytes`, or reloaded at start-up) back from `outbox`, where every
+    /// job the dispatcher is given is stored.
     pub fn with_outbox(mut self, outbox: Arc<Outbox>) -> Self {
         self.outbox = Some(outbox);
         self
     }
 
-    /// A job to wait in a queue: without its payload when it can be read back.
-    fn shelve(&self, stored: StoredJob) -> StoredJob {
-        if self.outbox.is_some() {
-            stored.without_payload()
-        } else {
-            stored
-        }
+    /// A job to wait in a queue: its wire bytes held while the budget allows (always
+    /// without an outbox to read them back from).
+    fn shelve(&mut self, q: Queued) -> Pending {
+        let keep = self.outbox.is_none() || self.held + q.wire.len() <= self.cfg.held_payload_bytes;
+        let wire = keep.then_some(q.wire);
+        self.held += wire.as_ref().map_or(0, Bytes::len);
+        Pending { stored: q.stored, wire }
     }
 
     /// Queues jobs stored before a restart, in their order, applying the supersede rule
     /// again: a `display_qr` followed in its device's queue by its charge's paid/expired
     /// screen or receipt is over, even if its removal had not reached the disk before the
     /// crash (the next job may already have been carried out).
+    ///
+    /// `jobs` are headers ([`Outbox::pending_headers`]) when an outbox is attached: their
+    /// wire bytes are read back when sent. Without one, the job is serialized when sent.
     pub fn preload(&mut self, jobs: Vec<StoredJob>) {
         for stored in jobs {
-            let stored = self.shelve(stored);
-            self.devices.entry(stored.device.clone()).or_default().queue.push_back(stored);
+            self.devices.entry(stored.device.clone()).or_default().queue.push_back(Pending { stored, wire: None });
         }
         let mut over = Vec::new();
         for q in self.devices.values_mut() {
-            let ends: Vec<(String, u64)> = q.queue.iter().filter(|s| ends_qr(s.job.kind)).map(|s| (s.job.charge_id.clone(), s.job.seq)).collect();
-            let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|s: &StoredJob| {
+            let ends: Vec<(String, u64)> = q.queue.iter().filter(|p| ends_qr(p.stored.job.kind)).map(|p| (p.stored.job.charge_id.clone(), p.stored.job.seq)).collect();
+            let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|p: &Pending| {
+                let s = &p.stored;
                 s.job.kind == EffectKind::DisplayQr && ends.iter().any(|(c, seq)| *c == s.job.charge_id && *seq > s.job.seq)
             });
             q.queue = kept;
-            over.extend::<VecDeque<StoredJob>>(gone);
+            over.extend::<VecDeque<Pending>>(gone);
         }
-        for s in over {
-            self.finish(s, Outcome::Superseded);
+        for p in over {
+            self.finish(p.stored, Outcome::Superseded);
         }
     }
 
@@ -188,24 +214,23 @@ impl Dispatcher {
 
     async fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Enqueue(stored) => {
-                let device = stored.device.clone();
+            Command::Enqueue(queued) => {
+                let device = queued.stored.device.clone();
                 let q = self.devices.entry(device.clone()).or_default();
-                let job = &stored.job;
+                let job = &queued.stored.job;
                 // A printer's pay-with-Pix slip (`display_qr`) is over once its receipt is due too.
                 if ends_qr(job.kind) {
                     let (superseded, kept) = std::mem::take(&mut q.queue)
                         .into_iter()
-                        .partition(|s: &StoredJob| s.job.kind == EffectKind::DisplayQr && s.job.charge_id == job.charge_id);
+                        .partition(|p: &Pending| p.stored.job.kind == EffectKind::DisplayQr && p.stored.job.charge_id == job.charge_id);
                     q.queue = kept;
-                    for s in superseded {
-                        self.finish(s, Outcome::Superseded);
+                    for p in superseded {
+                        self.held -= p.held();
+                        self.finish(p.stored, Outcome::Superseded);
                     }
                 }
-                // Sent at once when the device is idle: no need to drop the payload and read it back.
-                let idle = self.devices.get(&device).is_some_and(|q| q.in_flight.is_none() && q.queue.is_empty() && q.can_send());
-                let stored = if idle { stored } else { self.shelve(stored) };
-                self.devices.get_mut(&device).expect("just inserted").queue.push_back(stored);
+                let pending = self.shelve(queued);
+                self.devices.get_mut(&device).expect("just inserted").queue.push_back(pending);
                 self.pump(&device).await;
             }
             Command::Device(Incoming::Ack { device, ack }) => {
@@ -262,8 +287,9 @@ impl Dispatcher {
         let now = Instant::now();
         let wall_now = self.clock.now();
         if q.in_flight.is_none() {
-            let Some(stored) = q.queue.pop_front() else { return };
-            q.in_flight = Some(InFlight { stored, attempts: 0, due: now, awaiting_ack: false });
+            let Some(p) = q.queue.pop_front() else { return };
+            self.held -= p.held();
+            q.in_flight = Some(InFlight { stored: p.stored, wire: p.wire, attempts: 0, due: now, awaiting_ack: false });
         }
         let f = q.in_flight.as_mut().expect("set above");
         if f.due > now {
@@ -285,10 +311,10 @@ impl Dispatcher {
             }
             self.stats.update(|s| s.job_redeliveries += 1);
         }
-        if f.stored.job.payload.is_empty() {
+        if f.wire.is_none() {
             if let Some(outbox) = &self.outbox {
-                match outbox.job(device, f.stored.job.seq) {
-                    Ok(Some(full)) => f.stored = full,
+                match outbox.wire(device, f.stored.job.seq) {
+                    Ok(Some(wire)) => f.wire = Some(wire),
                     Ok(None) => {
                         // Not in the outbox any more (finished by an earlier run): nothing to send.
                         tracing::error!(device, seq = f.stored.job.seq, message_id = %f.stored.job.message_id, "queued job is no longer in the outbox; dropped");
@@ -296,7 +322,7 @@ impl Dispatcher {
                         return Box::pin(self.pump(device)).await;
                     }
                     Err(e) => {
-                        tracing::error!(device, seq = f.stored.job.seq, error = %e, "cannot read the job's payload from the outbox; retrying");
+                        tracing::error!(device, seq = f.stored.job.seq, error = %e, "cannot read the job from the outbox; retrying");
                         f.due = now + backoff(&self.cfg, f.attempts.max(1));
                         return;
                     }
@@ -306,7 +332,8 @@ impl Dispatcher {
         f.attempts += 1;
         f.awaiting_ack = true;
         f.due = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, f.attempts - 1);
-        let payload = serde_json::to_vec(&f.stored.job).expect("job serialises");
+        // Without an outbox, a job reloaded whole is serialized here.
+        let payload = f.wire.clone().unwrap_or_else(|| Bytes::from(serde_json::to_vec(&f.stored.job).expect("a job serialises")));
         let topic = Topic::Jobs(device.to_string()).path();
         if let Err(e) = self.publisher.publish(topic, payload).await {
             tracing::error!(device, error = %e, "cannot publish job; will retry at its timeout");
@@ -332,14 +359,15 @@ impl Dispatcher {
         let now = self.clock.now();
         let mut expired = Vec::new();
         for q in self.devices.values_mut() {
-            if q.queue.iter().any(|s| s.job.expires_at.is_some_and(|at| at <= now)) {
-                let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|s: &StoredJob| s.job.expires_at.is_some_and(|at| at <= now));
+            if q.queue.iter().any(|p| p.stored.job.expires_at.is_some_and(|at| at <= now)) {
+                let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|p: &Pending| p.stored.job.expires_at.is_some_and(|at| at <= now));
                 q.queue = kept;
-                expired.extend::<VecDeque<StoredJob>>(gone);
+                expired.extend::<VecDeque<Pending>>(gone);
             }
         }
-        for s in expired {
-            self.expired(s);
+        for p in expired {
+            self.held -= p.held();
+            self.expired(p.stored);
         }
     }
 
@@ -377,7 +405,7 @@ mod tests {
 
     struct Harness {
         cmd: mpsc::Sender<Command>,
-        sent: mpsc::Receiver<(String, Vec<u8>)>,
+        sent: mpsc::Receiver<(String, Bytes)>,
         finished: mpsc::UnboundedReceiver<Finished>,
         stats: Arc<Stats>,
         clock: Clock,
@@ -413,7 +441,7 @@ mod tests {
         async fn enqueue(&self, dev: &str, mut j: Job, seq: i64) {
             j.seq = seq as u64;
             let source = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq, key: None };
-            self.cmd.send(Command::Enqueue(StoredJob { device: dev.into(), job: j, source })).await.unwrap();
+            self.cmd.send(Command::Enqueue(Queued::from_stored(StoredJob { device: dev.into(), job: j, source }))).await.unwrap();
         }
         async fn ack(&self, dev: &str, id: &str, result: AckResult, permanent: bool) {
             let ack = match result {
@@ -601,25 +629,32 @@ mod tests {
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("slip", Outcome::Superseded));
     }
 
-    /// With an outbox attached, queued jobs are held without their payload and read back
-    /// when sent: each device still gets every job whole, in order, whether it was
-    /// reloaded at start-up or enqueued behind a busy head; a failed one's dead letter
-    /// keeps the stored job, payload included.
-    #[tokio::test]
-    async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
-        let dir = std::env::temp_dir().join(format!("pixgate-dispatch-payload-{}", std::process::id()));
+    /// A fresh outbox in a temporary folder named after `name`, and a source to store jobs with.
+    fn temp_outbox(name: &str) -> (std::path::PathBuf, Arc<Outbox>, crate::outbox::SourceRef) {
+        let dir = std::env::temp_dir().join(format!("pixgate-dispatch-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let outbox = Arc::new(Outbox::open(&dir.join("outbox.redb")).unwrap());
-        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
-        let with_payload = |id: &str| {
-            let mut j = job(id, EffectKind::PrintReceipt, &format!("c-{id}"));
-            j.payload = Job::encode_payload(format!("receipt bytes of {id}").as_bytes());
-            j
-        };
+        (dir, outbox, crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None })
+    }
+
+    /// A receipt job whose payload names it.
+    fn with_payload(id: &str) -> Job {
+        let mut j = job(id, EffectKind::PrintReceipt, &format!("c-{id}"));
+        j.payload = Job::encode_payload(format!("receipt bytes of {id}").as_bytes());
+        j
+    }
+
+    /// With an outbox attached and no memory for payloads, queued jobs keep only their
+    /// header and are read back when sent: each device still gets every job whole, in
+    /// order, whether it was reloaded at start-up or enqueued behind a busy head; a failed
+    /// one's dead letter keeps the stored job, payload included.
+    #[tokio::test]
+    async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
+        let (dir, outbox, src) = temp_outbox("payload");
         // Two stored before a "restart" (reloaded without payloads), two after (queued behind a busy head).
         let before = outbox.accept(None, vec![("p".into(), with_payload("a")), ("p".into(), with_payload("b"))], &src, 1).unwrap();
         assert_eq!(before.len(), 2);
-        let cfg = DeliveryConfig { ack_timeout_ms: 10_000, ..DeliveryConfig::default() };
+        let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: 0, ..DeliveryConfig::default() };
         let (publisher, mut sent) = Publisher::channel(64);
         let (ftx, mut finished) = mpsc::unbounded_channel();
         let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default()).with_outbox(outbox.clone());
@@ -659,6 +694,39 @@ mod tests {
             assert_eq!(value.payload_bytes().unwrap(), b"receipt bytes of d", "the dead letter's value is the whole job");
         }
         assert!(outbox.pending().unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Queued jobs keep their wire bytes in memory up to `held_payload_bytes`, and are sent
+    /// from memory; beyond it they are read back from the outbox. Told apart here by taking
+    /// both rows out of the outbox while they wait: the held job still goes out whole, the
+    /// other one is found gone and not sent.
+    #[tokio::test]
+    async fn queued_jobs_are_held_up_to_the_budget_then_read_back() {
+        let (dir, outbox, src) = temp_outbox("held");
+        let queued = outbox.accept(None, ["head", "held", "read"].map(|id| ("p".to_string(), with_payload(id))).to_vec(), &src, 1).unwrap();
+        // Room for one of the two that wait behind the head.
+        let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: queued[1].wire.len(), ..DeliveryConfig::default() };
+        let (publisher, mut sent) = Publisher::channel(64);
+        let (ftx, mut finished) = mpsc::unbounded_channel();
+        let d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default()).with_outbox(outbox.clone());
+        let (cmd, rx) = mpsc::channel(8);
+        tokio::spawn(d.run(rx));
+        for q in queued {
+            cmd.send(Command::Enqueue(q)).await.unwrap();
+        }
+        let (_, wire) = sent.recv().await.unwrap();
+        assert_eq!(serde_json::from_slice::<Job>(&wire).unwrap().message_id, "head");
+        outbox.complete("p", 2, false).unwrap();
+        outbox.complete("p", 3, false).unwrap();
+        cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done("head", 1, false) })).await.unwrap();
+        assert_eq!(finished.recv().await.unwrap().outcome, Outcome::Done);
+        let (_, wire) = sent.recv().await.unwrap();
+        let j: Job = serde_json::from_slice(&wire).unwrap();
+        assert_eq!((j.message_id.as_str(), j.payload_bytes().unwrap()), ("held", b"receipt bytes of held".to_vec()), "sent from memory");
+        cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done("held", 2, false) })).await.unwrap();
+        assert_eq!(finished.recv().await.unwrap().outcome, Outcome::Done);
+        assert!(tokio::time::timeout(Duration::from_millis(300), sent.recv()).await.is_err(), "the job not held was read back, found gone, and not sent");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -97,7 +97,7 @@ async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
     match s.outbox.replay(id, now, |k| crate::jobs::ttl_of(k, &s.ttl)) {
         Ok(stored) => {
             let v = inspect::replayed(&stored);
-            if s.commands.send(Command::Enqueue(stored)).await.is_err() {
+            if s.commands.send(Command::Enqueue(crate::outbox::Queued::from_stored(stored))).await.is_err() {
                 tracing::error!(id, "dispatcher gone: the replayed job waits in the outbox for the next start");
             }
             (StatusCode::OK, Json(v))

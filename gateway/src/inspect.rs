@@ -255,7 +255,7 @@ mod tests {
         assert_eq!(outbox_show(&o, "p1", 1).unwrap()["job"]["message_id"], "m1");
         assert!(matches!(outbox_show(&o, "p1", 9), Err(InspectError::NotFound(_))));
 
-        let id = o.fail_job(&q[0], DeadLetter::for_job("expired", "too late".into(), &q[0]), 2).unwrap();
+        let id = o.fail_job(&q[0].stored, DeadLetter::for_job("expired", "too late".into(), &q[0].stored), 2).unwrap();
         assert_eq!(outbox_devices(&o).unwrap()["total"], 0, "a failed job leaves the queue");
         let list = deadletter_list(&o).unwrap();
         assert_eq!((list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()), (Some("parked"), Some(true)));
@@ -268,7 +268,7 @@ mod tests {
 
         // A record-level dead letter has no job to replay.
         let a = crate::outbox::Accept { deadletters: vec![DeadLetter::new("not_json", "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
-        let (_, parked) = o.write(&[a], &[], 5).unwrap().pop().unwrap();
+        let (_, parked) = o.write(&mut [a], &[], 5).unwrap().pop().unwrap();
         assert!(matches!(o.replay(parked[0], 6, |_| chrono::Duration::zero()), Err(ReplayError::NoJob { .. })));
         assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);
         o.mark_published(&[id, parked[0]], 7).unwrap();

@@ -12,6 +12,7 @@
 
 use crate::config::MqttConfig;
 use anyhow::{bail, Context};
+use bytes::Bytes;
 use device_protocol::{topics, Ack, Status, Topic};
 use rumqttd::{Broker, Config, ConnectionSettings, Notification, RouterConfig, ServerSettings};
 use std::collections::HashMap;
@@ -41,22 +42,22 @@ pub enum Incoming {
 /// Sends jobs into the broker. Cloneable; bounded (a full channel makes the caller wait).
 #[derive(Debug, Clone)]
 pub struct Publisher {
-    tx: mpsc::Sender<(String, Vec<u8>)>,
+    tx: mpsc::Sender<(String, Bytes)>,
 }
 
 impl Publisher {
     /// A publisher not backed by a broker: what it publishes arrives on the returned
     /// receiver. For tests and tools that stand in for the broker.
-    pub fn channel(capacity: usize) -> (Publisher, mpsc::Receiver<(String, Vec<u8>)>) {
+    pub fn channel(capacity: usize) -> (Publisher, mpsc::Receiver<(String, Bytes)>) {
         let (tx, rx) = mpsc::channel(capacity);
         (Publisher { tx }, rx)
     }
 
-    /// Publishes `payload` on `topic`.
+    /// Publishes `payload` on `topic` (shared bytes: handed to the broker without a copy).
     ///
     /// # Errors
     /// The broker link is gone.
-    pub async fn publish(&self, topic: String, payload: Vec<u8>) -> anyhow::Result<()> {
+    pub async fn publish(&self, topic: String, payload: Bytes) -> anyhow::Result<()> {
         self.tx.send((topic, payload)).await.context("MQTT publisher thread is gone")
     }
 }
@@ -115,7 +116,7 @@ pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Resu
     link_tx.subscribe(topics::ALL_ACKS).context("subscribe acks")?;
     link_tx.subscribe(topics::ALL_STATUS).context("subscribe status")?;
 
-    let (tx, mut rx) = mpsc::channel::<(String, Vec<u8>)>(1024);
+    let (tx, mut rx) = mpsc::channel::<(String, Bytes)>(1024);
     std::thread::Builder::new().name("mqtt-publish".into()).spawn(move || {
         while let Some((topic, payload)) = rx.blocking_recv() {
             if let Err(e) = link_tx.publish(topic.clone(), payload) {
@@ -265,7 +266,7 @@ mod tests {
         }
         for i in 0..20u8 {
             let payload = vec![b'a' + i; 50 * 1024];
-            publisher.publish(jobs.clone(), payload.clone()).await.unwrap();
+            publisher.publish(jobs.clone(), payload.clone().into()).await.unwrap();
             let got = loop {
                 match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
                     Ok(Ok(Event::Incoming(rumqttc::Packet::Publish(p)))) => break p,

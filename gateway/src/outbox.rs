@@ -19,7 +19,9 @@
 //! its own ([`Durability::None`]; it becomes durable with the next synced write): a removal
 //! lost in a crash only means the job is sent again, and the device dedupes it by message id.
 //!
-//! Tables: `jobs` (device, seq) → JSON [`StoredJob`]; `seq` device → last seq; `seen`
+//! Tables: `jobs` (device, seq) → a job row ([`encode_row`]: its source, then the job's JSON
+//! exactly as the device receives it, so it is serialized once and published as stored);
+//! `seq` device → last seq; `seen`
 //! message id → accepted-at (Unix ms); `charges` charge id → (`__v`, status code);
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
 //! registry, so that a restart does not forget devices whose events are already committed;
@@ -28,6 +30,7 @@
 
 use crate::cdc::ChargeStatus;
 use crate::deadletter::DeadLetter;
+use bytes::Bytes;
 use device_protocol::Job;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -82,12 +85,58 @@ pub struct StoredJob {
 impl StoredJob {
     /// The job with its payload dropped (an empty `job.payload`), as the dispatcher keeps
     /// the jobs waiting behind a device's head: a receipt's payload is kilobytes, the
-    /// rest a few hundred bytes, so a full outbox does not fill memory. The payload is
-    /// read back from the outbox ([`Outbox::job`]) when the job is sent.
+    /// rest a few hundred bytes, so a full outbox does not fill memory. What is sent is
+    /// read back from the outbox ([`Outbox::wire`]).
     pub fn without_payload(mut self) -> StoredJob {
         self.job.payload = String::new();
         self
     }
+}
+
+/// A job as the outbox queued it: its header for the dispatcher's queue and the bytes its
+/// device receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Queued {
+    /// The stored job without its payload ([`StoredJob::without_payload`]).
+    pub stored: StoredJob,
+    /// The job's JSON ([`Job`], payload included) exactly as stored and as published on
+    /// the device's jobs topic.
+    pub wire: Bytes,
+}
+
+impl Queued {
+    /// Serializes `stored`'s job (payload included) as its wire bytes: for a job that does
+    /// not come from [`Outbox::write`] ([`Outbox::replay`]'s, tests').
+    pub fn from_stored(stored: StoredJob) -> Queued {
+        let wire = Bytes::from(serde_json::to_vec(&stored.job).expect("a job serialises"));
+        Queued { stored: stored.without_payload(), wire }
+    }
+}
+
+/// A `jobs` row: the length of the source's JSON (`u32`, little-endian), the source
+/// ([`SourceRef`], JSON), then `job`'s JSON: the wire bytes, which start at the returned
+/// offset. The device is the row's key.
+fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxError> {
+    let mut row = vec![0u8; 4];
+    serde_json::to_writer(&mut row, source).map_err(err)?;
+    let at = row.len();
+    row[..4].copy_from_slice(&u32::try_from(at - 4).map_err(err)?.to_le_bytes());
+    serde_json::to_writer(&mut row, job).map_err(err)?;
+    Ok((row, at))
+}
+
+/// The source's JSON and the job's wire bytes of a `jobs` row ([`encode_row`]).
+fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
+    let bad = || OutboxError("a jobs row is shorter than its header says".into());
+    let len = u32::from_le_bytes(row.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
+    let source = row.get(4..4 + len).ok_or_else(bad)?;
+    Ok((source, &row[4 + len..]))
+}
+
+/// The [`StoredJob`] of `device`'s `jobs` row.
+fn decode_row(device: &str, row: &[u8]) -> Result<StoredJob, OutboxError> {
+    let (source, wire) = split_row(row)?;
+    Ok(StoredJob { device: device.to_string(), source: serde_json::from_slice(source).map_err(err)?, job: serde_json::from_slice(wire).map_err(err)? })
 }
 
 /// A dead letter kept in the outbox: parked until Kafka has it, then listed (for
@@ -262,9 +311,10 @@ impl Outbox {
 
     /// Atomically, in one transaction: for every record of `batch`, records its charge
     /// state and registry change, queues each job whose message id is not in the dedupe
-    /// window (assigning its device's next `seq`), and parks its dead letters; and removes
-    /// the finished jobs of `removals`. Returns, per record, the jobs queued (a job already
-    /// seen is left out) and the ids of the dead letters parked.
+    /// window (assigning its device's next `seq`, also written into the job in `batch`),
+    /// and parks its dead letters; and removes the finished jobs of `removals`. Returns,
+    /// per record, the jobs queued (a job already seen is left out) and the ids of the
+    /// dead letters parked.
     ///
     /// Durable when it returns (`Durability::Immediate`, one fsync) if `batch` is not empty
     /// or a removal is superseded; otherwise (only done jobs removed) not synced: see
@@ -273,7 +323,7 @@ impl Outbox {
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
-    pub fn write(&self, batch: &[Accept], removals: &[Removal], now_ms: u64) -> Result<Vec<(Vec<StoredJob>, Vec<u64>)>, OutboxError> {
+    pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Vec<(Vec<Queued>, Vec<u64>)>, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
@@ -306,19 +356,22 @@ impl Outbox {
                 }
                 let source = a.source.clone().unwrap_or_else(|| SourceRef { topic: String::new(), partition: -1, offset: -1, key: None });
                 let mut queued = Vec::new();
-                for (device, job) in &a.jobs {
+                for (device, job) in &mut a.jobs {
                     if seen.get(job.message_id.as_str()).map_err(err)?.is_some() {
                         continue;
                     }
-                    let mut job = job.clone();
                     let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
                     seq.insert(device.as_str(), next).map_err(err)?;
                     seen.insert(job.message_id.as_str(), now_ms).map_err(err)?;
                     job.seq = next;
-                    let stored = StoredJob { device: device.clone(), job, source: source.clone() };
-                    let bytes = serde_json::to_vec(&stored).map_err(err)?;
-                    table.insert((device.as_str(), next), bytes.as_slice()).map_err(err)?;
-                    queued.push(stored);
+                    let (row, at) = encode_row(&source, job)?;
+                    table.insert((device.as_str(), next), row.as_slice()).map_err(err)?;
+                    // The header without cloning the payload (kilobytes) only to drop it.
+                    let payload = std::mem::take(&mut job.payload);
+                    let header = job.clone();
+                    job.payload = payload;
+                    let stored = StoredJob { device: device.clone(), job: header, source: source.clone() };
+                    queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
                 }
                 let mut parked = Vec::new();
                 for dl in &a.deadletters {
@@ -337,9 +390,9 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
     #[cfg(test)]
-    pub(crate) fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<StoredJob>, OutboxError> {
+    pub(crate) fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<Queued>, OutboxError> {
         let a = Accept { charge: charge.map(|(id, st)| (id.to_string(), st)), jobs, source: Some(source.clone()), ..Accept::default() };
-        Ok(self.write(&[a], &[], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
+        Ok(self.write(&mut [a], &[], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
     }
 
     /// Durably, in one transaction: removes a job that cannot be carried out (delivery
@@ -357,7 +410,7 @@ impl Outbox {
             // The job as stored, payload included: the dispatcher's copy may have shed its
             // payload while queued ([`StoredJob::without_payload`]).
             let removed: Option<StoredJob> = match jobs.remove((stored.device.as_str(), stored.job.seq)).map_err(err)? {
-                Some(v) => Some(serde_json::from_slice(v.value()).map_err(err)?),
+                Some(v) => Some(decode_row(&stored.device, v.value())?),
                 None => None,
             };
             let job = match removed {
@@ -472,8 +525,8 @@ impl Outbox {
             if stored.job.kind != device_protocol::EffectKind::DisplayQr {
                 stored.job.expires_at = chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
             }
-            let bytes = serde_json::to_vec(&stored).map_err(|e| ReplayError::Outbox(err(e)))?;
-            tx.open_table(JOBS).map_err(|e| ReplayError::Outbox(err(e)))?.insert((stored.device.as_str(), next), bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let (row, _) = encode_row(&stored.source, &stored.job)?;
+            tx.open_table(JOBS).map_err(|e| ReplayError::Outbox(err(e)))?.insert((stored.device.as_str(), next), row.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
             parked.replayed_at_ms = Some(now_ms);
             let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
             dls.insert(id, bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
@@ -513,7 +566,7 @@ impl Outbox {
         let mut out = Vec::new();
         for item in table.range((device, 0u64)..=(device, u64::MAX)).map_err(err)? {
             let (_, v) = item.map_err(err)?;
-            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+            out.push(decode_row(device, v.value())?);
         }
         Ok(out)
     }
@@ -524,7 +577,7 @@ impl Outbox {
     /// Disk or database failure.
     #[cfg(test)]
     pub(crate) fn complete(&self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
-        self.write(&[], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
+        self.write(&mut [], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
     }
 
     /// Every queued job, by device then seq (delivery order).
@@ -549,21 +602,22 @@ impl Outbox {
         let table = tx.open_table(JOBS).map_err(err)?;
         let mut out = Vec::new();
         for item in table.iter().map_err(err)? {
-            let (_, v) = item.map_err(err)?;
-            out.push(f(serde_json::from_slice(v.value()).map_err(err)?));
+            let (k, v) = item.map_err(err)?;
+            out.push(f(decode_row(k.value().0, v.value())?));
         }
         Ok(out)
     }
 
-    /// One queued job, payload included; `None` if it is not queued (finished).
+    /// The wire bytes of one queued job (its JSON, payload included, as published);
+    /// `None` if it is not queued (finished). Read without parsing.
     ///
     /// # Errors
-    /// Disk or database failure, or a stored job that no longer parses.
-    pub fn job(&self, device: &str, seq: u64) -> Result<Option<StoredJob>, OutboxError> {
+    /// Disk or database failure, or a row shorter than its header says.
+    pub fn wire(&self, device: &str, seq: u64) -> Result<Option<Bytes>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
         let table = tx.open_table(JOBS).map_err(err)?;
         match table.get((device, seq)).map_err(err)? {
-            Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(err)?)),
+            Some(v) => Ok(Some(Bytes::copy_from_slice(split_row(v.value())?.1))),
             None => Ok(None),
         }
     }
@@ -653,7 +707,7 @@ mod tests {
             let o = Outbox::open(&path).unwrap();
             let st = ChargeState { version: 3, status: ChargeStatus::Completed };
             let q = o.accept(Some(("c", st)), vec![("p".into(), job("a")), ("p".into(), job("b")), ("t".into(), job("x"))], &src(1), 1000).unwrap();
-            assert_eq!(q.iter().map(|s| (s.device.as_str(), s.job.seq)).collect::<Vec<_>>(), [("p", 1), ("p", 2), ("t", 1)]);
+            assert_eq!(q.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq)).collect::<Vec<_>>(), [("p", 1), ("p", 2), ("t", 1)]);
             // The same record read again after a crash: nothing new is queued.
             assert!(o.accept(None, vec![("p".into(), job("a"))], &src(1), 2000).unwrap().is_empty());
             o.complete("p", 1, true).unwrap();
@@ -666,10 +720,32 @@ mod tests {
         assert_eq!(o.charge("other").unwrap(), None);
         // Sequence numbers continue after a restart; a completed id stays deduped.
         let q = o.accept(None, vec![("p".into(), job("a")), ("p".into(), job("c"))], &src(2), 3000).unwrap();
-        assert_eq!(q.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(), [("c", 3)]);
+        assert_eq!(q.iter().map(|q| (q.stored.job.message_id.as_str(), q.stored.job.seq)).collect::<Vec<_>>(), [("c", 3)]);
         // After the dedupe window, the id is forgotten.
         assert_eq!(o.prune_seen(2500).unwrap(), 3);
         assert_eq!(o.accept(None, vec![("p".into(), job("a"))], &src(3), 4000).unwrap().len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What the outbox hands the dispatcher is what it stored: the wire bytes are the job's
+    /// JSON with its `seq` and payload, read back the same by [`Outbox::wire`], and the
+    /// header is the same job without its payload.
+    #[test]
+    fn queued_wire_bytes_are_the_stored_job() {
+        let dir = std::env::temp_dir().join(format!("pixgate-outbox-wire-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Outbox::open(&dir.join("outbox.redb")).unwrap();
+        let mut j = job("w");
+        j.payload = Job::encode_payload(b"\x1b@receipt");
+        let q = o.accept(None, vec![("p".into(), j.clone()), ("p".into(), job("v"))], &src(7), 1).unwrap();
+        let sent: Job = serde_json::from_slice(&q[0].wire).unwrap();
+        assert_eq!(sent, Job { seq: 1, ..j.clone() });
+        assert_eq!(q[0].stored.job, Job { seq: 1, payload: String::new(), ..j });
+        assert_eq!((q[0].stored.device.as_str(), &q[0].stored.source), ("p", &src(7)));
+        assert_eq!(o.wire("p", 1).unwrap().as_ref(), Some(&q[0].wire));
+        assert_eq!(o.wire("p", 2).unwrap().as_ref(), Some(&q[1].wire));
+        assert_eq!(o.wire("p", 3).unwrap(), None);
+        assert_eq!(o.device_jobs("p").unwrap()[0], StoredJob { device: "p".into(), job: sent, source: src(7) });
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
