@@ -146,6 +146,8 @@ struct Pipeline {
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
 /// `outbox` is open and its jobs (`outbox_jobs`, per device) were handed to the dispatcher.
+/// `replays` are jobs `pixgate deadletter replay` has put back into the outbox: counted
+/// against the bounds here, then queued.
 ///
 /// # Errors
 /// The consumer or the dead-letter producer cannot be created, or subscribing fails.
@@ -157,6 +159,7 @@ pub async fn run(
     outbox_jobs: HashMap<String, usize>,
     commands: mpsc::Sender<Command>,
     mut finished: mpsc::UnboundedReceiver<Finished>,
+    mut replays: mpsc::Receiver<Queued>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let k = &cfg.kafka;
@@ -243,6 +246,7 @@ pub async fn run(
                 writing = p.start_write();
             }
             Some(f) = finished.recv() => p.on_finished(&consumer, f).await,
+            Some(q) = replays.recv() => p.on_replayed(&consumer, q).await,
             _ = tick.tick() => p.on_tick(&consumer),
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => writing = p.start_write(),
             // A full batch waits for the write in flight: at most two batches in memory.
@@ -463,6 +467,20 @@ impl Pipeline {
         let at_bound = self.devices_at_bound();
         self.stats.update(|s| s.devices_at_bound = at_bound);
         self.check_outbox_bound(consumer);
+    }
+
+    /// A dead letter's job the outbox has queued again (`pixgate deadletter replay`):
+    /// counted in the outbox and against its device's bound like a planned job (its
+    /// device's next records pause their partitions if it is over), then sent to the
+    /// dispatcher.
+    async fn on_replayed(&mut self, consumer: &GatewayConsumer, q: Queued) {
+        self.outbox_jobs += 1;
+        *self.device_jobs.entry(q.stored.device.clone()).or_default() += 1;
+        self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
+        self.check_outbox_bound(consumer);
+        if self.commands.send(Command::Enqueue(q)).await.is_err() {
+            tracing::error!("dispatcher is gone; the replayed job stays in the outbox for the next start");
+        }
     }
 
     async fn on_finished(&mut self, consumer: &GatewayConsumer, f: Finished) {

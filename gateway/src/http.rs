@@ -15,7 +15,6 @@
 //!   gateway's clock forward ([`crate::clock`]).
 
 use crate::clock::Clock;
-use crate::dispatch::Command;
 use crate::inspect;
 use crate::outbox::Outbox;
 use crate::stats::Stats;
@@ -42,8 +41,8 @@ pub struct AppState {
     pub clock_control: bool,
     /// Time to live per kind, for replayed jobs.
     pub ttl: crate::config::TtlConfig,
-    /// The dispatcher, to queue replayed jobs.
-    pub commands: mpsc::Sender<Command>,
+    /// The consumer, to count replayed jobs against the outbox bounds and queue them.
+    pub replays: mpsc::Sender<crate::outbox::Queued>,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -97,8 +96,8 @@ async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
     match s.outbox.replay(id, now, |k| crate::jobs::ttl_of(k, &s.ttl)) {
         Ok(stored) => {
             let v = inspect::replayed(&stored);
-            if s.commands.send(Command::Enqueue(crate::outbox::Queued::from_stored(stored))).await.is_err() {
-                tracing::error!(id, "dispatcher gone: the replayed job waits in the outbox for the next start");
+            if s.replays.send(crate::outbox::Queued::from_stored(stored)).await.is_err() {
+                tracing::error!(id, "consumer stopped: the replayed job waits in the outbox for the next start");
             }
             (StatusCode::OK, Json(v))
         }

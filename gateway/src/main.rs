@@ -167,7 +167,9 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     });
 
     let mut http_shutdown = shutdown_rx.clone();
-    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, ttl: cfg.delivery.ttl.clone(), commands: commands_tx.clone() };
+    // Few at a time: a replay is an operator's command.
+    let (replays_tx, replays_rx) = mpsc::channel(16);
+    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, ttl: cfg.delivery.ttl.clone(), replays: replays_tx };
     let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
         let _ = http_shutdown.changed().await;
     }));
@@ -179,7 +181,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
-    let result = consumer::run(cfg, stats, clock, outbox, per_device, commands_tx, finished_rx, shutdown_rx).await;
+    let result = consumer::run(cfg, stats, clock, outbox, per_device, commands_tx, finished_rx, replays_rx, shutdown_rx).await;
     dispatcher_task.abort();
     match http_task.await {
         Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
