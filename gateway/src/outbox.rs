@@ -127,7 +127,8 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
 
 /// The source's JSON and the job's wire bytes of a `jobs` row ([`encode_row`]).
 fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
-    let bad = || OutboxError("a jobs row is shorter than its header says".into());
+    // A row of the earlier format (the whole stored job as JSON) lands here too.
+    let bad = || OutboxError("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?".into());
     let len = u32::from_le_bytes(row.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
     let source = row.get(4..4 + len).ok_or_else(bad)?;
     Ok((source, &row[4 + len..]))
@@ -612,7 +613,7 @@ impl Outbox {
     /// `None` if it is not queued (finished). Read without parsing.
     ///
     /// # Errors
-    /// Disk or database failure, or a row shorter than its header says.
+    /// Disk or database failure, or a row not in this format (see [`split_row`]).
     pub fn wire(&self, device: &str, seq: u64) -> Result<Option<Bytes>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
         let table = tx.open_table(JOBS).map_err(err)?;
@@ -746,6 +747,23 @@ mod tests {
         assert_eq!(o.wire("p", 2).unwrap().as_ref(), Some(&q[1].wire));
         assert_eq!(o.wire("p", 3).unwrap(), None);
         assert_eq!(o.device_jobs("p").unwrap()[0], StoredJob { device: "p".into(), job: sent, source: src(7) });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An outbox whose job rows are in the earlier format (the whole stored job as JSON) is
+    /// refused with a reason that says so, not read as garbage.
+    #[test]
+    fn rows_of_the_earlier_format_are_refused_by_name() {
+        let dir = std::env::temp_dir().join(format!("pixgate-outbox-old-row-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Outbox::open(&dir.join("outbox.redb")).unwrap();
+        let old = serde_json::to_vec(&StoredJob { device: "p".into(), job: job("a"), source: src(1) }).unwrap();
+        let tx = o.db.begin_write().unwrap();
+        tx.open_table(JOBS).unwrap().insert(("p", 1), old.as_slice()).unwrap();
+        tx.commit().unwrap();
+        let e = o.pending_headers().unwrap_err().to_string();
+        assert!(e.contains("earlier pixgate"), "{e}");
+        assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
