@@ -33,9 +33,31 @@
 //! `expected.json` of the fixtures is the contract's own statement of these rules; the unit
 //! tests check the model reproduces it exactly.
 
+use anyhow::Context;
 use device_protocol::EffectKind;
 use serde_json::Value;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+/// The effects a fixtures folder's `expected.json` lists: per charge id, its (device id,
+/// effect kind) pairs in the order the charge's lifecycle dictates (e.g. `display_qr`
+/// before `payment_confirmed`). The file's shape: `{charge id: {"effects": [{"device",
+/// "kind", …}, …], …}, …}` (`fixtures/cdc/README.md`).
+///
+/// # Errors
+/// The file cannot be read, is not JSON, or not that shape.
+pub fn read_expected_json(path: &Path) -> anyhow::Result<BTreeMap<String, Vec<(String, String)>>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let expected: Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    let shape = || format!("{}: not {{charge: {{\"effects\": [{{\"device\", \"kind\"}}]}}}}", path.display());
+    let mut out = BTreeMap::new();
+    for (charge, c) in expected.as_object().with_context(shape)? {
+        let effects = c["effects"].as_array().with_context(shape)?;
+        let pairs = effects.iter().map(|e| Some((e["device"].as_str()?.to_string(), e["kind"].as_str()?.to_string()))).collect::<Option<Vec<_>>>().with_context(shape)?;
+        out.insert(charge.clone(), pairs);
+    }
+    Ok(out)
+}
 
 /// One effect a device must carry out.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -309,17 +331,7 @@ mod tests {
             let entry = got.entry(r.key.clone().unwrap()).or_default();
             entry.extend(fate.effects().iter().map(|e| (e.device.clone(), e.kind.as_str().to_string())));
         }
-        let expected: Value = serde_json::from_str(&std::fs::read_to_string(fixture("expected.json")).unwrap()).unwrap();
-        let want: BTreeMap<String, Vec<(String, String)>> = expected
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(id, c)| {
-                let effs = c["effects"].as_array().unwrap().iter();
-                (id.clone(), effs.map(|e| (e["device"].as_str().unwrap().into(), e["kind"].as_str().unwrap().into())).collect())
-            })
-            .collect();
-        assert_eq!(got, want);
+        assert_eq!(got, read_expected_json(&fixture("expected.json")).unwrap());
     }
 
     /// The edge cases end as pixgate counts them (the end-to-end test's reason table).

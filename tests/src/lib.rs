@@ -28,14 +28,11 @@ use std::path::{Path, PathBuf};
 /// # Panics
 /// The file is missing or not the documented shape (a broken fixture fails the test).
 pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<String>> {
-    let path = fixtures.join("expected.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let expected: serde_json::Value = serde_json::from_str(&text).expect("expected.json is JSON");
+    let by_charge = simulators::expected::read_expected_json(&fixtures.join("expected.json")).unwrap_or_else(|e| panic!("{e:#}"));
     let mut want: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (charge, c) in expected.as_object().expect("an object by charge id") {
-        for e in c["effects"].as_array().expect("effects array") {
-            let (device, kind) = (e["device"].as_str().expect("device"), e["kind"].as_str().expect("kind"));
-            want.entry((device.to_string(), charge.clone())).or_default().push(kind.to_string());
+    for (charge, effects) in by_charge {
+        for (device, kind) in effects {
+            want.entry((device, charge.clone())).or_default().push(kind);
         }
     }
     want
