@@ -433,10 +433,8 @@ impl Pipeline {
                     }
                 }
             }
-            for s in queued {
-                if self.commands.send(Command::Enqueue(s)).await.is_err() {
-                    tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
-                }
+            for q in queued {
+                self.enqueue(q).await;
             }
         }
         // Counted in the outbox before the records count as finished: a reader of /stats
@@ -478,8 +476,13 @@ impl Pipeline {
         *self.device_jobs.entry(q.stored.device.clone()).or_default() += 1;
         self.stats.update(|s| s.outbox_jobs = self.outbox_jobs as u64);
         self.check_outbox_bound(consumer);
+        self.enqueue(q).await;
+    }
+
+    /// Hands a job the outbox holds to the dispatcher.
+    async fn enqueue(&self, q: Queued) {
         if self.commands.send(Command::Enqueue(q)).await.is_err() {
-            tracing::error!("dispatcher is gone; the replayed job stays in the outbox for the next start");
+            tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
         }
     }
 

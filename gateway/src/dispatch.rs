@@ -629,12 +629,9 @@ mod tests {
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("slip", Outcome::Superseded));
     }
 
-    /// A fresh outbox in a temporary folder named after `name`, and a source to store jobs with.
-    fn temp_outbox(name: &str) -> (std::path::PathBuf, Arc<Outbox>, crate::outbox::SourceRef) {
-        let dir = std::env::temp_dir().join(format!("pixgate-dispatch-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let outbox = Arc::new(Outbox::open(&dir.join("outbox.redb")).unwrap());
-        (dir, outbox, crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None })
+    /// A source to store test jobs with.
+    fn src() -> crate::outbox::SourceRef {
+        crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None }
     }
 
     /// A receipt job whose payload names it.
@@ -650,7 +647,8 @@ mod tests {
     /// one's dead letter keeps the stored job, payload included.
     #[tokio::test]
     async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
-        let (dir, outbox, src) = temp_outbox("payload");
+        let (_dir, outbox) = crate::test_fixtures::temp_outbox("dispatch-payload");
+        let src = src();
         // Two stored before a "restart" (reloaded without payloads), two after (queued behind a busy head).
         let before = outbox.accept(None, vec![("p".into(), with_payload("a")), ("p".into(), with_payload("b"))], &src, 1).unwrap();
         assert_eq!(before.len(), 2);
@@ -694,7 +692,6 @@ mod tests {
             assert_eq!(value.payload_bytes().unwrap(), b"receipt bytes of d", "the dead letter's value is the whole job");
         }
         assert!(outbox.pending().unwrap().is_empty());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Queued jobs keep their wire bytes in memory up to `held_payload_bytes`, and are sent
@@ -703,7 +700,8 @@ mod tests {
     /// other one is found gone and not sent.
     #[tokio::test]
     async fn queued_jobs_are_held_up_to_the_budget_then_read_back() {
-        let (dir, outbox, src) = temp_outbox("held");
+        let (_dir, outbox) = crate::test_fixtures::temp_outbox("dispatch-held");
+        let src = src();
         let queued = outbox.accept(None, ["head", "held", "read"].map(|id| ("p".to_string(), with_payload(id))).to_vec(), &src, 1).unwrap();
         // Room for one of the two that wait behind the head.
         let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: queued[1].wire.len(), ..DeliveryConfig::default() };
@@ -727,7 +725,6 @@ mod tests {
         cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done("held", 2, false) })).await.unwrap();
         assert_eq!(finished.recv().await.unwrap().outcome, Outcome::Done);
         assert!(tokio::time::timeout(Duration::from_millis(300), sent.recv()).await.is_err(), "the job not held was read back, found gone, and not sent");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

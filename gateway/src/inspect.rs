@@ -234,9 +234,7 @@ mod tests {
 
     #[test]
     fn lists_shows_and_replays_once() {
-        let dir = std::env::temp_dir().join(format!("pixgate-inspect-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Outbox::open(&dir.join("o.redb")).unwrap();
+        let (_dir, o) = crate::test_fixtures::temp_outbox("inspect-test");
         let job = Job {
             v: 1,
             message_id: "m1".into(),
@@ -274,6 +272,5 @@ mod tests {
         o.mark_published(&[id, parked[0]], 7).unwrap();
         assert!(o.parked_deadletters(10).unwrap().is_empty());
         assert_eq!(o.prune_deadletters(100).unwrap(), 2);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

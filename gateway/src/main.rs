@@ -9,6 +9,8 @@ use gateway::inspect::{self, DeadLetterCmd, OutboxCmd};
 use gateway::stats::Stats;
 use gateway::{consumer, http, mqtt};
 use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
 
 /// mimalloc instead of glibc's malloc: a fifth of the gateway's CPU under load went to
 /// glibc's allocator (`_int_malloc`, `_int_free`, `malloc_consolidate`), and its
@@ -17,8 +19,6 @@ use std::path::PathBuf;
 /// (about 650 MiB against 260 in the load harness, 500 devices).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
 
 mod brcode_cli;
 

@@ -701,9 +701,8 @@ mod tests {
 
     #[test]
     fn survives_reopen_with_order_dedupe_and_state() {
-        let dir = std::env::temp_dir().join(format!("pixgate-outbox-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("outbox.redb");
+        let dir = crate::test_fixtures::TempDir::new("outbox-test");
+        let path = dir.outbox_path();
         {
             let o = Outbox::open(&path).unwrap();
             let st = ChargeState { version: 3, status: ChargeStatus::Completed };
@@ -725,7 +724,6 @@ mod tests {
         // After the dedupe window, the id is forgotten.
         assert_eq!(o.prune_seen(2500).unwrap(), 3);
         assert_eq!(o.accept(None, vec![("p".into(), job("a"))], &src(3), 4000).unwrap().len(), 1);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// What the outbox hands the dispatcher is what it stored: the wire bytes are the job's
@@ -733,9 +731,7 @@ mod tests {
     /// header is the same job without its payload.
     #[test]
     fn queued_wire_bytes_are_the_stored_job() {
-        let dir = std::env::temp_dir().join(format!("pixgate-outbox-wire-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Outbox::open(&dir.join("outbox.redb")).unwrap();
+        let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-wire");
         let mut j = job("w");
         j.payload = Job::encode_payload(b"\x1b@receipt");
         let q = o.accept(None, vec![("p".into(), j.clone()), ("p".into(), job("v"))], &src(7), 1).unwrap();
@@ -747,16 +743,13 @@ mod tests {
         assert_eq!(o.wire("p", 2).unwrap().as_ref(), Some(&q[1].wire));
         assert_eq!(o.wire("p", 3).unwrap(), None);
         assert_eq!(o.device_jobs("p").unwrap()[0], StoredJob { device: "p".into(), job: sent, source: src(7) });
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// An outbox whose job rows are in the earlier format (the whole stored job as JSON) is
     /// refused with a reason that says so, not read as garbage.
     #[test]
     fn rows_of_the_earlier_format_are_refused_by_name() {
-        let dir = std::env::temp_dir().join(format!("pixgate-outbox-old-row-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Outbox::open(&dir.join("outbox.redb")).unwrap();
+        let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-old-row");
         let old = serde_json::to_vec(&StoredJob { device: "p".into(), job: job("a"), source: src(1) }).unwrap();
         let tx = o.db.begin_write().unwrap();
         tx.open_table(JOBS).unwrap().insert(("p", 1), old.as_slice()).unwrap();
@@ -764,6 +757,5 @@ mod tests {
         let e = o.pending_headers().unwrap_err().to_string();
         assert!(e.contains("earlier pixgate"), "{e}");
         assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

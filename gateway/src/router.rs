@@ -432,9 +432,7 @@ mod tests {
     /// dropped are read back from the outbox, where the consumer stores each applied one.
     #[test]
     fn charge_states_beyond_the_cache_are_read_back_from_the_outbox() {
-        let dir = std::env::temp_dir().join(format!("pixgate-router-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let outbox = Arc::new(Outbox::open(&dir.join("outbox.redb")).unwrap());
+        let (_dir, outbox) = crate::test_fixtures::temp_outbox("router-store");
         let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 0, key: None };
         let reg = load_registry();
         let mut bounded = Router::with_store(DEFAULT_SEEN_CAPACITY, outbox.clone(), 4);
@@ -454,7 +452,6 @@ mod tests {
             assert!(bounded.charges.current.len() + bounded.charges.previous.len() <= 4, "memory holds at most 4 states");
         }
         assert!(decided > 20 && read_back > 0, "{decided} events, {read_back} states read back from the outbox");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The routing rules reproduce `expected.json` exactly, effect for effect.
