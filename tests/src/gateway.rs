@@ -154,6 +154,24 @@ impl GatewayProcess {
         }
     }
 
+    /// Polls `/readyz` every 200 ms until `want(code, body)` holds; returns that body.
+    ///
+    /// # Panics
+    /// `want` never held within `timeout` (the message names `what` and the last answer).
+    pub async fn readyz_until(&self, what: &str, timeout: Duration, want: impl Fn(u16, &str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let got = self.get("/readyz");
+            if let Ok((code, body)) = &got {
+                if want(*code, body) {
+                    return body.clone();
+                }
+            }
+            assert!(Instant::now() < deadline, "/readyz never {what} within {timeout:?}; last {got:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// `GET /readyz` answered 200.
     pub fn is_ready(&self) -> bool {
         matches!(self.get("/readyz"), Ok((200, _)))

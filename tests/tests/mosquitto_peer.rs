@@ -21,7 +21,7 @@ use pixgate_tests::harness::Rig;
 use pixgate_tests::mosquitto::{self, Subscriber};
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A card machine of the fixtures' registry (company of the charge template).
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
@@ -54,18 +54,6 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
     let fixtures = pixgate_tests::demo::default_fixtures();
     let rig = Rig::builder("mosquitto-peer").env("PIXGATE_HEALTH__DELIVERY_STALL_AFTER_MS", "3000").start().await;
-    // Polls `/readyz` until `want(status, body)` holds.
-    let wait_ready = |what: &str, want: &dyn Fn(u16, &str) -> bool| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (code, body) = rig.gateway().get("/readyz").unwrap();
-            if want(code, &body) {
-                return body;
-            }
-            assert!(Instant::now() < deadline, "/readyz never {what}; last: {code} {body}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
     let port = rig.settings().mqtt_port;
     let (jobs, acks, status) = (Topic::Jobs(TERMINAL.into()).path(), Topic::Acks(TERMINAL.into()).path(), Topic::Status(TERMINAL.into()).path());
 
@@ -112,7 +100,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     }
     assert_eq!(rig.gateway().stats().unwrap()["effects_done"]["display_qr"].as_u64().unwrap_or(0), 0, "nothing is done before its ack");
     // The device takes its job and never answers: readiness says delivery has stalled.
-    let body = wait_ready("named the stalled delivery", &|code, body| code == 503 && body.contains("delivery stalled: 1 jobs in flight to reachable devices"));
+    let body = rig.gateway().readyz_until("named the stalled delivery", Duration::from_secs(60), |code, body| code == 503 && body.contains("delivery stalled: 1 jobs in flight to reachable devices")).await;
     println!("mosquitto peer: /readyz while the device does not ack: {}", body.trim());
 
     // The `done` ack: the effect is recorded, and only now the second job goes out.
@@ -130,7 +118,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     };
     mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job2), 1, false).await.unwrap();
     rig.wait_stats(Duration::from_secs(30), |s| s["effects_done"]["display_qr"] == 2 && s["outbox_jobs"] == 0 && s["queued_jobs"] == 0).await;
-    wait_ready("became ready after the acks", &|code, _| code == 200);
+    rig.gateway().readyz_until("became ready after the acks", Duration::from_secs(60), |code, _| code == 200).await;
 
     device.stop().await;
     println!("mosquitto peer: 2 jobs acknowledged in seq order by mosquitto_sub/mosquitto_pub; the first sent {copies_of_job1} times before its ack was seen, the second only after it");

@@ -61,21 +61,6 @@ fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64
     samples.iter().find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))).map(|s| s.2)
 }
 
-/// Polls `/readyz` until `want(code, body)` holds; returns that body.
-async fn readyz_until(gw: &GatewayProcess, what: &str, timeout: Duration, want: impl Fn(u16, &str) -> bool) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let got = gw.get("/readyz");
-        if let Ok((code, body)) = &got {
-            if want(*code, body) {
-                return body.clone();
-            }
-        }
-        assert!(Instant::now() < deadline, "/readyz never {what} within {timeout:?}; last {got:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Polls pixgate's log until `count(log)` reaches `want` (its alarms are logged by a task
 /// that runs every second, so a log line can trail what `/readyz` already says).
 async fn log_until(log: &Path, what: &str, want: usize, count: impl Fn(&str) -> usize) {
@@ -103,7 +88,7 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
         .await;
     let gw = rig.gateway();
     gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
-    readyz_until(gw, "ready", Duration::from_secs(60), |c, _| c == 200).await;
+    gw.readyz_until("ready", Duration::from_secs(60), |c, _| c == 200).await;
 
     // Healthy: /metrics is Prometheus text and has each topic's lag once librdkafka's
     // statistics arrived (nothing produced: lag 0).
@@ -123,7 +108,7 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
 
     // The broker dies: /readyz names Kafka, one reason per line.
     rig.broker().kill();
-    let body = readyz_until(gw, "named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
+    let body = gw.readyz_until("named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
     let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
     log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::health: not ready: kafka unreachable")).await;
@@ -139,7 +124,7 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
 
     // Back on the same storage: ready again.
     rig.broker().start_again().expect("broker restart on the same folder and port");
-    readyz_until(gw, "ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
+    gw.readyz_until("ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
     assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
 
     log_until(&log, "the Kafka alarm's end (info)", 1, count("INFO gateway::health: alarm cleared (was: kafka unreachable")).await;
@@ -170,7 +155,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     let spec = pixgate_tests::fixture_device(&fixtures, TERMINAL);
     rig.connect_and_leave(spec.clone()).await; // offline (retained status)
     rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
-    readyz_until(gw, "ready before the charges", Duration::from_secs(60), |c, _| c == 200).await;
+    gw.readyz_until("ready before the charges", Duration::from_secs(60), |c, _| c == 200).await;
 
     let tpl = template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
@@ -180,7 +165,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
 
     // The card machine's queue is at its bound, its partitions are paused with records
     // behind: the topic is stalled, and /readyz says so, with the lag and why.
-    let body = readyz_until(gw, "named charge.upserted as stalled", Duration::from_secs(90), |c, b| c == 503 && b.contains("topic charge.upserted stalled: lag ")).await;
+    let body = gw.readyz_until("named charge.upserted as stalled", Duration::from_secs(90), |c, b| c == 503 && b.contains("topic charge.upserted stalled: lag ")).await;
     let line = body.lines().find(|l| l.starts_with("topic charge.upserted stalled")).unwrap().to_string();
     let lag: u64 = line["topic charge.upserted stalled: lag ".len()..].split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("lag in {line:?}: {e}"));
     assert!(lag > 0, "{line}");
@@ -210,7 +195,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(read < CHARGES, "the rest waits in Kafka");
-    let stalled = readyz_until(gw, "named the grown lag", Duration::from_secs(30), |_, b| b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))).await;
+    let stalled = gw.readyz_until("named the grown lag", Duration::from_secs(30), |_, b| b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))).await;
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "charge.upserted")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "device.upserted")]), Some(0.0));
@@ -221,7 +206,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     // Back online: the backlog drains, the partitions resume, readiness is green.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
     rig.wait_stats(Duration::from_secs(120), |s| s["events_read"]["charge.upserted"].as_u64() == Some(ALL) && s["outbox_jobs"] == 0).await;
-    readyz_until(gw, "ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
+    gw.readyz_until("ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
     // librdkafka's statistics arrive every second: the lag reaches 0 within a few.
     rig.wait_stats(Duration::from_secs(30), |s| s["topics"]["charge.upserted"]["lag"] == 0 && s["topics"]["charge.upserted"]["stalled"] == false).await;
     assert_eq!(terminal.effects().len() as u64, ALL, "every QR shown once the device is back");
