@@ -102,8 +102,8 @@ pub struct Carried {
     pub charge: String,
     /// Effect kind.
     pub kind: device_protocol::EffectKind,
-    /// When the device had published its `done` ack.
-    pub acked_at: Instant,
+    /// When the device had carried the job out (just before it publishes its `done` ack).
+    pub done_at: Instant,
 }
 
 /// Counters and effects, shared by every device of a fleet (or owned by one device).
@@ -216,7 +216,7 @@ impl Stats {
                 device: effect.device.clone(),
                 charge: effect.charge.clone(),
                 kind: effect.kind,
-                acked_at: Instant::now(),
+                done_at: Instant::now(),
             });
         }
         if self.keep_effects {
@@ -715,7 +715,8 @@ impl Worker {
             Ok(file) => {
                 self.done.insert(job.message_id.clone());
                 tracing::info!(device = %self.id, seq = job.seq, kind = job.kind.as_str(), charge = %job.charge_id, "carried out");
-                self.send_ack(&Ack::done(&job.message_id, job.seq, false)).await;
+                // Recorded before the ack: once the gateway has the ack (and a test sees the
+                // outbox empty), the effect is already in the list.
                 self.counters.carried_out.fetch_add(1, Ordering::Relaxed);
                 self.stats.record(EffectRecord {
                     device: self.id.clone(),
@@ -725,6 +726,7 @@ impl Worker {
                     seq: job.seq,
                     file: file.display().to_string(),
                 });
+                self.send_ack(&Ack::done(&job.message_id, job.seq, false)).await;
             }
             Err(e) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);

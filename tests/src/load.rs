@@ -200,7 +200,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             while let Some(c) = sink_rx.recv().await {
                 collected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(t) = produced_at.lock().expect("lock").remove(&(c.charge, c.kind)) {
-                    latencies.lock().expect("lock").push(c.acked_at.duration_since(t).as_secs_f64() * 1000.0);
+                    latencies.lock().expect("lock").push(c.done_at.duration_since(t).as_secs_f64() * 1000.0);
                 }
             }
         })
