@@ -164,10 +164,16 @@ impl Dispatcher {
         }
         let mut over = Vec::new();
         for q in self.devices.values_mut() {
-            let ends: Vec<(String, u64)> = q.queue.iter().filter(|p| ends_qr(p.stored.job.kind)).map(|p| (p.stored.job.charge_id.clone(), p.stored.job.seq)).collect();
+            // Per charge, the last job that ends its QR (a map: a reloaded queue holds up to
+            // `outbox.max_jobs_per_device` jobs, and a list made this quadratic).
+            let mut ends: HashMap<String, u64> = HashMap::new();
+            for p in q.queue.iter().filter(|p| ends_qr(p.stored.job.kind)) {
+                let last = ends.entry(p.stored.job.charge_id.clone()).or_default();
+                *last = (*last).max(p.stored.job.seq);
+            }
             let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|p: &Pending| {
                 let s = &p.stored;
-                s.job.kind == EffectKind::DisplayQr && ends.iter().any(|(c, seq)| *c == s.job.charge_id && *seq > s.job.seq)
+                s.job.kind == EffectKind::DisplayQr && ends.get(&s.job.charge_id).is_some_and(|&last| last > s.job.seq)
             });
             q.queue = kept;
             over.extend::<VecDeque<Pending>>(gone);
@@ -219,10 +225,11 @@ impl Dispatcher {
                 let q = self.devices.entry(device.clone()).or_default();
                 let job = &queued.stored.job;
                 // A printer's pay-with-Pix slip (`display_qr`) is over once its receipt is due too.
-                if ends_qr(job.kind) {
-                    let (superseded, kept) = std::mem::take(&mut q.queue)
-                        .into_iter()
-                        .partition(|p: &Pending| p.stored.job.kind == EffectKind::DisplayQr && p.stored.job.charge_id == job.charge_id);
+                let ends_this_qr = |p: &Pending| p.stored.job.kind == EffectKind::DisplayQr && p.stored.job.charge_id == job.charge_id;
+                // Checked first: rebuilding the queue on every paid screen and receipt cost
+                // two allocations each, and there is rarely a QR to drop.
+                if ends_qr(job.kind) && q.queue.iter().any(ends_this_qr) {
+                    let (superseded, kept) = std::mem::take(&mut q.queue).into_iter().partition(ends_this_qr);
                     q.queue = kept;
                     for p in superseded {
                         self.held -= p.held();
@@ -610,13 +617,24 @@ mod tests {
             j.seq = seq;
             StoredJob { device: "t".into(), job: j, source: src.clone() }
         };
-        d.preload(vec![stored("qr1", EffectKind::DisplayQr, "c1", 5), stored("paid1", EffectKind::PaymentConfirmed, "c1", 6), stored("qr2", EffectKind::DisplayQr, "c2", 7)]);
-        let (_cmd, rx) = mpsc::channel(8);
+        // A QR queued after its charge's end (seq 8) is not ended by it.
+        d.preload(vec![
+            stored("qr1", EffectKind::DisplayQr, "c1", 5),
+            stored("paid1", EffectKind::PaymentConfirmed, "c1", 6),
+            stored("qr2", EffectKind::DisplayQr, "c2", 7),
+            stored("qr1-later", EffectKind::DisplayQr, "c1", 8),
+        ]);
+        let (cmd, rx) = mpsc::channel(8);
         tokio::spawn(d.run(rx));
         let f = finished.recv().await.unwrap();
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("qr1", Outcome::Superseded));
-        let (_, payload) = sent.recv().await.unwrap();
-        assert_eq!(serde_json::from_slice::<Job>(&payload).unwrap().message_id, "paid1");
+        for want in ["paid1", "qr2", "qr1-later"] {
+            let (_, payload) = sent.recv().await.unwrap();
+            assert_eq!(serde_json::from_slice::<Job>(&payload).unwrap().message_id, want);
+            cmd.send(Command::Device(Incoming::Ack { device: "t".into(), ack: Ack::done(want, 0, false) })).await.unwrap();
+            let f = finished.recv().await.unwrap();
+            assert_eq!((f.stored.job.message_id.as_str(), f.outcome), (want, Outcome::Done));
+        }
     }
 
     #[tokio::test]
