@@ -140,6 +140,8 @@ struct Pipeline {
     outbox_full: bool,
     paused: HashSet<Partition>,
     last_prune: Instant,
+    /// The prune of the dedupe window and dead letters running, if one is.
+    pruning: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the consumer until `shutdown` turns true, then writes what it read, commits and
@@ -224,6 +226,7 @@ pub async fn run(
         outbox_full: false,
         paused: HashSet::new(),
         last_prune: Instant::now(),
+        pruning: None,
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -646,13 +649,16 @@ impl Pipeline {
         }
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
-        if self.last_prune.elapsed() > Duration::from_secs(60) {
+        // One prune at a time: a window large enough to take over a minute to scan would
+        // otherwise be scanned twice at once.
+        let idle = self.pruning.as_ref().is_none_or(|p| p.is_finished());
+        if idle && self.last_prune.elapsed() > Duration::from_secs(60) {
             self.last_prune = Instant::now();
             let outbox = self.outbox.clone();
             let now = self.clock.now_ms();
             let seen_cutoff = now.saturating_sub(self.cfg.outbox.dedupe_retention_hours * 3_600_000);
             let dl_cutoff = now.saturating_sub(self.cfg.outbox.deadletter_retention_hours * 3_600_000);
-            tokio::task::spawn_blocking(move || {
+            self.pruning = Some(tokio::task::spawn_blocking(move || {
                 match outbox.prune_seen(seen_cutoff) {
                     Ok(n) if n > 0 => tracing::info!(forgotten = n, "dedupe window pruned"),
                     Ok(_) => {}
@@ -663,7 +669,7 @@ impl Pipeline {
                     Ok(_) => {}
                     Err(e) => tracing::error!(error = %e, "dead-letter prune failed"),
                 }
-            });
+            }));
         }
     }
 }

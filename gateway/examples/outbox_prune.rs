@@ -1,0 +1,82 @@
+//! How long a prune of the dedupe window holds other outbox writes.
+//!
+//! `cargo run --release -p gateway --example outbox_prune -- [IDS]` fills an outbox's
+//! dedupe window with `IDS` message ids (default 1,000,000; each accepted and its job
+//! removed, 256 per write, as a drain does), then runs a writer of 16-record batches (a
+//! live gateway) alone, and during [`Outbox::prune_seen`] with three cutoffs: nothing old,
+//! a minute's share of a day (`IDS / 1440`), half the window. Per case it prints how long
+//! the prune took and the slowest concurrent write. Compare the slowest write with and
+//! without a prune, in the same run: the machines here are noisy.
+use device_protocol::{EffectKind, Job};
+use gateway::outbox::{Accept, Outbox, Removal};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `n` records from `from` on, one job each for one of 500 devices; ids are hashes, as
+/// real message ids are (random positions in the window).
+fn batch(from: u64, n: u64) -> Vec<Accept> {
+    (0..n)
+        .map(|k| {
+            let id = format!("{:064x}", (from + k).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let job = Job { v: 1, message_id: id, seq: 0, kind: EffectKind::DisplayQr, event_id: "e".into(), charge_id: "c".into(), content_type: "x".into(), payload: "AAAA".into(), expires_at: None };
+            Accept { jobs: vec![(format!("dev{}", (from + k) % 500), job)], ..Accept::default() }
+        })
+        .collect()
+}
+
+/// Accepts a batch, then removes its jobs as done (their ids stay in the window).
+fn write(o: &Outbox, from: u64, n: u64, now_ms: u64) {
+    let out = o.write(&mut batch(from, n), &[], now_ms).expect("write");
+    let done: Vec<Removal> = out.iter().flat_map(|(q, _)| q.iter().map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false })).collect();
+    o.write(&mut [], &done, now_ms).expect("remove");
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("pixgate-outbox-prune-{}", std::process::id()));
+    let o = Arc::new(Outbox::open(&dir.join("outbox.redb")).expect("open"));
+    let n: u64 = std::env::args().nth(1).map_or(1_000_000, |s| s.parse().expect("IDS: a number"));
+    let t = Instant::now();
+    // Accepted at "time" i: a cutoff of c forgets the first c ids.
+    let mut i = 0;
+    while i < n {
+        write(&o, i, 256, i);
+        i += 256;
+    }
+    println!("{n} ids in the window, filled in {:.1} s", t.elapsed().as_secs_f64());
+    let run = |prune: Option<u64>, case: u64| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (o2, stop2) = (o.clone(), stop.clone());
+        let writer = std::thread::spawn(move || {
+            let (mut slowest, mut k) = (Duration::ZERO, 0u64);
+            while !stop2.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                // New ids, after every cutoff.
+                write(&o2, (1 << 40) + (case << 32) + k * 16, 16, u64::MAX / 2);
+                slowest = slowest.max(t.elapsed());
+                k += 1;
+            }
+            (slowest, k)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let t = Instant::now();
+        let removed = match prune {
+            Some(cutoff) => o.prune_seen(cutoff).expect("prune"),
+            None => {
+                std::thread::sleep(Duration::from_millis(300));
+                0
+            }
+        };
+        let took = t.elapsed();
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        let (slowest, writes) = writer.join().expect("writer");
+        let what = prune.map_or("no prune".to_string(), |c| format!("prune, cutoff {c}: {removed} ids removed in {:.0} ms;", took.as_secs_f64() * 1e3));
+        println!("{what} concurrent writer: {writes} writes, slowest {:.1} ms", slowest.as_secs_f64() * 1e3);
+    };
+    run(None, 0);
+    run(Some(0), 1);
+    run(Some(n / 1440), 2);
+    run(Some(n / 2), 3);
+    std::fs::remove_dir_all(dir).ok();
+}
