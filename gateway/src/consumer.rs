@@ -355,7 +355,7 @@ impl Pipeline {
         };
         let decision = self.router.route_charge(&env, &self.registry);
         let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
-        let mut accept = Accept { charge: charge_state, ..Accept::default() };
+        let mut accept = Accept { charge: charge_state, event_time: env.cluster_time, ..Accept::default() };
         match decision {
             Decision::Ignored(reason) => self.stats.ignored(reason),
             Decision::DeadLetter { reason, detail } => {
