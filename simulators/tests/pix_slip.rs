@@ -115,6 +115,5 @@ fn slip_and_notice_print_amount_txid_and_only_the_slip_has_the_qr() {
         assert_eq!(parsed.amount_cents(), Some(c.value_cents));
         assert_eq!(common::qr_codes_in_png(&notice_png), Vec::<String>::new(), "{model}: the notice printed a QR");
         assert!(!notice_text.contains("[QR") && !notice_text.contains("[RASTER"), "{notice_text}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -63,7 +63,8 @@ async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
     let stats = Arc::new(Stats::default());
     let printer = DeviceSpec::Printer { id: PRINTER.into(), paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true, model: String::new() };
     let terminal = DeviceSpec::Terminal { id: TERMINAL.into(), width_px: 720, height_px: 1280, locale: "pt-BR".into(), time_zone: "America/Sao_Paulo".into() };
-    let cfg = FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: temp_dir("printer-state"), devices: vec![printer, terminal] };
+    let out = temp_dir("printer-state");
+    let cfg = FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: out.to_path_buf(), devices: vec![printer, terminal] };
     let mut gw = FakeGateway::connect(port).await;
     let fleet = fleet::start_with_options(cfg, FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() }).await.unwrap();
     fleet.wait_connected(Duration::from_secs(10)).await.unwrap();

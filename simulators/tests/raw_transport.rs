@@ -29,7 +29,7 @@ const GUARD: Duration = Duration::from_secs(60);
 struct Sim {
     child: Child,
     lines: mpsc::Receiver<String>,
-    out: PathBuf,
+    out: common::TempDir,
 }
 
 impl Sim {
@@ -72,7 +72,7 @@ impl Sim {
     }
 
     fn pngs(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.out)
+        let mut v: Vec<String> = std::fs::read_dir(&*self.out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.ends_with(".png"))
@@ -86,7 +86,7 @@ impl Drop for Sim {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.out);
+        // `out` goes after the child is gone (kept if the test failed).
     }
 }
 

@@ -68,8 +68,9 @@ pub fn start_broker_on(port: u16) {
     }
 }
 
-/// A fresh empty directory under the system temp dir.
-pub fn temp_dir(name: &str) -> PathBuf {
+/// A fresh empty directory under the system temp dir, removed when dropped unless the
+/// test is failing (then it is kept, and its path printed, to look at what was drawn).
+pub fn temp_dir(name: &str) -> TempDir {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -79,7 +80,27 @@ pub fn temp_dir(name: &str) -> PathBuf {
         std::process::id()
     ));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempDir(d)
+}
+
+/// See [`temp_dir`]; derefs to its path.
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("output kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// The gateway side: publishes jobs, collects acks and status messages.
