@@ -49,6 +49,7 @@ use crate::stats::Stats;
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -285,7 +286,10 @@ pub async fn run(
         }
         match tokio::task::block_in_place(|| consumer.commit_consumer_state(CommitMode::Sync)) {
             Ok(()) => tracing::info!("final offsets committed"),
-            Err(e) => tracing::warn!(error = %e, "final commit (nothing new to commit is fine)"),
+            // Every stored offset was already committed by the periodic commit
+            // (`auto.commit.interval.ms`): nothing was left to commit.
+            Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => tracing::info!("final offsets committed (already, by the last periodic commit)"),
+            Err(e) => tracing::error!(error = %e, "final commit failed: what was not committed is read again at the next start, and its jobs deduplicated by message id"),
         }
     })
     .await;
