@@ -107,6 +107,17 @@ impl DeviceQueue {
     fn can_send(&self) -> bool {
         self.online != Some(false) && self.printer.is_none_or(PrinterState::can_print)
     }
+
+    /// Takes the queued jobs `pred` picks out of the queue, in queue order; the rest stay
+    /// in order. The queue is only rebuilt when `pred` picks one.
+    fn take_where(&mut self, pred: impl Fn(&Pending) -> bool) -> VecDeque<Pending> {
+        if !self.queue.iter().any(&pred) {
+            return VecDeque::new();
+        }
+        let (taken, kept) = std::mem::take(&mut self.queue).into_iter().partition(pred);
+        self.queue = kept;
+        taken
+    }
 }
 
 /// The dispatcher's state. Run it with [`Dispatcher::run`].
@@ -171,12 +182,10 @@ impl Dispatcher {
                 let last = ends.entry(p.stored.job.charge_id.clone()).or_default();
                 *last = (*last).max(p.stored.job.seq);
             }
-            let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|p: &Pending| {
+            over.extend(q.take_where(|p| {
                 let s = &p.stored;
                 s.job.kind == EffectKind::DisplayQr && ends.get(&s.job.charge_id).is_some_and(|&last| last > s.job.seq)
-            });
-            q.queue = kept;
-            over.extend::<VecDeque<Pending>>(gone);
+            }));
         }
         for p in over {
             self.finish(p.stored, Outcome::Superseded);
@@ -225,13 +234,8 @@ impl Dispatcher {
                 let q = self.devices.entry(device.clone()).or_default();
                 let job = &queued.stored.job;
                 // A printer's pay-with-Pix slip (`display_qr`) is over once its receipt is due too.
-                let ends_this_qr = |p: &Pending| p.stored.job.kind == EffectKind::DisplayQr && p.stored.job.charge_id == job.charge_id;
-                // Checked first: rebuilding the queue on every paid screen and receipt cost
-                // two allocations each, and there is rarely a QR to drop.
-                if ends_qr(job.kind) && q.queue.iter().any(ends_this_qr) {
-                    let (superseded, kept) = std::mem::take(&mut q.queue).into_iter().partition(ends_this_qr);
-                    q.queue = kept;
-                    for p in superseded {
+                if ends_qr(job.kind) {
+                    for p in q.take_where(|p| p.stored.job.kind == EffectKind::DisplayQr && p.stored.job.charge_id == job.charge_id) {
                         self.held -= p.held();
                         self.finish(p.stored, Outcome::Superseded);
                     }
@@ -366,11 +370,7 @@ impl Dispatcher {
         let now = self.clock.now();
         let mut expired = Vec::new();
         for q in self.devices.values_mut() {
-            if q.queue.iter().any(|p| p.stored.job.expires_at.is_some_and(|at| at <= now)) {
-                let (gone, kept) = std::mem::take(&mut q.queue).into_iter().partition(|p: &Pending| p.stored.job.expires_at.is_some_and(|at| at <= now));
-                q.queue = kept;
-                expired.extend::<VecDeque<Pending>>(gone);
-            }
+            expired.extend(q.take_where(|p| p.stored.job.expires_at.is_some_and(|at| at <= now)));
         }
         for p in expired {
             self.held -= p.held();

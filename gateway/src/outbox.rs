@@ -568,17 +568,13 @@ impl Outbox {
             }
             old
         };
-        for chunk in old.chunks(PRUNE_CHUNK) {
-            let tx = self.db.begin_write().map_err(err)?;
-            {
-                let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
-                for &id in chunk {
-                    dls.remove(id).map_err(err)?;
-                }
+        self.remove_in_chunks(&old, Durability::Immediate, |tx, chunk| {
+            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+            for &id in chunk {
+                dls.remove(id).map_err(err)?;
             }
-            tx.commit().map_err(err)?;
-            let_writers_in();
-        }
+            Ok(())
+        })?;
         Ok(old.len())
     }
 
@@ -710,20 +706,29 @@ impl Outbox {
             }
             old
         };
-        for chunk in old.chunks(PRUNE_CHUNK) {
-            let mut tx = self.db.begin_write().map_err(err)?;
-            // Not synced: a removal lost in a crash only keeps an id in the window a while longer.
-            tx.set_durability(Durability::None).map_err(err)?;
-            {
-                let mut seen = tx.open_table(SEEN).map_err(err)?;
-                for (t, id) in chunk {
-                    seen.remove((*t, id.as_str())).map_err(err)?;
-                }
+        // Not synced: a removal lost in a crash only keeps an id in the window a while longer.
+        self.remove_in_chunks(&old, Durability::None, |tx, chunk| {
+            let mut seen = tx.open_table(SEEN).map_err(err)?;
+            for (t, id) in chunk {
+                seen.remove((*t, id.as_str())).map_err(err)?;
             }
+            Ok(())
+        })?;
+        Ok(old.len())
+    }
+
+    /// Runs `remove` on `keys`, [`PRUNE_CHUNK`] at a time, each chunk in its own write
+    /// transaction committed with `durability`, pausing between them ([`let_writers_in`]):
+    /// how the prunes remove what they found without holding the outbox writer.
+    fn remove_in_chunks<K>(&self, keys: &[K], durability: Durability, remove: impl Fn(&redb::WriteTransaction, &[K]) -> Result<(), OutboxError>) -> Result<(), OutboxError> {
+        for chunk in keys.chunks(PRUNE_CHUNK) {
+            let mut tx = self.db.begin_write().map_err(err)?;
+            tx.set_durability(durability).map_err(err)?;
+            remove(&tx, chunk)?;
             tx.commit().map_err(err)?;
             let_writers_in();
         }
-        Ok(old.len())
+        Ok(())
     }
 }
 
