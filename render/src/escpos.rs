@@ -30,6 +30,17 @@ pub enum Font {
     B = 1,
 }
 
+/// The `m` of `GS v 0` (`shared/notes/escpos.md` §b): how many dots each bit of a raster
+/// prints as. 203 dpi printers print quadruple at 101 × 101 dpi.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RasterScale {
+    /// m = 0: one bit, one dot.
+    Normal = 0,
+    /// m = 3: one bit, 2 × 2 dots.
+    Quadruple = 3,
+}
+
 /// Writes ESC/POS commands and code-page text into a byte buffer.
 #[derive(Debug, Clone)]
 pub struct EscPos {
@@ -215,12 +226,20 @@ impl EscPos {
     /// x·y are ignored, missing ones sent as 0 (white), so the command's length is always
     /// what its header says.
     pub fn raster_packed(&mut self, width_dots: u32, height: u32, rows: &[u8]) -> &mut Self {
+        self.raster_packed_scaled(RasterScale::Normal, width_dots, height, rows)
+    }
+
+    /// [`EscPos::raster_packed`] printed at `scale` (the `m` of `GS v 0`): with
+    /// [`RasterScale::Quadruple`] each bit prints as 2 × 2 dots, so `width_dots` × `height`
+    /// bits cover twice that on paper. Only for models whose `GS v 0` takes m = 3
+    /// ([`crate::profile::ModelProfile::raster_quadruple`]).
+    pub fn raster_packed_scaled(&mut self, scale: RasterScale, width_dots: u32, height: u32, rows: &[u8]) -> &mut Self {
         let x_bytes = width_dots.div_ceil(8);
         self.buf.extend_from_slice(&[
             0x1D,
             0x76,
             0x30,
-            0x00,
+            scale as u8,
             (x_bytes & 0xFF) as u8,
             (x_bytes >> 8) as u8,
             (height & 0xFF) as u8,

@@ -39,7 +39,7 @@
 //! per line or per string. [`render_receipt_into`] also reuses the caller's job buffer.
 
 use crate::codepage::CodePage;
-use crate::escpos::{Align, EscPos, Font};
+use crate::escpos::{Align, EscPos, Font, RasterScale};
 use crate::locale::{Label, Locale};
 use crate::money::push_amount;
 use crate::profile::{profile_for_model, CutStyle, ModelProfile, GENERIC};
@@ -583,12 +583,25 @@ fn qr_block(e: &mut EscPos, code: &str, p: &PrinterSetup) -> Result<(), ReceiptE
         if module == 0 {
             return Err(ReceiptError::QrTooWide { modules: m.width, dots });
         }
-        // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
-        let (side, rows) = m.to_raster(module.min(MAX_MODULE_DOTS), QR_QUIET_MODULES);
-        e.raster_packed(side, side, &rows);
+        raster_qr(e, &m, module.min(MAX_MODULE_DOTS), p.model);
     }
     e.lf();
     Ok(())
+}
+
+/// `m` with its quiet zone as a `GS v 0` raster of `module`-dot modules, its own bitmap
+/// (`ESC a 1` centres it on the paper). On a model that takes quadruple
+/// ([`ModelProfile::raster_quadruple`]) an even module goes at half resolution with m = 3:
+/// the same dots on paper from a quarter of the bytes. (The row padding to whole bytes is
+/// then up to 8 dots wider, which moves the centred symbol by at most 4 dots, 0.5 mm.)
+fn raster_qr(e: &mut EscPos, m: &qr::QrMatrix, module: u32, model: &ModelProfile) {
+    if model.raster_quadruple && module % 2 == 0 {
+        let (side, rows) = m.to_raster(module / 2, QR_QUIET_MODULES);
+        e.raster_packed_scaled(RasterScale::Quadruple, side, side, &rows);
+    } else {
+        let (side, rows) = m.to_raster(module, QR_QUIET_MODULES);
+        e.raster_packed(side, side, &rows);
+    }
 }
 
 #[cfg(test)]
@@ -682,6 +695,59 @@ mod tests {
         assert!(elgin.ends_with(&[0x1D, 0x56, 0x41, 3]), "full cut");
     }
 
+    /// The first `GS v 0` of a job: (m, bytes per row, rows, data).
+    fn first_raster(b: &[u8]) -> (u8, usize, usize, &[u8]) {
+        let at = b.windows(3).position(|w| w == [0x1D, 0x76, 0x30]).expect("a GS v 0");
+        let h = &b[at + 3..at + 8];
+        let (x, y) = (h[1] as usize + 256 * h[2] as usize, h[3] as usize + 256 * h[4] as usize);
+        (h[0], x, y, &b[at + 8..at + 8 + x * y])
+    }
+
+    /// The dots a raster prints, as rows of booleans `dots` wide: each bit of an m = 3
+    /// raster is 2 × 2 dots (`GS v 0`, notes §b); columns past `dots` are row padding.
+    fn printed(m: u8, x: usize, y: usize, data: &[u8], dots: usize) -> Vec<Vec<bool>> {
+        let s = if m == 3 { 2 } else { 1 };
+        (0..y * s).map(|row| (0..dots).map(|col| {
+            let (bx, by) = (col / s, row / s);
+            bx < x * 8 && data[by * x + bx / 8] & (0x80 >> (bx % 8)) != 0
+        }).collect()).collect()
+    }
+
+    /// On a model whose `GS v 0` takes quadruple, an even module goes at half resolution
+    /// with m = 3 and prints exactly the dots the same QR prints with m = 0 on a model
+    /// without it, from about a quarter of the bytes; an odd module stays m = 0.
+    #[test]
+    fn a_quadruple_raster_prints_the_same_dots_from_a_quarter_of_the_bytes() {
+        use crate::profile::BEMATECH_MP4200TH;
+        static BEMA_NORMAL: ModelProfile = ModelProfile { raster_quadruple: false, ..BEMATECH_MP4200TH };
+        let brcode = crate::brcode::encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap();
+        let r = Receipt { brcode: Some(brcode.clone()), ..sample(ReceiptKind::Paid) };
+        for mm in [58, 80] {
+            let printer = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: false };
+            let quad = render_receipt_for(&r, &PrinterSetup { printer, model: &BEMATECH_MP4200TH }).unwrap();
+            let normal = render_receipt_for(&r, &PrinterSetup { printer, model: &BEMA_NORMAL }).unwrap();
+            let (mq, xq, yq, dq) = first_raster(&quad);
+            let (mn, xn, yn, dn) = first_raster(&normal);
+            let module = qr::module_size_for_width(&qr::encode(&brcode).unwrap(), PrinterSetup { printer, model: &BEMA_NORMAL }.dots(), QR_QUIET_MODULES).min(MAX_MODULE_DOTS);
+            assert_eq!(module, 6, "{mm} mm: this BR Code gets the largest module");
+            assert_eq!((mq, mn), (3, 0), "{mm} mm");
+            assert_eq!(yq * 2, yn, "{mm} mm: half the rows, each printed twice");
+            assert!(dq.len() * 4 <= dn.len() + 4 * yq, "{mm} mm: {} bytes against {}", dq.len(), dn.len());
+            assert_eq!(printed(mq, xq, yq, dq, xn * 8), printed(mn, xn, yn, dn, xn * 8), "{mm} mm: the same dots on paper");
+            // Everything around the QR is the same bytes.
+            let head = quad.windows(3).position(|w| w == [0x1D, 0x76, 0x30]).unwrap();
+            assert_eq!(quad[..head], normal[..head]);
+            assert_eq!(quad[head + 8 + dq.len()..], normal[head + 8 + dn.len()..]);
+        }
+        // A 5-dot module (a longer code on 58 mm) cannot be halved: m = 0, as before.
+        let printer = PrinterProfile { paper_width_mm: 58, code_page: CodePage::Cp860, native_qr: false };
+        let setup = PrinterSetup { printer, model: &BEMATECH_MP4200TH };
+        let odd = (20..400).map(|n| Receipt { brcode: Some(format!("{brcode}{}", "0".repeat(n))), ..r.clone() }).find(|r| {
+            qr::module_size_for_width(&qr::encode(r.brcode.as_deref().unwrap()).unwrap(), setup.dots(), QR_QUIET_MODULES) % 2 == 1
+        }).expect("some length gives an odd module");
+        assert_eq!(first_raster(&render_receipt_for(&odd, &setup).unwrap()).0, 0);
+    }
+
     /// The reference lines, and only they, are in font B, sized to its columns: on 80 mm
     /// "ID fim a fim: E…" (46 characters) is one line, which font A's 48 columns would also
     /// hold, but on 58 mm "Cobrança: <24-char id>" (34) needs font B's 42.
@@ -723,8 +789,8 @@ mod tests {
 
     /// Narrow heads (3 and 8 font A columns on "58 mm", 20 on "80 mm") for the wrapping
     /// edge cases; not real models.
-    static TINY: ModelProfile = ModelProfile { model: "tiny", paper_widths_mm: &[58, 80], dots_58mm: 40, dots_80mm: 240, code_tables: GENERIC.code_tables, native_qr: true, cut: CutStyle::Partial, source: "test" };
-    static NARROW: ModelProfile = ModelProfile { model: "narrow", paper_widths_mm: &[58], dots_58mm: 100, dots_80mm: 100, code_tables: GENERIC.code_tables, native_qr: true, cut: CutStyle::Full, source: "test" };
+    static TINY: ModelProfile = ModelProfile { model: "tiny", paper_widths_mm: &[58, 80], dots_58mm: 40, dots_80mm: 240, code_tables: GENERIC.code_tables, native_qr: true, raster_quadruple: false, cut: CutStyle::Partial, source: "test" };
+    static NARROW: ModelProfile = ModelProfile { model: "narrow", paper_widths_mm: &[58], dots_58mm: 100, dots_80mm: 100, code_tables: GENERIC.code_tables, native_qr: true, raster_quadruple: true, cut: CutStyle::Full, source: "test" };
 
     /// A receipt from the generator: every kind, every locale; merchant names, cities, items,
     /// comments, payers and ids from [`Gen::text`] (long words, accents, emoji, controls,

@@ -295,9 +295,7 @@ fn qr_block(e: &mut E, code: &str, p: &PrinterSetup) -> Result<(), ReceiptError>
         if module == 0 {
             return Err(ReceiptError::QrTooWide { modules: m.width, dots });
         }
-        // Symbol plus quiet zone, as its own bitmap; ESC a 1 centres it on the paper.
-        let (side, rows) = m.to_raster(module.min(MAX_MODULE_DOTS), QR_QUIET_MODULES);
-        e.raster_packed(side, side, &rows);
+        super::raster_qr(e, &m, module.min(MAX_MODULE_DOTS), p.model);
     }
     e.lf();
     Ok(())
