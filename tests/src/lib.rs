@@ -10,6 +10,7 @@
 
 pub mod broker;
 pub mod charges;
+pub mod cpu;
 pub mod demo;
 pub mod gateway;
 pub mod harness;

@@ -105,6 +105,20 @@ pub struct LoadReport {
     pub pixgate_redeliveries: u64,
     /// Peak RSS (`VmHWM`) of the draining pixgate, KiB.
     pub peak_rss_kib: u64,
+    /// CPU used over the drain (pixgate's start to the last ack): pixgate, this process
+    /// (the fleet of devices, mostly) and the whole machine; `None` without `/proc`.
+    pub drain_cpu: Option<DrainCpu>,
+}
+
+/// CPU time over the drain ([`LoadReport::drain_cpu`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DrainCpu {
+    /// pixgate, start-up included.
+    pub pixgate: Duration,
+    /// This process: the simulated fleet, the stats polling.
+    pub harness: Duration,
+    /// The machine, all cores: busy and total (busy + idle).
+    pub machine: crate::cpu::Machine,
 }
 
 fn say(msg: impl AsRef<str>) {
@@ -206,6 +220,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         })
     };
     let t0 = Instant::now();
+    let cpu_at_start = (crate::cpu::process(std::process::id()), crate::cpu::Machine::now());
     let gw = spawn(1)?;
     let fleet = fleet::start_with_options(
         FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: cfg.work.join("devices"), devices },
@@ -238,6 +253,9 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         }
         if accepted_at.is_some() && idle {
             report.drain_time = t0.elapsed();
+            if let ((Some(h0), Some(m0)), Some(p), Some(h1), Some(m1)) = (cpu_at_start, crate::cpu::process(gw.pid()), crate::cpu::process(std::process::id()), crate::cpu::Machine::now()) {
+                report.drain_cpu = Some(DrainCpu { pixgate: p, harness: h1.saturating_sub(h0), machine: m1.since(m0) });
+            }
             report.drained_effects = delivered;
             report.expected_backlog = (expected, s["superseded"].as_u64().unwrap_or(0));
             break;
@@ -374,6 +392,19 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
     }
     t.push_str(&format!("| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n", r.raw_jobs.0, r.raw_jobs.1, r.raw_jobs.0.saturating_sub(r.raw_jobs.1), r.pixgate_redeliveries));
     t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
+    if let Some(c) = r.drain_cpu {
+        let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
+        let other = c.machine.busy.saturating_sub(c.pixgate + c.harness);
+        t.push_str(&format!(
+            "| CPU over the drain, per backlog record (pixgate; fleet and harness; the rest: broker, kernel) | pixgate {:.0} µs, fleet {:.0} µs, rest {:.0} µs; the machine was {:.0}% busy ({:.1} of {:.1} core-seconds) |\n",
+            per_record(c.pixgate),
+            per_record(c.harness),
+            per_record(other),
+            100.0 * c.machine.busy.as_secs_f64() / c.machine.total.as_secs_f64().max(1e-9),
+            c.machine.busy.as_secs_f64(),
+            c.machine.total.as_secs_f64()
+        ));
+    }
     if let (Some(first), Some(last)) = (r.samples.first(), r.samples.last()) {
         let grew = last.rss_kib.saturating_sub(first.rss_kib) as f64 / 1024.0;
         let mib = last.job_bytes as f64 / (1024.0 * 1024.0);
