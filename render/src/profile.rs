@@ -79,7 +79,8 @@ pub struct ModelProfile {
     /// 101 × 101 dpi), per its programmer's manual. Then a raster QR whose module is an
     /// even number of dots goes at half resolution with m = 3: the same dots on paper from
     /// a quarter of the bytes (a version 9 QR at 6-dot modules: 16.8 → 4.2 KB, 13 s
-    /// less on a 9600-baud serial line). False where unchecked: a printer that ignored m would print it half size.
+    /// less on a 9600-baud serial line). False where unchecked: a printer that ignored m
+    /// would print the QR at half size.
     pub raster_quadruple: bool,
     /// How its cutter cuts.
     pub cut: CutStyle,
@@ -198,7 +199,7 @@ pub static ELGIN_I9: ModelProfile = ModelProfile {
     dots_80mm: 576,
     code_tables: ELGIN_TABLES,
     native_qr: true,
-    // escpos-buffer's Elgin profile says nothing of GS v 0's m: unchecked.
+    // No Elgin command reference at hand to check GS v 0's m against: m = 0, as before.
     raster_quadruple: false,
     cut: CutStyle::Full,
     source: "escpos-buffer: model I9 has font A 48 / font B 64 columns on 80 mm (= 576 dots), prints QR with Epson's GS ( k, cuts with GS V 0 (full)",
