@@ -259,7 +259,8 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 ///
 /// # Errors
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
-/// 80 mm, an unknown code page, a `printer.printPixSlip` that is not a boolean.
+/// 80 mm, an unknown code page, a `printer.nativeQr` or `printer.printPixSlip` that is not
+/// a boolean.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     let id = oid(req(&doc["_id"], "_id")?, "_id")?;
     let company = oid(req(&doc["company"], "company")?, "company")?;
@@ -275,12 +276,16 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
                 Some(name) => render::codepage::CodePage::from_name(&name)
                     .ok_or_else(|| invalid("printer.codePage", format!("unknown code page `{name}`")))?,
             };
-            let pix_slip = match &p["printPixSlip"] {
-                Value::Null => false,
-                Value::Bool(b) => *b,
-                other => return Err(invalid("printer.printPixSlip", format!("{other} is not a boolean"))),
+            // Absent is false; anything but a boolean is an error, not a silent false.
+            let flag = |field: &str, name: &'static str| match &p[field] {
+                Value::Null => Ok(false),
+                Value::Bool(b) => Ok(*b),
+                other => Err(invalid(name, format!("{other} is not a boolean"))),
             };
-            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr: p["nativeQr"].as_bool().unwrap_or(false), pix_slip }
+            // Absent `nativeQr` means a raster QR, which every printer prints.
+            let native_qr = flag("nativeQr", "printer.nativeQr")?;
+            let pix_slip = flag("printPixSlip", "printer.printPixSlip")?;
+            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr, pix_slip }
         }
         "terminal" => {
             let s = &doc["screen"];

@@ -427,6 +427,22 @@ mod tests {
         assert_eq!(cdc::decode_device(&doc).unwrap_err().reason(), "invalid_field:printer.printPixSlip");
     }
 
+    /// `nativeQr`: a boolean, or absent for false (a raster QR); `"true"` as a string is an
+    /// error rather than a silent false.
+    #[test]
+    fn native_qr_must_be_a_boolean_and_absent_is_false() {
+        let (_, bytes) = &fixture("devices.jsonl")[0];
+        let mut doc = cdc::decode_envelope(bytes).unwrap().full_document.unwrap();
+        for (v, want) in [(Value::Bool(true), true), (Value::Bool(false), false), (Value::Null, false)] {
+            doc["printer"]["nativeQr"] = v.clone();
+            assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { native_qr, .. } if native_qr == want), "{v}");
+        }
+        doc["printer"].as_object_mut().unwrap().remove("nativeQr");
+        assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { native_qr: false, .. }));
+        doc["printer"]["nativeQr"] = Value::String("true".into());
+        assert_eq!(cdc::decode_device(&doc).unwrap_err().reason(), "invalid_field:printer.nativeQr");
+    }
+
     /// With room for 4 charge states in memory, the router decides every fixture event
     /// (charges and edge cases) exactly as one that remembers every charge: the states it
     /// dropped are read back from the outbox, where the consumer stores each applied one.
