@@ -86,6 +86,44 @@ impl Job {
     pub fn encode_payload(bytes: &[u8]) -> String {
         B64.encode(bytes)
     }
+
+    /// Appends the job's wire JSON to `out`: the same bytes as `serde_json::to_writer`,
+    /// faster. A payload of base64 characters only (what [`Job::encode_payload`] makes) is
+    /// copied as it is instead of going through JSON string escaping, which scans it a byte
+    /// at a time and was most of the cost of serializing a job (kilobytes of payload
+    /// against a few dozen bytes of the rest). Any other payload is escaped as usual.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, open: &[u8], value: &T) {
+            out.extend_from_slice(open);
+            serde_json::to_writer(&mut *out, value).expect("a job's fields serialize into a Vec");
+        }
+        field(out, b"{\"v\":", &self.v);
+        field(out, b",\"message_id\":", &self.message_id);
+        field(out, b",\"seq\":", &self.seq);
+        field(out, b",\"kind\":", &self.kind);
+        field(out, b",\"event_id\":", &self.event_id);
+        field(out, b",\"charge_id\":", &self.charge_id);
+        field(out, b",\"content_type\":", &self.content_type);
+        if is_base64_text(&self.payload) {
+            out.extend_from_slice(b",\"payload\":\"");
+            out.extend_from_slice(self.payload.as_bytes());
+            out.push(b'"');
+        } else {
+            field(out, b",\"payload\":", &self.payload);
+        }
+        if let Some(t) = &self.expires_at {
+            field(out, b",\"expires_at\":", t);
+        }
+        out.push(b'}');
+    }
+}
+
+/// Whether `s` holds only characters of the standard base64 alphabet and `=`, none of
+/// which JSON escapes. Branch-free within 64-byte chunks, so it vectorises: far cheaper
+/// than the escaping it spares.
+fn is_base64_text(s: &str) -> bool {
+    let ok = |b: u8| ((b | 0x20).wrapping_sub(b'a') < 26) | (b.wrapping_sub(b'0') < 10) | (b == b'+') | (b == b'/') | (b == b'=');
+    s.as_bytes().chunks(64).all(|c| c.iter().fold(true, |all, &b| all & ok(b)))
 }
 
 /// What a card machine shows, carried in a [`CONTENT_SCREEN`] job. The device draws it
@@ -242,6 +280,35 @@ mod tests {
         assert!(v.get("expires_at").is_none());
         let back: Job = serde_json::from_value(v).unwrap();
         assert_eq!(back.payload_bytes().unwrap(), vec![0x1B, 0x40]);
+    }
+
+    /// `write_json` gives serde's bytes exactly, whether the payload is copied (base64) or
+    /// escaped (anything else: quotes, backslashes, controls, non-ASCII), with and without
+    /// an expiry, and the result reads back as the same job.
+    #[test]
+    fn write_json_is_serde_json_byte_for_byte() {
+        let base = Job {
+            v: VERSION,
+            message_id: "5f0c\"quoted\"".into(),
+            seq: u64::MAX,
+            kind: EffectKind::DisplayQr,
+            event_id: "Charge:0d91:7712820098842492949".into(),
+            charge_id: "0d91\u{7}".into(),
+            content_type: CONTENT_SCREEN.into(),
+            payload: Job::encode_payload(&(0..=255u8).cycle().take(3000).collect::<Vec<_>>()),
+            expires_at: Some("2026-11-28T12:01:08.250Z".parse().unwrap()),
+        };
+        let payloads = [base.payload.clone(), String::new(), "G0A=".into(), "ab\"cd".into(), "a\\b".into(), "a\nb\u{1}".into(), "pão".into(), format!("{}\"", "A".repeat(200))];
+        for payload in payloads {
+            for expires_at in [base.expires_at, None] {
+                let job = Job { payload: payload.clone(), expires_at, ..base.clone() };
+                let mut out = b"before".to_vec();
+                job.write_json(&mut out);
+                assert_eq!(String::from_utf8_lossy(&out[6..]), String::from_utf8_lossy(&serde_json::to_vec(&job).unwrap()), "{payload:?}");
+                assert_eq!(serde_json::from_slice::<Job>(&out[6..]).unwrap(), job);
+            }
+        }
+        assert!(is_base64_text(&base.payload) && is_base64_text("") && !is_base64_text("G0A=\"") && !is_base64_text("G0A-"));
     }
 
     #[test]

@@ -127,7 +127,7 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
     serde_json::to_writer(&mut row, source).map_err(err)?;
     let at = row.len();
     row[..4].copy_from_slice(&u32::try_from(at - 4).map_err(err)?.to_le_bytes());
-    serde_json::to_writer(&mut row, job).map_err(err)?;
+    job.write_json(&mut row);
     Ok((row, at))
 }
 
