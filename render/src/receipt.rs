@@ -14,8 +14,9 @@
 //!    42 on 58 mm, [`PrinterSetup::columns_font_b`]), the small print that identifies the
 //!    payment for support and disputes rather than for the customer's eye: end-to-end id,
 //!    charge id and txid, each on one line where it fits, else wrapped; then `ESC M 0`;
-//! 6. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster), centred and fitting the
-//!    paper with a 4-module quiet zone (module ≤ 6 dots);
+//! 6. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster, at half resolution with
+//!    m = 3 on models that take quadruple), centred and fitting the paper with a 4-module
+//!    quiet zone (module ≤ 6 dots);
 //! 7. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
 //!
 //! The pay-with-Pix slip: the same header with the title "Pague com Pix", the amount,
@@ -332,8 +333,10 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
 ///
 /// The QR: native `GS ( k` with the module size (`fn 167`) chosen so that the symbol a
 /// printer makes from the data in byte mode, plus a 4-module quiet zone, fits `p.dots()`;
-/// or a `GS v 0` raster of [`qr::encode`]'s matrix, centred by `ESC a 1`. Either way the
-/// module is the largest whole number of dots that fits, capped at [`MAX_MODULE_DOTS`].
+/// or a `GS v 0` raster of [`qr::encode`]'s matrix, centred by `ESC a 1` (m = 3 at half
+/// resolution where the model takes it and the module is even, see
+/// [`ModelProfile::raster_quadruple`]). Either way the module is the largest whole number
+/// of dots that fits, capped at [`MAX_MODULE_DOTS`].
 /// A comment is printed after its label, wrapped, at most [`MAX_COMMENT_LINES`] lines.
 /// The job is [`render_receipt_into`] a new vector sized for it.
 ///
