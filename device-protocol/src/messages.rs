@@ -92,6 +92,8 @@ impl Job {
     /// copied as it is instead of going through JSON string escaping, which scans it a byte
     /// at a time and was most of the cost of serializing a job (kilobytes of payload
     /// against a few dozen bytes of the rest). Any other payload is escaped as usual.
+    /// Written field by field: a field added to [`Job`] must be added here too, which the
+    /// byte-for-byte test against serde's output enforces.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         fn field<T: Serialize + ?Sized>(out: &mut Vec<u8>, open: &[u8], value: &T) {
             out.extend_from_slice(open);
