@@ -118,6 +118,13 @@ impl Job {
         }
         out.push(b'}');
     }
+
+    /// The job's wire JSON ([`Job::write_json`] into a new buffer).
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.payload.len() + 256);
+        self.write_json(&mut out);
+        out
+    }
 }
 
 /// Whether `s` holds only characters of the standard base64 alphabet and `=`, none of
@@ -308,6 +315,7 @@ mod tests {
                 job.write_json(&mut out);
                 assert_eq!(String::from_utf8_lossy(&out[6..]), String::from_utf8_lossy(&serde_json::to_vec(&job).unwrap()), "{payload:?}");
                 assert_eq!(serde_json::from_slice::<Job>(&out[6..]).unwrap(), job);
+                assert_eq!(job.to_json(), &out[6..]);
             }
         }
         assert!(is_base64_text(&base.payload) && is_base64_text("") && !is_base64_text("G0A=\"") && !is_base64_text("G0A-"));

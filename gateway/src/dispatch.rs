@@ -344,7 +344,7 @@ impl Dispatcher {
         f.awaiting_ack = true;
         f.due = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, f.attempts - 1);
         // Without an outbox, a job reloaded whole is serialized here.
-        let payload = f.wire.clone().unwrap_or_else(|| Bytes::from(serde_json::to_vec(&f.stored.job).expect("a job serialises")));
+        let payload = f.wire.clone().unwrap_or_else(|| Bytes::from(f.stored.job.to_json()));
         let topic = Topic::Jobs(device.to_string()).path();
         if let Err(e) = self.publisher.publish(topic, payload).await {
             tracing::error!(device, error = %e, "cannot publish job; will retry at its timeout");

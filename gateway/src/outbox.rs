@@ -114,7 +114,7 @@ impl Queued {
     /// Serializes `stored`'s job (payload included) as its wire bytes: for a job that does
     /// not come from [`Outbox::write`] ([`Outbox::replay`]'s, tests').
     pub fn from_stored(stored: StoredJob) -> Queued {
-        let wire = Bytes::from(serde_json::to_vec(&stored.job).expect("a job serialises"));
+        let wire = Bytes::from(stored.job.to_json());
         Queued { stored: stored.without_payload(), wire }
     }
 }
