@@ -35,7 +35,7 @@
 //! bounded by `shutdown_timeout_ms`. A SIGKILL at any point loses nothing either: what was
 //! not committed is read again and deduplicated by message id.
 
-use crate::cdc::{self, Envelope};
+use crate::cdc;
 use crate::config::Config;
 use crate::clock::Clock;
 use crate::deadletter::{self, DeadLetter};
@@ -353,13 +353,14 @@ impl Pipeline {
 
     /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
     fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
-        let env: Envelope = match cdc::decode_envelope(src.value) {
-            Ok(e) => e,
+        let record = match crate::charge_record::decode_charge_record(src.value) {
+            Ok(r) => r,
             Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
         };
-        let decision = self.router.route_charge(&env, &self.registry);
+        let (event_id, event_time) = (record.event_id.clone(), record.cluster_time);
+        let decision = self.router.route_record(record, &self.registry);
         let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
-        let mut accept = Accept { charge: charge_state, event_time: env.cluster_time, ..Accept::default() };
+        let mut accept = Accept { charge: charge_state, event_time, ..Accept::default() };
         match decision {
             Decision::Ignored(reason) => self.stats.ignored(reason),
             Decision::DeadLetter { reason, detail } => {
@@ -376,7 +377,7 @@ impl Pipeline {
                 }
                 let now = self.clock.now();
                 for effect in effects {
-                    match jobs::render_job(&env.event_id, &charge, &effect, &self.cfg.delivery.default_time_zone) {
+                    match jobs::render_job(&event_id, &charge, &effect, &self.cfg.delivery.default_time_zone) {
                         Ok(mut job) => {
                             job.expires_at = Some(jobs::expires_at(effect.kind, &charge, now, &self.cfg.delivery.ttl));
                             accept.jobs.push((effect.device.id.clone(), job));
@@ -385,7 +386,7 @@ impl Pipeline {
                             let mut dl = DeadLetter::new(e.reason(), e.to_string(), src.topic, src.partition, src.offset, src.key, src.value);
                             dl.device = Some(effect.device.id.clone());
                             dl.effect = Some(effect.kind.as_str().to_string());
-                            dl.message_id = Some(device_protocol::message_id(&env.event_id, &effect.device.id, effect.kind));
+                            dl.message_id = Some(device_protocol::message_id(&event_id, &effect.device.id, effect.kind));
                             self.dead_effect(&dl);
                             accept.deadletters.push(dl);
                         }

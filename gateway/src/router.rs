@@ -20,6 +20,7 @@
 //! an ignore reason, or a dead-letter reason, each counted.
 
 use crate::cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
+use crate::charge_record::ChargeRecord;
 use crate::registry::Registry;
 use crate::outbox::Outbox;
 use device_protocol::EffectKind;
@@ -156,19 +157,24 @@ impl Router {
     /// Decides what a `charge.upserted` event does, and records it as applied unless it
     /// is dead-lettered (so that a later replay of a dead letter can still apply).
     pub fn route_charge(&mut self, env: &Envelope, registry: &Registry) -> Decision {
+        let charge = env.full_document.as_ref().map(cdc::decode_charge);
+        self.route_record(ChargeRecord { event_id: env.event_id.clone(), operation: env.operation, document_id: env.document_id.clone(), cluster_time: env.cluster_time, charge }, registry)
+    }
+
+    /// [`Router::route_charge`] for a record decoded by
+    /// [`crate::charge_record::decode_charge_record`] (the consumer's path).
+    pub fn route_record(&mut self, record: ChargeRecord, registry: &Registry) -> Decision {
         self.applied = None;
-        if self.seen.contains(&env.event_id) {
+        if self.seen.contains(&record.event_id) {
             return Decision::Ignored("duplicate_event");
         }
-        if env.operation == Operation::Delete {
+        if record.operation == Operation::Delete {
             return Decision::Ignored("delete_event");
         }
-        let Some(doc) = &env.full_document else {
-            return Decision::Ignored("document_deleted_before_lookup");
-        };
-        let charge = match cdc::decode_charge(doc) {
-            Ok(c) => c,
-            Err(e) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
+        let charge = match record.charge {
+            None => return Decision::Ignored("document_deleted_before_lookup"),
+            Some(Ok(c)) => c,
+            Some(Err(e)) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
         };
         let previous = match self.previous(&charge.id) {
             Ok(p) => p,
@@ -185,7 +191,7 @@ impl Router {
         if !matches!(decision, Decision::DeadLetter { .. }) {
             self.charges.insert(charge.id.clone(), (charge.version, charge.status));
             self.applied = Some(charge.id.clone());
-            self.remember(&env.event_id);
+            self.remember(&record.event_id);
         }
         decision
     }

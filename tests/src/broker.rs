@@ -34,6 +34,11 @@ impl KafkaBroker {
         &self.addr
     }
 
+    /// The broker's process id (from `broker.pid`), for CPU accounting; `None` if stopped.
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("broker.pid")).ok()?.trim().parse().ok()
+    }
+
     /// The folder with the broker's SQLite file and `broker.log`.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -85,6 +85,8 @@ pub struct LoadReport {
     pub produced: (u64, Duration),
     /// Bare consumer: records read and time.
     pub bare: (u64, Duration),
+    /// The broker's CPU time while the bare consumer read; `None` without `/proc`.
+    pub bare_broker_cpu: Option<Duration>,
     /// Time from pixgate's start to its first accepted record (start-up and group join).
     pub first_accept: Duration,
     /// Time from pixgate's start to every backlog record accepted.
@@ -117,6 +119,8 @@ pub struct DrainCpu {
     pub pixgate: Duration,
     /// This process: the simulated fleet, the stats polling.
     pub harness: Duration,
+    /// The Kafka-protocol broker (tansu).
+    pub broker: Duration,
     /// The machine, all cores: busy and total (busy + idle).
     pub machine: crate::cpu::Machine,
 }
@@ -199,7 +203,10 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     say(format!("backlog: {produced} events in {:.1} s while pixgate was down; {expected} effects expected", start.elapsed().as_secs_f64()));
 
     // 3. Baseline: a bare consumer reads the whole topic.
+    let broker_cpu = || broker.pid().and_then(crate::cpu::process);
+    let b0 = broker_cpu();
     report.bare = crate::kafka::bare_consume(&brokers, &["charge.upserted"], produced as u64).await?;
+    report.bare_broker_cpu = b0.zip(broker_cpu()).map(|(a, b)| b.saturating_sub(a));
     say(format!("baseline: bare StreamConsumer read {} records in {:.2} s", report.bare.0, report.bare.1.as_secs_f64()));
 
     // 4. Drain: pixgate starts, the fleet connects.
@@ -221,6 +228,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     };
     let t0 = Instant::now();
     let cpu_at_start = (crate::cpu::process(std::process::id()), crate::cpu::Machine::now());
+    let broker_at_start = broker_cpu();
     let gw = spawn(1)?;
     let fleet = fleet::start_with_options(
         FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: cfg.work.join("devices"), devices },
@@ -253,8 +261,8 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         }
         if accepted_at.is_some() && idle {
             report.drain_time = t0.elapsed();
-            if let ((Some(h0), Some(m0)), Some(p), Some(h1), Some(m1)) = (cpu_at_start, crate::cpu::process(gw.pid()), crate::cpu::process(std::process::id()), crate::cpu::Machine::now()) {
-                report.drain_cpu = Some(DrainCpu { pixgate: p, harness: h1.saturating_sub(h0), machine: m1.since(m0) });
+            if let ((Some(h0), Some(m0)), Some(b0), Some(p), Some(h1), Some(b1), Some(m1)) = (cpu_at_start, broker_at_start, crate::cpu::process(gw.pid()), crate::cpu::process(std::process::id()), broker_cpu(), crate::cpu::Machine::now()) {
+                report.drain_cpu = Some(DrainCpu { pixgate: p, harness: h1.saturating_sub(h0), broker: b1.saturating_sub(b0), machine: m1.since(m0) });
             }
             report.drained_effects = delivered;
             report.expected_backlog = (expected, s["superseded"].as_u64().unwrap_or(0));
@@ -392,13 +400,17 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
     }
     t.push_str(&format!("| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n", r.raw_jobs.0, r.raw_jobs.1, r.raw_jobs.0.saturating_sub(r.raw_jobs.1), r.pixgate_redeliveries));
     t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
+    let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
+    if let Some(b) = r.bare_broker_cpu {
+        t.push_str(&format!("| broker CPU per record while the bare consumer read | {:.0} µs |\n", per_record(b)));
+    }
     if let Some(c) = r.drain_cpu {
-        let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
-        let other = c.machine.busy.saturating_sub(c.pixgate + c.harness);
+        let other = c.machine.busy.saturating_sub(c.pixgate + c.harness + c.broker);
         t.push_str(&format!(
-            "| CPU over the drain, per backlog record (pixgate; fleet and harness; the rest: broker, kernel) | pixgate {:.0} µs, fleet {:.0} µs, rest {:.0} µs; the machine was {:.0}% busy ({:.1} of {:.1} core-seconds) |\n",
+            "| CPU over the drain, per backlog record (pixgate; fleet and harness; broker; the rest: kernel, other) | pixgate {:.0} µs, fleet {:.0} µs, broker {:.0} µs, rest {:.0} µs; the machine was {:.0}% busy ({:.1} of {:.1} core-seconds) |\n",
             per_record(c.pixgate),
             per_record(c.harness),
+            per_record(c.broker),
             per_record(other),
             100.0 * c.machine.busy.as_secs_f64() / c.machine.total.as_secs_f64().max(1e-9),
             c.machine.busy.as_secs_f64(),

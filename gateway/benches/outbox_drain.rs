@@ -1,0 +1,110 @@
+//! The outbox's cost per record in a backlog drain, as pixgate's consumer writes it:
+//! batches of 256 records (`outbox.batch_max_records`), about 1.1 jobs a record spread
+//! over 500 devices, payloads the size of real screens and receipts, and with each batch
+//! the removals of the jobs the devices finished meanwhile (those of two batches before),
+//! so the queue holds a few hundred jobs as in `pixgate-load`'s drain while the dedupe
+//! window grows.
+//!
+//! Prints CPU time (this process, user + system) and wall time per record and per job.
+//! Run: `cargo bench -p gateway --bench outbox_drain [-- RECORDS [BATCH]]`. Compare two layouts
+//! by running each in the same sitting; the figures, not a pass/fail, are the output.
+
+use device_protocol::{EffectKind, Job};
+use gateway::cdc::ChargeStatus;
+use gateway::outbox::{Accept, ChargeState, Outbox, Removal, SourceRef};
+use std::time::{Duration, Instant};
+
+const DEVICES: u64 = 500;
+
+/// A small deterministic generator (xorshift64*), so runs compare.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// User + system CPU time of this process so far (`/proc/self/stat` fields 14, 15).
+fn cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+    let t: u64 = rest.split_whitespace().skip(11).take(2).filter_map(|x| x.parse::<u64>().ok()).sum();
+    Duration::from_millis(t * 10)
+}
+
+fn job(rng: &mut Rng, n: u64) -> Job {
+    // A screen's payload is a few hundred bytes of base64, a receipt's a few kilobytes.
+    let (kind, len) = match rng.below(3) {
+        0 => (EffectKind::PrintReceipt, 2_600 + rng.below(800) as usize),
+        1 => (EffectKind::DisplayQr, 700),
+        _ => (EffectKind::PaymentConfirmed, 400),
+    };
+    Job {
+        v: 1,
+        message_id: format!("{:032x}", u128::from(rng.next()) << 64 | u128::from(n)),
+        seq: 0,
+        kind,
+        event_id: format!("{n:024x}"),
+        charge_id: format!("{:024x}", rng.next()),
+        content_type: "application/vnd.escpos".into(),
+        payload: "QUJD".repeat(len / 4),
+        expires_at: None,
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1).filter_map(|a| a.parse::<usize>().ok());
+    let records = args.next().unwrap_or(200_000);
+    #[allow(non_snake_case)]
+    let BATCH = args.next().unwrap_or(256);
+    let dir = std::env::temp_dir().join(format!("pixgate-outbox-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let outbox = Outbox::open(&dir.join("outbox.redb")).expect("open outbox");
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut in_flight: std::collections::VecDeque<Vec<Removal>> = Default::default();
+    let (mut jobs, mut n) = (0usize, 0u64);
+    let warm_up = records / 10;
+    let (mut t0, mut c0, mut jobs0) = (Instant::now(), cpu(), 0);
+    let mut done = 0;
+    while done < records + warm_up {
+        if done == warm_up {
+            (t0, c0, jobs0) = (Instant::now(), cpu(), jobs);
+        }
+        let mut batch: Vec<Accept> = (0..BATCH)
+            .map(|_| {
+                n += 1;
+                let count = if rng.below(10) == 0 { 2 } else { 1 };
+                let jobs = (0..count).map(|_| (format!("dev-{:04}", rng.below(DEVICES)), job(&mut rng, n))).collect();
+                Accept {
+                    charge: Some((format!("{:024x}", rng.next()), ChargeState { version: 1, status: ChargeStatus::Completed })),
+                    jobs,
+                    source: Some(SourceRef { topic: "charge.upserted".into(), partition: (n % 3) as i32, offset: n as i64, key: None }),
+                    event_time: (1_700_000_000 + n / 100) << 32 | (n % 100),
+                    ..Accept::default()
+                }
+            })
+            .collect();
+        let removals = if in_flight.len() >= 2 { in_flight.pop_front().unwrap_or_default() } else { Vec::new() };
+        let out = outbox.write(&mut batch, &removals, 1_700_000_000_000 + n).expect("write");
+        let queued: Vec<Removal> = out.iter().flat_map(|(q, _)| q).map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false }).collect();
+        jobs += queued.len();
+        in_flight.push_back(queued);
+        done += BATCH;
+    }
+    let (wall, cpu_used, jobs) = (t0.elapsed(), cpu() - c0, jobs - jobs0);
+    let per = |d: Duration, k: usize| d.as_secs_f64() * 1e6 / k as f64;
+    println!(
+        "outbox drain: {records} records, {jobs} jobs in batches of {BATCH} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record",
+        per(cpu_used, records),
+        per(cpu_used, jobs),
+        per(wall, records)
+    );
+    drop(outbox);
+    let _ = std::fs::remove_dir_all(&dir);
+}
