@@ -6,20 +6,29 @@
 //! `decode_device`; when the input is itself a JSON document, that is decoded as a charge and
 //! as a device too, so mutations reach the document decoders without an envelope around them.
 //!
-//! Properties: never panics; every error's dead-letter reason has one of the documented
-//! forms (`not_json`, `missing_field:<f>`, `invalid_field:<f>`); an accepted envelope's
-//! `cluster_time` is exactly `(t << 32) | i` of the input's `clusterTime.$timestamp` (BSON
-//! timestamps are two unsigned 32-bit integers: nothing may be cut off silently); accepted
-//! documents respect the ranges their decoders document.
+//! Properties: `charge_record::decode_charge_record` (the consumer's typed decoder) returns
+//! exactly what `decode_envelope` then `decode_charge` return; never panics; every error's
+//! dead-letter reason has one of the documented forms (`not_json`, `missing_field:<f>`,
+//! `invalid_field:<f>`); an accepted envelope's `cluster_time` is exactly `(t << 32) | i` of
+//! the input's `clusterTime.$timestamp` (BSON timestamps are two unsigned 32-bit integers:
+//! nothing may be cut off silently); accepted documents respect the ranges their decoders
+//! document.
 
 #![no_main]
 
 use gateway::cdc::{decode_charge, decode_device, decode_envelope, DecodeError, DeviceKind};
+use gateway::charge_record::{decode_charge_record, ChargeRecord};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
 fuzz_target!(|data: &[u8]| {
     let json: Option<Value> = serde_json::from_slice(data).ok();
+    // The consumer's typed decoder gives exactly what the reference decoders give.
+    let reference = decode_envelope(data).map(|env| {
+        let charge = env.full_document.as_ref().map(decode_charge);
+        ChargeRecord { event_id: env.event_id, operation: env.operation, document_id: env.document_id, cluster_time: env.cluster_time, charge }
+    });
+    assert_eq!(decode_charge_record(data), reference);
     match decode_envelope(data) {
         Ok(env) => {
             let v = json.as_ref().expect("an accepted envelope is JSON");
