@@ -61,8 +61,7 @@ fn job(rng: &mut Rng, n: u64) -> Job {
 fn main() {
     let mut args = std::env::args().skip(1).filter_map(|a| a.parse::<usize>().ok());
     let records = args.next().unwrap_or(200_000);
-    #[allow(non_snake_case)]
-    let BATCH = args.next().unwrap_or(256);
+    let batch_records = args.next().unwrap_or(256);
     let dir = std::env::temp_dir().join(format!("pixgate-outbox-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let outbox = Outbox::open(&dir.join("outbox.redb")).expect("open outbox");
@@ -76,7 +75,7 @@ fn main() {
         if done == warm_up {
             (t0, c0, jobs0) = (Instant::now(), cpu(), jobs);
         }
-        let mut batch: Vec<Accept> = (0..BATCH)
+        let mut batch: Vec<Accept> = (0..batch_records)
             .map(|_| {
                 n += 1;
                 let count = if rng.below(10) == 0 { 2 } else { 1 };
@@ -95,12 +94,12 @@ fn main() {
         let queued: Vec<Removal> = out.iter().flat_map(|(q, _)| q).map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false }).collect();
         jobs += queued.len();
         in_flight.push_back(queued);
-        done += BATCH;
+        done += batch_records;
     }
     let (wall, cpu_used, jobs) = (t0.elapsed(), cpu() - c0, jobs - jobs0);
     let per = |d: Duration, k: usize| d.as_secs_f64() * 1e6 / k as f64;
     println!(
-        "outbox drain: {records} records, {jobs} jobs in batches of {BATCH} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record",
+        "outbox drain: {records} records, {jobs} jobs in batches of {batch_records} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record",
         per(cpu_used, records),
         per(cpu_used, jobs),
         per(wall, records)

@@ -36,6 +36,7 @@
 //! not committed is read again and deduplicated by message id.
 
 use crate::cdc;
+use crate::charge_record::{decode_charge_record, ChargeRecord};
 use crate::config::Config;
 use crate::clock::Clock;
 use crate::deadletter::{self, DeadLetter};
@@ -353,12 +354,11 @@ impl Pipeline {
 
     /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
     fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
-        let record = match crate::charge_record::decode_charge_record(src.value) {
+        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } = match decode_charge_record(src.value) {
             Ok(r) => r,
             Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
         };
-        let (event_id, event_time) = (record.event_id.clone(), record.cluster_time);
-        let decision = self.router.route_record(record, &self.registry);
+        let decision = self.router.route_decoded(&event_id, operation, charge, &self.registry);
         let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
         let mut accept = Accept { charge: charge_state, event_time, ..Accept::default() };
         match decision {

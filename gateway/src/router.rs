@@ -20,7 +20,6 @@
 //! an ignore reason, or a dead-letter reason, each counted.
 
 use crate::cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
-use crate::charge_record::ChargeRecord;
 use crate::registry::Registry;
 use crate::outbox::Outbox;
 use device_protocol::EffectKind;
@@ -157,21 +156,21 @@ impl Router {
     /// Decides what a `charge.upserted` event does, and records it as applied unless it
     /// is dead-lettered (so that a later replay of a dead letter can still apply).
     pub fn route_charge(&mut self, env: &Envelope, registry: &Registry) -> Decision {
-        let charge = env.full_document.as_ref().map(cdc::decode_charge);
-        self.route_record(ChargeRecord { event_id: env.event_id.clone(), operation: env.operation, document_id: env.document_id.clone(), cluster_time: env.cluster_time, charge }, registry)
+        self.route_decoded(&env.event_id, env.operation, env.full_document.as_ref().map(cdc::decode_charge), registry)
     }
 
-    /// [`Router::route_charge`] for a record decoded by
-    /// [`crate::charge_record::decode_charge_record`] (the consumer's path).
-    pub fn route_record(&mut self, record: ChargeRecord, registry: &Registry) -> Decision {
+    /// [`Router::route_charge`] for an event already decoded: its `eventId`, operation
+    /// and `fullDocument` as a charge (`None` without a document), as
+    /// [`crate::charge_record::decode_charge_record`] gives them (the consumer's path).
+    pub fn route_decoded(&mut self, event_id: &str, operation: Operation, charge: Option<Result<Charge, cdc::DecodeError>>, registry: &Registry) -> Decision {
         self.applied = None;
-        if self.seen.contains(&record.event_id) {
+        if self.seen.contains(event_id) {
             return Decision::Ignored("duplicate_event");
         }
-        if record.operation == Operation::Delete {
+        if operation == Operation::Delete {
             return Decision::Ignored("delete_event");
         }
-        let charge = match record.charge {
+        let charge = match charge {
             None => return Decision::Ignored("document_deleted_before_lookup"),
             Some(Ok(c)) => c,
             Some(Err(e)) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
@@ -191,7 +190,7 @@ impl Router {
         if !matches!(decision, Decision::DeadLetter { .. }) {
             self.charges.insert(charge.id.clone(), (charge.version, charge.status));
             self.applied = Some(charge.id.clone());
-            self.remember(&record.event_id);
+            self.remember(event_id);
         }
         decision
     }
