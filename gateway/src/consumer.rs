@@ -43,7 +43,7 @@ use crate::deadletter::{self, DeadLetter};
 use crate::dispatch::{Command, Finished, Outcome};
 use crate::jobs;
 use crate::offsets::{OffsetTracker, Partition};
-use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Queued, Removal, SourceRef};
+use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Queued, Removal, ReplayError, SourceRef, StoredJob};
 use crate::registry::Registry;
 use crate::router::{Decision, Router};
 use crate::stats::Stats;
@@ -56,7 +56,20 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+/// An operator's `pixgate deadletter replay ID` for the running gateway
+/// (`POST /deadletters/{id}/replay`): the consumer loop carries it out between two batch
+/// writes, so the replayed job's `seq` and its hand-over to the dispatcher keep the order
+/// of the jobs around it ([`Outbox::replay`] takes the device's next `seq`; a batch written
+/// concurrently could otherwise take the one after and reach the device first).
+#[derive(Debug)]
+pub struct Replay {
+    /// The dead letter's id.
+    pub id: u64,
+    /// The job as queued again, or why not.
+    pub reply: oneshot::Sender<Result<StoredJob, ReplayError>>,
+}
 
 /// Rebalance hooks: remember what changed so the loop can drop state of revoked partitions
 /// and re-apply pauses to the new assignment.
@@ -144,14 +157,19 @@ struct Pipeline {
     last_prune: Instant,
     /// The prune of the dedupe window and dead letters running, if one is.
     pruning: Option<tokio::task::JoinHandle<()>>,
+    /// Turns true on SIGTERM: a failing outbox write then gives up instead of retrying.
+    shutdown: watch::Receiver<bool>,
+    /// A batch was given up at shutdown: nothing more is written, so no later record's
+    /// jobs get a `seq` before the given-up ones' (they are read again at the next start).
+    gave_up: bool,
 }
 
 /// Runs the consumer until `shutdown` turns true, then writes what it read, commits and
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
 /// `outbox` is open and its jobs (`outbox_jobs`, per device) were handed to the dispatcher.
-/// `replays` are jobs `pixgate deadletter replay` has put back into the outbox: counted
-/// against the bounds here, then queued.
+/// `replays` are `pixgate deadletter replay` requests ([`Replay`]): carried out here,
+/// between batch writes, then counted against the bounds and queued.
 ///
 /// # Errors
 /// The consumer or the dead-letter producer cannot be created, or subscribing fails.
@@ -163,7 +181,7 @@ pub async fn run(
     outbox_jobs: HashMap<String, usize>,
     commands: mpsc::Sender<Command>,
     mut finished: mpsc::UnboundedReceiver<Finished>,
-    mut replays: mpsc::Receiver<Queued>,
+    mut replays: mpsc::Receiver<Replay>,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let k = &cfg.kafka;
@@ -229,6 +247,8 @@ pub async fn run(
         paused: HashSet::new(),
         last_prune: Instant::now(),
         pruning: None,
+        shutdown: shutdown.clone(),
+        gave_up: false,
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -248,16 +268,22 @@ pub async fn run(
             r = async { (&mut writing.as_mut().expect("guarded").handle).await }, if writing.is_some() => {
                 let w = writing.take().expect("guarded");
                 p.on_written(&consumer, w.records, r.expect("the outbox writer panicked")).await;
+                // Between two writes: a replay's seq falls between the two batches' (under
+                // a steady drain there is always a next write, so the arm below rarely runs).
+                while let Ok(r) = replays.try_recv() {
+                    p.on_replay(&consumer, r).await;
+                }
                 writing = p.start_write();
             }
             Some(f) = finished.recv() => p.on_finished(&consumer, f).await,
-            Some(q) = replays.recv() => p.on_replayed(&consumer, q).await,
+            Some(r) = replays.recv(), if writing.is_none() => p.on_replay(&consumer, r).await,
             _ = tick.tick() => p.on_tick(&consumer),
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => writing = p.start_write(),
             // A full batch waits for the write in flight: at most two batches in memory.
             msg = consumer.recv(), if !full => match msg {
                 Ok(m) => {
                     let m = m.detach();
+                    p.after_rebalance(&consumer);
                     p.on_message(&consumer, m);
                     if p.batch.len() >= max_batch && writing.is_none() {
                         writing = p.start_write();
@@ -401,7 +427,7 @@ impl Pipeline {
     /// `None` when there is nothing to write. The caller keeps at most one in flight.
     fn start_write(&mut self) -> Option<Writing> {
         self.batch_due = None;
-        if self.batch.is_empty() && self.removals.is_empty() {
+        if self.gave_up || (self.batch.is_empty() && self.removals.is_empty()) {
             return None;
         }
         let (records, accepts): (Vec<RecordRef>, Vec<Accept>) = std::mem::take(&mut self.batch).into_iter().map(|p| (p.rec, p.accept)).unzip();
@@ -426,7 +452,14 @@ impl Pipeline {
                 self.stats.health.outbox_failing(Some(e.to_string()));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                until_stored(&self.stats, "the batch", || outbox.write(&mut accepts, &removals, clock.now_ms())).await
+                match until_stored(&self.stats, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
+                    Some(w) => w,
+                    None => {
+                        // Its records stay pending: no offset is stored past them.
+                        self.gave_up = true;
+                        return;
+                    }
+                }
             }
         };
         let mut parked = false;
@@ -475,10 +508,24 @@ impl Pipeline {
         self.check_outbox_bound(consumer);
     }
 
-    /// A dead letter's job the outbox has queued again (`pixgate deadletter replay`):
-    /// counted in the outbox and against its device's bound like a planned job (its
-    /// device's next records pause their partitions if it is over), then sent to the
-    /// dispatcher.
+    /// Carries out a replay (no batch write is in flight): the dead letter's job goes back
+    /// into its device's queue in the outbox, is counted in the outbox and against its
+    /// device's bound like a planned job (its device's next records pause their partitions
+    /// if it is over), and goes to the dispatcher before any later batch's jobs.
+    async fn on_replay(&mut self, consumer: &GatewayConsumer, r: Replay) {
+        let (outbox, now, ttl) = (&self.outbox, self.clock.now_ms(), &self.cfg.delivery.ttl);
+        let result = tokio::task::block_in_place(|| outbox.replay(r.id, now, |k| jobs::ttl_of(k, ttl)));
+        match &result {
+            Ok(stored) => {
+                tracing::info!(id = r.id, device = %stored.device, seq = stored.job.seq, "dead letter replayed");
+                self.on_replayed(consumer, Queued::from_stored(stored.clone())).await;
+            }
+            Err(e) => tracing::warn!(id = r.id, error = %e, "replay refused"),
+        }
+        // The operator's request may have gone (a closed connection): the replay stands.
+        let _ = r.reply.send(result);
+    }
+
     async fn on_replayed(&mut self, consumer: &GatewayConsumer, q: Queued) {
         self.outbox_jobs += 1;
         *self.device_jobs.entry(q.stored.device.clone()).or_default() += 1;
@@ -527,8 +574,11 @@ impl Pipeline {
             }
             tracing::warn!(device = %stored.device, reason, detail = %dl.detail, "job dead-lettered");
             let (outbox, clock) = (&self.outbox, &self.clock);
-            until_stored(&self.stats, "a dead letter", || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await;
-            self.deadletters.notify_one();
+            // Given up at shutdown: the job stays in the outbox and is reloaded (and
+            // expired or delivered) at the next start.
+            if until_stored(&self.stats, "a dead letter", &self.shutdown, || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await.is_some() {
+                self.deadletters.notify_one();
+            }
         }
         if left.is_some_and(|n| n <= self.cfg.outbox.max_jobs_per_device / 2) {
             let parts: Vec<Partition> = self.waiting_on.iter().filter(|(_, d)| d.contains(&stored.device)).map(|(p, _)| p.clone()).collect();
@@ -614,9 +664,13 @@ impl Pipeline {
         if let Some(next) = self.tracker.done(part, rec.offset) {
             let mut tpl = TopicPartitionList::new();
             if tpl.add_partition_offset(&part.0, part.1, Offset::Offset(next)).is_ok() {
-                if let Err(e) = consumer.store_offsets(&tpl) {
+                match consumer.store_offsets(&tpl) {
+                    Ok(()) => {}
                     // After a revoke librdkafka refuses (`__STATE`): the new owner redelivers.
-                    tracing::debug!(error = %e, topic = %part.0, partition = part.1, "offset not stored");
+                    Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => tracing::debug!(topic = %part.0, partition = part.1, "offset not stored: partition no longer assigned"),
+                    // Not lost: the next record done on this partition stores a later
+                    // position, which covers this one; until then a restart reads it again.
+                    Err(e) => tracing::warn!(error = %e, topic = %part.0, partition = part.1, offset = next, "offset not stored"),
                 }
             }
         }
@@ -630,6 +684,15 @@ impl Pipeline {
 
     fn on_tick(&mut self, consumer: &GatewayConsumer) {
         self.stats.polled();
+        self.after_rebalance(consumer);
+        self.tick_rest();
+    }
+
+    /// Applies a rebalance librdkafka reported (inside its last poll): forgets revoked
+    /// partitions and pauses again what must stay paused, since pauses do not survive a
+    /// reassignment. Called before each record is planned, so a newly assigned partition
+    /// is paused before the loop takes more than the one record from it.
+    fn after_rebalance(&mut self, consumer: &GatewayConsumer) {
         let ctx = consumer.context();
         if ctx.changed.swap(false, Ordering::SeqCst) {
             for part in std::mem::take(&mut *ctx.revoked.lock().expect("rebalance lock")) {
@@ -652,6 +715,10 @@ impl Pipeline {
                 s.paused_partitions = self.paused.len() as u64;
             });
         }
+    }
+
+    /// The tick's periodic work: the pending figure and the prunes.
+    fn tick_rest(&mut self) {
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         // One prune at a time: a window large enough to take over a minute to scan would
@@ -681,20 +748,30 @@ impl Pipeline {
 
 /// Runs `write` against the outbox until it succeeds, backing off from 100 ms doubling to
 /// 10 s: reading on past an effect or registry change that is not stored would lose it, so
-/// the consumer holds here (and `/readyz` goes red, naming the failure) while the disk refuses.
-async fn until_stored<T>(stats: &Stats, what: &str, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> T {
+/// the consumer holds here (and `/readyz` goes red, naming the failure) while the disk
+/// refuses. `None` when shutdown is requested while it still fails: the shutdown stays
+/// within its bound, and what was not stored is read again at the next start.
+async fn until_stored<T>(stats: &Stats, what: &str, shutdown: &watch::Receiver<bool>, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> Option<T> {
     let mut delay = Duration::from_millis(100);
+    let mut shutdown = shutdown.clone();
     loop {
         match tokio::task::block_in_place(&mut write) {
             Ok(v) => {
                 // Clears what this call or its caller reported (a no-op when nothing was).
                 stats.health.outbox_failing(None);
-                return v;
+                return Some(v);
             }
             Err(e) => {
                 stats.health.outbox_failing(Some(e.to_string()));
+                if *shutdown.borrow() {
+                    tracing::error!(error = %e, "cannot store {what} in the outbox, and shutdown is requested: given up (it is read again at the next start)");
+                    return None;
+                }
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => {}
+                }
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
         }
@@ -716,5 +793,38 @@ fn pause(consumer: &GatewayConsumer, part: &Partition, pause: bool) {
     let result = if pause { consumer.pause(&tpl) } else { consumer.resume(&tpl) };
     if let Err(e) = result {
         tracing::warn!(error = %e, topic = %part.0, partition = part.1, pause, "pause/resume failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real refusal: an outbox where no folder can be made.
+    fn refused() -> Result<(), OutboxError> {
+        Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb")).map(|_| ())
+    }
+
+    /// A write the disk keeps refusing is retried while the gateway runs, and given up
+    /// once shutdown is requested, so SIGTERM stays within its bound.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_write_is_retried_until_shutdown_then_given_up() {
+        let stats = Stats::default();
+        let (tx, rx) = watch::channel(false);
+        let tries = std::sync::atomic::AtomicUsize::new(0);
+        let retrying = until_stored(&stats, "a test", &rx, || {
+            tries.fetch_add(1, Ordering::SeqCst);
+            refused()
+        });
+        tokio::pin!(retrying);
+        // Retrying: 100 ms, then 200 ms between tries; still no answer after 500 ms.
+        assert!(tokio::time::timeout(Duration::from_millis(500), &mut retrying).await.is_err());
+        assert!(tries.load(Ordering::SeqCst) >= 2, "retried");
+        tx.send(true).unwrap();
+        let given_up = tokio::time::timeout(Duration::from_secs(5), &mut retrying).await.expect("gives up at shutdown");
+        assert_eq!(given_up, None);
+
+        // It still succeeds when the disk takes it, also during shutdown.
+        assert_eq!(until_stored(&stats, "a test", &rx, || Ok::<_, OutboxError>(7)).await, Some(7));
     }
 }

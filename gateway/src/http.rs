@@ -39,10 +39,9 @@ pub struct AppState {
     pub clock: Clock,
     /// Whether `POST /clock/advance` is served.
     pub clock_control: bool,
-    /// Time to live per kind, for replayed jobs.
-    pub ttl: crate::config::TtlConfig,
-    /// The consumer, to count replayed jobs against the outbox bounds and queue them.
-    pub replays: mpsc::Sender<crate::outbox::Queued>,
+    /// The consumer, which carries out replays between its batch writes
+    /// ([`crate::consumer::Replay`]).
+    pub replays: mpsc::Sender<crate::consumer::Replay>,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -90,18 +89,19 @@ async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::he
     }
 }
 
-/// Replays into the running gateway: the job is stored in the outbox first, then queued.
+/// Replays into the running gateway: the consumer stores the job in the outbox between two
+/// batch writes (so it keeps its place in the device's order), then queues it. 503 when the
+/// consumer has stopped: nothing was replayed.
 async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
-    let now = s.clock.now_ms();
-    match s.outbox.replay(id, now, |k| crate::jobs::ttl_of(k, &s.ttl)) {
-        Ok(stored) => {
-            let v = inspect::replayed(&stored);
-            if s.replays.send(crate::outbox::Queued::from_stored(stored)).await.is_err() {
-                tracing::error!(id, "consumer stopped: the replayed job waits in the outbox for the next start");
-            }
-            (StatusCode::OK, Json(v))
-        }
-        Err(e) => reply(Err(e.into())),
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopped = || (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "the gateway's consumer has stopped: nothing was replayed; try again once it runs" })));
+    if s.replays.send(crate::consumer::Replay { id, reply: tx }).await.is_err() {
+        return stopped();
+    }
+    match rx.await {
+        Ok(Ok(stored)) => (StatusCode::OK, Json(inspect::replayed(&stored))),
+        Ok(Err(e)) => reply(Err(e.into())),
+        Err(_) => stopped(),
     }
 }
 

@@ -172,7 +172,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut http_shutdown = shutdown_rx.clone();
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
-    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, ttl: cfg.delivery.ttl.clone(), replays: replays_tx };
+    let state = http::AppState { stats: stats.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, replays: replays_tx };
     let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
         let _ = http_shutdown.changed().await;
     }));
