@@ -4,18 +4,28 @@
 //! that removes the failed job), which is what lets the record's offset be committed; the
 //! [`Publisher`] then writes parked dead letters to Kafka, retrying with backoff for as
 //! long as Kafka is unreachable, and marks them published. A crash between the write and
-//! the mark publishes it again with the same `id`: a dead-letter consumer can dedupe.
+//! the mark publishes it again with the same `id`, and so does a record read again before
+//! its offset was committed (the outbox parks a record's dead letters once): a
+//! dead-letter consumer can dedupe by `id`.
 //!
 //! Record layout on `pixgate.deadletter`: key = the source record's key; value = a JSON
-//! [`DeadLetter`], which carries the source value (as text when it is UTF-8, and always as
-//! base64) so it can be inspected and replayed.
+//! [`DeadLetter`], which carries the source record's value (as text when it is UTF-8, and
+//! always as base64) so it can be inspected and produced again; a job's dead letter
+//! (delivery failed, expired) also carries the job. The outbox keeps a job's source
+//! position, not the record's bytes (that would cost every accepted record for the rare
+//! failed one), so the publisher reads the record back from Kafka by its position
+//! ([`SourceReader`]); one that Kafka no longer has (retention) is published without it,
+//! saying why (`value_unavailable`).
 
 use base64::{engine::general_purpose::STANDARD as B64, Engine};
 use crate::clock::Clock;
 use crate::outbox::{Outbox, StoredJob};
 use crate::stats::Stats;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,11 +59,19 @@ pub struct DeadLetter {
     /// Source key as text (keys are document ids).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// Source value as text, when it is valid UTF-8 (for a job's dead letter: the job).
+    /// Source value as text, when it is valid UTF-8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
-    /// Source value, base64, always.
+    /// Source value, base64; empty only with `value_unavailable` (and, for a job's dead
+    /// letter, while parked: the publisher fills it in from Kafka).
     pub value_base64: String,
+    /// Why a job's dead letter has no source value: Kafka no longer has the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_unavailable: Option<String>,
+    /// For a job's dead letter (delivery failed, expired): the job as its device would
+    /// have received it, JSON, payload included (what `pixgate deadletter replay` queues).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
 }
 
 impl DeadLetter {
@@ -72,17 +90,33 @@ impl DeadLetter {
             key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
             value: std::str::from_utf8(value).ok().map(str::to_string),
             value_base64: B64.encode(value),
+            value_unavailable: None,
+            job: None,
         }
+    }
+
+    /// Whether this is a job's dead letter still waiting for its source value
+    /// ([`SourceReader`]).
+    fn needs_source_value(&self) -> bool {
+        self.job.is_some() && self.value_base64.is_empty() && self.value_unavailable.is_none() && self.source_offset >= 0
+    }
+
+    /// Sets the source value (text when UTF-8, and base64).
+    fn set_value(&mut self, value: &[u8]) {
+        self.value = std::str::from_utf8(value).ok().map(str::to_string);
+        self.value_base64 = B64.encode(value);
     }
 }
 
 impl DeadLetter {
     /// A dead letter for a job that was accepted but cannot be carried out (delivery
-    /// failed, expired): source position and key from the job's record, `value` = the job.
+    /// failed, expired): source position and key from the job's record, `job` = the job;
+    /// the source value is read back from Kafka when it is published.
     pub fn for_job(reason: &str, detail: String, stored: &StoredJob) -> Self {
         let src = &stored.source;
         let mut dl = DeadLetter::new(reason, detail, &src.topic, src.partition, src.offset, src.key.as_deref().map(str::as_bytes), &[]);
-        dl.value = serde_json::to_string(&stored.job).ok();
+        dl.value = None;
+        dl.job = serde_json::to_string(&stored.job).ok();
         dl.device = Some(stored.device.clone());
         dl.effect = Some(stored.job.kind.as_str().to_string());
         dl.message_id = Some(stored.job.message_id.clone());
@@ -99,6 +133,76 @@ pub struct Publisher {
     clock: Clock,
     stats: Arc<Stats>,
     wake: Arc<Notify>,
+    sources: Arc<SourceReader>,
+}
+
+/// What [`SourceReader::read`] found at a position.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SourceRecord {
+    /// The record's value.
+    Value(Vec<u8>),
+    /// Kafka no longer has it (retention, compaction), or never had it: why.
+    Gone(String),
+}
+
+/// Reads single records back from Kafka by topic, partition and offset: an assign-only
+/// consumer (no group join, nothing committed) with `auto.offset.reset=error`, so a
+/// position Kafka no longer holds is an answer, not a jump to another record.
+pub struct SourceReader {
+    consumer: BaseConsumer,
+}
+
+impl SourceReader {
+    /// A reader on `brokers`.
+    ///
+    /// # Errors
+    /// Invalid consumer configuration.
+    pub fn new(brokers: &str) -> anyhow::Result<Self> {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            // Required by librdkafka; this consumer never joins the group nor commits.
+            .set("group.id", "pixgate-deadletter-source")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "true")
+            .create()?;
+        Ok(SourceReader { consumer })
+    }
+
+    /// The record at `topic`/`partition`/`offset`, waiting at most `timeout` (blocking).
+    ///
+    /// # Errors
+    /// Kafka did not answer within `timeout`, or answered with another error: try again.
+    pub fn read(&self, topic: &str, partition: i32, offset: i64, timeout: Duration) -> Result<SourceRecord, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+        self.consumer.assign(&tpl)?;
+        let deadline = std::time::Instant::now() + timeout;
+        let found = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break Err(KafkaError::MessageConsumption(RDKafkaErrorCode::RequestTimedOut));
+            }
+            match self.consumer.poll(left.min(Duration::from_millis(200))) {
+                None => {}
+                Some(Ok(m)) if m.topic() == topic && m.partition() == partition && m.offset() == offset => {
+                    break Ok(SourceRecord::Value(m.payload().unwrap_or_default().to_vec()));
+                }
+                Some(Ok(m)) if m.topic() == topic && m.partition() == partition && m.offset() > offset => {
+                    break Ok(SourceRecord::Gone(format!("Kafka has no record at offset {offset} any more (the next is {})", m.offset())));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(KafkaError::PartitionEOF(_))) => break Ok(SourceRecord::Gone(format!("offset {offset} is past the end of {topic}/{partition}"))),
+                Some(Err(e)) if matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)) => {
+                    break Ok(SourceRecord::Gone(format!("Kafka no longer has offset {offset} of {topic}/{partition} (retention): {e}")));
+                }
+                Some(Err(e)) => break Err(e),
+            }
+        };
+        let _ = self.consumer.unassign();
+        found
+    }
 }
 
 impl Publisher {
@@ -113,7 +217,8 @@ impl Publisher {
             .set("acks", "all")
             .set("message.timeout.ms", "30000")
             .create()?;
-        Ok(Publisher { producer, topic: topic.to_string(), outbox, clock, stats, wake: Arc::new(Notify::new()) })
+        let sources = Arc::new(SourceReader::new(brokers)?);
+        Ok(Publisher { producer, topic: topic.to_string(), outbox, clock, stats, wake: Arc::new(Notify::new()), sources })
     }
 
     /// Notify this after parking dead letters so they go out now rather than at the next
@@ -140,15 +245,45 @@ impl Publisher {
             self.stats.update(|s| s.deadletters_parked = parked.len() as u64);
             let mut failed = false;
             if !parked.is_empty() {
-                let sends = parked.iter().map(|p| self.send(&p.dead_letter));
+                // A job's dead letter gets its source record's value first; one whose
+                // record cannot be read now stays parked (Kafka is likely down for the
+                // send too) and is tried again with the rest.
+                let mut ready = Vec::with_capacity(parked.len());
+                for p in &parked {
+                    let mut dl = p.dead_letter.clone();
+                    if dl.needs_source_value() {
+                        let sources = self.sources.clone();
+                        let (topic, partition, offset) = (dl.source_topic.clone(), dl.source_partition, dl.source_offset);
+                        let read = tokio::task::spawn_blocking(move || sources.read(&topic, partition, offset, Duration::from_secs(10))).await;
+                        match read {
+                            Ok(Ok(SourceRecord::Value(v))) => dl.set_value(&v),
+                            Ok(Ok(SourceRecord::Gone(why))) => {
+                                tracing::warn!(id = p.id, %why, "a job's dead letter goes out without its source record");
+                                dl.value_unavailable = Some(why);
+                            }
+                            Ok(Err(e)) => {
+                                failed = true;
+                                tracing::error!(error = %e, id = p.id, "cannot read a job's source record back from Kafka; its dead letter stays parked");
+                                continue;
+                            }
+                            Err(e) => {
+                                failed = true;
+                                tracing::error!(error = %e, id = p.id, "the source reader failed; the dead letter stays parked");
+                                continue;
+                            }
+                        }
+                    }
+                    ready.push((p.id, dl));
+                }
+                let sends = ready.iter().map(|(_, dl)| self.send(dl));
                 let results = futures_util::future::join_all(sends).await;
                 let mut ok = Vec::new();
-                for (p, r) in parked.iter().zip(results) {
+                for ((id, dl), r) in ready.iter().zip(results) {
                     match r {
-                        Ok(()) => ok.push(p.id),
+                        Ok(()) => ok.push(*id),
                         Err(e) => {
                             failed = true;
-                            tracing::error!(error = %e, id = p.id, reason = %p.dead_letter.reason, "dead letter not written yet; it stays parked in the outbox");
+                            tracing::error!(error = %e, id, reason = %dl.reason, "dead letter not written yet; it stays parked in the outbox");
                         }
                     }
                 }

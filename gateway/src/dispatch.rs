@@ -50,7 +50,8 @@ pub enum Command {
 /// How a job ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The device acknowledged it as done.
+    /// The device acknowledged it as done (or an earlier run finished it: its row is
+    /// no longer in the outbox).
     Done,
     /// Dropped because its charge's next screen came first.
     Superseded,
@@ -329,7 +330,9 @@ impl Dispatcher {
                     Ok(None) => {
                         // Not in the outbox any more (finished by an earlier run): nothing to send.
                         tracing::error!(device, seq = f.stored.job.seq, message_id = %f.stored.job.message_id, "queued job is no longer in the outbox; dropped");
-                        q.in_flight = None;
+                        // Reported finished, so the consumer's outbox bounds count it out.
+                        let f = q.in_flight.take().expect("checked");
+                        self.finish(f.stored, Outcome::Done);
                         return Box::pin(self.pump(device)).await;
                     }
                     Err(e) => {
@@ -706,8 +709,8 @@ mod tests {
             let parked = outbox.parked_deadletters(10).unwrap().into_iter().find(|p| p.id == id).unwrap();
             let kept = parked.job.unwrap();
             assert_eq!(kept.job.payload_bytes().unwrap(), b"receipt bytes of d");
-            let value: Job = serde_json::from_str(parked.dead_letter.value.as_deref().unwrap()).unwrap();
-            assert_eq!(value.payload_bytes().unwrap(), b"receipt bytes of d", "the dead letter's value is the whole job");
+            let value: Job = serde_json::from_str(parked.dead_letter.job.as_deref().unwrap()).unwrap();
+            assert_eq!(value.payload_bytes().unwrap(), b"receipt bytes of d", "the dead letter's job is the whole job");
         }
         assert!(outbox.pending().unwrap().is_empty());
     }

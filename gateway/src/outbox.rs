@@ -26,7 +26,9 @@
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
 //! registry, so that a restart does not forget devices whose events are already committed;
 //! `deadletters` id → JSON [`ParkedDeadLetter`]; `parked` the ids not yet published;
-//! `meta` name → counter (the last dead-letter id).
+//! `deadletters_by_source` (source topic, partition, offset, which) → id, so a record read
+//! again parks none of its dead letters twice; `meta` name → counter (the last
+//! dead-letter id).
 
 use crate::cdc::ChargeStatus;
 use crate::deadletter::DeadLetter;
@@ -52,7 +54,19 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Ids of the dead letters Kafka does not have yet (an index, so the publisher does not
 /// read the whole retained history every time it looks).
 const PARKED: TableDefinition<u64, ()> = TableDefinition::new("parked");
+/// A record's dead letters by their source: (topic, partition, offset, which) → id, where
+/// `which` is the dead letter's place among the record's and its reason, effect and device
+/// ([`which_of`]). A record read again before its offset was committed (a crash, a
+/// rebalance) yields the same dead letters in the same order; they keep their first id
+/// instead of being parked and published again under new ones. Removed with the dead
+/// letter at its retention ([`Outbox::prune_deadletters`]).
+const DL_BY_SOURCE: TableDefinition<(&str, i32, i64, &str), u64> = TableDefinition::new("deadletters_by_source");
 const LAST_DEADLETTER_ID: &str = "last_deadletter_id";
+
+/// The `which` of [`DL_BY_SOURCE`]: the `index`-th dead letter of its record.
+fn which_of(index: usize, dl: &DeadLetter) -> String {
+    format!("{index}|{}|{}|{}", dl.reason, dl.effect.as_deref().unwrap_or(""), dl.device.as_deref().unwrap_or(""))
+}
 
 /// Outbox failure: the disk or the database file. pixgate cannot accept effects without
 /// it, so the consumer stops reading (and retries) rather than commit past them.
@@ -163,6 +177,10 @@ pub struct ParkedDeadLetter {
     /// The job, for an effect that was rendered (delivery failed, expired): what a replay
     /// queues again.
     pub job: Option<StoredJob>,
+    /// A record's dead letter: its `which` in [`DL_BY_SOURCE`] (absent in outboxes written
+    /// before that table, and for a job's dead letter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub which: Option<String>,
 }
 
 /// A device registry change to store ([`Outbox::write`]).
@@ -239,12 +257,13 @@ fn park(
     meta: &mut redb::Table<&str, u64>,
     mut dl: DeadLetter,
     job: Option<StoredJob>,
+    which: Option<String>,
     now_ms: u64,
 ) -> Result<u64, OutboxError> {
     let id = meta.get(LAST_DEADLETTER_ID).map_err(err)?.map_or(0, |v| v.value()) + 1;
     meta.insert(LAST_DEADLETTER_ID, id).map_err(err)?;
     dl.id = Some(id);
-    let parked = ParkedDeadLetter { id, parked_at_ms: now_ms, published_at_ms: None, replayed_at_ms: None, dead_letter: dl, job };
+    let parked = ParkedDeadLetter { id, parked_at_ms: now_ms, published_at_ms: None, replayed_at_ms: None, dead_letter: dl, job, which };
     let bytes = serde_json::to_vec(&parked).map_err(err)?;
     dls.insert(id, bytes.as_slice()).map_err(err)?;
     parked_ids.insert(id, ()).map_err(err)?;
@@ -314,6 +333,7 @@ impl Outbox {
             tx.open_table(DEADLETTERS).map_err(err)?;
             tx.open_table(META).map_err(err)?;
             tx.open_table(PARKED).map_err(err)?;
+            tx.open_table(DL_BY_SOURCE).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Outbox { db })
@@ -384,8 +404,18 @@ impl Outbox {
                     queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
                 }
                 let mut parked = Vec::new();
-                for dl in &a.deadletters {
-                    parked.push(park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, now_ms)?);
+                if !a.deadletters.is_empty() {
+                    let mut by_source = tx.open_table(DL_BY_SOURCE).map_err(err)?;
+                    for (i, dl) in a.deadletters.iter().enumerate() {
+                        let which = which_of(i, dl);
+                        let key = (dl.source_topic.as_str(), dl.source_partition, dl.source_offset, which.as_str());
+                        if by_source.get(key).map_err(err)?.is_some() {
+                            continue; // parked when this record was read before
+                        }
+                        let id = park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
+                        by_source.insert(key, id).map_err(err)?;
+                        parked.push(id);
+                    }
                 }
                 out.push((queued, parked));
             }
@@ -425,7 +455,7 @@ impl Outbox {
             };
             let job = match removed {
                 Some(full) => {
-                    dl.value = serde_json::to_string(&full.job).ok();
+                    dl.job = serde_json::to_string(&full.job).ok();
                     full
                 }
                 None => stored.clone(),
@@ -433,7 +463,7 @@ impl Outbox {
             let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
             let mut meta = tx.open_table(META).map_err(err)?;
             let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
-            park(&mut dls, &mut parked_ids, &mut meta, dl, Some(job), now_ms)?
+            park(&mut dls, &mut parked_ids, &mut meta, dl, Some(job), None, now_ms)?
         };
         tx.commit().map_err(err)?;
         Ok(id)
@@ -555,23 +585,31 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure.
     pub fn prune_deadletters(&self, cutoff_ms: u64) -> Result<usize, OutboxError> {
-        let old: Vec<u64> = {
+        // (id, its DL_BY_SOURCE key if it has one)
+        type Old = (u64, Option<(String, i32, i64, String)>);
+        let old: Vec<Old> = {
             let tx = self.db.begin_read().map_err(err)?;
             let dls = tx.open_table(DEADLETTERS).map_err(err)?;
             let mut old = Vec::new();
             for entry in dls.iter().map_err(err)? {
                 let (id, v) = entry.map_err(err)?;
                 // One that no longer parses is kept, to be seen with `pixgate deadletter`.
-                if serde_json::from_slice::<ParkedDeadLetter>(v.value()).is_ok_and(|d| d.published_at_ms.is_some() && d.parked_at_ms < cutoff_ms) {
-                    old.push(id.value());
+                let Ok(d) = serde_json::from_slice::<ParkedDeadLetter>(v.value()) else { continue };
+                if d.published_at_ms.is_some() && d.parked_at_ms < cutoff_ms {
+                    let dl = d.dead_letter;
+                    old.push((id.value(), d.which.map(|w| (dl.source_topic, dl.source_partition, dl.source_offset, w))));
                 }
             }
             old
         };
         self.remove_in_chunks(&old, Durability::Immediate, |tx, chunk| {
             let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
-            for &id in chunk {
-                dls.remove(id).map_err(err)?;
+            let mut by_source = tx.open_table(DL_BY_SOURCE).map_err(err)?;
+            for (id, key) in chunk {
+                dls.remove(*id).map_err(err)?;
+                if let Some((topic, partition, offset, which)) = key {
+                    by_source.remove((topic.as_str(), *partition, *offset, which.as_str())).map_err(err)?;
+                }
             }
             Ok(())
         })?;
@@ -845,6 +883,38 @@ mod tests {
         assert_eq!(o.wire("p", 2).unwrap().as_ref(), Some(&q[1].wire));
         assert_eq!(o.wire("p", 3).unwrap(), None);
         assert_eq!(o.device_jobs("p").unwrap()[0], StoredJob { device: "p".into(), job: sent, source: src(7) });
+    }
+
+    /// A record read again (its offset not committed before a crash) parks none of its
+    /// dead letters twice: they keep the ids of its first read, and Kafka gets each once.
+    /// Two dead letters of one record that look alike are both kept. Once pruned at its
+    /// retention, the record's dead letter is forgotten like a job's id.
+    #[test]
+    fn a_record_read_again_parks_its_dead_letters_once() {
+        let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-dl-once");
+        let record = |offset: i64| {
+            let dl = |device: &str| {
+                let mut d = DeadLetter::new("invalid_brcode", "x".into(), "charge.upserted", 0, offset, Some(b"c"), b"{}");
+                d.device = Some(device.into());
+                d.effect = Some("display_qr".into());
+                d
+            };
+            Accept { deadletters: vec![dl("t1"), dl("t2"), dl("t2")], source: Some(src(offset)), ..Accept::default() }
+        };
+        let parked = |o: &Outbox| o.parked_deadletters(100).unwrap().into_iter().map(|d| d.id).collect::<Vec<_>>();
+        let (_, first) = o.write(&mut [record(5)], &[], 1_000).unwrap().pop().unwrap();
+        assert_eq!(first, [1, 2, 3], "alike dead letters of one record are all kept");
+        let (_, again) = o.write(&mut [record(5)], &[], 2_000).unwrap().pop().unwrap();
+        assert!(again.is_empty(), "read again: nothing parked twice");
+        assert_eq!(parked(&o), [1, 2, 3]);
+        let (_, next) = o.write(&mut [record(6)], &[], 3_000).unwrap().pop().unwrap();
+        assert_eq!(next, [4, 5, 6], "another record's are new");
+        o.mark_published(&[1, 2, 3, 4, 5, 6], 4_000).unwrap();
+        assert_eq!(o.prune_deadletters(2_500).unwrap(), 3);
+        let (_, after) = o.write(&mut [record(5)], &[], 5_000).unwrap().pop().unwrap();
+        assert_eq!(after, [7, 8, 9], "pruned: the record's dead letters are new again");
+        let (_, kept) = o.write(&mut [record(6)], &[], 5_000).unwrap().pop().unwrap();
+        assert!(kept.is_empty(), "not pruned: still known");
     }
 
     /// An outbox whose job rows are in the earlier format (the whole stored job as JSON) is

@@ -1,6 +1,7 @@
 //! A card machine offline for 25 minutes (by pixgate's injectable clock, not by sleeping),
 //! then back: its backlog arrives in order, without the jobs whose time to live passed;
-//! those are recorded on the dead-letter topic (reason `expired`), never shown. Its paired
+//! those are recorded on the dead-letter topic (reason `expired`, with their source record
+//! and the job), never shown. Its paired
 //! printer keeps printing meanwhile. A dead letter's job can be replayed with
 //! `pixgate deadletter replay` against the running gateway, even while its device is
 //! offline: it counts in the outbox like any queued job and arrives after the backlog.
@@ -12,6 +13,7 @@ use pixgate_tests::harness::{protocol_devices, Rig};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
+use base64::Engine;
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
 use simulators::fleet;
@@ -62,6 +64,8 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
         charge(&template, "bbbbbbbbbbbbbbbbbbbbbbbb", "ACTIVE", 0, 15, t), // QR expires while offline
         charge(&template, "cccccccccccccccccccccccc", "ACTIVE", 0, 60, t), // QR superseded by "paid"…
         charge(&template, "cccccccccccccccccccccccc", "COMPLETED", 1, 60, t), // …whose 10 min TTL passes; the receipt prints
+        charge(&template, "dddddddddddddddddddddddd", "ACTIVE", 0, 60, t), // two more QRs valid for an hour:
+        charge(&template, "eeeeeeeeeeeeeeeeeeeeeeee", "ACTIVE", 0, 60, t), // the backlog's order after the gaps
     ];
     // One at a time: the charges have different keys, so different partitions, and the
     // order a device gets them in is the order pixgate reads them in.
@@ -74,22 +78,32 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
 
     // The printer is not held back by the offline card machine.
     wait_for("the receipt on the paired printer", Duration::from_secs(60), || carried_out(&printer, PRINTER) == [("print_receipt".to_string(), "c".repeat(24))]).await;
-    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 3 && s["superseded"] == 1).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 5 && s["superseded"] == 1).await;
     let (ok, queued, err) = pixgate_cli(bin, http_port, &["outbox", "list", TERMINAL]);
     assert!(ok, "{err}");
     let kinds: Vec<(&str, &str)> = queued["jobs"].as_array().unwrap().iter().map(|j| (j["kind"].as_str().unwrap(), &j["charge_id"].as_str().unwrap()[..1])).collect();
-    assert_eq!(kinds, [("display_qr", "a"), ("display_qr", "b"), ("payment_confirmed", "c")], "the backlog, in order");
+    assert_eq!(kinds, [("display_qr", "a"), ("display_qr", "b"), ("payment_confirmed", "c"), ("display_qr", "d"), ("display_qr", "e")], "the backlog, in order");
 
     // 25 minutes pass.
     let (status, body) = rig.gateway().post("/clock/advance?ms=1500000").unwrap();
     assert_eq!(status, 200, "{body}");
-    rig.wait_stats(Duration::from_secs(30), |s| s["expired"]["display_qr"] == 1 && s["expired"]["payment_confirmed"] == 1 && s["outbox_jobs"] == 1).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s["expired"]["display_qr"] == 1 && s["expired"]["payment_confirmed"] == 1 && s["outbox_jobs"] == 3).await;
 
     // The expired jobs are recorded on the dead-letter topic, and listed by the CLI.
     let dls = read_dead_letters(rig.brokers(), 2).await;
     let mut seen: Vec<(String, String, String)> = dls.iter().map(|d| (d["reason"].as_str().unwrap().into(), d["effect"].as_str().unwrap().into(), d["device"].as_str().unwrap().into())).collect();
     seen.sort();
     assert_eq!(seen, [("expired".into(), "display_qr".into(), TERMINAL.into()), ("expired".into(), "payment_confirmed".into(), TERMINAL.into())]);
+    // Each carries its source record as it was produced (read back from Kafka by the
+    // publisher: the outbox keeps only its position) and the job that expired.
+    for d in &dls {
+        let source = if d["effect"] == "display_qr" { &records[1] } else { &records[3] };
+        let value = base64::engine::general_purpose::STANDARD.decode(d["value_base64"].as_str().unwrap()).unwrap();
+        assert!(value == source.value, "the source record's value: {d}");
+        assert_eq!(d["key"].as_str(), source.key.as_deref(), "{d}");
+        let job: Value = serde_json::from_str(d["job"].as_str().expect("the job")).unwrap();
+        assert_eq!((&job["kind"], &job["message_id"]), (&d["effect"], &d["message_id"]), "{d}");
+    }
     // Marked published once Kafka's acknowledgement reaches pixgate, a moment after a reader can see it.
     let paid_listed = || {
         let (ok, list, err) = pixgate_cli(bin, http_port, &["deadletter", "list"]);
@@ -107,15 +121,17 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     let (ok, replayed, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(ok, "{err}");
     assert_eq!(replayed["replayed"]["message_id"], paid["message_id"]);
-    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 2).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 4).await;
     let (ok, _, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(!ok && err.contains("already replayed"), "a second replay is refused: {err}");
 
-    // Back online: the QR still valid, then the replayed "paid" screen; nothing expired is shown.
+    // Back online: the QRs still valid in their order, then the replayed "paid" screen;
+    // nothing expired is shown.
     let terminal = rig.start_fleet(device(TERMINAL), protocol_devices()).await;
-    wait_for("the valid QR and the replayed paid screen", Duration::from_secs(30), || carried_out(&terminal, TERMINAL).len() == 2).await;
+    wait_for("the valid QRs and the replayed paid screen", Duration::from_secs(30), || carried_out(&terminal, TERMINAL).len() == 4).await;
     rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 0).await;
-    assert_eq!(carried_out(&terminal, TERMINAL), [("display_qr".to_string(), "a".repeat(24)), ("payment_confirmed".to_string(), "c".repeat(24))]);
+    let qr = |c: &str| ("display_qr".to_string(), c.repeat(24));
+    assert_eq!(carried_out(&terminal, TERMINAL), [qr("a"), qr("d"), qr("e"), ("payment_confirmed".to_string(), "c".repeat(24))]);
 
     terminal.shutdown().await;
     printer.shutdown().await;
