@@ -15,7 +15,7 @@ cd "$root"
 target="${CARGO_TARGET_DIR:-$root/target}"
 if [ "${1:-}" = "crash" ]; then
   shift
-  cargo build -p gateway --bins
+  cargo build --workspace --bins  # as scripts/test.sh: the same features, so the same artifacts
   export PIXGATE_SCALE_EVENTS="${PIXGATE_SCALE_EVENTS:-20000}"
   export PIXGATE_SCALE_DEVICES="${PIXGATE_SCALE_DEVICES:-500}"
   export PIXGATE_SCALE_KILLS="${PIXGATE_SCALE_KILLS:-20}"
