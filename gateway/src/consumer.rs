@@ -685,40 +685,6 @@ impl Pipeline {
     fn on_tick(&mut self, consumer: &GatewayConsumer) {
         self.stats.polled();
         self.after_rebalance(consumer);
-        self.tick_rest();
-    }
-
-    /// Applies a rebalance librdkafka reported (inside its last poll): forgets revoked
-    /// partitions and pauses again what must stay paused, since pauses do not survive a
-    /// reassignment. Called before each record is planned, so a newly assigned partition
-    /// is paused before the loop takes more than the one record from it.
-    fn after_rebalance(&mut self, consumer: &GatewayConsumer) {
-        let ctx = consumer.context();
-        if ctx.changed.swap(false, Ordering::SeqCst) {
-            for part in std::mem::take(&mut *ctx.revoked.lock().expect("rebalance lock")) {
-                self.tracker.forget(&part);
-                // Its records still in the batch are written anyway: the router already
-                // applied them, and the new owner's copies are deduplicated by message id.
-                self.pending_bound.remove(&part);
-                self.waiting_on.remove(&part);
-                self.paused.remove(&part);
-            }
-            // Pauses do not survive a reassignment: apply them again.
-            self.paused.clear();
-            if let Ok(a) = consumer.assignment() {
-                self.stats.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
-            }
-            self.reconcile_all(consumer);
-            let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
-            self.stats.update(|s| {
-                s.assigned_partitions = assigned as u64;
-                s.paused_partitions = self.paused.len() as u64;
-            });
-        }
-    }
-
-    /// The tick's periodic work: the pending figure and the prunes.
-    fn tick_rest(&mut self) {
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         // One prune at a time: a window large enough to take over a minute to scan would
@@ -742,6 +708,36 @@ impl Pipeline {
                     Err(e) => tracing::error!(error = %e, "dead-letter prune failed"),
                 }
             }));
+        }
+    }
+
+    /// Applies a rebalance librdkafka reported (inside its last poll): forgets revoked
+    /// partitions and pauses again what must stay paused, since pauses do not survive a
+    /// reassignment. Called before each record is planned, so a newly assigned partition
+    /// is paused before the loop takes more than the one record from it.
+    fn after_rebalance(&mut self, consumer: &GatewayConsumer) {
+        let ctx = consumer.context();
+        // A plain load first: this runs for every record, and a rebalance is rare.
+        if ctx.changed.load(Ordering::Relaxed) && ctx.changed.swap(false, Ordering::SeqCst) {
+            for part in std::mem::take(&mut *ctx.revoked.lock().expect("rebalance lock")) {
+                self.tracker.forget(&part);
+                // Its records still in the batch are written anyway: the router already
+                // applied them, and the new owner's copies are deduplicated by message id.
+                self.pending_bound.remove(&part);
+                self.waiting_on.remove(&part);
+                self.paused.remove(&part);
+            }
+            // Pauses do not survive a reassignment: apply them again.
+            self.paused.clear();
+            if let Ok(a) = consumer.assignment() {
+                self.stats.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+            }
+            self.reconcile_all(consumer);
+            let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
+            self.stats.update(|s| {
+                s.assigned_partitions = assigned as u64;
+                s.paused_partitions = self.paused.len() as u64;
+            });
         }
     }
 }

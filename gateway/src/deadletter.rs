@@ -77,7 +77,7 @@ pub struct DeadLetter {
 impl DeadLetter {
     /// A dead letter for the record at `topic`/`partition`/`offset` with `key` and `value`.
     pub fn new(reason: &str, detail: String, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, value: &[u8]) -> Self {
-        DeadLetter {
+        let mut dl = DeadLetter {
             id: None,
             reason: reason.to_string(),
             detail,
@@ -88,11 +88,13 @@ impl DeadLetter {
             effect: None,
             message_id: None,
             key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
-            value: std::str::from_utf8(value).ok().map(str::to_string),
-            value_base64: B64.encode(value),
+            value: None,
+            value_base64: String::new(),
             value_unavailable: None,
             job: None,
-        }
+        };
+        dl.set_value(value);
+        dl
     }
 
     /// Whether this is a job's dead letter still waiting for its source value
