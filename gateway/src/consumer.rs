@@ -450,7 +450,15 @@ impl Pipeline {
             Err(e) => {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
                 self.stats.health.outbox_failing(Some(e.to_string()));
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                // A first pause before the retries, cut short by a shutdown (which
+                // `until_stored` then sees at once).
+                let mut stop = self.shutdown.clone();
+                if !*stop.borrow() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
                 let (outbox, clock) = (&self.outbox, &self.clock);
                 match until_stored(&self.stats, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
                     Some(w) => w,

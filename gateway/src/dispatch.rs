@@ -9,8 +9,9 @@
 //! - `failed` ack: permanent → dead letter at once; transient → retried with backoff.
 //! - `max_deliveries` sends without a `done` → dead letter.
 //! - Its `expires_at` passed (by the injectable [`Clock`]) before it was done → expired:
-//!   never sent again, dead-lettered with reason `expired` (queued jobs of a device that
-//!   cannot take them are checked every second too, so they leave the outbox on time).
+//!   never sent again, dead-lettered with reason `expired` (the jobs of a device that
+//!   cannot take them, queued or in flight past its ack timeout, are checked every second
+//!   too, so they leave the outbox on time).
 //! - A device whose status says offline, or a printer that cannot print (paper out, cover
 //!   open), is not sent anything; its queue waits and resumes on the next good status.
 //! - A queued `display_qr` for a charge whose paid/expired screen (or, on a printer that
@@ -369,15 +370,30 @@ impl Dispatcher {
 
     /// Drops queued jobs whose time to live passed, for every device (those that can send
     /// find them at the head of their queue anyway; this reaches devices that cannot).
+    ///
+    /// Also the job in flight to a device that cannot take it now (offline, paper out):
+    /// [`Dispatcher::pump`] does not look at it until the device is back, so without this
+    /// it would be expired only then, holding its place in the outbox bounds and its
+    /// dead letter meanwhile. As in `pump`, only once its ack timeout has passed: a device
+    /// that took the job before it went away may still report it done.
     fn expire_queued(&mut self) {
         let now = self.clock.now();
+        let ack_now = Instant::now();
+        let ttl_passed = |job: &device_protocol::Job| job.expires_at.is_some_and(|at| at <= now);
         let mut expired = Vec::new();
+        let mut expired_in_flight = Vec::new();
         for q in self.devices.values_mut() {
-            expired.extend(q.take_where(|p| p.stored.job.expires_at.is_some_and(|at| at <= now)));
+            expired.extend(q.take_where(|p| ttl_passed(&p.stored.job)));
+            if !q.can_send() && q.in_flight.as_ref().is_some_and(|f| f.due <= ack_now && ttl_passed(&f.stored.job)) {
+                expired_in_flight.extend(q.in_flight.take());
+            }
         }
         for p in expired {
             self.held -= p.held();
             self.expired(p.stored);
+        }
+        for f in expired_in_flight {
+            self.expired(f.stored);
         }
     }
 
@@ -604,6 +620,30 @@ mod tests {
         let f = h.next_finished().await;
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
         h.nothing_sent(200).await;
+    }
+
+    /// A job in flight when its device went offline expires by the sweep while the device
+    /// stays away (not only when it comes back), once its ack timeout has passed; the
+    /// device's next job goes out when it is back.
+    #[tokio::test]
+    async fn in_flight_job_of_an_offline_device_expires_while_it_is_away() {
+        let mut h = harness(300, 10);
+        let mut j = job("paid", EffectKind::PaymentConfirmed, "c1");
+        j.expires_at = Some(h.clock.now() + chrono::Duration::minutes(10));
+        h.enqueue("t", j, 1).await;
+        h.enqueue("t", job("receipt", EffectKind::PrintReceipt, "c1"), 2).await;
+        assert_eq!(h.next_sent().await.message_id, "paid");
+        h.status("t", false, None).await;
+        // Past its TTL but within its ack timeout: the device may still report it done.
+        h.clock.advance(11 * 60_000);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(h.finished.try_recv().is_err(), "expired before its ack timeout");
+        let f = h.next_finished().await;
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
+        assert_eq!(h.stats.snapshot().expired.values().sum::<u64>(), 1);
+        h.nothing_sent(200).await;
+        h.status("t", true, None).await;
+        assert_eq!(h.next_sent().await.message_id, "receipt");
     }
 
     /// After a crash the outbox may still hold a QR whose removal had not reached the disk,
