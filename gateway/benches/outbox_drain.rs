@@ -1,11 +1,13 @@
 //! The outbox's cost per record in a backlog drain, as pixgate's consumer writes it:
 //! batches of 256 records (`outbox.batch_max_records`), about 1.1 jobs a record spread
 //! over 500 devices, payloads the size of real screens and receipts, and with each batch
-//! the removals of the jobs the devices finished meanwhile (those of two batches before),
-//! so the queue holds a few hundred jobs as in `pixgate-load`'s drain while the dedupe
-//! window grows.
+//! the removals of the jobs the devices finished meanwhile: each job is finished 2 to 6
+//! batches after it was queued (devices ack at their own pace, so a batch's jobs leave over
+//! several writes), and the queue holds about a thousand jobs as in `pixgate-load`'s drain
+//! while the dedupe window grows.
 //!
-//! Prints CPU time (this process, user + system) and wall time per record and per job.
+//! Prints CPU time (this process, user + system) and wall time per record and per job, and
+//! the bytes written to disk per record against the jobs' own size.
 //! Run: `cargo bench -p gateway --bench outbox_drain [-- RECORDS [BATCH]]`. Compare two layouts
 //! by running each in the same sitting; the figures, not a pass/fail, are the output.
 
@@ -38,6 +40,13 @@ fn cpu() -> Duration {
     Duration::from_millis(t * 10)
 }
 
+/// Bytes this process caused to be written to storage so far (`/proc/self/io`
+/// `write_bytes`: what reached the block layer, the pages redb wrote).
+fn written() -> u64 {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    io.lines().find_map(|l| l.strip_prefix("write_bytes: ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
 fn job(rng: &mut Rng, n: u64) -> Job {
     // A screen's payload is a few hundred bytes of base64, a receipt's a few kilobytes.
     let (kind, len) = match rng.below(3) {
@@ -66,14 +75,15 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
     let outbox = Outbox::open(&dir.join("outbox.redb")).expect("open outbox");
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let mut in_flight: std::collections::VecDeque<Vec<Removal>> = Default::default();
-    let (mut jobs, mut n) = (0usize, 0u64);
+    // Removals due at the next writes: in_flight[0] goes with the next one.
+    let mut in_flight: std::collections::VecDeque<Vec<Removal>> = (0..7).map(|_| Vec::new()).collect();
+    let (mut jobs, mut n, mut wire) = (0usize, 0u64, 0u64);
     let warm_up = records / 10;
-    let (mut t0, mut c0, mut jobs0) = (Instant::now(), cpu(), 0);
+    let (mut t0, mut c0, mut jobs0, mut w0, mut wire0) = (Instant::now(), cpu(), 0, written(), 0);
     let mut done = 0;
     while done < records + warm_up {
         if done == warm_up {
-            (t0, c0, jobs0) = (Instant::now(), cpu(), jobs);
+            (t0, c0, jobs0, w0, wire0) = (Instant::now(), cpu(), jobs, written(), wire);
         }
         let mut batch: Vec<Accept> = (0..batch_records)
             .map(|_| {
@@ -89,20 +99,26 @@ fn main() {
                 }
             })
             .collect();
-        let removals = if in_flight.len() >= 2 { in_flight.pop_front().unwrap_or_default() } else { Vec::new() };
+        let removals = in_flight.pop_front().unwrap_or_default();
+        in_flight.push_back(Vec::new());
         let out = outbox.write(&mut batch, &removals, 1_700_000_000_000 + n).expect("write");
-        let queued: Vec<Removal> = out.iter().flat_map(|(q, _)| q).map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false }).collect();
-        jobs += queued.len();
-        in_flight.push_back(queued);
+        for q in out.iter().flat_map(|(q, _)| q) {
+            jobs += 1;
+            wire += q.wire.len() as u64;
+            let due = 1 + rng.below(5) as usize; // finished 2 to 6 writes from now
+            in_flight[due].push(Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false });
+        }
         done += batch_records;
     }
-    let (wall, cpu_used, jobs) = (t0.elapsed(), cpu() - c0, jobs - jobs0);
+    let (wall, cpu_used, jobs, bytes, wire) = (t0.elapsed(), cpu() - c0, jobs - jobs0, written() - w0, wire - wire0);
     let per = |d: Duration, k: usize| d.as_secs_f64() * 1e6 / k as f64;
     println!(
-        "outbox drain: {records} records, {jobs} jobs in batches of {batch_records} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record",
+        "outbox drain: {records} records, {jobs} jobs in batches of {batch_records} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record; written to disk {:.0} bytes a record (the jobs themselves: {:.0} bytes a record)",
         per(cpu_used, records),
         per(cpu_used, jobs),
-        per(wall, records)
+        per(wall, records),
+        bytes as f64 / records as f64,
+        wire as f64 / records as f64,
     );
     drop(outbox);
     let _ = std::fs::remove_dir_all(&dir);
