@@ -627,18 +627,19 @@ mod tests {
     /// device's next job goes out when it is back.
     #[tokio::test]
     async fn in_flight_job_of_an_offline_device_expires_while_it_is_away() {
-        let mut h = harness(300, 10);
+        let mut h = harness(1_000, 10);
         let mut j = job("paid", EffectKind::PaymentConfirmed, "c1");
         j.expires_at = Some(h.clock.now() + chrono::Duration::minutes(10));
         h.enqueue("t", j, 1).await;
         h.enqueue("t", job("receipt", EffectKind::PrintReceipt, "c1"), 2).await;
         assert_eq!(h.next_sent().await.message_id, "paid");
         h.status("t", false, None).await;
-        // Past its TTL but within its ack timeout: the device may still report it done.
+        // Past its TTL but within its ack timeout (1 s): the device may still report it done.
         h.clock.advance(11 * 60_000);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(h.finished.try_recv().is_err(), "expired before its ack timeout");
-        let f = h.next_finished().await;
+        // The first sweep after the ack timeout: within about 2 s of the send.
+        let f = tokio::time::timeout(Duration::from_secs(5), h.finished.recv()).await.expect("expired by the sweep").unwrap();
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
         assert_eq!(h.stats.snapshot().expired.values().sum::<u64>(), 1);
         h.nothing_sent(200).await;
