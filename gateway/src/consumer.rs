@@ -450,15 +450,8 @@ impl Pipeline {
             Err(e) => {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
                 self.stats.health.outbox_failing(Some(e.to_string()));
-                // A first pause before the retries, cut short by a shutdown (which
-                // `until_stored` then sees at once).
-                let mut stop = self.shutdown.clone();
-                if !*stop.borrow() {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
-                        _ = stop.changed() => {}
-                    }
-                }
+                // A first pause before the retries (`until_stored` then sees a shutdown at once).
+                pause_unless_shutdown(&mut self.shutdown.clone(), Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
                 match until_stored(&self.stats, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
                     Some(w) => w,
@@ -737,16 +730,28 @@ impl Pipeline {
             }
             // Pauses do not survive a reassignment: apply them again.
             self.paused.clear();
+            let mut assigned = 0;
             if let Ok(a) = consumer.assignment() {
                 self.stats.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+                assigned = a.count();
             }
             self.reconcile_all(consumer);
-            let assigned = consumer.assignment().map(|a| a.count()).unwrap_or(0);
             self.stats.update(|s| {
                 s.assigned_partitions = assigned as u64;
                 s.paused_partitions = self.paused.len() as u64;
             });
         }
+    }
+}
+
+/// Sleeps `delay`, or less if shutdown is (or becomes) requested.
+async fn pause_unless_shutdown(shutdown: &mut watch::Receiver<bool>, delay: Duration) {
+    if *shutdown.borrow_and_update() {
+        return;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = shutdown.changed() => {}
     }
 }
 
@@ -772,10 +777,7 @@ async fn until_stored<T>(stats: &Stats, what: &str, shutdown: &watch::Receiver<b
                     return None;
                 }
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = shutdown.changed() => {}
-                }
+                pause_unless_shutdown(&mut shutdown, delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
         }

@@ -9,9 +9,9 @@
 //! - `failed` ack: permanent → dead letter at once; transient → retried with backoff.
 //! - `max_deliveries` sends without a `done` → dead letter.
 //! - Its `expires_at` passed (by the injectable [`Clock`]) before it was done → expired:
-//!   never sent again, dead-lettered with reason `expired` (the jobs of a device that
-//!   cannot take them, queued or in flight past its ack timeout, are checked every second
-//!   too, so they leave the outbox on time).
+//!   never sent again, dead-lettered with reason `expired` (a device that cannot take
+//!   jobs has its queued ones checked every second, and the one in flight when its ack
+//!   timeout passes, so they leave the outbox on time).
 //! - A device whose status says offline, or a printer that cannot print (paper out, cover
 //!   open), is not sent anything; its queue waits and resumes on the next good status.
 //! - A queued `display_qr` for a charge whose paid/expired screen (or, on a printer that
@@ -291,15 +291,20 @@ impl Dispatcher {
     }
 
     /// Sends the next job of `device` if nothing is in flight and the device can take it,
-    /// or resends the in-flight one when it is due.
+    /// or resends the in-flight one when it is due. An in-flight job due again whose time
+    /// to live passed is expired even while the device cannot take jobs (offline, paper
+    /// out), so it does not hold its place in the bounds until the device is back; only
+    /// once its ack timeout has passed, as a device that took it before it went away may
+    /// still report it done.
     async fn pump(&mut self, device: &str) {
         let Some(q) = self.devices.get_mut(device) else { return };
-        if !q.can_send() {
-            return;
-        }
+        let can_send = q.can_send();
         let now = Instant::now();
         let wall_now = self.clock.now();
         if q.in_flight.is_none() {
+            if !can_send {
+                return;
+            }
             let Some(p) = q.queue.pop_front() else { return };
             self.held -= p.held();
             q.in_flight = Some(InFlight { stored: p.stored, wire: p.wire, attempts: 0, due: now, awaiting_ack: false });
@@ -314,6 +319,9 @@ impl Dispatcher {
             let f = q.in_flight.take().expect("checked");
             self.expired(f.stored);
             return Box::pin(self.pump(device)).await;
+        }
+        if !can_send {
+            return;
         }
         if f.awaiting_ack || f.attempts > 0 {
             if f.attempts >= self.cfg.max_deliveries {
@@ -370,30 +378,15 @@ impl Dispatcher {
 
     /// Drops queued jobs whose time to live passed, for every device (those that can send
     /// find them at the head of their queue anyway; this reaches devices that cannot).
-    ///
-    /// Also the job in flight to a device that cannot take it now (offline, paper out):
-    /// [`Dispatcher::pump`] does not look at it until the device is back, so without this
-    /// it would be expired only then, holding its place in the outbox bounds and its
-    /// dead letter meanwhile. As in `pump`, only once its ack timeout has passed: a device
-    /// that took the job before it went away may still report it done.
     fn expire_queued(&mut self) {
         let now = self.clock.now();
-        let ack_now = Instant::now();
-        let ttl_passed = |job: &device_protocol::Job| job.expires_at.is_some_and(|at| at <= now);
         let mut expired = Vec::new();
-        let mut expired_in_flight = Vec::new();
         for q in self.devices.values_mut() {
-            expired.extend(q.take_where(|p| ttl_passed(&p.stored.job)));
-            if !q.can_send() && q.in_flight.as_ref().is_some_and(|f| f.due <= ack_now && ttl_passed(&f.stored.job)) {
-                expired_in_flight.extend(q.in_flight.take());
-            }
+            expired.extend(q.take_where(|p| p.stored.job.expires_at.is_some_and(|at| at <= now)));
         }
         for p in expired {
             self.held -= p.held();
             self.expired(p.stored);
-        }
-        for f in expired_in_flight {
-            self.expired(f.stored);
         }
     }
 
@@ -622,9 +615,9 @@ mod tests {
         h.nothing_sent(200).await;
     }
 
-    /// A job in flight when its device went offline expires by the sweep while the device
-    /// stays away (not only when it comes back), once its ack timeout has passed; the
-    /// device's next job goes out when it is back.
+    /// A job in flight when its device went offline expires while the device stays away
+    /// (not only when it comes back), once its ack timeout has passed; the device's next
+    /// job goes out when it is back.
     #[tokio::test]
     async fn in_flight_job_of_an_offline_device_expires_while_it_is_away() {
         let mut h = harness(1_000, 10);
@@ -638,8 +631,8 @@ mod tests {
         h.clock.advance(11 * 60_000);
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(h.finished.try_recv().is_err(), "expired before its ack timeout");
-        // The first sweep after the ack timeout: within about 2 s of the send.
-        let f = tokio::time::timeout(Duration::from_secs(5), h.finished.recv()).await.expect("expired by the sweep").unwrap();
+        // At the first tick after the ack timeout.
+        let f = tokio::time::timeout(Duration::from_secs(5), h.finished.recv()).await.expect("expired after its ack timeout").unwrap();
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("paid", Outcome::Expired));
         assert_eq!(h.stats.snapshot().expired.values().sum::<u64>(), 1);
         h.nothing_sent(200).await;
