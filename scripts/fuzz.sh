@@ -121,7 +121,9 @@ for t in "${targets[@]}"; do
   # libFuzzer writes fuzz-0.log into its working directory (and repeats it on stdout when
   # the job ends): run from the target's log dir, keep stdout beside it, print the summary.
   (cd "$fuzz/logs/$t" && rm -f fuzz-0.log &&
-    cargo +nightly fuzz run --fuzz-dir "$fuzz" "$t" "$fuzz/corpus/$t" -- \
+    features=()
+    [ "$t" = escpos_decode ] && features=(--features escpos)
+    cargo +nightly fuzz run --fuzz-dir "$fuzz" "${features[@]}" "$t" "$fuzz/corpus/$t" -- \
       -max_total_time="$seconds" -jobs=1 -workers=1 $limits -print_final_stats=1 >run.out 2>&1) || status=1
   log="$fuzz/logs/$t/fuzz-0.log"
   grep -E '^#[0-9]+[[:space:]]+(INITED|DONE)|^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)|^SUMMARY|ERROR: libFuzzer|Test unit written' "$log" || true

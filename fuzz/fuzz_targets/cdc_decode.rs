@@ -1,4 +1,4 @@
-//! The change-event decoder (`gateway::cdc`) on arbitrary record values.
+//! The change-event decoder (the `cdc` crate) on arbitrary record values.
 //!
 //! Input: a Kafka record value as pixgate reads it from `charge.upserted` /
 //! `device.upserted` (contract: `fixtures/cdc/README.md`). It goes through
@@ -16,8 +16,8 @@
 
 #![no_main]
 
-use gateway::cdc::{decode_charge, decode_device, decode_envelope, DecodeError, DeviceKind};
-use gateway::charge_record::{decode_charge_record, decode_with_values};
+use cdc::{decode_charge, decode_device, decode_envelope, DecodeError, DeviceKind};
+use cdc::charge_record::{decode_charge_record, decode_with_values};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -12,8 +12,9 @@
 //! by running each in the same sitting; the figures, not a pass/fail, are the output.
 
 use device_protocol::{EffectKind, Job};
-use gateway::cdc::ChargeStatus;
-use gateway::outbox::{Accept, ChargeState, Outbox, Removal, SourceRef};
+use cdc::ChargeStatus;
+use gateway::model::SourceRef;
+use gateway::store::{Accept, ChargeState, Outbox, Removal};
 use std::time::{Duration, Instant};
 
 const DEVICES: u64 = 500;

@@ -9,7 +9,7 @@
 //! Compare the slowest write with and without a prune, in the same run: the machines
 //! here are noisy.
 use device_protocol::{EffectKind, Job};
-use gateway::outbox::{Accept, Outbox, Removal};
+use gateway::store::{Accept, Outbox, Removal};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -6,6 +6,14 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// The default page cache of the outbox, bytes (`outbox.cache_bytes`).
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
+
+/// Charge states the router holds in memory by default (`outbox.charge_cache_entries`);
+/// older ones are read back from the outbox, where every applied state is stored. About
+/// 100 bytes each.
+pub const DEFAULT_CHARGE_CACHE: usize = 100_000;
+
 /// All settings. Field docs give units; every field has a default.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -22,7 +30,7 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
-    /// What `/readyz` checks, and throughput expected per topic ([`crate::health`]).
+    /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
     pub health: HealthConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
     /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
@@ -57,7 +65,7 @@ pub struct ClockConfig {
     pub control: bool,
 }
 
-/// The durable per-device outbox ([`crate::outbox`]).
+/// The durable per-device outbox ([`crate::store::outbox`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct OutboxConfig {
@@ -95,8 +103,8 @@ impl Default for OutboxConfig {
             batch_max_records: 256,
             batch_max_delay_ms: 5,
             deadletter_retention_hours: 168,
-            cache_bytes: crate::outbox::DEFAULT_CACHE_BYTES,
-            charge_cache_entries: crate::router::DEFAULT_CHARGE_CACHE,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            charge_cache_entries: DEFAULT_CHARGE_CACHE,
         }
     }
 }
@@ -210,7 +218,7 @@ impl Default for HttpConfig {
     }
 }
 
-/// Readiness rules and the per-topic throughput expectations ([`crate::health`]). A
+/// Readiness rules and the per-topic throughput expectations ([`crate::ops::readiness`]). A
 /// threshold of 0 turns its rule off.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]

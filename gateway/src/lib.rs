@@ -1,46 +1,36 @@
 //! # pixgate gateway
 //!
 //! Reads the upstream capture job's change events from Kafka (`device.upserted`,
-//! `charge.upserted`), decides which device must show or print what ([`router`]), renders
-//! it ([`jobs`]), queues it durably in its device's outbox ([`outbox`]), and delivers it over
-//! the embedded MQTT broker ([`mqtt`]) one job at a time per device ([`dispatch`]). A Kafka
-//! offset is stored only once every effect of its record is durably accepted: in the outbox,
-//! or dead-lettered with a reason ([`offsets`]).
+//! `charge.upserted`), decides which device must show or print what, renders it, queues it
+//! durably in its device's outbox, and delivers it over the embedded MQTT broker one job at
+//! a time per device. A Kafka offset is stored only once every effect of its record is
+//! durably accepted: in the outbox, or dead-lettered with a reason.
 //!
-//! Data flow, one concept per module:
+//! The modules are layered; each imports only from the layers below it:
 //!
-//! ```text
-//! Kafka ──► consumer ──► cdc (decode) ──► registry / router ──► jobs (render)
-//!              ▲                                                   │
-//!              │ store offset once durably accepted                ▼
-//!           offsets ◄───────────────────────────────────────── outbox (redb)
-//!                                                                  │
-//!                          deadletter (Kafka) ◄── dispatch ◄──► mqtt (rumqttd) ◄──► devices
-//! ```
+//! | layer | modules | what |
+//! |---|---|---|
+//! | 5 | [`app`] | the wiring of the binary `pixgate` |
+//! | 4 | [`cli`] | `pixgate outbox|deadletter|brcode` |
+//! | 3 | [`ops`] | readiness rules, `/stats`, `/metrics`, HTTP, the health watch |
+//! | 2 | [`ingest`], [`deliver`] | the Kafka consumer loop; the dispatcher, its transport and the dead-letter publisher |
+//! | 1 | [`route`] | device registry, router (which effect for which device), render (effect → job) |
+//! | 0 | [`store`] | the durable per-device outbox (redb) |
+//! | base | [`config`], [`clock`], [`model`], [`telemetry`] | settings, the wall clock, shared records, counters and health observations |
 //!
-//! `charge.upserted` records take [`charge_record`], a typed decoder that gives what
-//! [`cdc`]'s `Value` decoders give, at about 0.6 of the cost.
-//!
-//! Around it: [`clock`] (the injectable wall clock for expiry), [`config`], [`stats`],
-//! [`health`] (readiness rules, throughput per topic), [`http`] (health, stats, metrics,
-//! inspection) and [`inspect`] (`pixgate outbox|deadletter`).
+//! Change events are decoded by the `cdc` crate; the device protocol (topics, jobs, acks)
+//! is the `device-protocol` crate; rendering (BR Code, QR, ESC/POS, screens) is `render`.
 
-pub mod cdc;
-pub mod charge_record;
+pub mod app;
+pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod consumer;
-pub mod deadletter;
-pub mod dispatch;
-pub mod health;
-pub mod http;
-pub mod inspect;
-pub mod jobs;
-pub mod mqtt;
-pub mod offsets;
-pub mod outbox;
-pub mod registry;
-pub mod router;
-pub mod stats;
+pub mod deliver;
+pub mod ingest;
+pub mod model;
+pub mod ops;
+pub mod route;
+pub mod store;
+pub mod telemetry;
 #[cfg(test)]
 mod test_fixtures;

@@ -1,7 +1,7 @@
 //! The bundled CDC fixtures (`fixtures/cdc/`) as Kafka records, and temporary outboxes,
 //! for unit tests.
 
-use crate::outbox::Outbox;
+use crate::store::Outbox;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -111,7 +111,7 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     let body = gw.readyz_until("named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
     let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
-    log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::health: not ready: kafka unreachable")).await;
+    log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::ops::readiness: not ready: kafka unreachable")).await;
     assert!(body.ends_with('\n') && body.lines().all(|l| !l.trim().is_empty()), "one reason per line: {body:?}");
     let stats = gw.stats().unwrap();
     assert!(stats["not_ready"].as_array().unwrap().iter().any(|r| r.as_str().unwrap_or("").starts_with("kafka unreachable")), "{stats}");
@@ -127,8 +127,8 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     gw.readyz_until("ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
     assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
 
-    log_until(&log, "the Kafka alarm's end (info)", 1, count("INFO gateway::health: alarm cleared (was: kafka unreachable")).await;
-    log_until(&log, "the Kafka alarm's start, still", 1, count("WARN gateway::health: not ready: kafka unreachable")).await;
+    log_until(&log, "the Kafka alarm's end (info)", 1, count("INFO gateway::ops::readiness: alarm cleared (was: kafka unreachable")).await;
+    log_until(&log, "the Kafka alarm's start, still", 1, count("WARN gateway::ops::readiness: not ready: kafka unreachable")).await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("not ready: consumer not running"), "the start-up is no alarm");
     println!("readiness: /readyz named Kafka during the outage ({}), green after the restart", body.trim());
@@ -173,7 +173,7 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     assert!(!body.contains("device.upserted"), "only the stalled topic is named: {body}");
     let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
-    log_until(&log, "the stall's start (warn)", 1, count("WARN gateway::health: not ready: topic charge.upserted stalled")).await;
+    log_until(&log, "the stall's start (warn)", 1, count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled")).await;
 
     // More records arrive behind the paused partitions. librdkafka does not fetch a paused
     // partition, so only the end offset probe learns of them; the lag is what waits in
@@ -211,8 +211,8 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     rig.wait_stats(Duration::from_secs(30), |s| s["topics"]["charge.upserted"]["lag"] == 0 && s["topics"]["charge.upserted"]["stalled"] == false).await;
     assert_eq!(terminal.effects().len() as u64, ALL, "every QR shown once the device is back");
 
-    log_until(&log, "the stall's end (info)", 1, count("INFO gateway::health: alarm cleared (was: topic charge.upserted stalled")).await;
-    log_until(&log, "the stall's start, still", 1, count("WARN gateway::health: not ready: topic charge.upserted stalled")).await;
+    log_until(&log, "the stall's end (info)", 1, count("INFO gateway::ops::readiness: alarm cleared (was: topic charge.upserted stalled")).await;
+    log_until(&log, "the stall's start, still", 1, count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled")).await;
     println!("readiness: stalled at lag {lag} ({read} of {ALL} read): {}", stalled.trim());
     terminal.shutdown().await;
     rig.shutdown();

@@ -4,40 +4,22 @@
 //! The gateway talks to it over a local link, not TCP: it subscribes to every device's acks
 //! and status, and publishes jobs. `LinkTx::publish` is QoS 0 from the link, but the broker
 //! forwards at the *subscriber's* QoS, so a device subscribed at QoS 1 gets QoS 1 with
-//! PUBACK and session redelivery (`../shared/notes/mqtt_kafka.md` §1.2). The broker keeps
+//! PUBACK and session redelivery (rumqttd's router forwards at the subscriber's QoS). The broker keeps
 //! nothing on disk: end-to-end delivery is the gateway's job (acks per job, retries).
 //!
 //! `LinkTx`/`LinkRx` calls block the calling thread, so each side runs on a dedicated
 //! thread and talks to tokio through bounded channels.
 
 use crate::config::MqttConfig;
+use crate::model::Incoming;
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use device_protocol::{topics, Ack, Status, Topic};
+use device_protocol::{topics, Topic};
 use rumqttd::{Broker, Config, ConnectionSettings, Notification, RouterConfig, ServerSettings};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// A message from a device, as the dispatcher needs it.
-#[derive(Debug, Clone)]
-pub enum Incoming {
-    /// An [`Ack`] on `pixgate/v1/devices/{device}/acks`.
-    Ack {
-        /// Device id from the topic.
-        device: String,
-        /// The ack.
-        ack: Ack,
-    },
-    /// A [`Status`] on `pixgate/v1/devices/{device}/status` (retained, or the last will).
-    Status {
-        /// Device id from the topic.
-        device: String,
-        /// The status.
-        status: Status,
-    },
-}
 
 /// Sends jobs into the broker. Cloneable; bounded (a full channel makes the caller wait).
 #[derive(Debug, Clone)]

@@ -1,211 +1,9 @@
-//! Counters and gauges the gateway reports on `/stats` and uses for `/readyz`.
-//!
-//! Every record read ends in exactly one of: finished with effects, ignored (by reason),
-//! or dead-lettered (by reason), so `events_read` = `records_with_effects` + the sum of
-//! `ignored` + the sum of `dead_lettered_records`. Dead-lettered *effects* (one effect of a
-//! record that had others) are counted separately.
-//!
-//! The health [`Monitor`] rides along ([`Stats::health`]), so whatever counts can also
-//! report what readiness needs without more plumbing; `/stats` shows its per-topic view
-//! ([`TopicStats`]) and the reasons the gateway is not ready; [`prometheus_text`] gives
-//! the same for `/metrics`.
+//! `/metrics`: the `/stats` report in the Prometheus text exposition format, written with
+//! the Prometheus project's own client (`prometheus-client`).
 
-use crate::config::Config;
-use crate::health::{Monitor, Reason};
-use serde::Serialize;
+use crate::ops::readiness::Reason;
+use crate::ops::report::StatsReport;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::Instant;
-
-/// A snapshot of the counters, as served on `/stats`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Snapshot {
-    /// Records read, by topic.
-    pub events_read: BTreeMap<String, u64>,
-    /// Records with no effect by design, by reason.
-    pub ignored: BTreeMap<String, u64>,
-    /// Whole records sent to the dead-letter topic, by reason.
-    pub dead_lettered_records: BTreeMap<String, u64>,
-    /// Single effects sent to the dead-letter topic, by reason.
-    pub dead_lettered_effects: BTreeMap<String, u64>,
-    /// Records whose effects were planned (some may have been dead-lettered).
-    pub records_with_effects: u64,
-    /// Device registry events applied.
-    pub devices_applied: u64,
-    /// Effects acknowledged as done by their device, by kind.
-    pub effects_done: BTreeMap<String, u64>,
-    /// Queued `display_qr` jobs dropped because their charge's next screen came first.
-    pub superseded: u64,
-    /// Jobs whose time to live passed before they were done, by kind (recorded on the
-    /// dead-letter topic with reason `expired`).
-    pub expired: BTreeMap<String, u64>,
-    /// Dead letters waiting in the outbox for Kafka (grows while Kafka is unreachable).
-    pub deadletters_parked: u64,
-    /// Dead letters Kafka acknowledged.
-    pub deadletters_published: u64,
-    /// Devices whose queue is at `outbox.max_jobs_per_device` (their partitions are paused).
-    pub devices_at_bound: u64,
-    /// Job sends beyond the first (ack timeout or transient failure).
-    pub job_redeliveries: u64,
-    /// Records read and not yet finished.
-    pub pending_records: u64,
-    /// Jobs waiting or in flight, all devices (the dispatcher's view).
-    pub queued_jobs: u64,
-    /// Jobs in the durable outbox (the consumer's view; the bound applies to this).
-    pub outbox_jobs: u64,
-    /// Partitions currently paused for backpressure.
-    pub paused_partitions: u64,
-    /// Partitions assigned to this consumer.
-    pub assigned_partitions: u64,
-    /// Milliseconds since the consumer loop last ran (a dead or stuck consumer grows this).
-    pub consumer_idle_ms: u64,
-    /// Whether the consumer loop is running.
-    pub consumer_running: bool,
-    /// Throughput, lag and alarms per subscribed topic ([`crate::health`]).
-    pub topics: BTreeMap<String, TopicStats>,
-    /// Broker connections `UP` in librdkafka's latest statistics (`null` before the first).
-    pub kafka_brokers_up: Option<u64>,
-    /// Every reason `/readyz` fails now, as it words them (empty: ready).
-    pub not_ready: Vec<String>,
-}
-
-/// One topic on `/stats` (and `/metrics`).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct TopicStats {
-    /// Records read since the start.
-    pub records_read: u64,
-    /// Records read per second over the rate window (`health.rate_window_ms`, or what of it
-    /// has passed since the start: `rate_window_covered_ms`).
-    pub rate_per_s: f64,
-    /// How much time `rate_per_s` covers, ms.
-    pub rate_window_covered_ms: u64,
-    /// Records on the assigned partitions beyond the consumer's position (stored or
-    /// committed offset); `null` while unknown.
-    pub lag: Option<u64>,
-    /// Since the last progress (record read or offset stored), ms; `null` if none yet.
-    pub ms_since_progress: Option<u64>,
-    /// Partitions of the topic this consumer holds.
-    pub assigned_partitions: u64,
-    /// Of those, paused for backpressure.
-    pub paused_partitions: u64,
-    /// Whether the topic is stalled (lag and no progress for `health.stall_after_ms`).
-    pub stalled: bool,
-    /// The alarms on this topic: `unassigned`, `stalled`, `slow`, `quiet`.
-    pub alarms: Vec<String>,
-}
-
-/// Shared counters. Cheap enough for our rates: one short mutex hold per event.
-#[derive(Debug)]
-pub struct Stats {
-    inner: Mutex<Snapshot>,
-    last_poll: Mutex<Instant>,
-    /// Readiness and per-topic throughput ([`crate::health`]).
-    pub health: Monitor,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats::new(&Config::default())
-    }
-}
-
-fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
-    *map.entry(key.to_string()).or_default() += 1;
-}
-
-impl Stats {
-    /// Counters at zero, with a health monitor for `cfg`'s topics and `health` rules.
-    pub fn new(cfg: &Config) -> Stats {
-        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()), health: Monitor::new(cfg) }
-    }
-
-    /// Applies `f` to the counters.
-    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
-        f(&mut self.inner.lock().expect("stats lock"));
-    }
-
-    /// A record was ignored for `reason`.
-    pub fn ignored(&self, reason: &str) {
-        self.update(|s| bump(&mut s.ignored, reason));
-    }
-
-    /// A whole record was dead-lettered for `reason`.
-    pub fn dead_record(&self, reason: &str) {
-        self.update(|s| bump(&mut s.dead_lettered_records, reason));
-    }
-
-    /// One effect was dead-lettered for `reason`.
-    pub fn dead_effect(&self, reason: &str) {
-        self.update(|s| bump(&mut s.dead_lettered_effects, reason));
-    }
-
-    /// A job of `kind` expired before it was done.
-    pub fn expired(&self, kind: &str) {
-        self.update(|s| bump(&mut s.expired, kind));
-    }
-
-    /// A device acknowledged an effect of `kind` as done.
-    pub fn effect_done(&self, kind: &str) {
-        self.update(|s| bump(&mut s.effects_done, kind));
-    }
-
-    /// The consumer loop is alive now.
-    pub fn polled(&self) {
-        *self.last_poll.lock().expect("poll lock") = Instant::now();
-    }
-
-    /// Advances the health history with the records read per topic (about every second,
-    /// [`crate::health::watch`]).
-    pub fn sample_health(&self) {
-        let reads = self.inner.lock().expect("stats lock").events_read.clone();
-        self.health.sample(&reads);
-    }
-
-    /// Every reason the gateway is not ready now (empty: ready).
-    pub fn readiness(&self) -> Vec<Reason> {
-        let (running, idle) = (self.inner.lock().expect("stats lock").consumer_running, self.idle_ms());
-        self.health.report(running, idle).1
-    }
-
-    fn idle_ms(&self) -> u64 {
-        self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64
-    }
-
-    /// The current counters, with the per-topic health view and the readiness reasons.
-    pub fn snapshot(&self) -> Snapshot {
-        self.snapshot_with_reasons().0
-    }
-
-    /// [`Stats::snapshot`] and the readiness reasons it was made with.
-    pub fn snapshot_with_reasons(&self) -> (Snapshot, Vec<Reason>) {
-        let mut s = self.inner.lock().expect("stats lock").clone();
-        s.consumer_idle_ms = self.idle_ms();
-        let (facts, reasons) = self.health.report(s.consumer_running, s.consumer_idle_ms);
-        let now = self.health.now_ms();
-        s.topics = facts
-            .topics
-            .iter()
-            .map(|(name, t)| {
-                let alarms: Vec<String> = reasons.iter().filter(|r| r.topic() == Some(name.as_str())).map(|r| r.kind().to_string()).collect();
-                let topic = TopicStats {
-                    records_read: s.events_read.get(name).copied().unwrap_or(0),
-                    rate_per_s: t.rate_per_s,
-                    rate_window_covered_ms: t.rate_span_ms,
-                    lag: t.lag,
-                    ms_since_progress: t.last_progress.map(|p| now.saturating_sub(p)),
-                    assigned_partitions: t.assigned as u64,
-                    paused_partitions: t.paused as u64,
-                    stalled: alarms.iter().any(|a| a == "stalled"),
-                    alarms,
-                };
-                (name.clone(), topic)
-            })
-            .collect();
-        s.kafka_brokers_up = facts.brokers.map(|b| b.up as u64);
-        s.not_ready = reasons.iter().map(ToString::to_string).collect();
-        (s, reasons)
-    }
-}
 
 /// `Content-Type` of [`prometheus_text`]: the Prometheus text exposition format 0.0.4.
 pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -213,13 +11,13 @@ pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheu
 /// The snapshot in the Prometheus text exposition format (0.0.4), names prefixed
 /// `pixgate_`: per topic (label `topic`) records read, read rate, lag, time since progress,
 /// assigned and paused partitions, stalled and the alarms (`alarm` label); readiness; and
-/// the counters and gauges of [`Snapshot`] that matter for operation.
+/// the counters and gauges of the [`StatsReport`] that matter for operation.
 ///
 /// # Errors
 /// Only a formatting error from the encoder (writing to a `String` does not fail).
-pub fn prometheus_text(s: &Snapshot, reasons: &[Reason]) -> Result<String, std::fmt::Error> {
+pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, std::fmt::Error> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("pixgate");
-    registry.register_collector(Box::new(Exposition { s: s.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
+    registry.register_collector(Box::new(Exposition { r: r.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
     Ok(out)
@@ -233,7 +31,7 @@ const GLOBAL_ALARMS: [&str; 4] = ["consumer_not_running", "consumer_idle", "kafk
 /// One scrape: the snapshot encoded on demand (a collector, so values are read once).
 #[derive(Debug)]
 struct Exposition {
-    s: Snapshot,
+    r: StatsReport,
     kinds: Vec<&'static str>,
 }
 
@@ -276,8 +74,8 @@ mod expose {
 impl prometheus_client::collector::Collector for Exposition {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
         use expose::{counter, counters, gauge, gauges};
-        let (s, e) = (&self.s, &mut enc);
-        let topics = || s.topics.iter().map(|(t, v)| ([("topic", t.as_str())], v));
+        let (s, e) = (&self.r.counters, &mut enc);
+        let topics = || self.r.topics.iter().map(|(t, v)| ([("topic", t.as_str())], v));
         let by = |label: &'static str, m: &'_ BTreeMap<String, u64>| m.iter().map(move |(k, v)| ([(label, k.clone())], *v)).collect::<Vec<_>>();
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
 
@@ -294,7 +92,7 @@ impl prometheus_client::collector::Collector for Exposition {
         gauge(e, "ready", "1 when /readyz answers 200.", flag(self.kinds.is_empty()))?;
         let global = GLOBAL_ALARMS.iter().map(|a| ([("alarm", *a)], flag(self.kinds.contains(a))));
         gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable, delivery_stalled); each fails /readyz.", global)?;
-        if let Some(up) = s.kafka_brokers_up {
+        if let Some(up) = self.r.kafka_brokers_up {
             gauge(e, "kafka_brokers_up", "Broker connections in state UP in librdkafka's latest statistics.", up as f64)?;
         }
         gauge(e, "consumer_running", "1 while the consumer loop runs.", flag(s.consumer_running))?;
@@ -323,6 +121,9 @@ impl prometheus_client::collector::Collector for Exposition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::ops::report;
+    use crate::telemetry::{Monitor, Stats};
     use rdkafka::statistics::{Broker, Partition as KafkaPartition, Statistics, Topic};
 
     /// One exposition sample: metric name, labels, value.
@@ -380,9 +181,9 @@ mod tests {
 
     #[test]
     fn metrics_are_prometheus_text_with_per_topic_lag_and_the_counters() {
-        let stats = Stats::default();
-        stats.health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
-        stats.health.kafka_statistics(&statistics(12, 7));
+        let (stats, health) = (Stats::default(), Monitor::default());
+        health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
+        health.kafka_statistics(&statistics(12, 7));
         stats.update(|s| {
             s.consumer_running = true;
             s.events_read.insert("charge.upserted".into(), 9);
@@ -392,8 +193,8 @@ mod tests {
             s.paused_partitions = 1;
         });
         stats.polled();
-        stats.sample_health();
-        let (snapshot, reasons) = stats.snapshot_with_reasons();
+        report::sample(&stats, &health);
+        let (snapshot, reasons) = report::report(&stats, &health);
         assert!(reasons.is_empty(), "{reasons:?}");
         assert_eq!(snapshot.topics["charge.upserted"].lag, Some(5));
         assert_eq!(snapshot.kafka_brokers_up, Some(1), "the internal broker is not a connection");
@@ -420,14 +221,14 @@ mod tests {
     fn alarms_show_on_stats_and_metrics() {
         let mut cfg = Config::default();
         cfg.health.stall_after_ms = 1; // the lag below stalls at once
-        let stats = Stats::new(&cfg);
-        stats.health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
-        stats.health.kafka_statistics(&statistics(12, 7));
+        let (stats, health) = (Stats::default(), Monitor::new(&cfg));
+        health.assigned([("charge.upserted".to_string(), 0), ("device.upserted".to_string(), 0)]);
+        health.kafka_statistics(&statistics(12, 7));
         stats.update(|s| s.consumer_running = true);
         stats.polled();
-        stats.sample_health();
+        report::sample(&stats, &health);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (snapshot, reasons) = stats.snapshot_with_reasons();
+        let (snapshot, reasons) = report::report(&stats, &health);
         assert_eq!(reasons.iter().map(Reason::kind).collect::<Vec<_>>(), ["stalled"]);
         assert!(snapshot.not_ready[0].starts_with("topic charge.upserted stalled: lag 5 records, no progress for "), "{:?}", snapshot.not_ready);
         assert!(snapshot.topics["charge.upserted"].stalled);

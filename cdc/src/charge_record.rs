@@ -1,7 +1,7 @@
 //! Decoding a `charge.upserted` record straight from its bytes, for the consumer's hot path.
 //!
-//! [`crate::cdc::decode_envelope`] parses a record into a `serde_json::Value` and
-//! [`crate::cdc::decode_charge`] reads the charge from it: an allocation per key and per
+//! [`crate::value::decode_envelope`] parses a record into a `serde_json::Value` and
+//! [`crate::value::decode_charge`] reads the charge from it: an allocation per key and per
 //! string of a ~1.2 KB record, which was the consumer's largest cost after rendering
 //! (about 8% of pixgate's CPU in a backlog drain). Here it is checked as a `Value` parse
 //! would check it, building nothing ([`Checked`]), then deserialized into structs of the
@@ -15,7 +15,9 @@
 //! error, and the test `fast_and_reference_decoders_agree` checks that they agree on every
 //! fixture and on mutations of it.
 
-use crate::cdc::{self, Charge, ChargeStatus, DecodeError, Operation};
+use crate::document::{Charge, ChargeStatus, Operation};
+use crate::error::DecodeError;
+use crate as cdc;
 use chrono::{DateTime, Utc};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -459,7 +461,7 @@ mod tests {
     fn fast_and_reference_decoders_agree() {
         let mut records: Vec<Vec<u8>> = Vec::new();
         for file in ["charges.jsonl", "edge-cases.jsonl"] {
-            records.extend(crate::test_fixtures::records(file).into_iter().map(|(_, b)| b));
+            records.extend(crate::fixtures::records(file).into_iter().map(|(_, b)| b));
         }
         let paths = [
             "eventId", "operationType", "documentKey", "documentKey._id", "clusterTime", "clusterTime.$timestamp", "clusterTime.$timestamp.t",
@@ -510,7 +512,7 @@ mod tests {
         }
         assert!(compared > 15_000, "{compared} records compared");
         // The fast path must carry the usual records, not hand them all to the reference.
-        let usual = crate::test_fixtures::records("charges.jsonl");
+        let usual = crate::fixtures::records("charges.jsonl");
         let slow: Vec<String> = usual.iter().filter(|(_, b)| !fast_record(b).is_some_and(|r| matches!(r.charge, Some(Ok(_))))).map(|(_, b)| String::from_utf8_lossy(b).into_owned()).collect();
         assert!(usual.len() > 200 && slow.is_empty(), "{} of {} usual records not decoded by the fast path, e.g. {:?}", slow.len(), usual.len(), slow.first());
     }

@@ -1,23 +1,25 @@
 //! Health, stats and inspection over HTTP.
 //!
 //! - `GET /healthz`: the process serves requests (liveness only).
-//! - `GET /readyz`: 200 `ready` when none of the rules of [`crate::health`] fails;
+//! - `GET /readyz`: 200 `ready` when none of the rules of [`crate::ops::readiness`] fails;
 //!   otherwise 503 with every reason, one per line, plain text (a dead or idle consumer,
 //!   Kafka unreachable, a topic unassigned, stalled, slow or quiet).
-//! - `GET /stats`: the counters of [`crate::stats::Snapshot`] as JSON, with per-topic
+//! - `GET /stats`: [`crate::ops::report::StatsReport`] as JSON: the counters, with per-topic
 //!   throughput, lag and alarms (`topics`) and the readiness reasons (`not_ready`).
 //! - `GET /metrics`: the same in the Prometheus text format
-//!   ([`crate::stats::prometheus_text`]).
+//!   ([`crate::ops::metrics::prometheus_text`]).
 //! - `GET /outbox`, `GET /outbox/{device}`, `GET /outbox/{device}/{seq}`,
 //!   `GET /deadletters`, `GET /deadletters/{id}`, `POST /deadletters/{id}/replay`: what
-//!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::inspect`]).
+//!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::ops::inspect`]).
 //! - `POST /clock/advance?ms=N`: only with `clock.control = true` (tests): moves the
 //!   gateway's clock forward ([`crate::clock`]).
 
 use crate::clock::Clock;
-use crate::inspect;
-use crate::outbox::Outbox;
-use crate::stats::Stats;
+use crate::ops::inspect;
+use crate::store::Outbox;
+use crate::ingest::replay::Replay;
+use crate::ops::{metrics, report};
+use crate::telemetry::{Monitor, Stats};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -26,13 +28,13 @@ use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-pub use crate::health::MAX_CONSUMER_IDLE_MS;
-
 /// What the handlers read and act on.
 #[derive(Clone)]
 pub struct AppState {
     /// Counters.
     pub stats: Arc<Stats>,
+    /// Health observations, judged by the readiness rules.
+    pub health: Arc<Monitor>,
     /// The outbox, for inspection and replay.
     pub outbox: Arc<Outbox>,
     /// The gateway's clock.
@@ -40,8 +42,8 @@ pub struct AppState {
     /// Whether `POST /clock/advance` is served.
     pub clock_control: bool,
     /// The consumer, which carries out replays between its batch writes
-    /// ([`crate::consumer::Replay`]).
-    pub replays: mpsc::Sender<crate::consumer::Replay>,
+    /// ([`Replay`]).
+    pub replays: mpsc::Sender<Replay>,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -58,7 +60,7 @@ pub fn routes(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .route("/stats", get(|State(s): State<AppState>| async move { Json(s.stats.snapshot()) }))
+        .route("/stats", get(|State(s): State<AppState>| async move { Json(report::report(&s.stats, &s.health).0) }))
         .route("/metrics", get(metrics))
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
         .route("/outbox/{device}", get(|State(s): State<AppState>, Path(d): Path<String>| async move { reply(inspect::outbox_list(&s.outbox, &d)) }))
@@ -74,7 +76,7 @@ pub fn routes(state: AppState) -> Router {
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
-    let reasons = state.stats.readiness();
+    let reasons = report::not_ready(&state.stats, &state.health);
     if reasons.is_empty() {
         return (StatusCode::OK, "ready\n".into());
     }
@@ -82,9 +84,9 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::header::HeaderName, &'static str); 1], String) {
-    let (snapshot, reasons) = state.stats.snapshot_with_reasons();
-    match crate::stats::prometheus_text(&snapshot, &reasons) {
-        Ok(text) => (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, crate::stats::PROMETHEUS_CONTENT_TYPE)], text),
+    let (snapshot, reasons) = report::report(&state.stats, &state.health);
+    match metrics::prometheus_text(&snapshot, &reasons) {
+        Ok(text) => (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, metrics::PROMETHEUS_CONTENT_TYPE)], text),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], format!("encoding the metrics: {e}\n")),
     }
 }
@@ -95,7 +97,7 @@ async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::he
 async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stopped = || (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "the gateway's consumer has stopped: nothing was replayed; try again once it runs" })));
-    if s.replays.send(crate::consumer::Replay { id, reply: tx }).await.is_err() {
+    if s.replays.send(Replay { id, reply: tx }).await.is_err() {
         return stopped();
     }
     match rx.await {

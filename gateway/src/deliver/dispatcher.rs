@@ -19,9 +19,9 @@
 //!   superseded: a customer must never see the QR of a charge that is over.
 //!
 //! The dispatcher is one task owning the in-memory mirror of the durable outbox
-//! ([`crate::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
+//! ([`crate::store::outbox`]): jobs arrive already stored (with their `seq`), and at start-up it
 //! is given every job the outbox still holds. Its queues are bounded by the outbox bound
-//! (see [`crate::consumer`]). A job arrives with its wire bytes (its JSON as the outbox
+//! (see [`crate::ingest::consumer`]). A job arrives with its wire bytes (its JSON as the outbox
 //! stored it), published as they are. Queued jobs keep them in memory up to
 //! `delivery.held_payload_bytes` in all; beyond that, and for jobs reloaded at start-up, only
 //! the job's header is kept and the bytes are read back from the outbox when the job is
@@ -29,48 +29,17 @@
 
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
-use crate::mqtt::{Incoming, Publisher};
-use crate::outbox::{Outbox, Queued, StoredJob};
-use crate::stats::Stats;
+use crate::deliver::mqtt::Publisher;
+use crate::model::{Command, Finished, Incoming, Outcome};
+use crate::model::{Queued, StoredJob};
+use crate::store::Outbox;
+use crate::telemetry::{Monitor, Stats};
 use bytes::Bytes;
 use device_protocol::{AckResult, EffectKind, PrinterState, Topic};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// Work for the dispatcher.
-#[derive(Debug)]
-pub enum Command {
-    /// Queue a job the outbox has stored (its `seq` assigned there).
-    Enqueue(Queued),
-    /// A message from a device.
-    Device(Incoming),
-}
-
-/// How a job ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// The device acknowledged it as done (or an earlier run finished it: its row is
-    /// no longer in the outbox).
-    Done,
-    /// Dropped because its charge's next screen came first.
-    Superseded,
-    /// Cannot be delivered: goes to the dead-letter topic with this reason.
-    Failed(String),
-    /// Its time to live passed first: recorded on the dead-letter topic (reason `expired`).
-    Expired,
-}
-
-/// A finished job, reported to the consumer so it can remove it from the outbox (after
-/// writing its dead letter, if it failed).
-#[derive(Debug, Clone)]
-pub struct Finished {
-    /// The job as stored.
-    pub stored: StoredJob,
-    /// How it ended.
-    pub outcome: Outcome,
-}
 
 /// A job waiting in its device's queue.
 struct Pending {
@@ -128,6 +97,7 @@ pub struct Dispatcher {
     publisher: Publisher,
     finished: mpsc::UnboundedSender<Finished>,
     stats: Arc<Stats>,
+    health: Arc<Monitor>,
     clock: Clock,
     devices: HashMap<String, DeviceQueue>,
     /// Where wire bytes not held are read back from; `None`: every job is held (or, reloaded
@@ -143,8 +113,8 @@ impl Dispatcher {
     /// `finished` is unbounded on purpose: its length is bounded by the jobs queued, which
     /// the consumer bounds, and a bounded channel here could deadlock against the
     /// consumer's bounded [`Command`] channel.
-    pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, clock: Clock) -> Self {
-        Dispatcher { cfg, publisher, finished, stats, clock, devices: HashMap::new(), outbox: None, held: 0 }
+    pub fn new(cfg: DeliveryConfig, publisher: Publisher, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, health: Arc<Monitor>, clock: Clock) -> Self {
+        Dispatcher { cfg, publisher, finished, stats, health, clock, devices: HashMap::new(), outbox: None, held: 0 }
     }
 
     /// Reads the wire bytes of jobs whose bytes are not held (beyond
@@ -226,7 +196,7 @@ impl Dispatcher {
             in_flight += (d.can_send() && d.in_flight.as_ref().is_some_and(|f| f.awaiting_ack)) as usize;
         }
         self.stats.update(|s| s.queued_jobs = queued as u64);
-        self.stats.health.in_flight(in_flight);
+        self.health.in_flight(in_flight);
     }
 
     async fn handle(&mut self, cmd: Command) {
@@ -247,7 +217,7 @@ impl Dispatcher {
                 self.pump(&device).await;
             }
             Command::Device(Incoming::Ack { device, ack }) => {
-                self.stats.health.acked();
+                self.health.acked();
                 let Some(q) = self.devices.get_mut(&device) else { return };
                 let Some(f) = q.in_flight.as_mut() else { return };
                 if f.stored.job.message_id != ack.message_id {
@@ -437,7 +407,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let (cmd, rx) = mpsc::channel(64);
         let clock = Clock::default();
-        tokio::spawn(Dispatcher::new(cfg, publisher, ftx, stats.clone(), clock.clone()).run(rx));
+        tokio::spawn(Dispatcher::new(cfg, publisher, ftx, stats.clone(), Arc::new(Monitor::default()), clock.clone()).run(rx));
         Harness { cmd, sent, finished, stats, clock }
     }
 
@@ -459,7 +429,7 @@ mod tests {
         /// Enqueues as the outbox would: `seq` = 1 + the device's previous (offset order).
         async fn enqueue(&self, dev: &str, mut j: Job, seq: i64) {
             j.seq = seq as u64;
-            let source = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq, key: None };
+            let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq, key: None };
             self.cmd.send(Command::Enqueue(Queued::from_stored(StoredJob { device: dev.into(), job: j, source }))).await.unwrap();
         }
         async fn ack(&self, dev: &str, id: &str, result: AckResult, permanent: bool) {
@@ -647,8 +617,8 @@ mod tests {
         let cfg = DeliveryConfig { ack_timeout_ms: 10_000, ..DeliveryConfig::default() };
         let (publisher, mut sent) = Publisher::channel(64);
         let (ftx, mut finished) = mpsc::unbounded_channel();
-        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default());
-        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Arc::new(Monitor::default()), Clock::default());
+        let src = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
         let stored = |id: &str, kind, charge: &str, seq| {
             let mut j = job(id, kind, charge);
             j.seq = seq;
@@ -685,8 +655,8 @@ mod tests {
     }
 
     /// A source to store test jobs with.
-    fn src() -> crate::outbox::SourceRef {
-        crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None }
+    fn src() -> crate::model::SourceRef {
+        crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None }
     }
 
     /// A receipt job whose payload names it.
@@ -710,7 +680,7 @@ mod tests {
         let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: 0, ..DeliveryConfig::default() };
         let (publisher, mut sent) = Publisher::channel(64);
         let (ftx, mut finished) = mpsc::unbounded_channel();
-        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default()).with_outbox(outbox.clone());
+        let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Arc::new(Monitor::default()), Clock::default()).with_outbox(outbox.clone());
         let headers = outbox.pending_headers().unwrap();
         assert!(headers.iter().all(|s| s.job.payload.is_empty()), "loaded without payloads");
         d.preload(headers);
@@ -738,7 +708,7 @@ mod tests {
                 continue;
             }
             // What the consumer does with a failed job: its dead letter keeps the job whole.
-            let dl = crate::deadletter::DeadLetter::for_job("delivery_failed", "jam".into(), &f.stored);
+            let dl = crate::model::DeadLetter::for_job(crate::model::DeadLetterReason::DeliveryFailed, "jam".into(), &f.stored);
             let id = outbox.fail_job(&f.stored, dl, 3).unwrap();
             let parked = outbox.parked_deadletters(10).unwrap().into_iter().find(|p| p.id == id).unwrap();
             let kept = parked.job.unwrap();
@@ -762,7 +732,7 @@ mod tests {
         let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: queued[1].wire.len(), ..DeliveryConfig::default() };
         let (publisher, mut sent) = Publisher::channel(64);
         let (ftx, mut finished) = mpsc::unbounded_channel();
-        let d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Clock::default()).with_outbox(outbox.clone());
+        let d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Arc::new(Monitor::default()), Clock::default()).with_outbox(outbox.clone());
         let (cmd, rx) = mpsc::channel(8);
         tokio::spawn(d.run(rx));
         for q in queued {

@@ -1,174 +1,13 @@
-//! Decoding the capture job's change events: the envelope and the documents inside it, in
-//! MongoDB relaxed Extended JSON. Contract: `fixtures/cdc/README.md`.
-//!
-//! Decoding is strict where a wrong guess would show a wrong amount or send a QR to the
-//! wrong shop (an amount must be integer centavos, `company` must be there) and tolerant
-//! where the database legitimately varies (`{"$numberLong": "990"}` or `990`; `{"$oid"}`
-//! or a plain string). Every failure is a [`DecodeError`] whose [`DecodeError::reason`] is a
-//! stable, short dead-letter reason.
+//! The reference decoders: a record parsed into a `serde_json::Value`, then the envelope
+//! and the documents read from it. The consumer's path for `charge.upserted` is the typed
+//! [`crate::charge_record`] decoder, which must give exactly what these give (checked by a
+//! unit test and by the fuzz target `fuzz/fuzz_targets/cdc_decode.rs`); device events and
+//! the fallback take these.
 
+use crate::document::{Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
+use crate::error::DecodeError;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-
-/// Why a record could not be decoded. Each becomes a dead letter.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DecodeError {
-    /// The record value is not JSON (binary garbage, truncated text).
-    #[error("record value is not valid JSON: {0}")]
-    NotJson(String),
-    /// A required field is absent or null.
-    #[error("required field `{0}` is missing")]
-    Missing(&'static str),
-    /// A field has the wrong type or an impossible value.
-    #[error("field `{field}`: {problem}")]
-    Invalid {
-        /// Dotted path of the field.
-        field: &'static str,
-        /// What is wrong with it.
-        problem: String,
-    },
-}
-
-impl DecodeError {
-    /// Short stable reason for counters and dead letters, e.g. `not_json`,
-    /// `missing_field:company`, `invalid_field:value`.
-    pub fn reason(&self) -> String {
-        match self {
-            DecodeError::NotJson(_) => "not_json".into(),
-            DecodeError::Missing(f) => format!("missing_field:{f}"),
-            DecodeError::Invalid { field, .. } => format!("invalid_field:{field}"),
-        }
-    }
-}
-
-/// What happened to the document (`operationType`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    /// `insert`
-    Insert,
-    /// `update`
-    Update,
-    /// `replace`
-    Replace,
-    /// `delete`
-    Delete,
-}
-
-/// A change event envelope.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Envelope {
-    /// `eventId`: deterministic, the same for a redelivery of the same change.
-    pub event_id: String,
-    /// `operationType`.
-    pub operation: Operation,
-    /// `documentKey._id`.
-    pub document_id: String,
-    /// `clusterTime` as `(t << 32) | i`: the change's position in the oplog.
-    pub cluster_time: u64,
-    /// `fullDocument`, the document after the change; `None` for deletes, and for updates
-    /// whose document was deleted before the capture job looked it up.
-    pub full_document: Option<Value>,
-}
-
-/// Pix charge status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChargeStatus {
-    /// Waiting for payment.
-    Active,
-    /// Paid.
-    Completed,
-    /// Expired unpaid.
-    Expired,
-}
-
-/// The fields of a `Charge` document pixgate uses.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Charge {
-    /// `_id`.
-    pub id: String,
-    /// `company`.
-    pub company: String,
-    /// `value`, in centavos.
-    pub value_cents: u64,
-    /// `status`.
-    pub status: ChargeStatus,
-    /// `__v`: grows with every change of the charge.
-    pub version: i64,
-    /// `terminal`: the card machine the charge was created on.
-    pub terminal: Option<String>,
-    /// `brCode`: the payload of a dynamic charge.
-    pub brcode: Option<String>,
-    /// `pixKey`, for static payloads.
-    pub pix_key: Option<String>,
-    /// `transactionID`, the static payload's txid.
-    pub transaction_id: Option<String>,
-    /// `merchant.name`.
-    pub merchant_name: String,
-    /// `merchant.city`.
-    pub merchant_city: String,
-    /// `additionalInfo` as `(key, value)` line items.
-    pub items: Vec<(String, String)>,
-    /// `comment`.
-    pub comment: Option<String>,
-    /// `payer.name`.
-    pub payer_name: Option<String>,
-    /// `paidAt`.
-    pub paid_at: Option<DateTime<Utc>>,
-    /// `expiresDate`.
-    pub expires_at: Option<DateTime<Utc>>,
-    /// `endToEndId` of the Pix transfer.
-    pub end_to_end_id: Option<String>,
-}
-
-/// What kind of device a `Device` document describes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum DeviceKind {
-    /// A receipt printer.
-    Printer {
-        /// `printer.paperWidthMm`: 58 or 80.
-        paper_width_mm: u8,
-        /// `printer.codePage`, e.g. `CP860` (default CP860 when absent).
-        code_page: render::codepage::CodePage,
-        /// `printer.nativeQr`: understands `GS ( k`.
-        native_qr: bool,
-        /// `printer.printPixSlip` (a pixgate extension of the device document, default
-        /// false): when the printer is the one a charge's receipt goes to, it also prints the
-        /// "pay with Pix" slip when the charge is `ACTIVE` and an expiry notice when it is
-        /// `EXPIRED` (`router`).
-        pix_slip: bool,
-    },
-    /// A card machine.
-    Terminal {
-        /// `screen.widthPx`.
-        width_px: u32,
-        /// `screen.heightPx`.
-        height_px: u32,
-        /// `pairedPrinter`.
-        paired_printer: Option<String>,
-    },
-}
-
-/// The fields of a `Device` document pixgate uses.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Device {
-    /// `_id`.
-    pub id: String,
-    /// `company`.
-    pub company: String,
-    /// `kind` and its sub-document.
-    pub kind: DeviceKind,
-    /// `model`, e.g. `Bematech MP-4200 TH` (empty when absent): printers follow their
-    /// model's `ESC t` numbering and capabilities (`render::profile`).
-    pub model: String,
-    /// `locale`, e.g. `pt-BR` (default `pt-BR`).
-    pub locale: String,
-    /// `timeZone` (IANA), if the registry has one.
-    pub time_zone: Option<String>,
-    /// `enabled` (default true).
-    pub enabled: bool,
-    /// `defaultForCompany`: the company's printer for charges without a terminal.
-    pub default_for_company: bool,
-}
 
 /// Decodes a record value into an [`Envelope`].
 ///
@@ -416,7 +255,7 @@ mod tests {
     fn every_fixture_line_decodes_or_fails_with_a_reason() {
         let mut charges = 0;
         for file in ["devices.jsonl", "charges.jsonl", "edge-cases.jsonl"] {
-            for (topic, bytes) in crate::test_fixtures::records(file) {
+            for (topic, bytes) in crate::fixtures::records(file) {
                 let env = match decode_envelope(&bytes) {
                     Ok(e) => e,
                     Err(e) => {

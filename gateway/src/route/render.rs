@@ -8,10 +8,11 @@
 //! or printed; that effect becomes a dead letter with the validator's reason. Effects that
 //! need no payload (the "paid" and "expired" screens) still go out.
 
-use crate::cdc::{Charge, DeviceKind};
+use cdc::{Charge, DeviceKind};
 use crate::config::TtlConfig;
+use crate::model::DeadLetterReason;
 use chrono::{DateTime, Utc};
-use crate::router::PlannedEffect;
+use crate::route::router::PlannedEffect;
 use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN, VERSION};
 use device_protocol::{message_id, EffectKind, Job, ScreenContent, ScreenKind};
 use render::brcode::{self, StaticPix};
@@ -49,14 +50,14 @@ pub enum RenderError {
 }
 
 impl RenderError {
-    /// Short stable reason for counters and dead letters.
-    pub fn reason(&self) -> &'static str {
+    /// The dead-letter reason for counters and dead letters.
+    pub fn reason(&self) -> DeadLetterReason {
         match self {
-            RenderError::InvalidBrCode(_) => "invalid_brcode",
-            RenderError::AmountMismatch { .. } => "brcode_amount_mismatch",
-            RenderError::StaticPayload(_) => "static_brcode_unbuildable",
-            RenderError::Receipt(_) => "receipt_unrenderable",
-            RenderError::WrongDevice { .. } => "wrong_device_kind",
+            RenderError::InvalidBrCode(_) => DeadLetterReason::InvalidBrcode,
+            RenderError::AmountMismatch { .. } => DeadLetterReason::BrcodeAmountMismatch,
+            RenderError::StaticPayload(_) => DeadLetterReason::StaticBrcodeUnbuildable,
+            RenderError::Receipt(_) => DeadLetterReason::ReceiptUnrenderable,
+            RenderError::WrongDevice { .. } => DeadLetterReason::WrongDeviceKind,
         }
     }
 }
@@ -190,7 +191,7 @@ pub fn expires_at(kind: EffectKind, charge: &Charge, accepted_at: DateTime<Utc>,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdc;
+    use cdc;
     use device_protocol::EffectKind;
 
     /// The fixture documents that decode: charges or devices.
@@ -275,7 +276,7 @@ mod tests {
     fn bad_brcodes_in_edge_cases_are_refused_with_a_reason() {
         let bad: Vec<RenderError> = charges("edge-cases.jsonl").iter().filter(|c| c.brcode.is_some()).map(|c| pix_payload(c).unwrap_err()).collect();
         assert_eq!(bad.len(), 2);
-        assert!(bad.iter().all(|e| e.reason() == "invalid_brcode"), "{bad:?}");
+        assert!(bad.iter().all(|e| e.reason() == DeadLetterReason::InvalidBrcode), "{bad:?}");
         let text: Vec<String> = bad.iter().map(ToString::to_string).collect();
         assert!(text[0].contains("CRC") || text[0].contains("crc"), "{}", text[0]);
         assert!(text[1].contains("53"), "currency tag named: {}", text[1]);

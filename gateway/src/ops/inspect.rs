@@ -1,13 +1,11 @@
-//! Inspection of the outbox and the dead letters: `pixgate outbox list|show` and
-//! `pixgate deadletter list|show|replay`.
-//!
-//! A redb file is open in one process at a time, so while the gateway runs these commands
-//! ask it over HTTP ([`crate::http`], at `http.listen`); when it does not run they open the
-//! outbox file themselves. Both paths return the same JSON, built here.
+//! Inspection of the outbox and the dead letters, as JSON: what `GET /outbox…` and
+//! `/deadletters…` answer ([`crate::ops::http`]) and what `pixgate outbox|deadletter`
+//! prints ([`crate::cli::inspect`]) when it opens the outbox file itself. Both paths
+//! return the same JSON, built here.
 
-use crate::outbox::{Outbox, OutboxError, ReplayError, StoredJob};
+use crate::model::StoredJob;
+use crate::store::{Outbox, OutboxError, ReplayError};
 use axum::http::StatusCode;
-use clap::Subcommand;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -124,7 +122,7 @@ pub fn deadletter_list(outbox: &Outbox) -> Result<Value, InspectError> {
     Ok(json!({ "deadletters": list }))
 }
 
-fn state(p: &crate::outbox::ParkedDeadLetter) -> &'static str {
+fn state(p: &crate::store::ParkedDeadLetter) -> &'static str {
     match (p.replayed_at_ms, p.published_at_ms) {
         (Some(_), _) => "replayed",
         (None, Some(_)) => "published",
@@ -146,90 +144,10 @@ pub fn replayed(stored: &StoredJob) -> Value {
     json!({ "replayed": job_summary(stored) })
 }
 
-/// `pixgate outbox …`
-#[derive(Debug, Subcommand)]
-pub enum OutboxCmd {
-    /// Devices with queued jobs and how many; with DEVICE, that device's jobs in delivery order.
-    List {
-        /// A device id.
-        device: Option<String>,
-    },
-    /// One queued job in full (payload base64, as the device receives it).
-    Show {
-        /// Device id.
-        device: String,
-        /// The job's seq.
-        seq: u64,
-    },
-}
-
-/// `pixgate deadletter …`
-#[derive(Debug, Subcommand)]
-pub enum DeadLetterCmd {
-    /// Dead letters the outbox holds (parked until Kafka has them, then kept for
-    /// `outbox.deadletter_retention_hours`), oldest first.
-    List,
-    /// One dead letter in full.
-    Show {
-        /// Its id.
-        id: u64,
-    },
-    /// Puts the job of a dead letter (delivery failed, expired) back at the end of its
-    /// device's queue, with its original message id.
-    Replay {
-        /// Its id.
-        id: u64,
-    },
-}
-
-/// Runs an inspection: over HTTP against the running gateway at `http_listen`, or, when
-/// nothing answers there, on the outbox file at `path`. Prints JSON; returns whether it
-/// succeeded (exit status 1 otherwise, with the error on stderr).
-///
-/// # Errors
-/// Neither the gateway nor the outbox file could be reached.
-pub async fn run(http_listen: &str, path: &std::path::Path, http_path: String, method_post: bool, local: impl FnOnce(&Outbox) -> Result<Value, InspectError>) -> anyhow::Result<bool> {
-    let url = format!("http://{http_listen}{http_path}");
-    let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
-    let req = if method_post { client.post(&url) } else { client.get(&url) };
-    match req.send().await {
-        Ok(resp) => {
-            let ok = resp.status().is_success();
-            let body: Value = resp.json().await?;
-            print_result(ok, &body);
-            Ok(ok)
-        }
-        Err(e) if e.is_connect() => {
-            let outbox = Outbox::open(path).map_err(|oe| anyhow::anyhow!("no gateway answers at {url} ({e}) and the outbox {} cannot be opened: {oe}", path.display()))?;
-            match local(&outbox) {
-                Ok(v) => {
-                    print_result(true, &v);
-                    Ok(true)
-                }
-                Err(e) => {
-                    print_result(false, &json!({ "error": e.to_string() }));
-                    Ok(false)
-                }
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn print_result(ok: bool, v: &Value) {
-    let text = serde_json::to_string_pretty(v).expect("JSON prints");
-    if ok {
-        println!("{text}");
-    } else {
-        eprintln!("{}", v.get("error").and_then(Value::as_str).unwrap_or(&text));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadletter::DeadLetter;
-    use crate::outbox::SourceRef;
+    use crate::model::{DeadLetter, SourceRef};
     use device_protocol::{EffectKind, Job};
 
     #[test]
@@ -253,7 +171,7 @@ mod tests {
         assert_eq!(outbox_show(&o, "p1", 1).unwrap()["job"]["message_id"], "m1");
         assert!(matches!(outbox_show(&o, "p1", 9), Err(InspectError::NotFound(_))));
 
-        let id = o.fail_job(&q[0].stored, DeadLetter::for_job("expired", "too late".into(), &q[0].stored), 2).unwrap();
+        let id = o.fail_job(&q[0].stored, DeadLetter::for_job(crate::model::DeadLetterReason::Expired, "too late".into(), &q[0].stored), 2).unwrap();
         assert_eq!(outbox_devices(&o).unwrap()["total"], 0, "a failed job leaves the queue");
         let list = deadletter_list(&o).unwrap();
         assert_eq!((list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()), (Some("parked"), Some(true)));
@@ -265,7 +183,7 @@ mod tests {
         assert_eq!(deadletter_show(&o, id).unwrap()["state"], "replayed");
 
         // A record-level dead letter has no job to replay.
-        let a = crate::outbox::Accept { deadletters: vec![DeadLetter::new("not_json", "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
+        let a = crate::store::Accept { deadletters: vec![DeadLetter::new(crate::model::DeadLetterReason::NotJson, "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
         let (_, parked) = o.write(&mut [a], &[], 5).unwrap().pop().unwrap();
         assert!(matches!(o.replay(parked[0], 6, |_| chrono::Duration::zero()), Err(ReplayError::NoJob { .. })));
         assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);

@@ -19,9 +19,10 @@
 //! has a redelivered `eventId`. Nothing is dropped silently: every event ends as effects,
 //! an ignore reason, or a dead-letter reason, each counted.
 
-use crate::cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
-use crate::registry::Registry;
-use crate::outbox::Outbox;
+use cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
+use crate::model::{DeadLetterReason, IgnoreReason};
+use crate::route::registry::Registry;
+use crate::store::Outbox;
 use device_protocol::EffectKind;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -46,16 +47,16 @@ pub enum Decision {
         /// Effects with their device, in the order they must happen.
         effects: Vec<PlannedEffect>,
         /// Effects without a device, with the reason.
-        unroutable: Vec<(EffectKind, String)>,
+        unroutable: Vec<(EffectKind, DeadLetterReason)>,
     },
     /// No effect, by design (stale, duplicate, delete, no device concerned). The reason is
     /// counted.
-    Ignored(&'static str),
+    Ignored(IgnoreReason),
     /// The event cannot be carried out; it goes to the dead-letter topic with this reason
     /// and detail.
     DeadLetter {
-        /// Short stable reason, e.g. `unknown_terminal`.
-        reason: String,
+        /// Why, e.g. `unknown_terminal`.
+        reason: DeadLetterReason,
         /// Human-readable detail.
         detail: String,
     },
@@ -89,10 +90,6 @@ impl ChargeCache {
     }
 }
 
-/// Charge states the router holds in memory by default (`outbox.charge_cache_entries`);
-/// older ones are read back from the outbox, where every applied state is stored. About
-/// 100 bytes each.
-pub const DEFAULT_CHARGE_CACHE: usize = 100_000;
 
 /// Routing state: the last applied version and status of each charge (recent ones in
 /// memory, all of them in the outbox), and recently applied event ids.
@@ -161,29 +158,29 @@ impl Router {
 
     /// [`Router::route_charge`] for an event already decoded: its `eventId`, operation
     /// and `fullDocument` as a charge (`None` without a document), as
-    /// [`crate::charge_record::decode_charge_record`] gives them (the consumer's path).
+    /// [`cdc::charge_record::decode_charge_record`] gives them (the consumer's path).
     pub fn route_decoded(&mut self, event_id: &str, operation: Operation, charge: Option<Result<Charge, cdc::DecodeError>>, registry: &Registry) -> Decision {
         self.applied = None;
         if self.seen.contains(event_id) {
-            return Decision::Ignored("duplicate_event");
+            return Decision::Ignored(IgnoreReason::DuplicateEvent);
         }
         if operation == Operation::Delete {
-            return Decision::Ignored("delete_event");
+            return Decision::Ignored(IgnoreReason::DeleteEvent);
         }
         let charge = match charge {
-            None => return Decision::Ignored("document_deleted_before_lookup"),
+            None => return Decision::Ignored(IgnoreReason::DocumentDeletedBeforeLookup),
             Some(Ok(c)) => c,
-            Some(Err(e)) => return Decision::DeadLetter { reason: e.reason(), detail: e.to_string() },
+            Some(Err(e)) => return Decision::DeadLetter { reason: DeadLetterReason::of_decode(&e), detail: e.to_string() },
         };
         let previous = match self.previous(&charge.id) {
             Ok(p) => p,
             // Without the charge's state the event could undo a later one (a QR after "paid"):
             // it is not applied, and the dead letter says why.
-            Err(e) => return Decision::DeadLetter { reason: "charge_state_unreadable".into(), detail: format!("charge {}: {e}", charge.id) },
+            Err(e) => return Decision::DeadLetter { reason: DeadLetterReason::ChargeStateUnreadable, detail: format!("charge {}: {e}", charge.id) },
         };
         if let Some((v, _)) = previous {
             if charge.version <= v {
-                return Decision::Ignored("stale_version");
+                return Decision::Ignored(IgnoreReason::StaleVersion);
             }
         }
         let decision = plan(&charge, previous.map(|(_, s)| s), registry);
@@ -209,19 +206,19 @@ impl Router {
 
 fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) -> Decision {
     if previous == Some(charge.status) {
-        return Decision::Ignored("no_status_change");
+        return Decision::Ignored(IgnoreReason::NoStatusChange);
     }
     let terminal = match &charge.terminal {
         None => None,
         Some(id) => match registry.get(id) {
-            None => return dead("unknown_terminal", format!("terminal {id} is not in the registry")),
+            None => return dead(DeadLetterReason::UnknownTerminal, format!("terminal {id} is not in the registry")),
             Some(d) if d.company != charge.company => {
-                return dead("terminal_of_another_company", format!("terminal {id} belongs to company {}", d.company))
+                return dead(DeadLetterReason::TerminalOfAnotherCompany, format!("terminal {id} belongs to company {}", d.company))
             }
             Some(d) if !matches!(d.kind, DeviceKind::Terminal { .. }) => {
-                return dead("terminal_is_not_a_card_machine", format!("device {id} is a printer"))
+                return dead(DeadLetterReason::TerminalIsNotACardMachine, format!("device {id} is a printer"))
             }
-            Some(d) if !d.enabled => return Decision::Ignored("device_disabled"),
+            Some(d) if !d.enabled => return Decision::Ignored(IgnoreReason::DeviceDisabled),
             Some(d) => Some(d),
         },
     };
@@ -246,20 +243,20 @@ fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) ->
             on(EffectKind::PaymentConfirmed, t);
             match receipt_printer(t, &charge.company, registry) {
                 Some(p) => on(EffectKind::PrintReceipt, p),
-                None => unroutable.push((EffectKind::PrintReceipt, "no_printer_for_receipt".to_string())),
+                None => unroutable.push((EffectKind::PrintReceipt, DeadLetterReason::NoPrinterForReceipt)),
             }
         }
         (ChargeStatus::Completed, None) => match registry.default_printer(&charge.company) {
             Some(p) => on(EffectKind::PrintReceipt, p),
-            None => unroutable.push((EffectKind::PrintReceipt, "no_default_printer".to_string())),
+            None => unroutable.push((EffectKind::PrintReceipt, DeadLetterReason::NoDefaultPrinter)),
         },
         (ChargeStatus::Active, None) => match slip {
             Some(p) => on(EffectKind::DisplayQr, p),
-            None => return Decision::Ignored("no_device_concerned"),
+            None => return Decision::Ignored(IgnoreReason::NoDeviceConcerned),
         },
         (ChargeStatus::Expired, None) => match slip {
             Some(p) => on(EffectKind::ChargeExpired, p),
-            None => return Decision::Ignored("no_device_concerned"),
+            None => return Decision::Ignored(IgnoreReason::NoDeviceConcerned),
         },
     }
     Decision::Effects { charge: Box::new(charge.clone()), effects, unroutable }
@@ -288,8 +285,8 @@ fn slip_printer<'a>(terminal: Option<&Device>, company: &str, registry: &'a Regi
     printer.filter(|p| matches!(p.kind, DeviceKind::Printer { pix_slip: true, .. }))
 }
 
-fn dead(reason: &str, detail: String) -> Decision {
-    Decision::DeadLetter { reason: reason.to_string(), detail }
+fn dead(reason: DeadLetterReason, detail: String) -> Decision {
+    Decision::DeadLetter { reason, detail }
 }
 
 #[cfg(test)]
@@ -414,7 +411,7 @@ mod tests {
         let mut doc = env.full_document.clone().unwrap();
         doc.as_object_mut().unwrap().remove("terminal");
         let bare = Envelope { full_document: Some(doc), ..env.clone() };
-        assert_eq!(Router::default().route_charge(&bare, &load_registry()), Decision::Ignored("no_device_concerned"));
+        assert_eq!(Router::default().route_charge(&bare, &load_registry()), Decision::Ignored(IgnoreReason::NoDeviceConcerned));
         match Router::default().route_charge(&bare, &load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")) {
             Decision::Effects { effects, .. } => {
                 assert_eq!(effects.iter().map(|e| (e.device.id.as_str(), e.kind)).collect::<Vec<_>>(), [("c967a64cb14028d512c9791e", EffectKind::DisplayQr)])
@@ -454,7 +451,7 @@ mod tests {
     #[test]
     fn charge_states_beyond_the_cache_are_read_back_from_the_outbox() {
         let (_dir, outbox) = crate::test_fixtures::temp_outbox("router-store");
-        let src = crate::outbox::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 0, key: None };
+        let src = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 0, key: None };
         let reg = load_registry();
         let mut bounded = Router::with_store(DEFAULT_SEEN_CAPACITY, outbox.clone(), 4);
         let mut unbounded = Router::default();
@@ -468,7 +465,7 @@ mod tests {
             assert_eq!(bounded.route_charge(&env, &reg), unbounded.route_charge(&env, &reg), "event {}", env.event_id);
             decided += 1;
             if let Some((id, version, status)) = bounded.take_applied() {
-                outbox.accept(Some((&id, crate::outbox::ChargeState { version, status })), vec![], &src, 1).unwrap();
+                outbox.accept(Some((&id, crate::store::ChargeState { version, status })), vec![], &src, 1).unwrap();
             }
             assert!(bounded.charges.current.len() + bounded.charges.previous.len() <= 4, "memory holds at most 4 states");
         }
@@ -521,7 +518,7 @@ mod tests {
                 Err(e) => e.reason(),
                 Ok(env) => match router.route_charge(&env, &reg) {
                     Decision::Ignored(r) => r.to_string(),
-                    Decision::DeadLetter { reason, .. } => reason,
+                    Decision::DeadLetter { reason, .. } => reason.to_string(),
                     // Bad BR Codes pass routing; rendering dead-letters them (see jobs).
                     Decision::Effects { charge, .. } if charge.brcode.is_some() => "brcode_checked_at_render".into(),
                     d => panic!("edge case produced {d:?}"),

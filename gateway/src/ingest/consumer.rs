@@ -1,8 +1,8 @@
 //! The Kafka side: one consumer in a consumer group reading `device.upserted` and
 //! `charge.upserted`, turning each record into effects, and storing a record's offset only
 //! when all of its effects are durably accepted: written to their devices' queues in the
-//! outbox ([`crate::outbox`]), or parked there as dead letters for Kafka
-//! ([`crate::deadletter`]) — the read position is part of the data. Delivery to the devices
+//! outbox ([`crate::store::outbox`]), or parked there as dead letters for Kafka
+//! ([`crate::deliver::deadletter`]) — the read position is part of the data. Delivery to the devices
 //! then proceeds from the outbox, so an offline printer does not hold back the partition.
 //!
 //! Records are planned one by one (decode, route, render) and written in batches: up to
@@ -19,7 +19,7 @@
 //! `partition.assignment.strategy` from the config (default `range`, see
 //! [`crate::config::KafkaConfig::assignment_strategy`]), optional static membership
 //! (`group.instance.id`), `auto.offset.reset=earliest`.
-//! Stored offsets are the contiguous done prefix of each partition ([`crate::offsets`]).
+//! Stored offsets are the contiguous done prefix of each partition ([`crate::ingest::offsets`]).
 //!
 //! Backpressure: a partition is paused while any of these holds, and resumed when none
 //! does (pauses are applied again after a rebalance); the consumer keeps polling while
@@ -35,18 +35,20 @@
 //! bounded by `shutdown_timeout_ms`. A SIGKILL at any point loses nothing either: what was
 //! not committed is read again and deduplicated by message id.
 
-use crate::cdc;
-use crate::charge_record::{decode_charge_record, ChargeRecord};
+use cdc;
 use crate::config::Config;
 use crate::clock::Clock;
-use crate::deadletter::{self, DeadLetter};
-use crate::dispatch::{Command, Finished, Outcome};
-use crate::jobs;
-use crate::offsets::{OffsetTracker, Partition};
-use crate::outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Queued, Removal, ReplayError, SourceRef, StoredJob};
-use crate::registry::Registry;
-use crate::router::{Decision, Router};
-use crate::stats::Stats;
+use crate::ingest::offsets::OffsetTracker;
+use crate::ingest::replay::Replay;
+use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued, SourceRef};
+use crate::route::registry::{Applied, Registry};
+use crate::route::render as jobs;
+use crate::route::router::{Decision, Router};
+use crate::store::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, Removal};
+use crate::telemetry::health::PauseCause;
+use crate::telemetry::{Monitor, Stats};
+use cdc::ChargeRecord;
+
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -56,20 +58,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
-
-/// An operator's `pixgate deadletter replay ID` for the running gateway
-/// (`POST /deadletters/{id}/replay`): the consumer loop carries it out between two batch
-/// writes, so the replayed job's `seq` and its hand-over to the dispatcher keep the order
-/// of the jobs around it ([`Outbox::replay`] takes the device's next `seq`; a batch written
-/// concurrently could otherwise take the one after and reach the device first).
-#[derive(Debug)]
-pub struct Replay {
-    /// The dead letter's id.
-    pub id: u64,
-    /// The job as queued again, or why not.
-    pub reply: oneshot::Sender<Result<StoredJob, ReplayError>>,
-}
+use tokio::sync::{mpsc, watch, Notify};
 
 /// Rebalance hooks: remember what changed so the loop can drop state of revoked partitions
 /// and re-apply pauses to the new assignment.
@@ -77,13 +66,13 @@ pub struct Replay {
 struct Rebalances {
     revoked: Mutex<Vec<Partition>>,
     changed: AtomicBool,
-    stats: Arc<Stats>,
+    health: Arc<Monitor>,
 }
 
 impl ClientContext for Rebalances {
-    /// librdkafka's statistics (`statistics.interval.ms`) feed readiness ([`crate::health`]).
+    /// librdkafka's statistics (`statistics.interval.ms`) feed readiness.
     fn stats(&self, statistics: rdkafka::statistics::Statistics) {
-        self.stats.health.kafka_statistics(&statistics);
+        self.health.kafka_statistics(&statistics);
     }
 }
 
@@ -132,6 +121,7 @@ struct Writing {
 struct Pipeline {
     cfg: Config,
     stats: Arc<Stats>,
+    health: Arc<Monitor>,
     clock: Clock,
     registry: Registry,
     router: Router,
@@ -164,26 +154,40 @@ struct Pipeline {
     gave_up: bool,
 }
 
+/// What the consumer loop works with, made by the binary's wiring (`app`).
+pub struct Services {
+    /// The whole configuration (`kafka`, `outbox`, `delivery`, `health`).
+    pub cfg: Config,
+    /// Counters for `/stats`.
+    pub stats: Arc<Stats>,
+    /// Observations for readiness: assignment, pauses, outbox failures, Kafka statistics.
+    pub health: Arc<Monitor>,
+    /// The wall clock jobs expire by.
+    pub clock: Clock,
+    /// The open outbox, whose jobs were handed to the dispatcher already.
+    pub outbox: Arc<Outbox>,
+    /// The jobs the outbox holds at start, per device (they count against the bounds).
+    pub outbox_jobs: HashMap<String, usize>,
+    /// Where stored jobs go: the dispatcher.
+    pub commands: mpsc::Sender<Command>,
+    /// Jobs that left their device's queue, from the dispatcher.
+    pub finished: mpsc::UnboundedReceiver<Finished>,
+    /// `pixgate deadletter replay` requests ([`Replay`]), carried out here between batch
+    /// writes, then counted against the bounds and queued.
+    pub replays: mpsc::Receiver<Replay>,
+    /// Wakes the dead-letter publisher after dead letters are parked.
+    pub deadletters: Arc<Notify>,
+    /// Turns true on SIGTERM.
+    pub shutdown: watch::Receiver<bool>,
+}
+
 /// Runs the consumer until `shutdown` turns true, then writes what it read, commits and
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
-/// `outbox` is open and its jobs (`outbox_jobs`, per device) were handed to the dispatcher.
-/// `replays` are `pixgate deadletter replay` requests ([`Replay`]): carried out here,
-/// between batch writes, then counted against the bounds and queued.
-///
 /// # Errors
-/// The consumer or the dead-letter producer cannot be created, or subscribing fails.
-pub async fn run(
-    cfg: Config,
-    stats: Arc<Stats>,
-    clock: Clock,
-    outbox: Arc<Outbox>,
-    outbox_jobs: HashMap<String, usize>,
-    commands: mpsc::Sender<Command>,
-    mut finished: mpsc::UnboundedReceiver<Finished>,
-    mut replays: mpsc::Receiver<Replay>,
-    mut shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
+/// The consumer cannot be created, or subscribing fails.
+pub async fn run(services: Services) -> anyhow::Result<()> {
+    let Services { cfg, stats, health, clock, outbox, outbox_jobs, commands, mut finished, mut replays, deadletters, mut shutdown } = services;
     let k = &cfg.kafka;
     let mut client = ClientConfig::new();
     if !k.instance_id.is_empty() {
@@ -205,12 +209,9 @@ pub async fn run(
         .set("fetch.wait.max.ms", k.fetch_wait_max_ms.to_string())
         .set("queued.max.messages.kbytes", "16384")
         .set("statistics.interval.ms", cfg.health.statistics_interval_ms.to_string())
-        .create_with_context(Rebalances { stats: stats.clone(), ..Rebalances::default() })
+        .create_with_context(Rebalances { health: health.clone(), revoked: Mutex::default(), changed: AtomicBool::default() })
         .context("creating the Kafka consumer")?;
     consumer.subscribe(&[&k.device_topic, &k.charge_topic]).context("subscribing")?;
-    let publisher = deadletter::Publisher::new(&k.brokers, &k.deadletter_topic, outbox.clone(), clock.clone(), stats.clone())?;
-    let dl_wake = publisher.notifier();
-    let publisher_task = tokio::spawn(publisher.run(shutdown.clone()));
     let mut registry = Registry::default();
     for (id, at, doc) in outbox.devices()? {
         match doc.as_ref().map(cdc::decode_device).transpose() {
@@ -224,17 +225,18 @@ pub async fn run(
     // Charge states are read back from the outbox as needed: memory does not grow with
     // the charges seen.
     let cache = cfg.outbox.charge_cache_entries.max(4 * cfg.outbox.batch_max_records.max(1));
-    let router = Router::with_store(crate::router::DEFAULT_SEEN_CAPACITY, outbox.clone(), cache);
+    let router = Router::with_store(crate::route::router::DEFAULT_SEEN_CAPACITY, outbox.clone(), cache);
     let total: usize = outbox_jobs.values().sum();
     let mut p = Pipeline {
         cfg: cfg.clone(),
         stats: stats.clone(),
+        health,
         clock,
         registry,
         router,
         tracker: OffsetTracker::default(),
         commands,
-        deadletters: dl_wake,
+        deadletters,
         outbox,
         batch: Vec::new(),
         batch_due: None,
@@ -324,7 +326,6 @@ pub async fn run(
         tracing::error!(ms = cfg.shutdown_timeout_ms, "shutdown bound reached before the final commit; what was not committed is read again at the next start");
     }
     stats.update(|s| s.consumer_running = false);
-    publisher_task.abort();
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
     Ok(())
@@ -365,14 +366,14 @@ impl Pipeline {
     fn plan_device(&mut self, src: &Source<'_>) -> Accept {
         let env = match cdc::decode_envelope(src.value) {
             Ok(e) => e,
-            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
         };
         let device = match env.full_document.as_ref().map(cdc::decode_device).transpose() {
             Ok(d) => d,
-            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
         };
         self.stats.update(|s| s.devices_applied += 1);
-        if self.registry.apply(&env.document_id, env.cluster_time, device) == crate::registry::Applied::Stale {
+        if self.registry.apply(&env.document_id, env.cluster_time, device) == Applied::Stale {
             return Accept::default();
         }
         Accept { device: Some(DeviceEntry { id: env.document_id, cluster_time: env.cluster_time, document: env.full_document }), ..Accept::default() }
@@ -380,9 +381,9 @@ impl Pipeline {
 
     /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
     fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
-        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } = match decode_charge_record(src.value) {
+        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } = match cdc::decode_charge_record(src.value) {
             Ok(r) => r,
-            Err(e) => return self.dead_record(src, &e.reason(), e.to_string()),
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
         };
         let decision = self.router.route_decoded(&event_id, operation, charge, &self.registry);
         let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
@@ -390,13 +391,13 @@ impl Pipeline {
         match decision {
             Decision::Ignored(reason) => self.stats.ignored(reason),
             Decision::DeadLetter { reason, detail } => {
-                let dead = self.dead_record(src, &reason, detail);
+                let dead = self.dead_record(src, reason, detail);
                 accept.deadletters = dead.deadletters;
             }
             Decision::Effects { charge, effects, unroutable } => {
                 self.stats.update(|s| s.records_with_effects += 1);
                 for (kind, reason) in unroutable {
-                    let mut dl = DeadLetter::new(&reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
+                    let mut dl = DeadLetter::new(reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
                     dl.effect = Some(kind.as_str().to_string());
                     self.dead_effect(&dl);
                     accept.deadletters.push(dl);
@@ -449,11 +450,11 @@ impl Pipeline {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
-                self.stats.health.outbox_failing(Some(e.to_string()));
+                self.health.outbox_failing(Some(e.to_string()));
                 // A first pause before the retries (`until_stored` then sees a shutdown at once).
                 pause_unless_shutdown(&mut self.shutdown.clone(), Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                match until_stored(&self.stats, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
+                match until_stored(&self.health, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
                     Some(w) => w,
                     None => {
                         // Its records stay pending: no offset is stored past them.
@@ -562,22 +563,22 @@ impl Pipeline {
                 }
                 (None, String::new())
             }
-            Outcome::Failed(reason) => (Some("delivery_failed"), reason),
+            Outcome::Failed(reason) => (Some(DeadLetterReason::DeliveryFailed), reason),
             Outcome::Expired => {
                 let at = stored.job.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default();
-                (Some("expired"), format!("{} not done before its expires_at {at}", stored.job.kind.as_str()))
+                (Some(DeadLetterReason::Expired), format!("{} not done before its expires_at {at}", stored.job.kind.as_str()))
             }
         };
         if let Some(reason) = reason {
-            let dl = DeadLetter::for_job(reason, detail, &stored);
-            if reason == "delivery_failed" {
-                self.stats.dead_effect(reason);
+            if reason == DeadLetterReason::DeliveryFailed {
+                self.stats.dead_effect(&reason);
             }
-            tracing::warn!(device = %stored.device, reason, detail = %dl.detail, "job dead-lettered");
+            let dl = DeadLetter::for_job(reason, detail, &stored);
+            tracing::warn!(device = %stored.device, reason = %dl.reason, detail = %dl.detail, "job dead-lettered");
             let (outbox, clock) = (&self.outbox, &self.clock);
             // Given up at shutdown: the job stays in the outbox and is reloaded (and
             // expired or delivered) at the next start.
-            if until_stored(&self.stats, "a dead letter", &self.shutdown, || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await.is_some() {
+            if until_stored(&self.health, "a dead letter", &self.shutdown, || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await.is_some() {
                 self.deadletters.notify_one();
             }
         }
@@ -621,7 +622,7 @@ impl Pipeline {
     /// Pauses or resumes `part` in librdkafka to match its pause reasons.
     fn reconcile(&mut self, consumer: &GatewayConsumer, part: &Partition) {
         let want = self.outbox_full || self.pending_bound.contains(part) || self.waiting_on.get(part).is_some_and(|d| !d.is_empty());
-        self.stats.health.paused(part, crate::health::PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part)));
+        self.health.paused(part, PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part)));
         if want == self.paused.contains(part) {
             return;
         }
@@ -647,9 +648,9 @@ impl Pipeline {
 
     /// Dead-letters the whole record (it had no effects planned): the returned [`Accept`]
     /// parks it.
-    fn dead_record(&mut self, src: &Source<'_>, reason: &str, detail: String) -> Accept {
-        tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, reason, %detail, "dead letter");
-        self.stats.dead_record(reason);
+    fn dead_record(&mut self, src: &Source<'_>, reason: DeadLetterReason, detail: String) -> Accept {
+        tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, %reason, %detail, "dead letter");
+        self.stats.dead_record(&reason);
         let dl = DeadLetter::new(reason, detail, src.topic, src.partition, src.offset, src.key, src.value);
         Accept { deadletters: vec![dl], ..Accept::default() }
     }
@@ -732,7 +733,7 @@ impl Pipeline {
             self.paused.clear();
             let mut assigned = 0;
             if let Ok(a) = consumer.assignment() {
-                self.stats.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
+                self.health.assigned(a.elements().iter().map(|e| (e.topic().to_string(), e.partition())));
                 assigned = a.count();
             }
             self.reconcile_all(consumer);
@@ -760,18 +761,18 @@ async fn pause_unless_shutdown(shutdown: &mut watch::Receiver<bool>, delay: Dura
 /// the consumer holds here (and `/readyz` goes red, naming the failure) while the disk
 /// refuses. `None` when shutdown is requested while it still fails: the shutdown stays
 /// within its bound, and what was not stored is read again at the next start.
-async fn until_stored<T>(stats: &Stats, what: &str, shutdown: &watch::Receiver<bool>, mut write: impl FnMut() -> Result<T, crate::outbox::OutboxError>) -> Option<T> {
+async fn until_stored<T>(health: &Monitor, what: &str, shutdown: &watch::Receiver<bool>, mut write: impl FnMut() -> Result<T, OutboxError>) -> Option<T> {
     let mut delay = Duration::from_millis(100);
     let mut shutdown = shutdown.clone();
     loop {
         match tokio::task::block_in_place(&mut write) {
             Ok(v) => {
                 // Clears what this call or its caller reported (a no-op when nothing was).
-                stats.health.outbox_failing(None);
+                health.outbox_failing(None);
                 return Some(v);
             }
             Err(e) => {
-                stats.health.outbox_failing(Some(e.to_string()));
+                health.outbox_failing(Some(e.to_string()));
                 if *shutdown.borrow() {
                     tracing::error!(error = %e, "cannot store {what} in the outbox, and shutdown is requested: given up (it is read again at the next start)");
                     return None;
@@ -815,10 +816,10 @@ mod tests {
     /// once shutdown is requested, so SIGTERM stays within its bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_write_is_retried_until_shutdown_then_given_up() {
-        let stats = Stats::default();
+        let health = Monitor::default();
         let (tx, rx) = watch::channel(false);
         let tries = std::sync::atomic::AtomicUsize::new(0);
-        let retrying = until_stored(&stats, "a test", &rx, || {
+        let retrying = until_stored(&health, "a test", &rx, || {
             tries.fetch_add(1, Ordering::SeqCst);
             refused()
         });
@@ -831,6 +832,6 @@ mod tests {
         assert_eq!(given_up, None);
 
         // It still succeeds when the disk takes it, also during shutdown.
-        assert_eq!(until_stored(&stats, "a test", &rx, || Ok::<_, OutboxError>(7)).await, Some(7));
+        assert_eq!(until_stored(&health, "a test", &rx, || Ok::<_, OutboxError>(7)).await, Some(7));
     }
 }

@@ -4,7 +4,7 @@
 //! records of `fixtures/cdc/charges.jsonl`, in the same process.
 //!
 //! Prints µs per record for each and their ratio. Run:
-//! `cargo bench -p gateway --bench charge_decode [-- RECORDS]`.
+//! `cargo bench -p cdc --bench charge_decode [-- RECORDS]`.
 
 use std::time::Instant;
 
@@ -22,8 +22,8 @@ fn main() {
         assert_eq!(ok, n, "every fixture charge decodes");
         t.elapsed().as_secs_f64() * 1e6 / n as f64
     };
-    let reference = |b: &[u8]| gateway::charge_record::decode_with_values(b).is_ok_and(|r| matches!(r.charge, Some(Ok(_))));
-    let fast = |b: &[u8]| gateway::charge_record::decode_charge_record(b).is_ok_and(|r| matches!(r.charge, Some(Ok(_))));
+    let reference = |b: &[u8]| cdc::charge_record::decode_with_values(b).is_ok_and(|r| matches!(r.charge, Some(Ok(_))));
+    let fast = |b: &[u8]| cdc::charge_record::decode_charge_record(b).is_ok_and(|r| matches!(r.charge, Some(Ok(_))));
     // Alternate, twice each, so a change in the machine's speed shows as a spread.
     let (r1, f1, r2, f2) = (time(&reference), time(&fast), time(&reference), time(&fast));
     let avg = records.iter().map(Vec::len).sum::<usize>() / records.len();

@@ -2,7 +2,7 @@
 //! `device.upserted` events. An event older (by oplog position) than what is already applied
 //! for that device is ignored, so a redelivered old event cannot undo a newer change.
 
-use crate::cdc::{Device, DeviceKind};
+use cdc::{Device, DeviceKind};
 use std::collections::HashMap;
 
 /// Devices by id, with the oplog position each entry was applied at.

@@ -11,7 +11,7 @@
 //! - the charge's last applied `__v` and status (a stale event stays stale after a restart).
 //!
 //! - the dead letters of the record or of its effects, *parked* until Kafka has them
-//!   ([`crate::deadletter::Publisher`] drains them): a dead letter is accepted like a job,
+//!   (`deliver::deadletter::Publisher` drains them): a dead letter is accepted like a job,
 //!   so an unreachable Kafka never holds back, loses or forgets one.
 //!
 //! Writes are batched: [`Outbox::write`] takes many records, and the removals of many
@@ -30,8 +30,8 @@
 //! again parks none of its dead letters twice; `meta` name → counter (the last
 //! dead-letter id).
 
-use crate::cdc::ChargeStatus;
-use crate::deadletter::DeadLetter;
+use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
+use cdc::ChargeStatus;
 use bytes::Bytes;
 use device_protocol::Job;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -71,66 +71,35 @@ fn which_of(index: usize, dl: &DeadLetter) -> String {
 /// Outbox failure: the disk or the database file. pixgate cannot accept effects without
 /// it, so the consumer stops reading (and retries) rather than commit past them.
 #[derive(Debug, thiserror::Error)]
-#[error("outbox: {0}")]
-pub struct OutboxError(String);
-
-fn err(e: impl std::fmt::Display) -> OutboxError {
-    OutboxError(e.to_string())
+pub enum OutboxError {
+    /// The database (redb): opening the file, a transaction, a table, storage, a commit.
+    #[error("outbox: {0}")]
+    Database(#[from] redb::Error),
+    /// A stored row or dead letter that cannot be written or read back as JSON.
+    #[error("outbox row: {0}")]
+    Row(#[from] serde_json::Error),
+    /// A `jobs` row that is not in this version's format.
+    #[error("outbox: {0}")]
+    Format(&'static str),
+    /// The folder for the outbox file cannot be made.
+    #[error("outbox folder: {0}")]
+    Folder(#[from] std::io::Error),
 }
 
-/// Where the record that caused a job came from (for dead letters).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceRef {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-    /// Record key, as text.
-    pub key: Option<String>,
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for OutboxError {
+            fn from(e: $t) -> Self {
+                OutboxError::Database(e.into())
+            }
+        }
+    )*};
 }
+from_redb!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError, redb::SetDurabilityError);
 
-/// A queued job with its device and source.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoredJob {
-    /// Device id.
-    pub device: String,
-    /// The job, `seq` assigned.
-    pub job: Job,
-    /// The record it came from.
-    pub source: SourceRef,
-}
-
-impl StoredJob {
-    /// The job with its payload dropped (an empty `job.payload`), as the dispatcher keeps
-    /// the jobs waiting behind a device's head: a receipt's payload is kilobytes, the
-    /// rest a few hundred bytes, so a full outbox does not fill memory. What is sent is
-    /// read back from the outbox ([`Outbox::wire`]).
-    pub fn without_payload(mut self) -> StoredJob {
-        self.job.payload = String::new();
-        self
-    }
-}
-
-/// A job as the outbox queued it: its header for the dispatcher's queue and the bytes its
-/// device receives.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Queued {
-    /// The stored job without its payload ([`StoredJob::without_payload`]).
-    pub stored: StoredJob,
-    /// The job's JSON ([`Job`], payload included) exactly as stored and as published on
-    /// the device's jobs topic.
-    pub wire: Bytes,
-}
-
-impl Queued {
-    /// Serializes `stored`'s job (payload included) as its wire bytes: for a job that does
-    /// not come from [`Outbox::write`] ([`Outbox::replay`]'s, tests').
-    pub fn from_stored(stored: StoredJob) -> Queued {
-        let wire = Bytes::from(stored.job.to_json());
-        Queued { stored: stored.without_payload(), wire }
-    }
+/// `?` with any of the errors an [`OutboxError`] keeps as its source.
+fn err(e: impl Into<OutboxError>) -> OutboxError {
+    e.into()
 }
 
 /// A `jobs` row: the length of the source's JSON (`u32`, little-endian), the source
@@ -140,7 +109,7 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
     let mut row = vec![0u8; 4];
     serde_json::to_writer(&mut row, source).map_err(err)?;
     let at = row.len();
-    row[..4].copy_from_slice(&u32::try_from(at - 4).map_err(err)?.to_le_bytes());
+    row[..4].copy_from_slice(&u32::try_from(at - 4).map_err(|_| OutboxError::Format("a job's source over 4 GiB"))?.to_le_bytes());
     job.write_json(&mut row);
     Ok((row, at))
 }
@@ -148,7 +117,7 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
 /// The source's JSON and the job's wire bytes of a `jobs` row ([`encode_row`]).
 fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
     // A row of the earlier format (the whole stored job as JSON) lands here too.
-    let bad = || OutboxError("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?".into());
+    let bad = || OutboxError::Format("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?");
     let len = u32::from_le_bytes(row.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
     let source = row.get(4..4 + len).ok_or_else(bad)?;
     Ok((source, &row[4 + len..]))
@@ -208,7 +177,7 @@ pub struct Accept {
     pub deadletters: Vec<DeadLetter>,
     /// The record.
     pub source: Option<SourceRef>,
-    /// The change event's `clusterTime` packed as `t << 32 | i` ([`crate::cdc::Envelope`]);
+    /// The change event's `clusterTime` packed as `t << 32 | i` ([`cdc::Envelope`]);
     /// with the message id, the key of its jobs in the dedupe window. 0 when unknown.
     pub event_time: u64,
 }
@@ -241,7 +210,7 @@ pub enum ReplayError {
         /// Its id.
         id: u64,
         /// Its reason.
-        reason: String,
+        reason: DeadLetterReason,
     },
     /// Replayed before; a second replay would queue the effect twice.
     #[error("dead letter {0} was already replayed")]
@@ -295,8 +264,6 @@ fn status_from(c: u8) -> ChargeStatus {
     }
 }
 
-/// The default page cache of the outbox, bytes (`outbox.cache_bytes`).
-pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The outbox database.
 pub struct Outbox {
@@ -304,12 +271,12 @@ pub struct Outbox {
 }
 
 impl Outbox {
-    /// [`Outbox::open_with_cache`] with [`DEFAULT_CACHE_BYTES`].
+    /// [`Outbox::open_with_cache`] with [`crate::config::DEFAULT_CACHE_BYTES`].
     ///
     /// # Errors
     /// As [`Outbox::open_with_cache`].
     pub fn open(path: &Path) -> Result<Outbox, OutboxError> {
-        Outbox::open_with_cache(path, DEFAULT_CACHE_BYTES)
+        Outbox::open_with_cache(path, crate::config::DEFAULT_CACHE_BYTES)
     }
 
     /// Opens (or creates) the outbox at `path`, creating its folder, with a page cache of
@@ -894,7 +861,7 @@ mod tests {
         let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-dl-once");
         let record = |offset: i64| {
             let dl = |device: &str| {
-                let mut d = DeadLetter::new("invalid_brcode", "x".into(), "charge.upserted", 0, offset, Some(b"c"), b"{}");
+                let mut d = DeadLetter::new(crate::model::DeadLetterReason::InvalidBrcode, "x".into(), "charge.upserted", 0, offset, Some(b"c"), b"{}");
                 d.device = Some(device.into());
                 d.effect = Some("display_qr".into());
                 d

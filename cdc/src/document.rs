@@ -1,0 +1,134 @@
+//! What pixgate reads from a change event: the envelope and the `Charge` and `Device`
+//! documents inside it, as decoded shapes (contract: `fixtures/cdc/README.md`).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+/// What happened to the document (`operationType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `insert`
+    Insert,
+    /// `update`
+    Update,
+    /// `replace`
+    Replace,
+    /// `delete`
+    Delete,
+}
+
+/// A change event envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// `eventId`: deterministic, the same for a redelivery of the same change.
+    pub event_id: String,
+    /// `operationType`.
+    pub operation: Operation,
+    /// `documentKey._id`.
+    pub document_id: String,
+    /// `clusterTime` as `(t << 32) | i`: the change's position in the oplog.
+    pub cluster_time: u64,
+    /// `fullDocument`, the document after the change; `None` for deletes, and for updates
+    /// whose document was deleted before the capture job looked it up.
+    pub full_document: Option<Value>,
+}
+
+/// Pix charge status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeStatus {
+    /// Waiting for payment.
+    Active,
+    /// Paid.
+    Completed,
+    /// Expired unpaid.
+    Expired,
+}
+
+/// The fields of a `Charge` document pixgate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Charge {
+    /// `_id`.
+    pub id: String,
+    /// `company`.
+    pub company: String,
+    /// `value`, in centavos.
+    pub value_cents: u64,
+    /// `status`.
+    pub status: ChargeStatus,
+    /// `__v`: grows with every change of the charge.
+    pub version: i64,
+    /// `terminal`: the card machine the charge was created on.
+    pub terminal: Option<String>,
+    /// `brCode`: the payload of a dynamic charge.
+    pub brcode: Option<String>,
+    /// `pixKey`, for static payloads.
+    pub pix_key: Option<String>,
+    /// `transactionID`, the static payload's txid.
+    pub transaction_id: Option<String>,
+    /// `merchant.name`.
+    pub merchant_name: String,
+    /// `merchant.city`.
+    pub merchant_city: String,
+    /// `additionalInfo` as `(key, value)` line items.
+    pub items: Vec<(String, String)>,
+    /// `comment`.
+    pub comment: Option<String>,
+    /// `payer.name`.
+    pub payer_name: Option<String>,
+    /// `paidAt`.
+    pub paid_at: Option<DateTime<Utc>>,
+    /// `expiresDate`.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// `endToEndId` of the Pix transfer.
+    pub end_to_end_id: Option<String>,
+}
+
+/// What kind of device a `Device` document describes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeviceKind {
+    /// A receipt printer.
+    Printer {
+        /// `printer.paperWidthMm`: 58 or 80.
+        paper_width_mm: u8,
+        /// `printer.codePage`, e.g. `CP860` (default CP860 when absent).
+        code_page: render::codepage::CodePage,
+        /// `printer.nativeQr`: understands `GS ( k`.
+        native_qr: bool,
+        /// `printer.printPixSlip` (a pixgate extension of the device document, default
+        /// false): when the printer is the one a charge's receipt goes to, it also prints the
+        /// "pay with Pix" slip when the charge is `ACTIVE` and an expiry notice when it is
+        /// `EXPIRED` (`router`).
+        pix_slip: bool,
+    },
+    /// A card machine.
+    Terminal {
+        /// `screen.widthPx`.
+        width_px: u32,
+        /// `screen.heightPx`.
+        height_px: u32,
+        /// `pairedPrinter`.
+        paired_printer: Option<String>,
+    },
+}
+
+/// The fields of a `Device` document pixgate uses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Device {
+    /// `_id`.
+    pub id: String,
+    /// `company`.
+    pub company: String,
+    /// `kind` and its sub-document.
+    pub kind: DeviceKind,
+    /// `model`, e.g. `Bematech MP-4200 TH` (empty when absent): printers follow their
+    /// model's `ESC t` numbering and capabilities (`render::profile`).
+    pub model: String,
+    /// `locale`, e.g. `pt-BR` (default `pt-BR`).
+    pub locale: String,
+    /// `timeZone` (IANA), if the registry has one.
+    pub time_zone: Option<String>,
+    /// `enabled` (default true).
+    pub enabled: bool,
+    /// `defaultForCompany`: the company's printer for charges without a terminal.
+    pub default_for_company: bool,
+}

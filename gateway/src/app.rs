@@ -1,0 +1,124 @@
+//! The gateway's wiring: opens the outbox, starts the embedded MQTT broker, the
+//! dispatcher, the dead-letter publisher, the HTTP server and the health watch, then runs
+//! the consumer until SIGTERM or Ctrl-C, and stops them in order.
+//!
+//! ```text
+//! Kafka ──► ingest (consumer, backpressure, offsets) ──► route (registry, router, render)
+//!              ▲                                               │ jobs per device
+//!              │ offset stored once durably accepted           ▼
+//!              └──────────────────────────────────── store (outbox: redb) ──► dead letters
+//!                                                              │ Command::Enqueue
+//!                                                              ▼
+//!                         deliver (dispatcher ──► transport: embedded MQTT) ◄──► devices
+//! ```
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::deliver::deadletter::Publisher as DeadLetterPublisher;
+use crate::deliver::{self, Dispatcher};
+use crate::ingest::consumer;
+use crate::model::Command;
+use crate::ops::{http, probe};
+use crate::store::Outbox;
+use crate::telemetry::{Monitor, Stats};
+use anyhow::Context;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+/// Runs the gateway with `cfg` until SIGTERM or Ctrl-C.
+///
+/// # Errors
+/// The outbox cannot be opened, the MQTT broker or a Kafka client cannot be started.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let stats = Arc::new(Stats::default());
+    let health = Arc::new(Monitor::new(&cfg));
+    let clock = Clock::with_offset(cfg.clock.offset_ms);
+    if cfg.clock.offset_ms != 0 || cfg.clock.control {
+        tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
+    }
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+
+    let (commands_tx, commands_rx) = mpsc::channel(1024);
+    // Unbounded in type only: one message per job that leaves the outbox, and the outbox
+    // holds at most `outbox.max_jobs`. Bounding it would deadlock the dispatcher and the
+    // consumer against each other (each waits on the other's full channel).
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
+    let publisher = deliver::mqtt::start(&cfg.mqtt, incoming_tx).context("starting the embedded MQTT broker")?;
+    tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
+
+    let outbox = Arc::new(
+        Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
+    );
+    let pending = outbox.pending_headers()?;
+    let mut per_device = std::collections::HashMap::new();
+    for s in &pending {
+        *per_device.entry(s.device.clone()).or_insert(0usize) += 1;
+    }
+    tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
+    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), health.clone(), clock.clone()).with_outbox(outbox.clone());
+    dispatcher.preload(pending);
+    let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
+    let to_dispatcher = commands_tx.clone();
+    tokio::spawn(async move {
+        while let Some(msg) = incoming_rx.recv().await {
+            if to_dispatcher.send(Command::Device(msg)).await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut http_shutdown = shutdown_rx.clone();
+    // Few at a time: a replay is an operator's command.
+    let (replays_tx, replays_rx) = mpsc::channel(16);
+    let state = http::AppState { stats: stats.clone(), health: health.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, replays: replays_tx };
+    let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
+        let _ = http_shutdown.changed().await;
+    }));
+
+    tokio::spawn(probe::watch(stats.clone(), health.clone(), cfg.kafka.brokers.clone(), shutdown_rx.clone()));
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested");
+        let _ = shutdown_tx.send(true);
+    });
+
+    let deadletters = DeadLetterPublisher::new(&cfg.kafka.brokers, &cfg.kafka.deadletter_topic, outbox.clone(), clock.clone(), stats.clone())?;
+    let deadletter_wake = deadletters.notifier();
+    let deadletter_task = tokio::spawn(deadletters.run(shutdown_rx.clone()));
+
+    let services = consumer::Services {
+        cfg,
+        stats,
+        health,
+        clock,
+        outbox,
+        outbox_jobs: per_device,
+        commands: commands_tx,
+        finished: finished_rx,
+        replays: replays_rx,
+        deadletters: deadletter_wake,
+        shutdown: shutdown_rx,
+    };
+    let result = consumer::run(services).await;
+    deadletter_task.abort();
+    dispatcher_task.abort();
+    match http_task.await {
+        Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
+        Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
+        _ => {}
+    }
+    tracing::info!("stopped");
+    result
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

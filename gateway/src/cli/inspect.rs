@@ -1,0 +1,132 @@
+//! `pixgate outbox list|show` and `pixgate deadletter list|show|replay`.
+//!
+//! A redb file is open in one process at a time, so while the gateway runs these commands
+//! ask it over HTTP (at `http.listen`); when it does not run they open the outbox file
+//! themselves. Both paths print the same JSON ([`crate::ops::inspect`]).
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::ops::inspect::{self, InspectError};
+use crate::store::Outbox;
+use clap::Subcommand;
+use serde_json::{json, Value};
+
+/// `pixgate outbox …`
+#[derive(Debug, Subcommand)]
+pub enum OutboxCmd {
+    /// Devices with queued jobs and how many; with DEVICE, that device's jobs in delivery order.
+    List {
+        /// A device id.
+        device: Option<String>,
+    },
+    /// One queued job in full (payload base64, as the device receives it).
+    Show {
+        /// Device id.
+        device: String,
+        /// The job's seq.
+        seq: u64,
+    },
+}
+
+/// `pixgate deadletter …`
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCmd {
+    /// Dead letters the outbox holds (parked until Kafka has them, then kept for
+    /// `outbox.deadletter_retention_hours`), oldest first.
+    List,
+    /// One dead letter in full.
+    Show {
+        /// Its id.
+        id: u64,
+    },
+    /// Puts the job of a dead letter (delivery failed, expired) back at the end of its
+    /// device's queue, with its original message id.
+    Replay {
+        /// Its id.
+        id: u64,
+    },
+}
+
+/// Runs an inspection: over HTTP against the running gateway at `http_listen`, or, when
+/// nothing answers there, on the outbox file at `path`. Prints JSON; returns whether it
+/// succeeded (exit status 1 otherwise, with the error on stderr).
+///
+/// # Errors
+/// Neither the gateway nor the outbox file could be reached.
+pub async fn run(http_listen: &str, path: &std::path::Path, http_path: String, method_post: bool, local: impl FnOnce(&Outbox) -> Result<Value, InspectError>) -> anyhow::Result<bool> {
+    let url = format!("http://{http_listen}{http_path}");
+    let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
+    let req = if method_post { client.post(&url) } else { client.get(&url) };
+    match req.send().await {
+        Ok(resp) => {
+            let ok = resp.status().is_success();
+            let body: Value = resp.json().await?;
+            print_result(ok, &body);
+            Ok(ok)
+        }
+        Err(e) if e.is_connect() => {
+            let outbox = Outbox::open(path).map_err(|oe| anyhow::anyhow!("no gateway answers at {url} ({e}) and the outbox {} cannot be opened: {oe}", path.display()))?;
+            match local(&outbox) {
+                Ok(v) => {
+                    print_result(true, &v);
+                    Ok(true)
+                }
+                Err(e) => {
+                    print_result(false, &json!({ "error": e.to_string() }));
+                    Ok(false)
+                }
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print_result(ok: bool, v: &Value) {
+    let text = serde_json::to_string_pretty(v).expect("JSON prints");
+    if ok {
+        println!("{text}");
+    } else {
+        eprintln!("{}", v.get("error").and_then(Value::as_str).unwrap_or(&text));
+    }
+}
+
+pub enum Inspection {
+    /// `pixgate outbox …`
+    Outbox(OutboxCmd),
+    /// `pixgate deadletter …`
+    DeadLetter(DeadLetterCmd),
+}
+
+/// Runs an `outbox`/`deadletter` command; exits 1 when it was refused (error on stderr).
+///
+/// # Errors
+/// Neither the gateway nor the outbox file could be reached.
+pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (listen, path) = (cfg.http.listen.as_str(), cfg.outbox.path.as_path());
+    let ok = rt.block_on(async {
+        match cmd {
+            Inspection::Outbox(OutboxCmd::List { device: None }) => run(listen, path, "/outbox".into(), false, inspect::outbox_devices).await,
+            Inspection::Outbox(OutboxCmd::List { device: Some(d) }) => {
+                run(listen, path, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
+            }
+            Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
+                run(listen, path, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
+            }
+            Inspection::DeadLetter(DeadLetterCmd::List) => run(listen, path, "/deadletters".into(), false, inspect::deadletter_list).await,
+            Inspection::DeadLetter(DeadLetterCmd::Show { id }) => {
+                run(listen, path, format!("/deadletters/{id}"), false, |o| inspect::deadletter_show(o, id)).await
+            }
+            Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
+                let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
+                let ttl = &cfg.delivery.ttl;
+                run(listen, path, format!("/deadletters/{id}/replay"), true, |o| Ok(inspect::replayed(&o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?))).await
+            }
+        }
+    })?;
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+

@@ -1,0 +1,61 @@
+//! What passes between the stages that feed the dispatcher and the dispatcher itself:
+//! jobs the outbox has stored ([`Command::Enqueue`]), device messages
+//! ([`Command::Device`]), and jobs that left a device's queue ([`Finished`]), reported back
+//! so the consumer can remove them from the outbox and release its bounds.
+
+use crate::model::Queued;
+use crate::model::StoredJob;
+use device_protocol::{Ack, Status};
+
+/// A message from a device, as the dispatcher needs it.
+#[derive(Debug, Clone)]
+pub enum Incoming {
+    /// An [`Ack`] on `pixgate/v1/devices/{device}/acks`.
+    Ack {
+        /// Device id from the topic.
+        device: String,
+        /// The ack.
+        ack: Ack,
+    },
+    /// A [`Status`] on `pixgate/v1/devices/{device}/status` (retained, or the last will).
+    Status {
+        /// Device id from the topic.
+        device: String,
+        /// The status.
+        status: Status,
+    },
+}
+
+/// Work for the dispatcher.
+#[derive(Debug)]
+pub enum Command {
+    /// Queue a job the outbox has stored (its `seq` assigned there).
+    Enqueue(Queued),
+    /// A message from a device.
+    Device(Incoming),
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The device acknowledged it as done (or an earlier run finished it: its row is
+    /// no longer in the outbox).
+    Done,
+    /// Dropped because its charge's next screen came first.
+    Superseded,
+    /// Cannot be delivered: goes to the dead-letter topic with this reason.
+    Failed(String),
+    /// Its time to live passed first: recorded on the dead-letter topic (reason `expired`).
+    Expired,
+}
+
+/// A finished job, reported to the consumer so it can remove it from the outbox (after
+/// writing its dead letter, if it failed).
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The job as stored.
+    pub stored: StoredJob,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+

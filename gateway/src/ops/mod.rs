@@ -1,0 +1,10 @@
+//! Operating the gateway: readiness rules ([`readiness`]), the `/stats` report
+//! ([`report`]), `/metrics` ([`metrics`]), outbox and dead-letter inspection
+//! ([`inspect`]), the HTTP server ([`http`]) and the health watch ([`probe`]).
+
+pub mod http;
+pub mod inspect;
+pub mod metrics;
+pub mod probe;
+pub mod readiness;
+pub mod report;

@@ -1,0 +1,6 @@
+//! The durable per-device outbox ([`outbox`]): every device's job queue, the dedupe window,
+//! charge states, the device registry and parked dead letters, in one redb file.
+
+pub mod outbox;
+
+pub use outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError};

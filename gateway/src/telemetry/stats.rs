@@ -1,0 +1,134 @@
+//! Counters and gauges the gateway reports on `/stats` and uses for `/readyz`.
+//!
+//! Every record read ends in exactly one of: finished with effects, ignored (by reason),
+//! or dead-lettered (by reason), so `events_read` = `records_with_effects` + the sum of
+//! `ignored` + the sum of `dead_lettered_records`. Dead-lettered *effects* (one effect of a
+//! record that had others) are counted separately.
+//!
+//! `/stats` serves these counters with the health monitor's per-topic view and the
+//! readiness reasons beside them (`ops::report`); `/metrics` the same as Prometheus text.
+
+use crate::model::{DeadLetterReason, IgnoreReason};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A snapshot of the counters, as served on `/stats` (beside the health view).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Records read, by topic.
+    pub events_read: BTreeMap<String, u64>,
+    /// Records with no effect by design, by reason.
+    pub ignored: BTreeMap<String, u64>,
+    /// Whole records sent to the dead-letter topic, by reason.
+    pub dead_lettered_records: BTreeMap<String, u64>,
+    /// Single effects sent to the dead-letter topic, by reason.
+    pub dead_lettered_effects: BTreeMap<String, u64>,
+    /// Records whose effects were planned (some may have been dead-lettered).
+    pub records_with_effects: u64,
+    /// Device registry events applied.
+    pub devices_applied: u64,
+    /// Effects acknowledged as done by their device, by kind.
+    pub effects_done: BTreeMap<String, u64>,
+    /// Queued `display_qr` jobs dropped because their charge's next screen came first.
+    pub superseded: u64,
+    /// Jobs whose time to live passed before they were done, by kind (recorded on the
+    /// dead-letter topic with reason `expired`).
+    pub expired: BTreeMap<String, u64>,
+    /// Dead letters waiting in the outbox for Kafka (grows while Kafka is unreachable).
+    pub deadletters_parked: u64,
+    /// Dead letters Kafka acknowledged.
+    pub deadletters_published: u64,
+    /// Devices whose queue is at `outbox.max_jobs_per_device` (their partitions are paused).
+    pub devices_at_bound: u64,
+    /// Job sends beyond the first (ack timeout or transient failure).
+    pub job_redeliveries: u64,
+    /// Records read and not yet finished.
+    pub pending_records: u64,
+    /// Jobs waiting or in flight, all devices (the dispatcher's view).
+    pub queued_jobs: u64,
+    /// Jobs in the durable outbox (the consumer's view; the bound applies to this).
+    pub outbox_jobs: u64,
+    /// Partitions currently paused for backpressure.
+    pub paused_partitions: u64,
+    /// Partitions assigned to this consumer.
+    pub assigned_partitions: u64,
+    /// Milliseconds since the consumer loop last ran (a dead or stuck consumer grows this).
+    pub consumer_idle_ms: u64,
+    /// Whether the consumer loop is running.
+    pub consumer_running: bool,
+}
+
+/// Shared counters. Cheap enough for our rates: one short mutex hold per event.
+#[derive(Debug)]
+pub struct Stats {
+    inner: Mutex<Snapshot>,
+    last_poll: Mutex<Instant>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()) }
+    }
+}
+
+fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
+    *map.entry(key.to_string()).or_default() += 1;
+}
+
+impl Stats {
+    /// Applies `f` to the counters.
+    pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
+        f(&mut self.inner.lock().expect("stats lock"));
+    }
+
+    /// A record was ignored for `reason`.
+    pub fn ignored(&self, reason: IgnoreReason) {
+        self.update(|s| bump(&mut s.ignored, reason.as_str()));
+    }
+
+    /// A whole record was dead-lettered for `reason`.
+    pub fn dead_record(&self, reason: &DeadLetterReason) {
+        let reason = reason.to_string();
+        self.update(|s| bump(&mut s.dead_lettered_records, &reason));
+    }
+
+    /// One effect was dead-lettered for `reason`.
+    pub fn dead_effect(&self, reason: &DeadLetterReason) {
+        let reason = reason.to_string();
+        self.update(|s| bump(&mut s.dead_lettered_effects, &reason));
+    }
+
+    /// A job of `kind` expired before it was done.
+    pub fn expired(&self, kind: &str) {
+        self.update(|s| bump(&mut s.expired, kind));
+    }
+
+    /// A device acknowledged an effect of `kind` as done.
+    pub fn effect_done(&self, kind: &str) {
+        self.update(|s| bump(&mut s.effects_done, kind));
+    }
+
+    /// The consumer loop is alive now.
+    pub fn polled(&self) {
+        *self.last_poll.lock().expect("poll lock") = Instant::now();
+    }
+
+    /// Records read so far, per topic.
+    pub fn events_read(&self) -> BTreeMap<String, u64> {
+        self.inner.lock().expect("stats lock").events_read.clone()
+    }
+
+    /// Milliseconds since the consumer loop last ran ([`Stats::polled`]).
+    pub fn idle_ms(&self) -> u64 {
+        self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64
+    }
+
+    /// The current counters, `consumer_idle_ms` as of now.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = self.inner.lock().expect("stats lock").clone();
+        s.consumer_idle_ms = self.idle_ms();
+        s
+    }
+}
