@@ -355,6 +355,8 @@ impl Config {
 }
 
 #[cfg(test)]
+// figment::Jail's closures return figment's own (large) error type.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 

@@ -90,6 +90,7 @@ fn print_result(ok: bool, v: &Value) {
     }
 }
 
+/// An inspection command, as parsed from the command line.
 pub enum Inspection {
     /// `pixgate outbox …`
     Outbox(OutboxCmd),

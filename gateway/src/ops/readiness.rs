@@ -28,8 +28,8 @@ use crate::telemetry::health::{Facts, Monitor, TopicFacts, DEVICES_NAMED};
 use std::collections::BTreeMap;
 use std::fmt;
 
+/// Longest gap between consumer loop runs that still counts as ready, ms.
 pub const MAX_CONSUMER_IDLE_MS: u64 = 10_000;
-
 
 /// Why the gateway is not ready. `Display` gives the line `/readyz` answers; its wording
 /// is stable (alerting and tests match on it).
@@ -37,20 +37,68 @@ pub const MAX_CONSUMER_IDLE_MS: u64 = 10_000;
 pub enum Reason {
     /// The consumer loop has ended.
     ConsumerNotRunning,
-    /// The consumer loop has not run for `idle_ms`; `outbox` = failing for ms, last error.
-    ConsumerIdle { idle_ms: u64, outbox: Option<(u64, String)> },
-    /// No broker connection `UP` for `down_ms`; `brokers` = the connections' states.
-    KafkaUnreachable { down_ms: u64, brokers: Vec<String> },
-    /// No partition of `topic` held for `for_ms`.
-    Unassigned { topic: String, for_ms: u64 },
-    /// `lag` records and no progress for `for_ms`; `why` = known causes.
-    Stalled { topic: String, lag: u64, for_ms: u64, why: Vec<String> },
+    /// The consumer loop has not run for a while.
+    ConsumerIdle {
+        /// Since it last ran, ms.
+        idle_ms: u64,
+        /// Outbox writes failing: for how long (ms) and the last error.
+        outbox: Option<(u64, String)>,
+    },
+    /// No broker connection `UP`.
+    KafkaUnreachable {
+        /// For how long, ms.
+        down_ms: u64,
+        /// The connections' states, e.g. `127.0.0.1:9092/1 CONNECT`.
+        brokers: Vec<String>,
+    },
+    /// No partition of a subscribed topic held.
+    Unassigned {
+        /// The topic.
+        topic: String,
+        /// For how long, ms.
+        for_ms: u64,
+    },
+    /// Lag and no progress.
+    Stalled {
+        /// The topic.
+        topic: String,
+        /// Records beyond the consumer's position.
+        lag: u64,
+        /// Without progress, ms.
+        for_ms: u64,
+        /// The known causes (paused partitions and the devices holding them, outbox
+        /// writes failing, Kafka unreachable).
+        why: Vec<String>,
+    },
     /// Read rate below the expected minimum over a whole window while lagging.
-    Slow { topic: String, lag: u64, rate_per_s: f64, window_s: u64, min_per_s: f64 },
-    /// No record for `for_ms`, more than the expected `max_ms`.
-    Quiet { topic: String, for_ms: u64, max_ms: u64 },
-    /// `in_flight` jobs sent to reachable devices and no device ack for `for_ms`.
-    DeliveryStalled { in_flight: usize, for_ms: u64 },
+    Slow {
+        /// The topic.
+        topic: String,
+        /// Records beyond the consumer's position.
+        lag: u64,
+        /// Records read per second over the window.
+        rate_per_s: f64,
+        /// The window, s.
+        window_s: u64,
+        /// The expected minimum, records per second.
+        min_per_s: f64,
+    },
+    /// No record for longer than expected.
+    Quiet {
+        /// The topic.
+        topic: String,
+        /// Without a record, ms.
+        for_ms: u64,
+        /// The expected maximum, ms.
+        max_ms: u64,
+    },
+    /// Jobs sent to reachable devices and no device acknowledged anything.
+    DeliveryStalled {
+        /// Jobs in flight.
+        in_flight: usize,
+        /// Without an ack, ms.
+        for_ms: u64,
+    },
 }
 
 impl Reason {

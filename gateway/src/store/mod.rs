@@ -3,4 +3,4 @@
 
 pub mod outbox;
 
-pub use outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError};
+pub use outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written};

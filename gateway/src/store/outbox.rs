@@ -102,6 +102,11 @@ fn err(e: impl Into<OutboxError>) -> OutboxError {
     e.into()
 }
 
+/// What [`Outbox::write`] returns, per record of the batch and in its order: the jobs it
+/// queued (a job the dedupe window already holds is not among them) and the ids of the
+/// dead letters it parked.
+pub type Written = Vec<(Vec<Queued>, Vec<u64>)>;
+
 /// A `jobs` row: the length of the source's JSON (`u32`, little-endian), the source
 /// ([`SourceRef`], JSON), then `job`'s JSON: the wire bytes, which start at the returned
 /// offset. The device is the row's key.
@@ -320,7 +325,7 @@ impl Outbox {
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
-    pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Vec<(Vec<Queued>, Vec<u64>)>, OutboxError> {
+    pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Written, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
