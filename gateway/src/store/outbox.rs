@@ -41,11 +41,11 @@ use std::path::Path;
 const JOBS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs");
 const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// The dedupe window, keyed by (the event's `clusterTime`, message id) rather than by the
-/// id alone: message ids are hashes, so an id-keyed window took each insert to a random
-/// B-tree leaf and rewrote about one leaf per job at every commit (22 µs a job, measured
+/// id alone: message ids are hashes, so an id-keyed window takes each insert to a random
+/// B-tree leaf and rewrites about one leaf per job at every commit (22 µs a job, measured
 /// against 1.3 µs for time-ordered keys); events come in time order, so these inserts
 /// land together at the end. A redelivered event has the same `clusterTime` as before
-/// (its id contains it), so the lookup finds it. Named anew: the id-keyed table was `seen`.
+/// (its id contains it), so the lookup finds it.
 const SEEN: TableDefinition<(u64, &str), u64> = TableDefinition::new("seen_by_event_time");
 const CHARGES: TableDefinition<&str, (i64, u8)> = TableDefinition::new("charges");
 const DEVICES: TableDefinition<&str, (u64, &[u8])> = TableDefinition::new("devices");
