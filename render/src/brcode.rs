@@ -97,28 +97,66 @@ const CRC16_TABLE: [u16; 256] = {
 pub enum BrCodeError {
     /// The payload is larger than [`MAX_PAYLOAD_BYTES`] (UTF-8 bytes).
     #[error("BR Code is {len} bytes long, the limit is {max}")]
-    TooLong { len: usize, max: usize },
+    TooLong {
+        /// Size of the payload, in UTF-8 bytes.
+        len: usize,
+        /// The limit, [`MAX_PAYLOAD_BYTES`].
+        max: usize,
+    },
     /// The TLV structure is broken at character `at` (0-based, in characters).
     #[error("BR Code structure broken at character {at}: {reason}")]
-    Tlv { at: usize, reason: String },
+    Tlv {
+        /// Offset in characters from the start of the payload where the broken item
+        /// starts (or, for a bad length prefix, where that prefix starts).
+        at: usize,
+        /// What is wrong there, for people (not a stable, machine-readable code).
+        reason: String,
+    },
     /// A mandatory field is absent.
     #[error("field {tag} is mandatory but missing")]
-    Missing { tag: String },
+    Missing {
+        /// EMV ID of the missing field, e.g. `63` or `62-05`.
+        tag: String,
+    },
     /// A field occurs twice.
     #[error("field {tag} appears more than once")]
-    Duplicate { tag: String },
+    Duplicate {
+        /// EMV ID of the repeated field, e.g. `54` or `26-01`.
+        tag: String,
+    },
     /// A field is longer than its maximum (lengths in characters).
     #[error("field {tag} is {len} characters long, the maximum is {max}")]
-    FieldTooLong { tag: String, max: usize, len: usize },
+    FieldTooLong {
+        /// EMV ID of the field or template, e.g. `59`, `26-01`, or `26` for the whole
+        /// merchant account template.
+        tag: String,
+        /// Longest value the field allows, in characters (99 for a whole template).
+        max: usize,
+        /// Length of the value read or about to be written, in characters.
+        len: usize,
+    },
     /// A field's value breaks a rule; `rule` says which.
     #[error("field {tag} is invalid: {rule}")]
-    InvalidValue { tag: String, rule: String },
+    InvalidValue {
+        /// EMV ID of the field, e.g. `53` or `62-05`.
+        tag: String,
+        /// The rule broken and the offending value, for people.
+        rule: String,
+    },
     /// The CRC16 in field `63` does not match the payload (both as 4 uppercase hex digits).
     #[error("CRC16 mismatch: the payload computes to {expected}, field 63 says {found}")]
-    Crc { expected: String, found: String },
+    Crc {
+        /// CRC16 computed over the payload through `6304`, 4 uppercase hex digits.
+        expected: String,
+        /// The value of field `63` as written in the payload.
+        found: String,
+    },
     /// Field `26` is absent or its GUI is not `br.gov.bcb.pix`: an EMV QR, but not Pix.
     #[error("not a Pix payload: merchant account template 26 with GUI br.gov.bcb.pix not found (GUI: {gui:?})")]
-    NotPix { gui: Option<String> },
+    NotPix {
+        /// The GUI found in `26-00`, as written; `None` when template `26` is absent.
+        gui: Option<String>,
+    },
 }
 
 fn invalid(tag: &str, rule: impl Into<String>) -> BrCodeError {
@@ -347,11 +385,12 @@ pub fn parse(payload: &str) -> Result<BrCode, BrCodeError> {
     let items = split_tlv(&chars, 0)?;
 
     // 00 first, 63 last, no duplicates at the top level.
-    match items.first() {
-        Some(first) if first.id == "00" => {}
-        _ => return Err(BrCodeError::Tlv { at: 0, reason: "the payload must start with field 00".into() }),
+    let (Some(first), Some(last)) = (items.first(), items.last()) else {
+        return Err(BrCodeError::Tlv { at: 0, reason: "the payload must start with field 00".into() });
+    };
+    if first.id != "00" {
+        return Err(BrCodeError::Tlv { at: 0, reason: "the payload must start with field 00".into() });
     }
-    let last = items.last().expect("non-empty");
     if last.id != "63" {
         if items.iter().any(|it| it.id == "63") {
             return Err(BrCodeError::Tlv { at: last.at, reason: "field 63 (CRC16) must be the last field".into() });

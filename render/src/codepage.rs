@@ -17,13 +17,15 @@ use oem_cp::code_table::{
 use serde::{Deserialize, Serialize};
 
 /// A character code table a receipt printer can select with `ESC t n`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum CodePage {
     /// PC437 (USA, standard Europe): Epson table 0, the usual power-on default.
     Cp437,
     /// PC850 (Multilingual): Epson table 2. Has every Portuguese and Spanish letter.
     Cp850,
-    /// PC860 (Portuguese): Epson table 3. pixgate's default for Brazilian printers.
+    /// PC860 (Portuguese): Epson table 3. pixgate's default for Brazilian printers, hence
+    /// [`Default`].
+    #[default]
     Cp860,
     /// PC863 (Canadian-French): Epson table 4.
     Cp863,
@@ -33,12 +35,6 @@ pub enum CodePage {
     Wpc1252,
     /// PC858 (PC850 with the euro sign): Epson table 19.
     Cp858,
-}
-
-impl Default for CodePage {
-    fn default() -> Self {
-        CodePage::Cp860
-    }
 }
 
 impl CodePage {

@@ -18,7 +18,10 @@ pub enum QrError {
     /// The payload does not fit a version-40 symbol at level M (2331 bytes of arbitrary
     /// text; up to 5596 digits or 3391 uppercase characters).
     #[error("payload of {len} bytes is too long for a QR code at error correction M")]
-    DataTooLong { len: usize },
+    DataTooLong {
+        /// Size of the payload, in bytes.
+        len: usize,
+    },
     /// Any other refusal by the encoder, with its message. ([`crate::qr_fast`] has no other
     /// refusal; kept so that callers matching on it keep compiling.)
     #[error("QR encoder failed: {0}")]

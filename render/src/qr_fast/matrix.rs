@@ -25,11 +25,16 @@ pub type Row<const N: usize> = [u64; N];
 /// A square bit matrix of `size` × `size` modules.
 #[derive(Clone)]
 pub struct Grid<const N: usize> {
+    /// Modules per side (the symbol width, 21..=177); columns at or beyond it stay 0.
     pub size: usize,
     rows: [Row<N>; ROWS],
 }
 
 impl<const N: usize> Grid<N> {
+    /// An all-light grid of `size` × `size` modules.
+    ///
+    /// # Panics
+    /// If `size` does not fit `N` words per row (`size > 64 × N`) or exceeds [`MAX_WIDTH`].
     pub fn new(size: usize) -> Self {
         assert!(size <= 64 * N && size <= MAX_WIDTH);
         Grid { size, rows: [[0; N]; ROWS] }
@@ -42,21 +47,26 @@ impl<const N: usize> Grid<N> {
         &self.rows[padded]
     }
 
+    /// Row `y` (0-based, `y < size`) of the symbol.
     #[inline(always)]
     pub fn row(&self, y: usize) -> &Row<N> {
         &self.rows[y + PAD_TOP]
     }
 
+    /// Row `y` (0-based, `y < size`) of the symbol, for writing; keep bits at or beyond
+    /// `size` at 0.
     #[inline(always)]
     pub fn row_mut(&mut self, y: usize) -> &mut Row<N> {
         &mut self.rows[y + PAD_TOP]
     }
 
+    /// Whether the module at column `x`, row `y` (both `< size`) is dark.
     #[inline(always)]
     pub fn get(&self, x: usize, y: usize) -> bool {
         (self.rows[y + PAD_TOP][x / 64] >> (x % 64)) & 1 != 0
     }
 
+    /// Makes the module at column `x`, row `y` (both `< size`) dark or light.
     #[inline(always)]
     pub fn set(&mut self, x: usize, y: usize, dark: bool) {
         let w = &mut self.rows[y + PAD_TOP][x / 64];
@@ -113,7 +123,9 @@ static BYTE_TO_BOOLS: [[bool; 8]; 256] = {
 /// strip: `(flat word index << 8) | (bit of the first module << 2) | modules (1 or 2)`, the
 /// second module (if any) being the bit just below the first in the same word.
 pub struct Template<const N: usize> {
+    /// The function patterns and version information as drawn, data modules light.
     pub modules: Grid<N>,
+    /// 1 for every module that is not data: masks and placement leave these alone.
     pub function: Grid<N>,
     visits: Vec<u32>,
 }
@@ -121,6 +133,10 @@ pub struct Template<const N: usize> {
 /// One template per version, built on first use and kept (a few KiB each; 130 KiB for
 /// version 40), so repeated encodes skip drawing function patterns and walking the zigzag.
 pub trait Cached: Sized + 'static {
+    /// The template of `version` (1..=40), built on the first call for that version.
+    ///
+    /// # Panics
+    /// If `version` is above 40.
     fn cached(version: u8) -> &'static Self;
 }
 
@@ -137,6 +153,11 @@ macro_rules! cached_templates {
 cached_templates!(1, 2, 3);
 
 impl<const N: usize> Template<N> {
+    /// Draws the function patterns of `version` (1..=40) and computes its placement order;
+    /// [`Cached::cached`] keeps the result, so encoders call that instead.
+    ///
+    /// # Panics
+    /// If `version` is not in 1..=40 or its width does not fit `N` words per row.
     pub fn new(version: u8) -> Self {
         let size = version::width(version);
         let mut t = Template { modules: Grid::new(size), function: Grid::new(size), visits: Vec::new() };

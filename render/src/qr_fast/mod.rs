@@ -40,11 +40,18 @@ mod tests;
 use thiserror::Error;
 
 /// Error-correction level (§7.5.1): recovers about 7 %, 15 %, 25 %, 30 % of codewords.
+///
+/// The discriminant is the row of the level in the [`version`] tables (L, M, Q, H order),
+/// not its 2-bit format-information code (§7.9.1, [`version::format_bits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ec {
+    /// Level L: about 7 % of codewords recoverable; the most data per version.
     L = 0,
+    /// Level M: about 15 % recoverable; what pixgate uses for every Pix QR code.
     M = 1,
+    /// Level Q: about 25 % recoverable.
     Q = 2,
+    /// Level H: about 30 % recoverable; the least data per version.
     H = 3,
 }
 
@@ -75,10 +82,16 @@ impl Symbol {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 #[error("{len} bytes need {bits} data bits, more than the {max_bits} a version-{version} QR code holds at error correction {ec:?}")]
 pub struct TooLong {
+    /// Size of the data, in bytes.
     pub len: usize,
+    /// Data bits the segments need in `version` (mode indicators, character counts and
+    /// payload, before the terminator and padding).
     pub bits: usize,
+    /// Data bits `version` holds at `ec` (its data codewords × 8).
     pub max_bits: usize,
+    /// The version tried: 40, or the one forced with [`Options::version`].
     pub version: u8,
+    /// The error-correction level asked for.
     pub ec: Ec,
 }
 

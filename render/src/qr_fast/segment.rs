@@ -103,8 +103,12 @@ static CLASS: [u8; 256] = {
 /// A run of the data written in one mode: bytes `start..end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Segment {
+    /// How these bytes are written.
     pub mode: Mode,
+    /// Offset of the first byte in the data, in bytes.
     pub start: usize,
+    /// Offset just past the last byte (exclusive), in bytes; the character count
+    /// indicator holds `end - start`.
     pub end: usize,
 }
 

@@ -35,10 +35,19 @@ pub fn raster(mode: u8, x_bytes: u16, height: u16, data: &[u8], page_width: u32)
     (b, (width * sx, rows * sy), warn)
 }
 
-/// `GS ( L` / `GS 8 L` fn 112 parameters after m and fn: `a bx by c xL xH yL yH d…`.
-/// A decoded image, its printed size before clipping, and a warning if any.
+/// A decoded image (scaled, clipped to the paper), its printed size in dots (width,
+/// height) before clipping, and a warning if any.
 pub type Decoded = (Bitmap, (u32, u32), Option<String>);
 
+/// `GS ( L` / `GS 8 L` fn 112 (store graphics data in the print buffer), from the
+/// parameters after m and fn: `a bx by c xL xH yL yH d…`. `a` is the tone (only 48,
+/// monochrome, is supported), `bx` / `by` the horizontal / vertical scale (2 doubles,
+/// anything else is 1), `c` the colour (ignored: one colour), `x` × `y` the size in dots,
+/// and `d…` rows of ⌈x / 8⌉ bytes, MSB first. `page_width` is the paper width in dots.
+///
+/// # Errors
+/// A message when the header is shorter than 8 bytes or the tone is not monochrome; data
+/// shorter or longer than the header says is printed as far as present, with a warning.
 pub fn graphics_store(params: &[u8], page_width: u32) -> Result<Decoded, String> {
     if params.len() < 8 {
         return Err(format!("header is {} bytes, needs 8", params.len()));

@@ -105,6 +105,7 @@ pub struct Warnings {
 impl Warnings {
     const MAX: usize = 200;
 
+    /// Records warning `w`, or only counts it once 200 are held.
     pub fn push(&mut self, w: String) {
         if self.list.len() < Self::MAX {
             self.list.push(w);
@@ -113,14 +114,17 @@ impl Warnings {
         }
     }
 
+    /// The warnings held, oldest first (without the ones only counted).
     pub fn list(&self) -> &[String] {
         &self.list
     }
 
+    /// Every warning pushed, including the ones dropped past the cap.
     pub fn len(&self) -> usize {
         self.list.len() + self.dropped
     }
 
+    /// Whether no warning was pushed at all.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -51,15 +51,55 @@ pub enum Command<'a> {
     /// GS B n (LSB = on)
     Reverse(bool),
     /// GS ( k pL pH cn fn params…: 2-D symbols. `params` excludes cn and fn.
-    Symbol { cn: u8, func: u8, params: &'a [u8] },
+    Symbol {
+        /// Symbol type `cn`: 49 QR code, 48 PDF417.
+        cn: u8,
+        /// Function byte `fn`. QR: 65 model, 67 module size, 69 error correction, 80 store
+        /// data, 81 print, 82 size information (Epson's functions 165..=182); PDF417: 80
+        /// store data, 81 print.
+        func: u8,
+        /// The bytes after cn and fn, as far as the length field `pL pH` covers and the
+        /// stream holds.
+        params: &'a [u8],
+    },
     /// GS ( L / GS 8 L: graphics. `params` excludes m and fn.
-    Graphics { func: u8, params: &'a [u8] },
+    Graphics {
+        /// Function number `fn`: 112 stores a graphic, 50 (or 2) prints it.
+        func: u8,
+        /// The bytes after m and fn, as far as the length field covers and the stream
+        /// holds.
+        params: &'a [u8],
+    },
     /// GS v 0 m xL xH yL yH d…: `data` may be shorter than `x_bytes * height` when truncated.
-    RasterImage { mode: u8, x_bytes: u16, height: u16, data: &'a [u8] },
-    /// ESC * m nL nH d…
-    BitImage { mode: u8, columns: u16, data: &'a [u8] },
+    RasterImage {
+        /// `m`: 0..=3 or `'0'..='3'`; bit 0 doubles the width, bit 1 the height.
+        mode: u8,
+        /// `xL xH`: bytes per row (8 dots each, MSB leftmost).
+        x_bytes: u16,
+        /// `yL yH`: rows, in dots.
+        height: u16,
+        /// The row data, `x_bytes` bytes per row.
+        data: &'a [u8],
+    },
+    /// ESC * m nL nH d…: one line of column-format bit image.
+    BitImage {
+        /// `m`: 0 / 1 8-dot single / double density, 32 / 33 24-dot single / double
+        /// density.
+        mode: u8,
+        /// `nL nH`: dot columns.
+        columns: u16,
+        /// 1 byte (8-dot modes) or 3 bytes (24-dot modes) per column, MSB at the top; may
+        /// be shorter than `columns` says when the stream is truncated.
+        data: &'a [u8],
+    },
     /// GS k m: function A (m <= 6, NUL-terminated) or B (m >= 65, length-prefixed).
-    Barcode { kind: u8, data: &'a [u8] },
+    Barcode {
+        /// `m`, the barcode system: 0..=6 in function A, 65..=79 in function B (e.g. 73
+        /// CODE128).
+        kind: u8,
+        /// The barcode data, without the NUL terminator or the length byte `n`.
+        data: &'a [u8],
+    },
     /// GS h n
     BarcodeHeight(u8),
     /// GS w n
@@ -69,9 +109,17 @@ pub enum Command<'a> {
     /// GS f n
     HriFont(u8),
     /// GS V / ESC i / ESC m. `feed` is the n of functions B, C and D.
-    Cut { partial: bool, feed: u8 },
+    Cut {
+        /// `true` for a partial cut (one point left uncut), `false` for a full cut.
+        partial: bool,
+        /// Feed before cutting, in motion units (dots); 0 for the forms without it.
+        feed: u8,
+    },
     /// ESC p m t1 t2 / DLE DC4 1 m t
-    Drawer { pin: u8 },
+    Drawer {
+        /// `m`, the connector pin: even (0 or 48) pin 2, odd (1 or 49) pin 5.
+        pin: u8,
+    },
     /// DLE EOT n: real-time status request
     StatusRequest(u8),
     /// A command that is recognised and consumed whole but not rendered.
@@ -93,6 +141,7 @@ pub struct Parser<'a> {
 }
 
 impl<'a> Parser<'a> {
+    /// A parser at the start of `bytes`, the whole stream.
     pub fn new(bytes: &'a [u8]) -> Self {
         Parser { bytes, pos: 0 }
     }

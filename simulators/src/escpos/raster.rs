@@ -8,12 +8,15 @@ pub const MAX_HEIGHT: u32 = 20_000;
 /// A 1-bit picture: `true` is a burnt (black) dot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitmap {
+    /// Width in dots.
     pub width: u32,
+    /// Height in dots.
     pub height: u32,
     bits: Vec<bool>,
 }
 
 impl Bitmap {
+    /// An all-white bitmap of `width` × `height` dots.
     pub fn new(width: u32, height: u32) -> Bitmap {
         Bitmap { width, height, bits: vec![false; width as usize * height as usize] }
     }
@@ -25,16 +28,21 @@ impl Bitmap {
         Bitmap { width, height, bits }
     }
 
+    /// Whether the dot at column `x`, row `y` is black; `false` outside the bitmap.
     pub fn get(&self, x: u32, y: u32) -> bool {
         x < self.width && y < self.height && self.bits[(y * self.width + x) as usize]
     }
 
+    /// Makes the dot at column `x`, row `y` black (`v`) or white; ignored outside the
+    /// bitmap.
     pub fn set(&mut self, x: u32, y: u32, v: bool) {
         if x < self.width && y < self.height {
             self.bits[(y * self.width + x) as usize] = v;
         }
     }
 
+    /// Makes the `w` × `h` dots from column `x`, row `y` black (`v`) or white, clipped to
+    /// the bitmap.
     pub fn fill_rect(&mut self, x: u32, y: u32, w: u32, h: u32, v: bool) {
         for yy in y..y.saturating_add(h).min(self.height) {
             for xx in x..x.saturating_add(w).min(self.width) {
@@ -75,6 +83,7 @@ impl Bitmap {
         out
     }
 
+    /// Number of black dots.
     pub fn black_count(&self) -> usize {
         self.bits.iter().filter(|&&b| b).count()
     }
@@ -92,10 +101,12 @@ pub struct Page {
 }
 
 impl Page {
+    /// Blank paper `width` dots wide (at least 1), print position at the top.
     pub fn new(width: u32) -> Page {
         Page { width: width.max(1), pixels: Vec::new(), y: 0, overflowed: false }
     }
 
+    /// Paper width in dots.
     pub fn width(&self) -> u32 {
         self.width
     }
@@ -126,6 +137,8 @@ impl Page {
         self.y = y.min(MAX_HEIGHT);
     }
 
+    /// Burns the dot at column `x`, row `y`; ignored beyond the paper width, and past
+    /// [`MAX_HEIGHT`] recorded in [`Page::overflowed`] instead.
     pub fn set_black(&mut self, x: u32, y: u32) {
         if x >= self.width || y >= MAX_HEIGHT {
             if y >= MAX_HEIGHT {

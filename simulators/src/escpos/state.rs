@@ -24,12 +24,16 @@ impl Font {
 /// Justification (`ESC a`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Justify {
+    /// n = 0 or 48, the power-on default.
     Left,
+    /// n = 1 or 49.
     Center,
+    /// n = 2 or 50.
     Right,
 }
 
 impl Justify {
+    /// The justification `ESC a n` selects; an undefined `n` gives [`Justify::Left`].
     pub fn from_param(n: u8) -> Justify {
         match n {
             1 | 49 => Justify::Center,
@@ -52,14 +56,17 @@ impl Justify {
 /// The character style that applies to text as it enters the line buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TextStyle {
+    /// Character font (`ESC M`, `ESC !` bit 0).
     pub font: Font,
+    /// Emphasized (`ESC E`, `ESC G`, `ESC !` bit 3).
     pub bold: bool,
     /// 0 off, 1 or 2 dots.
     pub underline: u8,
-    /// 1..=8
+    /// Character width multiplier (`GS !` high nibble, `ESC !` bit 5), 1..=8.
     pub width_mul: u32,
-    /// 1..=8
+    /// Character height multiplier (`GS !` low nibble, `ESC !` bit 4), 1..=8.
     pub height_mul: u32,
+    /// White on black (`GS B`).
     pub reverse: bool,
     /// Extra dots after each character (`ESC SP`), before scaling by the width multiplier.
     pub right_spacing: u32,
@@ -71,15 +78,25 @@ pub const DEFAULT_LINE_SPACING: u32 = 30;
 /// Every mode `ESC @` resets.
 #[derive(Debug, Clone)]
 pub struct PrintState {
+    /// Style of the next characters.
     pub style: TextStyle,
+    /// `ESC a`. A text line takes the one in force when its first item entered the line
+    /// buffer; an image or symbol the one in force when it prints.
     pub justify: Justify,
+    /// Line feed amount in dots (`ESC 3 n`; `ESC 2` restores [`DEFAULT_LINE_SPACING`]).
     pub line_spacing: u32,
+    /// The character code table in force (`ESC t n`, numbered by the printer model).
     pub code_page: CodePage,
+    /// Barcode bar height in dots (`GS h n`), at least 1; 162 at power-on.
     pub barcode_height: u32,
+    /// Width of a barcode's narrowest module in dots (`GS w n`), 1..=6; 3 at power-on.
     pub barcode_module: u32,
-    /// 0 none, 1 above, 2 below, 3 both.
+    /// Where the barcode's human-readable text goes (`GS H n`): 0 none, 1 above, 2 below,
+    /// 3 both.
     pub hri_position: u8,
+    /// Font of the human-readable text under or over a barcode (`GS f n`).
     pub hri_font: Font,
+    /// `GS ( k` QR settings and stored data.
     pub qr: QrSettings,
 }
 
@@ -90,8 +107,10 @@ pub struct QrSettings {
     pub model: u8,
     /// Dots per module, 1..=16.
     pub module: u32,
-    /// 'L', 'M', 'Q' or 'H'.
+    /// Error correction level (fn 69): 'L', 'M', 'Q' or 'H'.
     pub ec: char,
+    /// The bytes stored with fn 80 (Function 180), printed by fn 81; `None` until data is
+    /// stored. Printing does not clear it.
     pub data: Option<Vec<u8>>,
 }
 
@@ -102,6 +121,7 @@ impl Default for QrSettings {
 }
 
 impl PrintState {
+    /// The modes at power-on and after `ESC @`, with `code_page` as the code table.
     pub fn new(code_page: CodePage) -> Self {
         PrintState {
             style: TextStyle {
@@ -134,6 +154,7 @@ impl PrintState {
     }
 
     /// `GS !`: high nibble width − 1, low nibble height − 1 (values above 7 are invalid and ignored).
+    /// Returns `false` when `n` was ignored.
     pub fn apply_char_size(&mut self, n: u8) -> bool {
         let w = (n >> 4) as u32;
         let h = (n & 0x0F) as u32;
