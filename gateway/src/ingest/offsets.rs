@@ -10,6 +10,15 @@ use std::collections::{BTreeSet, HashMap};
 /// A topic partition.
 pub type Partition = (String, i32);
 
+/// A record read and not yet finished: its partition and offset.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RecordRef {
+    /// Its partition.
+    pub part: Partition,
+    /// Its offset in the partition.
+    pub offset: i64,
+}
+
 #[derive(Debug, Default)]
 struct State {
     pending: BTreeSet<i64>,

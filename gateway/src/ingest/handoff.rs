@@ -1,0 +1,273 @@
+//! The hand-off seam: where rendered jobs leave routing and enter the durable per-device
+//! queue.
+//!
+//! Upstream of it records are read in each partition's order, planned into [`Accept`]s
+//! (jobs by device, dead letters, state changes: [`crate::ingest::plan`]) and batched
+//! ([`crate::ingest::batch`]). Downstream each device's queue in the outbox holds its jobs
+//! in `seq` order, and the dispatcher delivers them one at a time
+//! ([`crate::deliver::dispatcher`]). A record is *durably accepted*, and its offset may be
+//! stored, once its batch has crossed the seam.
+//!
+//! Today the hand-off is a step within one process, [`Handoff`]: a batch's `Accept`s are
+//! written to the outbox in one transaction ([`Outbox::write`]: each job gets its
+//! device's next `seq`; a job whose message id is in the dedupe window is left out), on a
+//! blocking thread while the consumer plans the next batch; then each job stored goes to
+//! the dispatcher as [`Command::Enqueue`], in the order written. With several replicas it
+//! becomes a Kafka topic keyed by device (the repartition by a new key of Kafka Streams):
+//! this side produces the jobs to it, and the replica that owns the device consumes them
+//! into its outbox and dispatcher.
+//!
+//! What holds across the seam, and what a second form of it must keep:
+//! - per device, jobs are queued in the order their records were read: one batch in
+//!   flight at a time, a replay only between two batches, and nothing more once a batch
+//!   was given up ([`Handoff::gave_up`]);
+//! - a batch is accepted whole or not at all, and a refused write is retried until the
+//!   disk takes it ([`crate::ingest::retry`]): the consumer does not read past it;
+//! - a job is queued at most once per message id (the outbox's dedupe window), so a
+//!   record read again after a restart or a rebalance queues nothing twice.
+
+use crate::clock::Clock;
+use crate::config::TtlConfig;
+use crate::ingest::batch::{Batch, Sealed};
+use crate::ingest::offsets::RecordRef;
+use crate::ingest::retry::{pause_unless_shutdown, until_stored};
+use crate::model::{Command, Queued, StoredJob};
+use crate::route::render as jobs;
+use crate::store::{Accept, Outbox, OutboxError, ReplayError, Removal};
+use crate::telemetry::Monitor;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// What [`Outbox::write`] returns per record of a batch: the jobs queued and the ids of
+/// the dead letters parked.
+pub type Stored = Vec<(Vec<Queued>, Vec<u64>)>;
+
+/// The write-then-enqueue step: the outbox the jobs are written to, and the dispatcher
+/// they go to.
+pub struct Handoff {
+    outbox: Arc<Outbox>,
+    /// Stamps the writes (jobs' acceptance time, a replayed job's expiry).
+    clock: Clock,
+    /// The dispatcher's commands.
+    commands: mpsc::Sender<Command>,
+    /// Told while outbox writes fail.
+    health: Arc<Monitor>,
+    /// Turns true on SIGTERM: a failing write then gives up instead of retrying.
+    shutdown: watch::Receiver<bool>,
+    /// A batch was given up at shutdown: nothing more is written, so no later record's
+    /// jobs get a `seq` before the given-up ones' (they are read again at the next start).
+    gave_up: bool,
+}
+
+/// A batch being written on a blocking thread.
+pub struct InFlight {
+    /// The write; gives the batch back with the outcome, for a retry.
+    handle: JoinHandle<Attempt>,
+}
+
+/// A batch's write, returned from its blocking thread.
+pub struct Attempt {
+    records: Vec<RecordRef>,
+    accepts: Vec<Accept>,
+    removals: Vec<Removal>,
+    result: Result<Stored, OutboxError>,
+}
+
+/// A batch across the seam: stored in the outbox, its jobs sent to the dispatcher.
+#[derive(Debug, Default)]
+pub struct Accepted {
+    /// Its records, in the order read: every effect is durably accepted, their offsets
+    /// may be stored.
+    pub records: Vec<RecordRef>,
+    /// The device of each planned job the dedupe window left out (not queued).
+    pub left_out: Vec<String>,
+    /// Dead letters were parked (the dead-letter publisher has work).
+    pub parked: bool,
+}
+
+impl InFlight {
+    /// Waits for the write to return. Cancel-safe: dropped unfinished, it can be awaited
+    /// again.
+    ///
+    /// # Panics
+    /// The outbox writer panicked.
+    pub async fn attempt(&mut self) -> Attempt {
+        (&mut self.handle).await.expect("the outbox writer panicked")
+    }
+}
+
+impl Handoff {
+    /// A hand-off into `outbox` (writes stamped by `clock`), then to the dispatcher's
+    /// `commands`; outbox failures are reported to `health`, and retried until `shutdown`
+    /// turns true.
+    pub fn new(outbox: Arc<Outbox>, clock: Clock, commands: mpsc::Sender<Command>, health: Arc<Monitor>, shutdown: watch::Receiver<bool>) -> Handoff {
+        Handoff { outbox, clock, commands, health, shutdown, gave_up: false }
+    }
+
+    /// Whether a batch was given up at shutdown (nothing more is written).
+    pub fn gave_up(&self) -> bool {
+        self.gave_up
+    }
+
+    /// Takes `batch` and starts writing it on a blocking thread; `None` when there is
+    /// nothing to write, or a batch was given up. The caller keeps at most one in flight
+    /// and hands its [`Attempt`] to [`Handoff::land`] before starting the next.
+    pub fn start(&mut self, batch: &mut Batch) -> Option<InFlight> {
+        if self.gave_up {
+            batch.stop_timer();
+            return None;
+        }
+        let Sealed { records, mut accepts, removals } = batch.take()?;
+        let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
+        let handle = tokio::task::spawn_blocking(move || {
+            let result = outbox.write(&mut accepts, &removals, now_ms);
+            Attempt { records, accepts, removals, result }
+        });
+        Some(InFlight { handle })
+    }
+
+    /// Completes a batch's write: a refused one is retried here until the disk takes it
+    /// (reading holds meanwhile), then each job stored
+    /// goes to the dispatcher, in order. `None` when shutdown came first: the batch is
+    /// given up, its records stay pending (no offset is stored past them) and nothing more
+    /// is written.
+    pub async fn land(&mut self, attempt: Attempt) -> Option<Accepted> {
+        let Attempt { records, mut accepts, removals, result } = attempt;
+        let stored = match result {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
+                self.health.outbox_failing(Some(e.to_string()));
+                // A first pause before the retries (`until_stored` then sees a shutdown at once).
+                pause_unless_shutdown(&mut self.shutdown.clone(), Duration::from_millis(100)).await;
+                let (outbox, clock) = (&self.outbox, &self.clock);
+                match until_stored(&self.health, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
+                    Some(s) => s,
+                    None => {
+                        self.gave_up = true;
+                        return None;
+                    }
+                }
+            }
+        };
+        let mut accepted = Accepted { records, ..Accepted::default() };
+        for (accept, (queued, dls)) in accepts.iter().zip(stored) {
+            accepted.parked |= !dls.is_empty();
+            for (device, job) in &accept.jobs {
+                if !queued.iter().any(|q| q.stored.job.message_id == job.message_id) {
+                    accepted.left_out.push(device.clone());
+                }
+            }
+            for q in queued {
+                self.enqueue(q).await;
+            }
+        }
+        Some(accepted)
+    }
+
+    /// Queues dead letter `id`'s job again at the end of its device's queue in the outbox
+    /// (its next `seq`; `expires_at` now plus its kind's time to live in `ttl`, a
+    /// `display_qr`'s stays its charge's expiry) and returns it as queued. No batch write
+    /// may be in flight: the replayed job's `seq` then falls between two batches'. Send
+    /// it to the dispatcher with [`Handoff::enqueue`] before the next batch is written.
+    ///
+    /// # Errors
+    /// No such dead letter, one without a job, or the outbox refused ([`ReplayError`]).
+    pub fn replay(&self, id: u64, ttl: &TtlConfig) -> Result<StoredJob, ReplayError> {
+        let now_ms = self.clock.now_ms();
+        tokio::task::block_in_place(|| self.outbox.replay(id, now_ms, |k| jobs::ttl_of(k, ttl)))
+    }
+
+    /// Sends a job the outbox holds to the dispatcher (waits while its channel is full).
+    pub async fn enqueue(&self, q: Queued) {
+        if self.commands.send(Command::Enqueue(q)).await.is_err() {
+            tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures::temp_outbox;
+    use device_protocol::{EffectKind, Job};
+
+    fn rec(offset: i64) -> RecordRef {
+        RecordRef { part: ("charge.upserted".to_string(), 0), offset }
+    }
+
+    /// A record's plan: one job per `(device, message id)`.
+    fn accept(jobs: &[(&str, &str)]) -> Accept {
+        let job = |id: &str| Job {
+            v: 1,
+            message_id: id.into(),
+            seq: 0,
+            kind: EffectKind::PrintReceipt,
+            event_id: "e".into(),
+            charge_id: "c".into(),
+            content_type: "x".into(),
+            payload: String::new(),
+            expires_at: None,
+        };
+        Accept { jobs: jobs.iter().map(|(d, id)| (d.to_string(), job(id))).collect(), event_time: 1, ..Accept::default() }
+    }
+
+    /// The jobs sent to the dispatcher so far: (device, seq, message id).
+    fn sent(rx: &mut mpsc::Receiver<Command>) -> Vec<(String, u64, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|c| match c {
+                Command::Enqueue(q) => (q.stored.device, q.stored.job.seq, q.stored.job.message_id),
+                Command::Device(_) => panic!("not a job"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_stored_then_its_jobs_go_to_the_dispatcher_in_order_and_once() {
+        let (_dir, outbox) = temp_outbox("handoff-order");
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_shutdown, shutdown) = watch::channel(false);
+        let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, Arc::default(), shutdown);
+        let mut batch = Batch::new(10, Duration::from_secs(1));
+        assert!(h.start(&mut batch).is_none(), "nothing to write");
+
+        batch.push(rec(1), accept(&[("p", "a"), ("t", "x")]));
+        batch.push(rec(2), accept(&[("p", "b")]));
+        let attempt = h.start(&mut batch).expect("a batch").attempt().await;
+        let accepted = h.land(attempt).await.expect("stored");
+        assert_eq!(accepted.records, vec![rec(1), rec(2)]);
+        assert!(accepted.left_out.is_empty() && !accepted.parked);
+        let expect = |v: &[(&str, u64, &str)]| v.iter().map(|(d, s, id)| (d.to_string(), *s, id.to_string())).collect::<Vec<_>>();
+        assert_eq!(sent(&mut rx), expect(&[("p", 1, "a"), ("t", 1, "x"), ("p", 2, "b")]));
+
+        // Record 1 read again (a restart, a rebalance): its jobs are in the dedupe window,
+        // left out and reported so; the new record's job is queued after the others.
+        batch.push(rec(1), accept(&[("p", "a"), ("t", "x")]));
+        batch.push(rec(3), accept(&[("p", "c")]));
+        let attempt = h.start(&mut batch).expect("a batch").attempt().await;
+        let accepted = h.land(attempt).await.expect("stored");
+        assert_eq!(accepted.records, vec![rec(1), rec(3)]);
+        assert_eq!(accepted.left_out, vec!["p".to_string(), "t".to_string()]);
+        assert_eq!(sent(&mut rx), expect(&[("p", 3, "c")]));
+        assert!(!h.gave_up());
+    }
+
+    /// A write the disk refused is written again before any of its jobs goes on. On the
+    /// multi-thread runtime: the retry runs in `block_in_place`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_batch_is_written_again_before_its_jobs_go_on() {
+        let (_dir, outbox) = temp_outbox("handoff-refused");
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_shutdown, shutdown) = watch::channel(false);
+        let health = Arc::new(Monitor::default());
+        let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, health, shutdown);
+        let refused = Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb")).err().expect("no folder under /proc");
+        let attempt = Attempt { records: vec![rec(1)], accepts: vec![accept(&[("p", "a")])], removals: Vec::new(), result: Err(refused) };
+        let accepted = h.land(attempt).await.expect("stored on the second try");
+        assert_eq!(accepted.records, vec![rec(1)]);
+        assert_eq!(sent(&mut rx), vec![("p".to_string(), 1, "a".to_string())]);
+        assert!(!h.gave_up());
+    }
+}

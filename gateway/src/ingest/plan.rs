@@ -1,0 +1,224 @@
+//! Planning: one Kafka record into an [`Accept`], everything the outbox must store for it.
+//!
+//! A `device.upserted` record is a registry change: applied to the in-memory registry at
+//! once (so the next charge routes by it) and stored with its batch. A `charge.upserted`
+//! record is decoded with `cdc`, routed (which effect for which device) and rendered into
+//! one job per effect. What cannot be decoded, routed or rendered becomes a dead letter
+//! with its reason: the whole record's, or one effect's beside the jobs of the others.
+//! Nothing here touches the disk except the router reading a charge's state back from the
+//! outbox when it is not cached.
+
+use crate::clock::Clock;
+use crate::config::{Config, TtlConfig};
+use crate::model::{DeadLetter, DeadLetterReason, SourceRef};
+use crate::route::registry::{Applied, Registry};
+use crate::route::render as jobs;
+use crate::route::router::{Decision, Router};
+use crate::store::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError};
+use crate::telemetry::Stats;
+use cdc::ChargeRecord;
+use std::sync::Arc;
+
+/// Where a record came from: its place in Kafka and its bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key, if any.
+    pub key: Option<&'a [u8]>,
+    /// Value (empty when the record has none).
+    pub value: &'a [u8],
+}
+
+/// Turns records into [`Accept`]s: the registry, the router and what rendering needs.
+pub struct Planner {
+    /// Records of this topic are registry changes; of any other, charge changes.
+    device_topic: String,
+    /// Time zone of a device that names none.
+    default_time_zone: String,
+    /// Jobs' times to live, by kind.
+    ttl: TtlConfig,
+    stats: Arc<Stats>,
+    /// Stamps the jobs' `expires_at`.
+    clock: Clock,
+    registry: Registry,
+    router: Router,
+}
+
+impl Planner {
+    /// A planner for `cfg`'s topics, with the device registry restored from `outbox` and a
+    /// router that reads charge states back from it (cached: `outbox.charge_cache_entries`,
+    /// at least four batches' worth).
+    ///
+    /// # Errors
+    /// The outbox cannot be read.
+    pub fn restore(cfg: &Config, stats: Arc<Stats>, clock: Clock, outbox: &Arc<Outbox>) -> Result<Planner, OutboxError> {
+        let mut registry = Registry::default();
+        for (id, at, doc) in outbox.devices()? {
+            match doc.as_ref().map(cdc::decode_device).transpose() {
+                Ok(device) => {
+                    registry.apply(&id, at, device);
+                }
+                Err(e) => tracing::error!(device = %id, error = %e, "stored registry entry no longer decodes"),
+            }
+        }
+        tracing::info!(devices = registry.len(), "device registry restored");
+        // Charge states are read back from the outbox as needed: memory does not grow with
+        // the charges seen.
+        let cache = cfg.outbox.charge_cache_entries.max(4 * cfg.outbox.batch_max_records.max(1));
+        let router = Router::with_store(crate::route::router::DEFAULT_SEEN_CAPACITY, outbox.clone(), cache);
+        Ok(Planner {
+            device_topic: cfg.kafka.device_topic.clone(),
+            default_time_zone: cfg.delivery.default_time_zone.clone(),
+            ttl: cfg.delivery.ttl.clone(),
+            stats,
+            clock,
+            registry,
+            router,
+        })
+    }
+
+    /// What to store for the record `src`, its [`Accept::source`] set. A registry change
+    /// is applied in memory now, a charge's state in the router now: the record is planned
+    /// once, and its batch must be written before a later record's offset is stored.
+    pub fn plan(&mut self, src: &Source<'_>) -> Accept {
+        let mut accept = if src.topic == self.device_topic { self.plan_device(src) } else { self.plan_charge(src) };
+        accept.source = Some(SourceRef {
+            topic: src.topic.to_string(),
+            partition: src.partition,
+            offset: src.offset,
+            key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
+        });
+        accept
+    }
+
+    /// A registry change: applied in memory now, stored with the batch.
+    fn plan_device(&mut self, src: &Source<'_>) -> Accept {
+        let env = match cdc::decode_envelope(src.value) {
+            Ok(e) => e,
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
+        };
+        let device = match env.full_document.as_ref().map(cdc::decode_device).transpose() {
+            Ok(d) => d,
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
+        };
+        self.stats.update(|s| s.devices_applied += 1);
+        if self.registry.apply(&env.document_id, env.cluster_time, device) == Applied::Stale {
+            return Accept::default();
+        }
+        Accept { device: Some(DeviceEntry { id: env.document_id, cluster_time: env.cluster_time, document: env.full_document }), ..Accept::default() }
+    }
+
+    /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
+    fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
+        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } = match cdc::decode_charge_record(src.value) {
+            Ok(r) => r,
+            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
+        };
+        let decision = self.router.route_decoded(&event_id, operation, charge, &self.registry);
+        let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
+        let mut accept = Accept { charge: charge_state, event_time, ..Accept::default() };
+        match decision {
+            Decision::Ignored(reason) => self.stats.ignored(reason),
+            Decision::DeadLetter { reason, detail } => {
+                let dead = self.dead_record(src, reason, detail);
+                accept.deadletters = dead.deadletters;
+            }
+            Decision::Effects { charge, effects, unroutable } => {
+                self.stats.update(|s| s.records_with_effects += 1);
+                for (kind, reason) in unroutable {
+                    let mut dl = DeadLetter::new(reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
+                    dl.effect = Some(kind.as_str().to_string());
+                    self.dead_effect(&dl);
+                    accept.deadletters.push(dl);
+                }
+                let now = self.clock.now();
+                for effect in effects {
+                    match jobs::render_job(&event_id, &charge, &effect, &self.default_time_zone) {
+                        Ok(mut job) => {
+                            job.expires_at = Some(jobs::expires_at(effect.kind, &charge, now, &self.ttl));
+                            accept.jobs.push((effect.device.id.clone(), job));
+                        }
+                        Err(e) => {
+                            let mut dl = DeadLetter::new(e.reason(), e.to_string(), src.topic, src.partition, src.offset, src.key, src.value);
+                            dl.device = Some(effect.device.id.clone());
+                            dl.effect = Some(effect.kind.as_str().to_string());
+                            dl.message_id = Some(device_protocol::message_id(&event_id, &effect.device.id, effect.kind));
+                            self.dead_effect(&dl);
+                            accept.deadletters.push(dl);
+                        }
+                    }
+                }
+            }
+        }
+        accept
+    }
+
+    /// Dead-letters the whole record (it had no effects planned): the returned [`Accept`]
+    /// parks it.
+    fn dead_record(&mut self, src: &Source<'_>, reason: DeadLetterReason, detail: String) -> Accept {
+        tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, %reason, %detail, "dead letter");
+        self.stats.dead_record(&reason);
+        let dl = DeadLetter::new(reason, detail, src.topic, src.partition, src.offset, src.key, src.value);
+        Accept { deadletters: vec![dl], ..Accept::default() }
+    }
+
+    /// Counts and logs one dead-lettered effect of a record.
+    fn dead_effect(&self, dl: &DeadLetter) {
+        tracing::warn!(reason = %dl.reason, detail = %dl.detail, device = ?dl.device, "effect dead-lettered");
+        self.stats.dead_effect(&dl.reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_fixtures::{records, temp_outbox};
+    use std::collections::BTreeSet;
+
+    fn planner(name: &str) -> (crate::test_fixtures::TempDir, Planner) {
+        let (dir, outbox) = temp_outbox(name);
+        let planner = Planner::restore(&Config::default(), Arc::default(), Clock::with_offset(0), &outbox).unwrap();
+        (dir, planner)
+    }
+
+    fn source<'a>(topic: &'a str, offset: i64, value: &'a [u8]) -> Source<'a> {
+        Source { topic, partition: 0, offset, key: Some(b"k"), value }
+    }
+
+    #[test]
+    fn a_record_that_does_not_decode_is_dead_lettered_whole_with_its_source() {
+        let (_dir, mut p) = planner("plan-undecodable");
+        let a = p.plan(&source("charge.upserted", 7, b"not json"));
+        assert!(a.jobs.is_empty() && a.charge.is_none());
+        assert_eq!(a.deadletters.len(), 1);
+        assert_eq!(a.deadletters[0].source_offset, 7);
+        assert_eq!(a.source.as_ref().map(|s| (s.offset, s.key.as_deref())), Some((7, Some("k"))));
+    }
+
+    #[test]
+    fn the_fixtures_plan_the_expected_jobs() {
+        let (_dir, mut p) = planner("plan-fixtures");
+        let mut planned = BTreeSet::new();
+        for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate() {
+            let a = p.plan(&source(&topic, offset as i64, &value));
+            assert!(a.deadletters.is_empty(), "{:?}", a.deadletters);
+            for (device, job) in a.jobs {
+                assert!(job.expires_at.is_some());
+                planned.insert((job.charge_id, device, job.kind.as_str().to_string()));
+            }
+        }
+        let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap()).unwrap();
+        let expected: BTreeSet<(String, String, String)> = expected
+            .as_object()
+            .unwrap()
+            .iter()
+            .flat_map(|(charge, c)| c["effects"].as_array().unwrap().iter().map(move |e| (charge.clone(), e["device"].as_str().unwrap().to_string(), e["kind"].as_str().unwrap().to_string())))
+            .collect();
+        assert_eq!(planned, expected);
+    }
+}
