@@ -149,13 +149,12 @@ impl Backpressure {
     }
 
     /// A planned job of `device` the outbox did not queue (its message id was in the
-    /// dedupe window): counted out again. Call [`Backpressure::check_outbox_bound`] once
-    /// the batch's jobs are counted.
-    pub fn left_out(&mut self, device: &str) {
-        self.jobs = self.jobs.saturating_sub(1);
-        if let Some(n) = self.device_jobs.get_mut(device) {
-            *n = n.saturating_sub(1);
-        }
+    /// dedupe window): counted out again, and, like a finished job, it releases the
+    /// partitions waiting on `device` once its queue is half drained (a device can reach
+    /// its bound through jobs that are then left out: nothing would ever finish for it).
+    /// Call [`Backpressure::check_outbox_bound`] once the batch's jobs are counted.
+    pub fn left_out(&mut self, device: &str) -> Vec<Decision> {
+        self.count_out(device)
     }
 
     /// A dead letter's job was queued again in `device`'s queue: counted like a planned
@@ -170,6 +169,14 @@ impl Backpressure {
     /// partitions waiting on that device once its queue is half drained, and every
     /// partition once the outbox is.
     pub fn finished(&mut self, device: &str) -> Vec<Decision> {
+        let mut decisions = self.count_out(device);
+        decisions.extend(self.check_outbox_bound());
+        decisions
+    }
+
+    /// One job of `device` fewer; resumes the partitions waiting on `device` once its
+    /// queue is half drained.
+    fn count_out(&mut self, device: &str) -> Vec<Decision> {
         self.jobs = self.jobs.saturating_sub(1);
         let left = self.device_jobs.get_mut(device).map(|n| {
             *n = n.saturating_sub(1);
@@ -189,7 +196,6 @@ impl Backpressure {
                 decisions.push(self.reconcile(&part));
             }
         }
-        decisions.extend(self.check_outbox_bound());
         decisions
     }
 
@@ -418,6 +424,22 @@ mod tests {
         // d holds the job from the start and the one queued.
         b.finished("d");
         b.finished("d");
+        assert_eq!(b.jobs(), 0);
+    }
+
+    #[test]
+    fn jobs_left_out_by_the_dedupe_window_release_their_device() {
+        let p0 = part(0);
+        let mut b = assigned(bounds(1000, 1000, 4), &[p0.clone()]);
+        // A record read again after a restart: its four jobs reach d's bound when planned…
+        assert!(b.planned(&p0, ["d", "d", "d"]).is_empty());
+        assert_eq!(acting(&b.planned(&p0, ["d"]), Action::Pause), vec![p0.clone()]);
+        // …and the outbox already had them all: nothing will ever finish for d, so being
+        // counted out must resume the partition at half.
+        assert!(acting(&b.left_out("d"), Action::Resume).is_empty());
+        assert_eq!(acting(&b.left_out("d"), Action::Resume), vec![p0.clone()]);
+        assert_eq!(b.devices_at_bound(), 0);
+        assert!(b.left_out("d").is_empty() && b.left_out("d").is_empty());
         assert_eq!(b.jobs(), 0);
     }
 

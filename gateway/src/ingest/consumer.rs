@@ -273,7 +273,8 @@ impl Pipeline {
         };
         // Counted when planned; a job the dedupe window left out is not in the outbox.
         for device in &accepted.left_out {
-            self.backpressure.left_out(device);
+            let decisions = self.backpressure.left_out(device);
+            self.apply(consumer, decisions);
         }
         // Counted in the outbox before the records count as finished: a reader of /stats
         // never sees a record done whose jobs are nowhere.

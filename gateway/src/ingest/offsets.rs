@@ -5,10 +5,8 @@
 //! highest read when none is: never a position past a record whose effects are not
 //! finished (Confluent Parallel Consumer's "highest committable offset").
 
+use crate::model::Partition;
 use std::collections::{BTreeSet, HashMap};
-
-/// A topic partition.
-pub type Partition = (String, i32);
 
 /// A record read and not yet finished: its partition and offset.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
