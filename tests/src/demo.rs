@@ -14,12 +14,13 @@
 //! `pixgate.deadletter` topic), `pixgate.log`, `kafka/broker.log`.
 
 use crate::broker::KafkaBroker;
-use crate::gateway::{GatewayProcess, GatewaySettings};
+use crate::gateway::{stats_json, total, GatewayProcess, GatewaySettings, StatsReport};
 use crate::net::free_port;
 use anyhow::{bail, Context};
 use serde::Serialize;
 use serde_json::{json, Value};
 use simulators::{capture, fleet, registry};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -73,8 +74,8 @@ pub struct SummaryEffect {
 /// Runs the demo and returns the summary it wrote to `out/summary.json`.
 ///
 /// # Errors
-/// Any part failed to start, or delivery did not finish within the timeout; everything
-/// started is stopped either way.
+/// Any part failed to start, delivery did not finish within the timeout, or `/stats`
+/// could not be read after the run; everything started is stopped either way.
 pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     let out = &cfg.out;
     std::fs::create_dir_all(out)?;
@@ -116,16 +117,18 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
 
     let result = feed_and_wait(cfg, &brokers, &gateway).await;
     let report = fleet.shutdown().await;
-    let stats = gateway.stats().unwrap_or(Value::Null);
-    let dead_letters = if result.is_ok() {
-        let expected = sum(&stats["dead_lettered_records"]) + sum(&stats["dead_lettered_effects"]);
-        read_dead_letters(&brokers, expected, &out.join("deadletters.jsonl")).await
-    } else {
-        Ok(0)
+    let stats = gateway.stats().context("reading pixgate /stats after the run");
+    let dead_letters = match (&result, &stats) {
+        (Ok(_), Ok(s)) => {
+            let expected = total(&s.counters.dead_lettered_records) + total(&s.counters.dead_lettered_effects);
+            read_dead_letters(&brokers, expected, &out.join("deadletters.jsonl")).await
+        }
+        _ => Ok(0),
     };
     let clean = gateway.stop(Duration::from_secs(15));
     broker.stop();
     let published = result?;
+    let stats = stats?;
     progress(format!("{} dead letters read back from pixgate.deadletter into deadletters.jsonl", dead_letters?));
     if !clean {
         tracing::warn!("pixgate did not stop cleanly within 15 s; see pixgate.log");
@@ -183,8 +186,9 @@ async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess
 }
 
 /// pixgate has read `published` records and finished all of them.
-fn idle(s: &Value, published: u64) -> bool {
-    read_total(s) >= published && s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0
+fn idle(s: &StatsReport, published: u64) -> bool {
+    let c = &s.counters;
+    total(&c.events_read) >= published && c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0
 }
 
 /// Splits `records`, in order, into consecutive batches in which no key appears twice.
@@ -207,8 +211,9 @@ pub fn batches_without_repeated_keys(records: Vec<capture::CaptureRecord>) -> Ve
 /// Polls the gateway's `/stats` every 20 ms, printing progress, until `done` holds.
 ///
 /// # Errors
-/// `/stats` unreachable, or `deadline` passed (the last stats are in the error).
-pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&Value) -> bool) -> anyhow::Result<()> {
+/// `/stats` unreachable or not a [`StatsReport`], or `deadline` passed (the last stats are
+/// in the error).
+pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&StatsReport) -> bool) -> anyhow::Result<()> {
     let mut last = String::new();
     let mut last_print = Instant::now();
     loop {
@@ -216,12 +221,13 @@ pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl 
         if done(&stats) {
             return Ok(());
         }
+        let c = &stats.counters;
         let line = format!(
             "  read {} | pending records {} | queued jobs {} | effects done {}",
-            read_total(&stats),
-            stats["pending_records"],
-            stats["queued_jobs"],
-            stats["effects_done"].as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum::<u64>())
+            total(&c.events_read),
+            c.pending_records,
+            c.queued_jobs,
+            total(&c.effects_done)
         );
         if line != last && last_print.elapsed() > Duration::from_secs(1) {
             progress(&line);
@@ -229,18 +235,10 @@ pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl 
             last_print = Instant::now();
         }
         if Instant::now() > deadline {
-            bail!("timed out waiting for pixgate; last stats: {stats}");
+            bail!("timed out waiting for pixgate; last stats: {}", stats_json(&stats));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn read_total(stats: &Value) -> u64 {
-    sum(&stats["events_read"])
-}
-
-fn sum(counts: &Value) -> u64 {
-    counts.as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
 }
 
 /// Reads `expected` records of `pixgate.deadletter` from the beginning (as an outside
@@ -272,25 +270,23 @@ async fn read_dead_letters(brokers: &str, expected: u64, path: &Path) -> anyhow:
 
 /// `counts` of `summary.json`: what pixgate read, ignored and dead-lettered (by reason),
 /// and what the devices saw.
-fn counts(published: u64, stats: &Value, report: &fleet::FleetReport) -> Value {
-    let mut dead = serde_json::Map::new();
-    for key in ["dead_lettered_records", "dead_lettered_effects"] {
-        for (reason, n) in stats[key].as_object().into_iter().flatten() {
-            let prev = dead.get(reason).and_then(Value::as_u64).unwrap_or(0);
-            dead.insert(reason.clone(), json!(prev + n.as_u64().unwrap_or(0)));
-        }
+fn counts(published: u64, stats: &StatsReport, report: &fleet::FleetReport) -> Value {
+    let c = &stats.counters;
+    let mut dead: BTreeMap<&str, u64> = BTreeMap::new();
+    for (reason, n) in c.dead_lettered_records.iter().chain(&c.dead_lettered_effects) {
+        *dead.entry(reason).or_default() += n;
     }
     json!({
         "events_published": published,
-        "events_read": read_total(stats),
-        "events_read_by_topic": stats["events_read"],
-        "ignored": stats["ignored"],
+        "events_read": total(&c.events_read),
+        "events_read_by_topic": c.events_read,
+        "ignored": c.ignored,
         "dead_lettered": dead,
-        "dead_lettered_records": stats["dead_lettered_records"],
-        "dead_lettered_effects": stats["dead_lettered_effects"],
-        "superseded": stats["superseded"],
-        "effects_acknowledged": stats["effects_done"],
-        "job_redeliveries": stats["job_redeliveries"],
+        "dead_lettered_records": c.dead_lettered_records,
+        "dead_lettered_effects": c.dead_lettered_effects,
+        "superseded": c.superseded,
+        "effects_acknowledged": c.effects_done,
+        "job_redeliveries": c.job_redeliveries,
         "device_jobs_received": report.stats.raw_jobs,
         "device_failed_acks": report.stats.failed,
         "device_duplicates": report.stats.duplicates,

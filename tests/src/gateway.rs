@@ -2,6 +2,8 @@
 
 use crate::net::http_get;
 use anyhow::{bail, Context};
+pub use ::gateway::ops::report::StatsReport;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -119,13 +121,16 @@ impl GatewayProcess {
         crate::net::http_post(&format!("127.0.0.1:{}", self.settings.http_port), path)
     }
 
-    /// The gateway's `/stats` counters.
+    /// The gateway's `/stats`, read into the gateway's own type: the compiler checks every
+    /// field a test looks at, and a body that does not match fails here instead of reading
+    /// as 0 or null.
     ///
     /// # Errors
-    /// Connection failure or a body that is not JSON.
-    pub fn stats(&self) -> anyhow::Result<serde_json::Value> {
+    /// Connection failure, or a body that is not a [`StatsReport`] (the body is in the
+    /// error).
+    pub fn stats(&self) -> anyhow::Result<StatsReport> {
         let (_, body) = self.get("/stats")?;
-        Ok(serde_json::from_str(&body)?)
+        serde_json::from_str(&body).with_context(|| format!("/stats is not a StatsReport: {body}"))
     }
 
     /// Waits until the consumer has partitions assigned (`assigned_partitions` on `/stats`):
@@ -143,12 +148,12 @@ impl GatewayProcess {
         loop {
             let s = self.stats();
             if let Ok(s) = &s {
-                if s["assigned_partitions"].as_u64().unwrap_or(0) > 0 {
+                if s.counters.assigned_partitions > 0 {
                     return Ok(());
                 }
             }
             if Instant::now() > deadline {
-                bail!("no partitions assigned within {timeout:?}; stats {s:?}");
+                bail!("no partitions assigned within {timeout:?}; stats {}", stats_or_error(&s));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -229,5 +234,32 @@ impl Drop for GatewayProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// `key`'s entry in one of `/stats`' counter maps (`events_read` by topic, `ignored` and
+/// `dead_lettered_*` by reason, `effects_done` and `expired` by kind). The gateway adds a
+/// key at its first count, so a key with no entry has counted nothing yet: zero.
+pub fn count(map: &BTreeMap<String, u64>, key: &str) -> u64 {
+    map.get(key).copied().unwrap_or(0)
+}
+
+/// The sum of one of `/stats`' counter maps (e.g. every topic's `events_read`).
+pub fn total(map: &BTreeMap<String, u64>) -> u64 {
+    map.values().sum()
+}
+
+/// `s` as compact JSON, the shape `/stats` serves, for progress lines and failure messages.
+pub fn stats_json(s: &StatsReport) -> String {
+    // Plain maps, numbers and strings: serializing cannot fail; say so if it ever does.
+    serde_json::to_string(s).unwrap_or_else(|e| format!("{s:?} (not serializable: {e})"))
+}
+
+/// The outcome of a [`GatewayProcess::stats`] call for a failure message: the stats as
+/// JSON ([`stats_json`]), or why there were none.
+pub fn stats_or_error(s: &anyhow::Result<StatsReport>) -> String {
+    match s {
+        Ok(s) => stats_json(s),
+        Err(e) => format!("unavailable ({e:#})"),
     }
 }

@@ -31,10 +31,9 @@
 //! (pixgate's and the broker's logs are there); [`Rig::shutdown`] removes it.
 
 use crate::broker::KafkaBroker;
-use crate::gateway::{self, GatewayProcess, GatewaySettings};
+use crate::gateway::{self, GatewayProcess, GatewaySettings, StatsReport};
 use crate::net::free_port;
 use rdkafka::producer::FutureProducer;
-use serde_json::Value;
 use simulators::capture;
 use simulators::device::{Rendering, Stats};
 use simulators::fleet::{self, FleetConfig, FleetHandle, FleetOptions};
@@ -236,7 +235,7 @@ impl Rig {
     ///
     /// # Panics
     /// `timeout` passed first (the last stats are in the message), or `/stats` did not answer.
-    pub async fn wait_stats(&self, timeout: Duration, done: impl Fn(&Value) -> bool) {
+    pub async fn wait_stats(&self, timeout: Duration, done: impl Fn(&StatsReport) -> bool) {
         crate::demo::wait_until(self.gateway(), Instant::now() + timeout, done).await.unwrap_or_else(|e| panic!("{e:#}"));
     }
 
@@ -275,7 +274,7 @@ impl Rig {
     /// [`REGISTRY_TIMEOUT`].
     pub async fn publish_registry_file(&self, path: &Path) -> u64 {
         let n = capture::publish_file(self.brokers(), path).await.unwrap_or_else(|e| panic!("publishing {}: {e:#}", path.display())) as u64;
-        self.wait_stats(REGISTRY_TIMEOUT, |s| s["devices_applied"].as_u64() >= Some(n)).await;
+        self.wait_stats(REGISTRY_TIMEOUT, |s| s.counters.devices_applied >= n).await;
         n
     }
 

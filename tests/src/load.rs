@@ -19,11 +19,10 @@
 //! superseded (never shown): the check is `carried out + superseded = expected`.
 
 use crate::broker::KafkaBroker;
-use crate::gateway::{GatewayProcess, GatewaySettings};
+use crate::gateway::{count, stats_json, total, GatewayProcess, GatewaySettings};
 use crate::net::free_port;
 use anyhow::{bail, Context};
 use device_protocol::EffectKind;
-use serde_json::Value;
 use simulators::capture::generate::{Scenario, ScenarioConfig};
 use simulators::capture::{self, publish_records_at, CaptureRecord};
 use simulators::device::{Carried, Rendering, Stats};
@@ -129,10 +128,6 @@ fn say(msg: impl AsRef<str>) {
     println!("[pixgate-load] {}", msg.as_ref());
 }
 
-fn sum(v: &Value) -> u64 {
-    v.as_object().map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
-}
-
 /// Runs every phase and returns the figures (also printed as they come).
 ///
 /// # Errors
@@ -175,7 +170,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let mut gw = spawn(0)?;
         publish_records_at(&producer, scenario.device_records(), None).await?;
         let n = scenario.device_records().len() as u64;
-        crate::demo::wait_until(&gw, Instant::now() + cfg.timeout, |s| s["devices_applied"].as_u64() >= Some(n) && s["pending_records"] == 0).await?;
+        crate::demo::wait_until(&gw, Instant::now() + cfg.timeout, |s| s.counters.devices_applied >= n && s.counters.pending_records == 0).await?;
         // Let the auto-commit (1 s) store the registry's offsets before the stop.
         let clean = gw.stop(Duration::from_secs(15));
         say(format!("registry: {n} devices read by pixgate, which then stopped (clean: {clean})"));
@@ -243,21 +238,22 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let mut accepted_at = None;
     loop {
         let s = gw.stats()?;
-        let read = s["events_read"]["charge.upserted"].as_u64().unwrap_or(0);
-        let accepted = read.saturating_sub(s["pending_records"].as_u64().unwrap_or(0));
-        let delivered = sum(&s["effects_done"]);
-        let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+        let c = &s.counters;
+        let read = count(&c.events_read, "charge.upserted");
+        let accepted = read.saturating_sub(c.pending_records);
+        let delivered = total(&c.effects_done);
+        let idle = c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0;
         if report.first_accept.is_zero() && accepted > 0 {
             report.first_accept = t0.elapsed();
         }
-        if accepted_at.is_none() && read >= produced as u64 && s["pending_records"] == 0 {
+        if accepted_at.is_none() && read >= produced as u64 && c.pending_records == 0 {
             accepted_at = Some(t0.elapsed());
         }
         if Instant::now() >= next_sample {
             next_sample += Duration::from_secs(1);
             let (rss, hwm) = gw.memory_kib().unwrap_or((0, 0));
             report.peak_rss_kib = report.peak_rss_kib.max(hwm);
-            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: s["outbox_jobs"].as_u64().unwrap_or(0), job_bytes: stats.raw_bytes(), rss_kib: rss });
+            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: c.outbox_jobs, job_bytes: stats.raw_bytes(), rss_kib: rss });
         }
         if accepted_at.is_some() && idle {
             report.drain_time = t0.elapsed();
@@ -265,16 +261,16 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
                 report.drain_cpu = Some(DrainCpu { pixgate: p, harness: h1.saturating_sub(h0), broker: b1.saturating_sub(b0), machine: m1.since(m0) });
             }
             report.drained_effects = delivered;
-            report.expected_backlog = (expected, s["superseded"].as_u64().unwrap_or(0));
+            report.expected_backlog = (expected, c.superseded);
             break;
         }
         if last_print.elapsed() > Duration::from_secs(10) {
             last_print = Instant::now();
             let rss = report.samples.last().map_or(0, |x| x.rss_kib);
-            say(format!("drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB", t0.elapsed().as_secs_f64(), s["outbox_jobs"], rss / 1024));
+            say(format!("drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB", t0.elapsed().as_secs_f64(), c.outbox_jobs, rss / 1024));
         }
         if Instant::now() > deadline {
-            bail!("drain not finished within {:?}; stats {s}", cfg.timeout);
+            bail!("drain not finished within {:?}; stats {}", cfg.timeout, stats_json(&s));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -298,7 +294,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
                 f.effects().iter().map(|e| (e.charge.clone(), e.kind)).collect()
             })
             .collect();
-        let superseded_before = gw.stats()?["superseded"].as_u64().unwrap_or(0);
+        let superseded_before = gw.stats()?.counters.superseded;
         let start = Instant::now();
         let mut i = 0;
         while i < live.len() {
@@ -321,13 +317,14 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let deadline = Instant::now() + cfg.timeout;
         loop {
             let s = gw.stats()?;
-            let superseded = s["superseded"].as_u64().unwrap_or(0) - superseded_before;
-            let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+            let c = &s.counters;
+            let superseded = c.superseded - superseded_before;
+            let idle = c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0;
             if idle && stats.carried_out() - carried_before + superseded >= live_expected {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("live phase not delivered within {:?}: {} of {live_expected}; stats {s}", cfg.timeout, stats.carried_out() - carried_before);
+                bail!("live phase not delivered within {:?}: {} of {live_expected}; stats {}", cfg.timeout, stats.carried_out() - carried_before, stats_json(&s));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -341,8 +338,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         report.live = (live.len() as u64, l);
     }
 
-    let s = gw.stats()?;
-    report.pixgate_redeliveries = s["job_redeliveries"].as_u64().unwrap_or(0);
+    report.pixgate_redeliveries = gw.stats()?.counters.job_redeliveries;
     if let Ok((_, hwm)) = gw.memory_kib() {
         report.peak_rss_kib = report.peak_rss_kib.max(hwm);
     }

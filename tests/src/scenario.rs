@@ -7,7 +7,7 @@
 //! no queued QR is ever superseded, and every effect of the model must happen exactly once.
 //! Events of different charges are not held back by each other.
 
-use crate::gateway::GatewayProcess;
+use crate::gateway::{stats_or_error, GatewayProcess};
 use anyhow::{bail, Context};
 use rdkafka::producer::FutureProducer;
 use simulators::capture::generate::{Scenario, ScenarioConfig};
@@ -222,8 +222,8 @@ pub async fn wait_all_delivered(gw: &GatewayProcess, plan: &Plan, charge_ends: &
             seen.insert(e.message_id);
         }
         let missing = want.iter().filter(|id| !seen.contains(**id)).count();
-        let s = gw.stats().unwrap_or(serde_json::Value::Null);
-        let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+        let s = gw.stats();
+        let idle = s.as_ref().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0);
         let mut committed_all = false;
         if missing == 0 && idle {
             let (b, g) = (brokers.clone(), group.clone());
@@ -235,16 +235,14 @@ pub async fn wait_all_delivered(gw: &GatewayProcess, plan: &Plan, charge_ends: &
         }
         if last_print.elapsed() > Duration::from_secs(5) {
             last_print = Instant::now();
-            println!(
-                "  waiting: {missing} of {} effects missing; pixgate pending {} queued {} outbox {}; committed all: {committed_all}",
-                want.len(),
-                s["pending_records"],
-                s["queued_jobs"],
-                s["outbox_jobs"]
-            );
+            let pixgate = match &s {
+                Ok(s) => format!("pending {} queued {} outbox {}", s.counters.pending_records, s.counters.queued_jobs, s.counters.outbox_jobs),
+                Err(e) => format!("/stats unavailable ({e:#})"),
+            };
+            println!("  waiting: {missing} of {} effects missing; pixgate {pixgate}; committed all: {committed_all}", want.len());
         }
         if Instant::now() > deadline {
-            bail!("not delivered in time: {missing} of {} effects missing, pixgate idle: {idle}, committed all: {committed_all}; stats {s}", want.len());
+            bail!("not delivered in time: {missing} of {} effects missing, pixgate idle: {idle}, committed all: {committed_all}; stats {}", want.len(), stats_or_error(&s));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -337,7 +335,7 @@ pub async fn publish_registry(producer: &FutureProducer, plan: &Plan, gw: &Gatew
     let records = plan.scenario.device_records();
     let positions = publish_records_at(producer, records, None).await?;
     let n = records.len() as u64;
-    crate::demo::wait_until(gw, Instant::now() + Duration::from_secs(60), |s| s["devices_applied"].as_u64() >= Some(n) && s["pending_records"] == 0)
+    crate::demo::wait_until(gw, Instant::now() + Duration::from_secs(60), |s| s.counters.devices_applied >= n && s.counters.pending_records == 0)
         .await
         .context("pixgate reading the registry")?;
     Ok(positions)

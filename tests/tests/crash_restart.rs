@@ -4,8 +4,8 @@
 //! and nothing that should not have happened. Real tansu broker, real MQTT, real process
 //! kills.
 
+use pixgate_tests::gateway::stats_or_error;
 use pixgate_tests::harness::{replay_devices, Rig};
-use serde_json::Value;
 use simulators::capture;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -42,8 +42,8 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = (usize::MAX, Instant::now());
     loop {
-        let s = rig.gateway().stats().unwrap_or(Value::Null);
-        let idle = s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0;
+        let s = rig.gateway().stats();
+        let idle = s.as_ref().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0);
         let effects = fleet.effects();
         let seen: BTreeSet<(String, String, String)> = effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
         let missing = certain.difference(&seen).count();
@@ -52,7 +52,7 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
         } else if missing == 0 && idle && last.1.elapsed() > Duration::from_secs(3) {
             break;
         }
-        assert!(Instant::now() < deadline, "{missing} certain effects never arrived; stats {s}");
+        assert!(Instant::now() < deadline, "{missing} certain effects never arrived; stats {}", stats_or_error(&s));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let report = fleet.shutdown().await;

@@ -84,8 +84,8 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
         tokio::time::sleep(Duration::from_millis(splitmix(&mut rng) % 500)).await;
         // Not during a group join (see `GatewayProcess::wait_assigned`).
         rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
-        let s = rig.gateway().stats().unwrap_or_default();
-        killed_at.push(format!("{}@{}(p{},q{})", stats.carried_out(), began.elapsed().as_secs(), s["pending_records"], s["queued_jobs"]));
+        let (p, q) = rig.gateway().stats().map_or(("?".into(), "?".into()), |s| (s.counters.pending_records.to_string(), s.counters.queued_jobs.to_string()));
+        killed_at.push(format!("{}@{}(p{p},q{q})", stats.carried_out(), began.elapsed().as_secs()));
         rig.kill_gateway();
         rig.start_gateway();
     }

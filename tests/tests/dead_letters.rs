@@ -25,7 +25,12 @@
 //! Not covered here: `delivery_failed` (a device refusing a job; needs a device fault, not
 //! a malformed record).
 
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
 use device_protocol::EffectKind;
+use pixgate_tests::gateway::{count, stats_json, stats_or_error, total};
 use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::scenario::Plan;
 use serde_json::{json, Value};
@@ -290,11 +295,12 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     let device_pos = publish_records_at(&producer, &device_stream, Some(0)).await.unwrap();
     let n_devices = device_stream.len() as u64;
     let deadline = Instant::now() + Duration::from_secs(180);
-    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["events_read"]["device.upserted"].as_u64() >= Some(n_devices) && s["pending_records"] == 0).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s.counters.events_read.get("device.upserted").copied() >= Some(n_devices) && s.counters.pending_records == 0).await.unwrap();
     let charge_pos = publish_records_at(&producer, &charge_stream, Some(0)).await.unwrap();
     let n_charges = charge_stream.len() as u64;
     pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
-        s["events_read"]["charge.upserted"].as_u64() >= Some(n_charges) && s["pending_records"] == 0 && s["queued_jobs"] == 0 && s["outbox_jobs"] == 0 && stats.carried_out() >= want_total as u64
+        let c = &s.counters;
+        c.events_read.get("charge.upserted").copied() >= Some(n_charges) && c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0 && stats.carried_out() >= want_total as u64
     })
     .await
     .unwrap();
@@ -343,8 +349,8 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         }
     }
     let s = rig.gateway().stats().unwrap();
-    let counted: u64 = ["dead_lettered_records", "dead_lettered_effects"].iter().flat_map(|k| s[k].as_object().unwrap().values()).map(|v| v.as_u64().unwrap()).sum();
-    assert_eq!(counted as usize, expected_dl.len(), "dead letters counted on /stats: {s}");
+    let counted = total(&s.counters.dead_lettered_records) + total(&s.counters.dead_lettered_effects);
+    assert_eq!(counted as usize, expected_dl.len(), "dead letters counted on /stats: {}", stats_json(&s));
     let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, expected_dl.len(), Duration::from_secs(2), Duration::from_secs(60)).await.unwrap();
     let mut seen = BTreeMap::new();
     for m in &dls {
@@ -397,7 +403,7 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     let n = plan.scenario.device_records().len() as u64;
     publish_records_at(&producer, plan.scenario.device_records(), None).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["devices_applied"].as_u64() >= Some(n)).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s.counters.devices_applied >= n).await.unwrap();
 
     // An ACTIVE charge on a card machine whose BR Code fails its CRC: its QR must be
     // dead-lettered with reason invalid_brcode.
@@ -413,7 +419,7 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     env["fullDocument"]["brCode"] = json!(code);
     let key = env["documentKey"]["_id"]["$oid"].as_str().unwrap().to_string();
     let landed = publish_records_at(&producer, &[rec("charge.upserted", &key, &env)], None).await.unwrap();
-    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s["dead_lettered_effects"]["invalid_brcode"] == 1 && s["deadletters_parked"] == 1).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| count(&s.counters.dead_lettered_effects, "invalid_brcode") == 1 && s.counters.deadletters_parked == 1).await.unwrap();
 
     rig.kill_gateway();
     capture::ensure_topics(rig.brokers(), &[("pixgate.deadletter", 1)]).await.unwrap();
@@ -431,10 +437,10 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
         if c[p as usize] > o {
             break;
         }
-        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", rig.gateway().stats().unwrap_or_default());
+        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", stats_or_error(&rig.gateway().stats()));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let stats = rig.gateway().stats().unwrap();
+    let stats = stats_json(&rig.gateway().stats().unwrap());
     let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, 1, Duration::from_secs(1), Duration::from_secs(40)).await;
     let dls = dls.unwrap_or_else(|e| panic!("the invalid_brcode dead letter is lost: {e}; after the restart pixgate counted {stats}"));
     let dl: Value = serde_json::from_slice(&dls[0].value).unwrap();

@@ -4,6 +4,7 @@
 //! reads on once the device is back and drains. Nothing is lost on the way.
 
 use pixgate_tests::charges::{charge_record, template};
+use pixgate_tests::gateway::{count, stats_json};
 use pixgate_tests::harness::{protocol_devices, Rig};
 use simulators::capture;
 use std::collections::BTreeSet;
@@ -30,21 +31,22 @@ async fn a_full_device_queue_pauses_its_partitions_until_it_drains() {
     capture::publish_records(&rig.producer(), &records).await.unwrap();
 
     // The device's queue fills to its bound and reading stops there.
-    rig.wait_stats(Duration::from_secs(60), |s| s["devices_at_bound"] == 1 && s["pending_records"] == 0 && s["outbox_jobs"].as_u64() >= Some(BOUND)).await;
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.devices_at_bound == 1 && s.counters.pending_records == 0 && s.counters.outbox_jobs >= BOUND).await;
     tokio::time::sleep(Duration::from_secs(2)).await; // would anything more be read?
     let s = rig.gateway().stats().unwrap();
-    let queued = s["outbox_jobs"].as_u64().unwrap();
-    let read = s["events_read"]["charge.upserted"].as_u64().unwrap_or(0);
+    let json = stats_json(&s);
+    let queued = s.counters.outbox_jobs;
+    let read = count(&s.counters.events_read, "charge.upserted");
     // Soft by at most one record per partition: each paused at the record that found the device full.
-    assert!(queued < BOUND + PARTITIONS, "queue held to its bound: {queued} jobs (bound {BOUND})\n{s}");
-    assert!(read < CHARGES, "the rest waits in Kafka: {read} of {CHARGES} read\n{s}");
-    assert!(s["paused_partitions"].as_u64() >= Some(1), "{s}");
+    assert!(queued < BOUND + PARTITIONS, "queue held to its bound: {queued} jobs (bound {BOUND})\n{json}");
+    assert!(read < CHARGES, "the rest waits in Kafka: {read} of {CHARGES} read\n{json}");
+    assert!(s.counters.paused_partitions >= 1, "{json}");
 
     // Back online: everything arrives, the partitions resume.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
-    rig.wait_stats(Duration::from_secs(120), |s| s["events_read"]["charge.upserted"].as_u64() == Some(CHARGES) && s["outbox_jobs"] == 0 && s["pending_records"] == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| s.counters.events_read.get("charge.upserted").copied() == Some(CHARGES) && s.counters.outbox_jobs == 0 && s.counters.pending_records == 0).await;
     let s = rig.gateway().stats().unwrap();
-    assert_eq!((s["paused_partitions"].as_u64(), s["devices_at_bound"].as_u64()), (Some(0), Some(0)), "{s}");
+    assert_eq!((s.counters.paused_partitions, s.counters.devices_at_bound), (0, 0), "{}", stats_json(&s));
     let shown: BTreeSet<String> = terminal.effects().into_iter().map(|e| e.charge).collect();
     assert_eq!(shown, ids.iter().cloned().collect::<BTreeSet<_>>(), "every QR shown once the device is back");
     assert_eq!(terminal.duplicates(), 0);

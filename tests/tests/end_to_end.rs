@@ -4,6 +4,10 @@
 //! devices did is checked against `fixtures/cdc/expected.json`, by decoding what they
 //! made (QR codes from the PNGs, text from the printer transcripts).
 
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
 use pixgate_tests::demo::{self, DemoConfig};
 use pixgate_tests::gateway;
 use serde_json::Value;

@@ -17,6 +17,11 @@
 //!   back. Seen in 1 of 3 runs of this test and 1 of 5 runs of a plain restart script (0 of
 //!   5 with dynamic membership); a real Kafka broker replaces a static member's id instead.
 
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::gateway::stats_json;
 use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::kafka::{committed_offsets, read_topic};
 use pixgate_tests::scenario::{self, Plan};
@@ -99,11 +104,11 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     loop {
         ready_during_outage.push(rig.gateway().is_ready());
         let s = rig.gateway().stats().expect("pixgate serves /stats during the outage");
-        let drained = s["outbox_jobs"] == 0 && s["queued_jobs"] == 0;
+        let drained = s.counters.outbox_jobs == 0 && s.counters.queued_jobs == 0;
         if down_at.elapsed() >= outage && (drained || membership == Membership::Static) {
             break;
         }
-        assert!(Instant::now() < deadline, "the outbox did not drain while Kafka was down: {s}");
+        assert!(Instant::now() < deadline, "the outbox did not drain while Kafka was down: {}", stats_json(&s));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let delivered_in_outage = stats.carried_out() - carried_at_stop;

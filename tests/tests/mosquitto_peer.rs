@@ -14,9 +14,14 @@
 //!
 //! Real tansu broker, the `pixgate` binary, real outside MQTT clients.
 
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
 use device_protocol::messages::CONTENT_SCREEN;
 use device_protocol::{Ack, EffectKind, Job, ScreenContent, ScreenKind, Status, Topic};
 use pixgate_tests::charges::{charge_record, template};
+use pixgate_tests::gateway::count;
 use pixgate_tests::harness::Rig;
 use pixgate_tests::mosquitto::{self, Subscriber};
 use serde_json::Value;
@@ -62,7 +67,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     assert_eq!(registry.len(), 1);
     let producer = rig.producer();
     capture::publish_records(&producer, &registry).await.unwrap();
-    rig.wait_stats(Duration::from_secs(60), |s| s["devices_applied"] == 1 && s["pending_records"] == 0).await;
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.devices_applied == 1 && s.counters.pending_records == 0).await;
 
     // The device comes up as the protocol says: a persistent session as dev-{id} subscribed
     // to its jobs at QoS 1, then its status, retained (a second client: one client id per
@@ -85,20 +90,20 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
 
     // A second charge while the first job is not acknowledged: its job is queued behind.
     capture::publish_records(&producer, std::slice::from_ref(&second)).await.unwrap();
-    rig.wait_stats(Duration::from_secs(30), |s| s["events_read"]["charge.upserted"] == 2 && s["pending_records"] == 0 && s["outbox_jobs"] == 2).await;
+    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.events_read, "charge.upserted") == 2 && s.counters.pending_records == 0 && s.counters.outbox_jobs == 2).await;
     // pixgate sends the first job again after its ack timeout (2 s) rather than the second:
     // wait for a redelivery counted after the second job was queued, and read every job
     // sent until then; each must be the first job, the same message id and seq.
-    let before = rig.gateway().stats().unwrap()["job_redeliveries"].as_u64().unwrap();
-    rig.wait_stats(Duration::from_secs(60), |s| s["job_redeliveries"].as_u64() > Some(before)).await;
-    let sent = 1 + rig.gateway().stats().unwrap()["job_redeliveries"].as_u64().unwrap();
+    let before = rig.gateway().stats().unwrap().counters.job_redeliveries;
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.job_redeliveries > before).await;
+    let sent = 1 + rig.gateway().stats().unwrap().counters.job_redeliveries;
     while copies_of_job1 < sent {
         let line = device.next_message(JOB_TIMEOUT).await.unwrap().expect("the redelivered job");
         let again: Job = serde_json::from_str(&line).unwrap();
         assert_eq!((again.message_id.as_str(), again.seq), (job1.message_id.as_str(), 1), "the second job arrived before the first was acknowledged: {line}");
         copies_of_job1 += 1;
     }
-    assert_eq!(rig.gateway().stats().unwrap()["effects_done"]["display_qr"].as_u64().unwrap_or(0), 0, "nothing is done before its ack");
+    assert_eq!(count(&rig.gateway().stats().unwrap().counters.effects_done, "display_qr"), 0, "nothing is done before its ack");
     // The device takes its job and never answers: readiness says delivery has stalled.
     let body = rig.gateway().readyz_until("named the stalled delivery", Duration::from_secs(60), |code, body| code == 503 && body.contains("delivery stalled: 1 jobs in flight to reachable devices")).await;
     println!("mosquitto peer: /readyz while the device does not ack: {}", body.trim());
@@ -106,7 +111,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     // The `done` ack: the effect is recorded, and only now the second job goes out.
     let ack = |job: &Job| serde_json::to_string(&Ack::done(&job.message_id, job.seq, false)).unwrap();
     mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job1), 1, false).await.unwrap();
-    rig.wait_stats(Duration::from_secs(30), |s| s["effects_done"]["display_qr"] == 1).await;
+    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.effects_done, "display_qr") == 1).await;
     let job2 = loop {
         let line = device.next_message(JOB_TIMEOUT).await.unwrap().expect("the second job after the ack");
         let job: Job = serde_json::from_str(&line).unwrap();
@@ -117,7 +122,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
         break check_job(&line, &second, 2);
     };
     mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job2), 1, false).await.unwrap();
-    rig.wait_stats(Duration::from_secs(30), |s| s["effects_done"]["display_qr"] == 2 && s["outbox_jobs"] == 0 && s["queued_jobs"] == 0).await;
+    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.effects_done, "display_qr") == 2 && s.counters.outbox_jobs == 0 && s.counters.queued_jobs == 0).await;
     rig.gateway().readyz_until("became ready after the acks", Duration::from_secs(60), |code, _| code == 200).await;
 
     device.stop().await;

@@ -9,6 +9,11 @@
 //! Real parts: tansu, the `pixgate` binary (with `clock.control` on), MQTT devices, and
 //! the `pixgate` CLI as an operator would run it.
 
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::gateway::count;
 use pixgate_tests::harness::{protocol_devices, Rig};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
@@ -59,7 +64,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
 
     let template = pixgate_tests::charges::template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
-    let records = vec![
+    let records = [
         charge(&template, "aaaaaaaaaaaaaaaaaaaaaaaa", "ACTIVE", 0, 60, t), // QR valid for an hour: shown when back
         charge(&template, "bbbbbbbbbbbbbbbbbbbbbbbb", "ACTIVE", 0, 15, t), // QR expires while offline
         charge(&template, "cccccccccccccccccccccccc", "ACTIVE", 0, 60, t), // QR superseded by "paid"…
@@ -73,12 +78,12 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     for (i, r) in records.iter().enumerate() {
         capture::publish_records(&producer, std::slice::from_ref(r)).await.unwrap();
         let read = n + i as u64 + 1;
-        rig.wait_stats(Duration::from_secs(30), |s| s["events_read"]["charge.upserted"].as_u64() == Some(read - n) && s["pending_records"] == 0).await;
+        rig.wait_stats(Duration::from_secs(30), |s| s.counters.events_read.get("charge.upserted").copied() == Some(read - n) && s.counters.pending_records == 0).await;
     }
 
     // The printer is not held back by the offline card machine.
     wait_for("the receipt on the paired printer", Duration::from_secs(60), || carried_out(&printer, PRINTER) == [("print_receipt".to_string(), "c".repeat(24))]).await;
-    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 5 && s["superseded"] == 1).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s.counters.outbox_jobs == 5 && s.counters.superseded == 1).await;
     let (ok, queued, err) = pixgate_cli(bin, http_port, &["outbox", "list", TERMINAL]);
     assert!(ok, "{err}");
     let kinds: Vec<(&str, &str)> = queued["jobs"].as_array().unwrap().iter().map(|j| (j["kind"].as_str().unwrap(), &j["charge_id"].as_str().unwrap()[..1])).collect();
@@ -87,7 +92,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     // 25 minutes pass.
     let (status, body) = rig.gateway().post("/clock/advance?ms=1500000").unwrap();
     assert_eq!(status, 200, "{body}");
-    rig.wait_stats(Duration::from_secs(30), |s| s["expired"]["display_qr"] == 1 && s["expired"]["payment_confirmed"] == 1 && s["outbox_jobs"] == 3).await;
+    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.expired, "display_qr") == 1 && count(&s.counters.expired, "payment_confirmed") == 1 && s.counters.outbox_jobs == 3).await;
 
     // The expired jobs are recorded on the dead-letter topic, and listed by the CLI.
     let dls = read_dead_letters(rig.brokers(), 2).await;
@@ -121,7 +126,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     let (ok, replayed, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(ok, "{err}");
     assert_eq!(replayed["replayed"]["message_id"], paid["message_id"]);
-    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 4).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s.counters.outbox_jobs == 4).await;
     let (ok, _, err) = pixgate_cli(bin, http_port, &["deadletter", "replay", &id]);
     assert!(!ok && err.contains("already replayed"), "a second replay is refused: {err}");
 
@@ -129,7 +134,7 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     // nothing expired is shown.
     let terminal = rig.start_fleet(device(TERMINAL), protocol_devices()).await;
     wait_for("the valid QRs and the replayed paid screen", Duration::from_secs(30), || carried_out(&terminal, TERMINAL).len() == 4).await;
-    rig.wait_stats(Duration::from_secs(30), |s| s["outbox_jobs"] == 0).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s.counters.outbox_jobs == 0).await;
     let qr = |c: &str| ("display_qr".to_string(), c.repeat(24));
     assert_eq!(carried_out(&terminal, TERMINAL), [qr("a"), qr("d"), qr("e"), ("payment_confirmed".to_string(), "c".repeat(24))]);
 

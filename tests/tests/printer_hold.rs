@@ -8,6 +8,7 @@
 //! Real tansu broker, pixgate as a child process, devices as MQTT clients in-process.
 
 use device_protocol::{EffectKind, PrinterState};
+use pixgate_tests::gateway::stats_json;
 use pixgate_tests::harness::{verifying_devices, Rig};
 use pixgate_tests::scenario::{self, Plan};
 use simulators::capture::generate::ScenarioConfig;
@@ -62,11 +63,11 @@ async fn paper_out_holds_only_that_printer_and_delivers_in_order_after_ready() {
         }
         let s = rig.gateway().stats().unwrap();
         // All of P's receipts are in the outbox and nothing else is: the partitions flowed on.
-        let held_only = s["queued_jobs"] == p_jobs && s["outbox_jobs"] == p_jobs && s["pending_records"] == 0;
+        let held_only = s.counters.queued_jobs == p_jobs as u64 && s.counters.outbox_jobs == p_jobs as u64 && s.counters.pending_records == 0;
         if done == not_p.len() && held_only && cover_opened {
             break;
         }
-        assert!(Instant::now() < deadline, "other devices starved: {done} of {} effects; stats {s}", not_p.len());
+        assert!(Instant::now() < deadline, "other devices starved: {done} of {} effects; stats {}", not_p.len(), stats_json(&s));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let held = printer.counters();

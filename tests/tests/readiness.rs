@@ -12,7 +12,7 @@
 //! under a generous deadline (no timed assertions).
 
 use pixgate_tests::charges::{charge_record, template};
-use pixgate_tests::gateway::GatewayProcess;
+use pixgate_tests::gateway::{self, stats_json, GatewayProcess};
 use pixgate_tests::harness::{protocol_devices, Rig};
 use simulators::capture;
 use std::collections::BTreeMap;
@@ -114,8 +114,8 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::ops::readiness: not ready: kafka unreachable")).await;
     assert!(body.ends_with('\n') && body.lines().all(|l| !l.trim().is_empty()), "one reason per line: {body:?}");
     let stats = gw.stats().unwrap();
-    assert!(stats["not_ready"].as_array().unwrap().iter().any(|r| r.as_str().unwrap_or("").starts_with("kafka unreachable")), "{stats}");
-    assert_eq!(stats["kafka_brokers_up"], 0, "{stats}");
+    assert!(stats.not_ready.iter().any(|r| r.starts_with("kafka unreachable")), "{}", stats_json(&stats));
+    assert_eq!(stats.kafka_brokers_up, Some(0), "{}", stats_json(&stats));
     let m = metrics(gw);
     assert_eq!(sample(&m, "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_ready", &[]), Some(0.0));
@@ -178,20 +178,20 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     // More records arrive behind the paused partitions. librdkafka does not fetch a paused
     // partition, so only the end offset probe learns of them; the lag is what waits in
     // Kafka: every record not yet durably accepted.
-    let paused = gw.stats().unwrap()["topics"]["charge.upserted"]["paused_partitions"].as_u64().unwrap();
+    let paused = gw.stats().unwrap().topics["charge.upserted"].paused_partitions;
     assert_eq!(paused, 3, "every partition of charge.upserted feeds the card machine and is paused");
     capture::publish_records(&producer, &records[CHARGES as usize..]).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let (lag, read, m) = loop {
         let s = gw.stats().unwrap();
-        let topic = &s["topics"]["charge.upserted"];
-        let read = s["events_read"]["charge.upserted"].as_u64().unwrap_or(0);
+        let topic = s.topics.get("charge.upserted");
+        let read = gateway::count(&s.counters.events_read, "charge.upserted");
         let m = metrics(gw);
         let metric_lag = sample(&m, "pixgate_topic_lag_records", &[("topic", "charge.upserted")]);
-        if s["pending_records"] == 0 && topic["lag"].as_u64() == Some(ALL - read) && metric_lag == Some((ALL - read) as f64) && topic["stalled"] == true {
+        if s.counters.pending_records == 0 && topic.is_some_and(|t| t.lag == Some(ALL - read) && t.stalled) && metric_lag == Some((ALL - read) as f64) {
             break (ALL - read, read, m);
         }
-        assert!(Instant::now() < deadline, "lag never matched the records left in Kafka ({read} of {ALL} read): {s}\nmetrics lag {metric_lag:?}");
+        assert!(Instant::now() < deadline, "lag never matched the records left in Kafka ({read} of {ALL} read): {}\nmetrics lag {metric_lag:?}", stats_json(&s));
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(read < CHARGES, "the rest waits in Kafka");
@@ -205,10 +205,10 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
 
     // Back online: the backlog drains, the partitions resume, readiness is green.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
-    rig.wait_stats(Duration::from_secs(120), |s| s["events_read"]["charge.upserted"].as_u64() == Some(ALL) && s["outbox_jobs"] == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| s.counters.events_read.get("charge.upserted").copied() == Some(ALL) && s.counters.outbox_jobs == 0).await;
     gw.readyz_until("ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
     // librdkafka's statistics arrive every second: the lag reaches 0 within a few.
-    rig.wait_stats(Duration::from_secs(30), |s| s["topics"]["charge.upserted"]["lag"] == 0 && s["topics"]["charge.upserted"]["stalled"] == false).await;
+    rig.wait_stats(Duration::from_secs(30), |s| s.topics.get("charge.upserted").is_some_and(|t| t.lag == Some(0) && !t.stalled)).await;
     assert_eq!(terminal.effects().len() as u64, ALL, "every QR shown once the device is back");
 
     log_until(&log, "the stall's end (info)", 1, count("INFO gateway::ops::readiness: alarm cleared (was: topic charge.upserted stalled")).await;

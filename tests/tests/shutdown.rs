@@ -2,6 +2,7 @@
 //! shutdown bound. The commit is real: started again on the same group, it reads nothing
 //! twice.
 
+use pixgate_tests::gateway::{stats_json, total};
 use pixgate_tests::harness::{replay_devices, Rig};
 use simulators::capture;
 use std::collections::BTreeSet;
@@ -15,8 +16,7 @@ async fn sigterm_commits_what_was_read_and_exits_cleanly() {
     // The registry first (as the contract asks), then every charge event at once.
     let mut published = rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
     published += capture::publish_file(rig.brokers(), &fixtures.join("charges.jsonl")).await.unwrap() as u64;
-    let read_all = |s: &serde_json::Value| s["events_read"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum::<u64>()) >= published;
-    rig.wait_stats(Duration::from_secs(120), |s| read_all(s) && s["pending_records"] == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| total(&s.counters.events_read) >= published && s.counters.pending_records == 0).await;
 
     // Mid-delivery (devices still working through their queues): SIGTERM.
     let log = rig.gateway().log().to_path_buf();
@@ -29,10 +29,10 @@ async fn sigterm_commits_what_was_read_and_exits_cleanly() {
     // Started again: the committed position is past everything read, so nothing is read
     // again; the jobs still queued come from the outbox and are all carried out.
     rig.start_gateway();
-    rig.wait_stats(Duration::from_secs(180), |s| s["outbox_jobs"] == 0 && s["pending_records"] == 0).await;
+    rig.wait_stats(Duration::from_secs(180), |s| s.counters.outbox_jobs == 0 && s.counters.pending_records == 0).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let s = rig.gateway().stats().unwrap();
-    assert_eq!(s["events_read"].as_object().map_or(0, |m| m.len()), 0, "nothing read twice after a clean stop: {s}");
+    assert_eq!(s.counters.events_read.len(), 0, "nothing read twice after a clean stop: {}", stats_json(&s));
     let report = fleet.shutdown().await;
     // A QR may be superseded while devices work through the burst; every other effect is
     // certain, and nothing is carried out that was not expected.
