@@ -4,8 +4,8 @@
 //! payload encoded from a valid vector's fields must decode back to them (checked by
 //! `render::brcode::parse`, not only by the CLI).
 //!
-//! The vectors' loader and the policy overrides are `render/tests/support/brcode_vectors.rs`,
-//! shared with `render/tests/brcode_vectors.rs`.
+//! The vectors' loader is `render/tests/support/brcode_vectors.rs`, shared with
+//! `render/tests/brcode_vectors.rs`.
 
 use render::brcode::{fold_upper, parse};
 use serde_json::Value;

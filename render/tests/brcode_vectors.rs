@@ -3,7 +3,7 @@
 //! must be for the rule the fixture names (`expect_rule`).
 
 use render::brcode::{crc16, parse, BrCode, BrCodeError};
-use vectors::{load, policy_override, Rule};
+use vectors::{expectation, load, Rule};
 
 #[path = "support/brcode_vectors.rs"]
 mod vectors;
@@ -50,9 +50,8 @@ fn every_vector_matches_expectation() {
     let mut checked = 0;
     for (i, v) in vectors.iter().enumerate() {
         let payload = v["payload"].as_str().expect("payload");
-        let expect = v["expect"].as_str().expect("expect");
+        let expect = expectation(v);
         let result = parse(payload);
-        let override_ = policy_override(payload);
 
         // Independent CRC cross-check of the fixture's crc_valid flag where 6304 exists.
         if let (Some(valid), Some(pos)) = (v["crc_valid"].as_bool(), payload.rfind("6304")) {
@@ -62,12 +61,6 @@ fn every_vector_matches_expectation() {
             }
         }
 
-        if let Some(why) = override_ {
-            let e = result.expect_err(&format!("#{i} ({why}) should be rejected by policy"));
-            assert_eq!(e, BrCodeError::Missing { tag: "62".into() }, "#{i}");
-            checked += 1;
-            continue;
-        }
         match (expect, &result) {
             ("accept", Ok(b)) => {
                 for (name, want) in v["fields"].as_object().expect("fields") {

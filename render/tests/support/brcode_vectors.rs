@@ -12,37 +12,12 @@ use serde_json::Value;
 /// so the path is the same from either manifest directory.
 pub const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/brcode/vectors.json");
 
-/// Payloads (by suffix) where the fixture file contradicts itself and our documented
-/// policy wins, with why.
-///
-/// Entries 10 and 12 (`…6009SAO PAULO6304…`, no field 62) are marked `accept`, while entry 11
-/// — the same payload plus a postal code — is marked `reject` with the rule "field 62 with
-/// 62-05 is mandatory". No rule accepts 10/12 and rejects 11, so the parser follows the
-/// notes' field table and Stone's reader (62 mandatory) and rejects all three with
-/// `Missing { tag: "62" }`. Reported to the lead.
-pub const POLICY_OVERRIDES: &[(&str, &str)] = &[
-    ("6009SAO PAULO630434FE", "62 mandatory (fixture says accept)"),
-    ("6009SAO PAULO6304DC67", "62 mandatory (fixture says accept)"),
-];
-
-/// Why `payload` is rejected by policy against its fixture's `expect` ([`POLICY_OVERRIDES`]),
-/// if it is.
-pub fn policy_override(payload: &str) -> Option<&'static str> {
-    POLICY_OVERRIDES.iter().find(|(suffix, _)| payload.ends_with(suffix)).map(|(_, why)| *why)
-}
-
-/// What must happen to vector `v`: its `expect` (`accept`, `reject`, `either`), or
-/// `reject` where a [`POLICY_OVERRIDES`] entry says so.
+/// What must happen to vector `v`: its `expect` (`accept`, `reject`, `either`).
 ///
 /// # Panics
-/// `v` has no string `payload` or `expect` (a broken fixture fails the test).
+/// `v` has no string `expect` (a broken fixture fails the test).
 pub fn expectation(v: &Value) -> &str {
-    let payload = v["payload"].as_str().expect("vector has a payload");
-    if policy_override(payload).is_some() {
-        "reject"
-    } else {
-        v["expect"].as_str().expect("vector has an expect")
-    }
+    v["expect"].as_str().expect("vector has an expect")
 }
 
 /// The vectors.
