@@ -80,8 +80,8 @@ for sub in ("escpos-php", "escpos-tools"):
             streams.add(data)
             put("escpos_decode", f"{sub}-{fname[:-4]}", b"\x00" + data)
 PY
-  # Receipts as pixgate renders them (native and raster QR, 58 and 80 mm): render's output
-  # test writes them to /tmp/render-samples.
+  # Receipts as pixgate renders them (paid receipts, and pay-with-Pix slips with native and
+  # raster QR, 58 and 80 mm): render's output test writes them to /tmp/render-samples.
   (cd "$root" && cargo test -q -p render --test outputs receipts_for_58_and_80_mm_native_and_raster >/dev/null)
   for f in /tmp/render-samples/receipt-*mm-*.bin; do
     name="$(basename "$f" .bin)"
