@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Receipts per second on one core: pixgate's renderer (render/benches/receipt.rs) against
-# python-escpos rendering the same paid receipt (render/benches/python_escpos_bench.py),
+# python-escpos rendering the same pay-with-Pix slip (render/benches/python_escpos_bench.py),
 # native QR (`GS ( k`) and raster QR (`GS v 0`), measured in this one run (the two take
 # turns, 3 rounds) and printed as a table with the ratios. Rates are per second of thread
 # CPU time on both sides, so they are per core even when the machine is busy; other load

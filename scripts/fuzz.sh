@@ -15,7 +15,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 fuzz="$root/fuzz"
-shared="$root/../shared/fixtures"
+fixtures="$root/fixtures"
 all_targets=(brcode_parse escpos_decode cdc_decode)
 
 seconds=600
@@ -41,13 +41,9 @@ limits="-rss_limit_mb=2048 -malloc_limit_mb=256 -timeout=10"
 # Seed files are named seed-*; libFuzzer's own finds (named by their SHA-1) are not
 # committed (fuzz/.gitignore).
 write_seeds() {
-  if [ ! -d "$shared" ]; then
-    echo "NOTE: $shared is missing: keeping the committed seeds in fuzz/corpus/" >&2
-    return 0
-  fi
-  python3 - "$shared" "$fuzz/corpus" <<'PY'
+  python3 - "$fixtures" "$fuzz/corpus" <<'PY'
 import json, os, sys
-shared, corpus = sys.argv[1], sys.argv[2]
+fixtures, corpus = sys.argv[1], sys.argv[2]
 
 def put(target, name, data):
     d = os.path.join(corpus, target)
@@ -56,11 +52,11 @@ def put(target, name, data):
         f.write(data)
 
 # BR Code: every payload of the vectors, and every brCode field of the CDC fixtures.
-vectors = json.load(open(os.path.join(shared, "brcode/vectors.json"), encoding="utf-8"))
+vectors = json.load(open(os.path.join(fixtures, "brcode/vectors.json"), encoding="utf-8"))
 for i, v in enumerate(vectors):
     put("brcode_parse", f"vector-{i:02}", v["payload"].encode("utf-8"))
 seen = set()
-for line in open(os.path.join(shared, "cdc/charges.jsonl"), encoding="utf-8"):
+for line in open(os.path.join(fixtures, "cdc/charges.jsonl"), encoding="utf-8"):
     doc = json.loads(line)["value"].get("fullDocument") or {}
     code = doc.get("brCode")
     if isinstance(code, str) and code not in seen:
@@ -70,7 +66,7 @@ for line in open(os.path.join(shared, "cdc/charges.jsonl"), encoding="utf-8"):
 # CDC: each fixture line's record value, as the capture simulator publishes it (a JSON
 # value serialised compactly, a string value as its raw bytes).
 for fname in ("devices.jsonl", "charges.jsonl", "edge-cases.jsonl"):
-    for n, line in enumerate(open(os.path.join(shared, "cdc", fname), encoding="utf-8")):
+    for n, line in enumerate(open(os.path.join(fixtures, "cdc", fname), encoding="utf-8")):
         value = json.loads(line)["value"]
         data = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         put("cdc_decode", f"{fname.split('.')[0]}-{n:03}", data.encode("utf-8"))
@@ -78,14 +74,14 @@ for fname in ("devices.jsonl", "charges.jsonl", "edge-cases.jsonl"):
 # ESC/POS: the public streams, after the target's selector byte (0 = 80 mm, generic model).
 streams = set()
 for sub in ("escpos-php", "escpos-tools"):
-    for fname in sorted(os.listdir(os.path.join(shared, "escpos", sub))):
-        data = open(os.path.join(shared, "escpos", sub, fname), "rb").read()
+    for fname in sorted(os.listdir(os.path.join(fixtures, "escpos", sub))):
+        data = open(os.path.join(fixtures, "escpos", sub, fname), "rb").read()
         if fname.endswith(".bin") and data not in streams:  # receipt-with-logo is in both
             streams.add(data)
             put("escpos_decode", f"{sub}-{fname[:-4]}", b"\x00" + data)
 PY
-  # Receipts as pixgate renders them (native and raster QR, 58 and 80 mm): render's output
-  # test writes them to /tmp/render-samples.
+  # Receipts as pixgate renders them (paid receipts, and pay-with-Pix slips with native and
+  # raster QR, 58 and 80 mm): render's output test writes them to /tmp/render-samples.
   (cd "$root" && cargo test -q -p render --test outputs receipts_for_58_and_80_mm_native_and_raster >/dev/null)
   for f in /tmp/render-samples/receipt-*mm-*.bin; do
     name="$(basename "$f" .bin)"

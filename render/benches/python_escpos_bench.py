@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""The receipt of render/benches/receipt.rs, rendered with python-escpos, and the rates side by side.
+"""The QR slip of render/benches/receipt.rs, rendered with python-escpos, and the rates side by side.
 
-What one python-escpos receipt does (the same as pixgate's `raster_qr_receipt` /
+What one python-escpos slip does (the same as pixgate's `raster_qr_receipt` /
 `native_qr_receipt`): build the static Pix BR Code of the charge (TLV fields, CRC16), format
-the amount and the paid-at time, and write the same paid receipt to a `Dummy` printer (Epson
-TM-T20II profile: 576 dots, 48 columns, code page CP860): centred bold double-size merchant
-name, city, title, amount, items, comment, payer, date, end-to-end id, charge id, txid, the
-QR at error correction M with 6-dot modules, "Obrigado!", cut. The QR is either native
+the amount and the expiry time, and write the same pay-with-Pix slip to a `Dummy` printer
+(Epson TM-T20II profile: 576 dots, 48 columns, code page CP860): centred bold double-size
+merchant name, city, title, amount, items, charge id, txid, the QR at error correction M
+with 6-dot modules, the scan hint, "Válido até" and the expiry, cut. The QR is either native
 (`GS ( k`, `qr(native=True)`) or an image (`qr(native=False)`: the `qrcode` package draws
 it, Pillow converts it, `GS v 0` sends it). The printer object is reused and cleared between
-receipts (cheaper for python-escpos than a new one).
+slips (cheaper for python-escpos than a new one). The paid receipt prints no QR, so the
+slip is the printed job that compares QR work.
 
 Rates are receipts per second of this thread's CPU time (`time.thread_time`), the median of
 short batches, like the Rust bench's `RATE` lines (also thread CPU time), so both are per core
@@ -71,6 +72,7 @@ CHARGE = {
     "comment": "Sem açúcar, por favor",
     "payer_name": "José da Conceição",
     "paid_at": "2026-11-27T12:01:07+00:00",
+    "expires_at": "2026-11-27T12:15:00+00:00",
     "end_to_end_id": "E25328704202611271201yxv2kgafrfw",
 }
 COLUMNS = 48  # font A on 576 dots
@@ -129,7 +131,7 @@ def amount_pt_br(cents: int) -> str:
 
 
 def receipt(p, c, native: bool) -> bytes:
-    """One paid receipt, as pixgate lays it out (render::receipt::render_receipt_for)."""
+    """One pay-with-Pix slip, as pixgate lays it out (render::receipt::render_receipt_for)."""
     from datetime import datetime
     from zoneinfo import ZoneInfo
 
@@ -140,14 +142,14 @@ def receipt(p, c, native: bool) -> bytes:
     # forced; pixgate's jobs start with both, so the job is self-contained here too.
     p._raw(b"\x1b@\x1bt\x03")
     payload = brcode(c)
-    paid = datetime.fromisoformat(c["paid_at"]).astimezone(ZoneInfo("America/Sao_Paulo")).strftime("%d/%m/%Y %H:%M")
+    expires = datetime.fromisoformat(c["expires_at"]).astimezone(ZoneInfo("America/Sao_Paulo")).strftime("%d/%m/%Y %H:%M")
     p.set(align="center", bold=True, double_height=True, double_width=True)
     p.textln(c["merchant_name"])
     p.set(align="center", bold=False, normal_textsize=True)
     p.textln(c["merchant_city"])
     p.ln()
     p.set(align="center", bold=True, normal_textsize=True)
-    p.textln("COMPROVANTE PIX - PAGO")
+    p.textln("PAGUE COM PIX")
     p.set(align="center", bold=False, normal_textsize=True)
     p.textln("Total")
     p.set(align="center", bold=True, double_height=True, double_width=True)
@@ -157,19 +159,17 @@ def receipt(p, c, native: bool) -> bytes:
     for name, value in c["items"]:
         p.textln(name.ljust(COLUMNS - len(value)) + value)
     p.textln("-" * COLUMNS)
-    p.textln(f"Observação: {c['comment']}")
-    p.textln(f"Pagador: {c['payer_name']}")
-    p.textln(f"Data: {paid}")
-    p.textln(f"ID fim a fim: {c['end_to_end_id']}")
     p.textln(f"Cobrança: {c['id']}")
     p.textln(f"ID da transação: {c['transaction_id']}")
-    p.textln("-" * COLUMNS)
+    p.ln()
     p.set(align="center", bold=False, normal_textsize=True)
     if native:
         p.qr(payload, ec=QR_ECLEVEL_M, size=6, native=True)
     else:
         p.qr(payload, ec=QR_ECLEVEL_M, size=6, native=False, center=True)
-    p.textln("Obrigado!")
+    p.textln("Escaneie o QR code no app do seu banco")
+    p.set(align="center", bold=True, normal_textsize=True)
+    p.textln(f"Válido até: {expires}")
     p.set(align="left", bold=False, normal_textsize=True)
     p.cut()
     return p.output
@@ -256,6 +256,8 @@ def main():
         per_round = sorted(a[case] / b[case] for a, b in zip(pixgate_rounds, py_rounds))
         spread = f"{per_round[0]:.0f}x..{per_round[-1]:.0f}x"
         print(f"{label:<22}{ours_rate:>11,.0f}{theirs:>15,.0f}{ours_rate / theirs:>7.0f}x   {spread}")
+    paid = statistics.median(r.get("paid_receipt", float("nan")) for r in pixgate_rounds)
+    print(f"{'paid receipt (no QR)':<22}{paid:>11,.0f}{'-':>15}{'-':>8}")
     screen = statistics.median(r.get("qr_screen_png", float("nan")) for r in pixgate_rounds)
     print(f"{'QR screen PNG':<22}{screen:>11,.0f}{'-':>15}{'-':>8}")
 

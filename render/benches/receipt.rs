@@ -1,9 +1,11 @@
-//! The whole render of one paid charge, per second on one core:
+//! The whole render of one charge, per second on one core:
 //!
 //! - `raster_qr_receipt`: BR Code (static, [`encode_static`]) + QR ([`render::qr::encode`])
-//!   + ESC/POS paid receipt with the QR as a `GS v 0` raster, generic 80 mm printer;
-//! - `native_qr_receipt`: the same receipt for a printer that prints `GS ( k` itself (no QR
+//!   + ESC/POS pay-with-Pix slip with the QR as a `GS v 0` raster, generic 80 mm printer
+//!   (the printed job with the most work: the paid receipt carries no QR);
+//! - `native_qr_receipt`: the same slip for a printer that prints `GS ( k` itself (no QR
 //!   encode in pixgate);
+//! - `paid_receipt`: the charge's paid receipt (no BR Code, no QR), generic 80 mm printer;
 //! - `qr_screen_png`: the card machine's pay-with-Pix screen (720 × 1280) as a PNG.
 //!
 //! Goals (render issue): ≥ 20,000 raster-QR receipts/s/core, ≥ 200,000 native-QR
@@ -33,7 +35,7 @@ use render::Locale;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-/// A paid charge as the gateway decodes it (the fields a receipt and a screen use).
+/// A charge as the gateway decodes it (the fields a receipt, a slip and a screen use).
 struct Charge {
     id: &'static str,
     pix_key: &'static str,
@@ -45,6 +47,7 @@ struct Charge {
     comment: &'static str,
     payer_name: &'static str,
     paid_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
     end_to_end_id: &'static str,
 }
 
@@ -60,6 +63,7 @@ fn charge() -> Charge {
         comment: "Sem açúcar, por favor",
         payer_name: "José da Conceição",
         paid_at: DateTime::parse_from_rfc3339("2026-11-27T12:01:07Z").unwrap().with_timezone(&Utc),
+        expires_at: DateTime::parse_from_rfc3339("2026-11-27T12:15:00Z").unwrap().with_timezone(&Utc),
         end_to_end_id: "E25328704202611271201yxv2kgafrfw",
     }
 }
@@ -78,13 +82,24 @@ fn brcode(c: &Charge) -> String {
     .expect("valid charge")
 }
 
-/// One paid receipt from the charge, BR Code included (as `gateway::jobs::render_job`).
+/// One pay-with-Pix slip from the charge, BR Code written and drawn as a QR (as
+/// `gateway::jobs::render_job` for a printer's `display_qr`).
 fn receipt_bytes(c: &Charge, setup: &PrinterSetup) -> Vec<u8> {
-    render_receipt_for(&receipt(c), setup).expect("renders")
+    render_receipt_for(&slip(c), setup).expect("renders")
 }
 
-/// The paid receipt of the charge, its BR Code written.
-fn receipt(c: &Charge) -> Receipt {
+/// The paid receipt of the charge.
+fn paid_bytes(c: &Charge, setup: &PrinterSetup) -> Vec<u8> {
+    render_receipt_for(&paid(c), setup).expect("renders")
+}
+
+/// The pay-with-Pix slip of the charge, its BR Code written.
+fn slip(c: &Charge) -> Receipt {
+    Receipt { kind: ReceiptKind::PayWithPix { expires_at: Some(c.expires_at) }, brcode: Some(brcode(c)), ..paid(c) }
+}
+
+/// The paid receipt of the charge: no BR Code, it prints none.
+fn paid(c: &Charge) -> Receipt {
     Receipt {
         kind: ReceiptKind::Paid,
         merchant_name: c.merchant_name.into(),
@@ -98,7 +113,7 @@ fn receipt(c: &Charge) -> Receipt {
         end_to_end_id: Some(c.end_to_end_id.into()),
         charge_id: c.id.into(),
         txid: Some(c.transaction_id.into()),
-        brcode: Some(brcode(c)),
+        brcode: None,
         locale: Locale::PtBr,
     }
 }
@@ -109,7 +124,7 @@ fn screen_png(c: &Charge) -> Vec<u8> {
         merchant_name: c.merchant_name.into(),
         amount_cents: c.value_cents,
         brcode: brcode(c),
-        expires_at: Some(c.paid_at),
+        expires_at: Some(c.expires_at),
     };
     screen::to_png(&render_screen(&s, 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo))
 }
@@ -129,6 +144,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("raster_qr_receipt", |b| b.iter(|| receipt_bytes(black_box(&ch), &raster)));
     g.bench_function("native_qr_receipt", |b| b.iter(|| receipt_bytes(black_box(&ch), &native)));
+    g.bench_function("paid_receipt", |b| b.iter(|| paid_bytes(black_box(&ch), &raster)));
     g.bench_function("qr_screen_png", |b| b.iter(|| screen_png(black_box(&ch))));
     g.finish();
 
@@ -137,8 +153,8 @@ fn bench(c: &mut Criterion) {
     p.throughput(Throughput::Elements(1));
     p.bench_function("brcode_encode_static", |b| b.iter(|| brcode(black_box(&ch))));
     p.bench_function("qr_encode", |b| b.iter(|| render::qr::encode(black_box(&payload)).unwrap()));
-    // The native-QR receipt's layout alone (charge and BR Code ready), into a reused buffer.
-    let r = receipt(&ch);
+    // The native-QR slip's layout alone (charge and BR Code ready), into a reused buffer.
+    let r = slip(&ch);
     let mut buf = Vec::new();
     p.bench_function("native_receipt_layout_into_reused_buffer", |b| {
         b.iter(|| {
@@ -146,7 +162,7 @@ fn bench(c: &mut Criterion) {
             render_receipt_into(&mut buf, black_box(&r), &native).unwrap();
         })
     });
-    let s = Screen::PayWithPix { merchant_name: ch.merchant_name.into(), amount_cents: ch.value_cents, brcode: payload.clone(), expires_at: Some(ch.paid_at) };
+    let s = Screen::PayWithPix { merchant_name: ch.merchant_name.into(), amount_cents: ch.value_cents, brcode: payload.clone(), expires_at: Some(ch.expires_at) };
     p.bench_function("screen_picture_only", |b| b.iter(|| render_screen(black_box(&s), 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo)));
     let img = render_screen(&s, 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo);
     p.bench_function("screen_png_encode_only", |b| b.iter(|| screen::to_png(black_box(&img))));
@@ -181,6 +197,7 @@ fn rates(total: Duration) -> Vec<(&'static str, f64)> {
     let cases: Vec<Case> = vec![
         ("raster_qr_receipt", Box::new(|| drop(black_box(receipt_bytes(black_box(&ch), &raster))))),
         ("native_qr_receipt", Box::new(|| drop(black_box(receipt_bytes(black_box(&ch), &native))))),
+        ("paid_receipt", Box::new(|| drop(black_box(paid_bytes(black_box(&ch), &raster))))),
         ("qr_screen_png", Box::new(|| drop(black_box(screen_png(black_box(&ch)))))),
     ];
     // Batch sizes of about 20 ms each, from a first estimate.
@@ -239,6 +256,7 @@ fn main() {
     let (raster, native) = setups();
     assert!(receipt_bytes(&ch, &raster).windows(3).any(|w| w == [0x1D, 0x76, 0x30]), "raster QR");
     assert!(receipt_bytes(&ch, &native).windows(3).any(|w| w == [0x1D, 0x28, 0x6B]), "native QR");
+    assert!(!paid_bytes(&ch, &raster).windows(3).any(|w| w == [0x1D, 0x28, 0x6B] || w == [0x1D, 0x76, 0x30]), "no QR on the paid receipt");
     assert!(screen_png(&ch).starts_with(b"\x89PNG"));
     if let Ok(spec) = std::env::var("PIXGATE_BENCH_PROFILE") {
         let (name, n) = spec.split_once(':').expect("PIXGATE_BENCH_PROFILE=<case>:<iterations>");
@@ -247,6 +265,7 @@ fn main() {
             match name {
                 "raster_qr_receipt" => drop(black_box(receipt_bytes(black_box(&ch), &raster))),
                 "native_qr_receipt" => drop(black_box(receipt_bytes(black_box(&ch), &native))),
+                "paid_receipt" => drop(black_box(paid_bytes(black_box(&ch), &raster))),
                 "qr_screen_png" => drop(black_box(screen_png(black_box(&ch)))),
                 other => panic!("unknown case {other}"),
             }

@@ -13,15 +13,21 @@
 //! 5. the reference lines in **font B** (`ESC M 1`, 9 × 17-dot cells: 64 columns on 80 mm,
 //!    42 on 58 mm, [`PrinterSetup::columns_font_b`]), the small print that identifies the
 //!    payment for support and disputes rather than for the customer's eye: end-to-end id,
-//!    charge id and txid, each on one line where it fits, else wrapped; then `ESC M 0`;
-//! 6. the BR Code as a QR (native `GS ( k` or a `GS v 0` raster, at half resolution with
-//!    m = 3 on models that take quadruple), centred and fitting the paper with a 4-module
-//!    quiet zone (module ≤ 6 dots);
+//!    charge id and txid, each after its label in the receipt's locale, on one line where
+//!    it fits, else wrapped; then `ESC M 0`;
+//! 6. a rule and the centred thanks;
 //! 7. `ESC d 3` feed and `GS V A n` cut (`GS V B n` on models that cut partially).
 //!
+//! Never a QR on the paid receipt, even when [`Receipt::brcode`] is set: a static BR Code
+//! carries the amount and stays payable, so a QR on proof of payment invites a second
+//! payment. The end-to-end id and the txid identify the payment instead.
+//!
 //! The pay-with-Pix slip: the same header with the title "Pague com Pix", the amount,
-//! items, charge id and txid (font B), then the QR (always: a slip without one is an error), the scan hint
-//! and the expiry ("Válido até …") in the receipt's time zone.
+//! items, charge id and txid (font B), then the BR Code as a QR (always: a slip without
+//! one is an error; native `GS ( k` or a `GS v 0` raster, at half resolution with m = 3 on
+//! models that take quadruple, centred and fitting the paper with a 4-module quiet zone,
+//! module ≤ 6 dots), the scan hint and the expiry ("Válido até …") in the receipt's time
+//! zone.
 //!
 //! The expiry notice: the same header with the title "Cobrança expirada", the amount, when
 //! it expired, charge id and txid (font B), and the hint to ask for a new charge. Never a QR, even
@@ -153,7 +159,8 @@ impl PrinterSetup {
 /// What a receipt is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReceiptKind {
-    /// A Pix charge was paid (charge `status` `COMPLETED`).
+    /// A Pix charge was paid (charge `status` `COMPLETED`): proof of payment, never a QR
+    /// (see the module documentation).
     #[default]
     Paid,
     /// A "Pay with Pix" slip: the QR to pay, amount, merchant and expiry, for printers set
@@ -196,7 +203,9 @@ pub struct Receipt {
     pub charge_id: String,
     /// `transactionID`.
     pub txid: Option<String>,
-    /// The BR Code to print as a QR (dynamic `brCode` or the static payload); none → no QR.
+    /// The BR Code to print as a QR (dynamic `brCode` or the static payload) on a
+    /// [`ReceiptKind::PayWithPix`] slip, which needs it. The paid receipt and the expiry
+    /// notice never print it: a code that can still be paid must not be on their paper.
     pub brcode: Option<String>,
     /// Language of labels, date and amount format.
     pub locale: Locale,
@@ -331,8 +340,9 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
 
 /// Renders `r` as an ESC/POS job for printer `p` (layouts in the module docs).
 ///
-/// The QR: native `GS ( k` with the module size (`fn 167`) chosen so that the symbol a
-/// printer makes from the data in byte mode, plus a 4-module quiet zone, fits `p.dots()`;
+/// The QR, on the pay-with-Pix slip only: native `GS ( k` with the module size (`fn 167`)
+/// chosen so that the symbol a printer makes from the data in byte mode, plus a 4-module
+/// quiet zone, fits `p.dots()`;
 /// or a `GS v 0` raster of [`qr::encode`]'s matrix, centred by `ESC a 1` (m = 3 at half
 /// resolution where the model takes it and the module is even, see
 /// [`ModelProfile::raster_quadruple`]). Either way the module is the largest whole number
@@ -342,8 +352,9 @@ pub fn render_receipt(r: &Receipt, p: &PrinterProfile) -> Result<Vec<u8>, Receip
 ///
 /// # Errors
 /// [`ReceiptError::CodePageUnsupported`] when the model lacks the configured code page;
-/// [`ReceiptError::Qr`] when the BR Code cannot be a QR; [`ReceiptError::QrTooWide`] when
-/// it cannot fit the paper; [`ReceiptError::NoBrCode`] for a slip without a BR Code.
+/// for a slip, [`ReceiptError::Qr`] when the BR Code cannot be a QR,
+/// [`ReceiptError::QrTooWide`] when it cannot fit the paper and [`ReceiptError::NoBrCode`]
+/// without a BR Code.
 pub fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8>, ReceiptError> {
     let mut out = Vec::with_capacity(size_hint(r, p));
     render_receipt_into(&mut out, r, p)?;
@@ -382,7 +393,7 @@ fn size_hint(r: &Receipt, p: &PrinterSetup) -> usize {
         + opt(&r.end_to_end_id)
         + r.charge_id.len()
         + opt(&r.txid)
-        + if p.native_qr() { opt(&r.brcode) } else { 0 }
+        + if p.native_qr() && matches!(r.kind, ReceiptKind::PayWithPix { .. }) { opt(&r.brcode) } else { 0 }
 }
 
 /// The receipt's commands and text, after `ESC @` `ESC t n`... up to the cut.
@@ -455,10 +466,7 @@ fn layout(e: &mut EscPos, r: &Receipt, p: &PrinterSetup) -> Result<(), ReceiptEr
                 }
                 ids(e, &mut scratch, r, cols);
             });
-            if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
-                separator(e, cols);
-                qr_block(e, code, p)?;
-            }
+            separator(e, cols);
             e.align(Align::Center);
             e.text(loc.label(Label::ThankYou)).lf();
         }
@@ -687,7 +695,7 @@ mod tests {
 
     #[test]
     fn cut_and_qr_follow_the_model() {
-        let r = sample(ReceiptKind::Paid);
+        let r = sample(ReceiptKind::PayWithPix { expires_at: None });
         let has = |b: &[u8], w: &[u8]| b.windows(w.len()).any(|x| x == w);
         let epson = render_receipt_for(&r, &p(CodePage::Cp850, true).on_model("Epson TM-T20X")).unwrap();
         assert!(epson.ends_with(&[0x1D, 0x56, 0x42, 3]), "partial cut");
@@ -696,6 +704,36 @@ mod tests {
         assert!(!has(&bema, &[0x1D, 0x28, 0x6B]) && has(&bema, &[0x1D, 0x76, 0x30]), "raster QR on Bematech");
         let elgin = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("Elgin i9")).unwrap();
         assert!(elgin.ends_with(&[0x1D, 0x56, 0x41, 3]), "full cut");
+    }
+
+    /// The paid receipt prints no QR of the BR Code it is given, native or raster, on any
+    /// model, paper or locale (nor its bytes as text), and names the payment instead: the
+    /// end-to-end id and the txid after their labels in the receipt's locale.
+    #[test]
+    fn a_paid_receipt_prints_no_qr_but_the_end_to_end_id_and_txid() {
+        let brcode = crate::brcode::encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap();
+        let e2e = "E25328704202611271201yxv2kgafrfw";
+        for locale in [Locale::PtBr, Locale::EnUs, Locale::EsEs] {
+            let r = Receipt { brcode: Some(brcode.clone()), end_to_end_id: Some(e2e.into()), locale, ..sample(ReceiptKind::Paid) };
+            for model in ["generic", "Epson TM-T20X", "Elgin i9", "Bematech MP-4200 TH"] {
+                for (mm, native) in [(58u8, true), (58, false), (80, true), (80, false)] {
+                    let setup = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp850, native_qr: native }.on_model(model);
+                    let b = render_receipt_for(&r, &setup).unwrap();
+                    let what = format!("{} {model} {mm} mm native {native}", locale.tag());
+                    assert!(!b.windows(3).any(|w| w == [0x1D, 0x28, 0x6B] || w == [0x1D, 0x76, 0x30]), "{what}: a QR");
+                    assert!(!b.windows(brcode.len()).any(|w| w == brcode.as_bytes()), "{what}: the BR Code's bytes");
+                    let text = CodePage::Cp850.decode(&b).split_whitespace().collect::<Vec<_>>().join(" ");
+                    for (label, value) in [(Label::EndToEndId, e2e), (Label::Txid, "tx1")] {
+                        let want = format!("{}: {value}", locale.label(label));
+                        assert!(text.contains(&want), "{what}: no {want:?} in {text}");
+                    }
+                }
+            }
+        }
+        // The same receipt with no BR Code at all is the same job.
+        let with = sample(ReceiptKind::Paid);
+        let without = Receipt { brcode: None, ..with.clone() };
+        assert_eq!(render_receipt(&with, &p(CodePage::Cp860, false)), render_receipt(&without, &p(CodePage::Cp860, false)));
     }
 
     /// The first `GS v 0` of a job: (m, bytes per row, rows, data).
@@ -724,7 +762,7 @@ mod tests {
         use crate::profile::BEMATECH_MP4200TH;
         static BEMA_NORMAL: ModelProfile = ModelProfile { raster_quadruple: false, ..BEMATECH_MP4200TH };
         let brcode = crate::brcode::encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap();
-        let r = Receipt { brcode: Some(brcode.clone()), ..sample(ReceiptKind::Paid) };
+        let r = Receipt { brcode: Some(brcode.clone()), ..sample(ReceiptKind::PayWithPix { expires_at: None }) };
         for mm in [58, 80] {
             let printer = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: false };
             let quad = render_receipt_for(&r, &PrinterSetup { printer, model: &BEMATECH_MP4200TH }).unwrap();

@@ -244,81 +244,112 @@ fn has_utf8_accent(text: &[u8]) -> bool {
     text.windows(2).any(|w| (0xC2..=0xDF).contains(&w[0]) && (0x80..=0xBF).contains(&w[1]))
 }
 
+/// Each charge's paid receipt and pay-with-Pix slip on 58 and 80 mm printers with and
+/// without native QR: code page text within the columns of its font, the charge's details,
+/// no QR on the paid receipt (which names the payment by its end-to-end id and txid), and
+/// on the slip the BR Code as a native QR or a raster that `rqrr` reads back. The jobs are
+/// written to `/tmp/render-samples/receipt-{paid,pay}-<charge>-<mm>mm-<native|raster>.bin`
+/// (`scripts/fuzz.sh --seeds` takes them as seeds).
 #[test]
 fn receipts_for_58_and_80_mm_native_and_raster() {
     std::fs::create_dir_all(SAMPLES).unwrap();
     for id in [STATIC, DYNAMIC, EXTREME] {
         let doc = charge(id);
-        let r = receipt(&doc, Locale::PtBr);
-        let code = r.brcode.clone().unwrap();
+        let paid = receipt(&doc, Locale::PtBr);
+        let slip = Receipt { kind: ReceiptKind::PayWithPix { expires_at: date(&doc["expiresDate"]) }, ..paid.clone() };
+        let code = paid.brcode.clone().unwrap();
         for mm in [58u8, 80] {
             for native in [true, false] {
                 let p = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: native };
-                let bytes = render_receipt(&r, &p).unwrap();
-                std::fs::write(format!("{SAMPLES}/receipt-{id}-{mm}mm-{}.bin", if native { "native" } else { "raster" }), &bytes).unwrap();
-                assert_eq!(&bytes[..5], &[0x1B, 0x40, 0x1B, 0x74, 3], "ESC @ then ESC t 3 (CP860)");
-                let pieces = walk(&bytes);
-                assert!(matches!(pieces.last(), Some(Piece::Cut)), "ends with a cut");
+                for (name, r) in [("paid", &paid), ("pay", &slip)] {
+                    let what = format!("{name} {id} {mm} mm {}", if native { "native" } else { "raster" });
+                    let bytes = render_receipt(r, &p).unwrap();
+                    std::fs::write(format!("{SAMPLES}/receipt-{name}-{id}-{mm}mm-{}.bin", if native { "native" } else { "raster" }), &bytes).unwrap();
+                    assert_eq!(&bytes[..5], &[0x1B, 0x40, 0x1B, 0x74, 3], "ESC @ then ESC t 3 (CP860)");
+                    let pieces = walk(&bytes);
+                    assert!(matches!(pieces.last(), Some(Piece::Cut)), "{what}: ends with a cut");
 
-                // Text: code page bytes only, lines within the paper, accents printed as CP860.
-                let text: Vec<u8> = pieces.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.clone()) } else { None }).flatten().collect();
-                assert!(!has_utf8_accent(&text), "UTF-8 leaked into the printer text");
-                let decoded = CodePage::Cp860.decode(&text);
-                let name = s(&doc["merchant"]["name"]).unwrap();
-                let first_word = name.split(' ').next().unwrap();
-                assert!(decoded.contains(first_word), "merchant {first_word:?} printed as code page text:\n{decoded}");
-                assert!(decoded.contains("R$ 12.345,67") || decoded.contains("R$ 15,00"), "{decoded}");
-                assert!(decoded.contains(&s(&doc["endToEndId"]).unwrap()[..20]));
-                if let Some(payer) = s(&doc["payer"]["name"]) {
-                    assert!(decoded.contains(&payer), "payer with accents via CP860: {payer}");
-                }
-                let paid = date(&doc["paidAt"]).unwrap().with_timezone(&chrono_tz::America::Sao_Paulo);
-                assert!(decoded.contains(&paid.format("%d/%m/%Y %H:%M").to_string()));
-                // Each line within the columns of the font it is printed in (font A 12 dots,
-                // font B 9 dots a cell). Double-size lines count twice; the widest plain line
-                // must fit the columns.
-                let mut font = 0;
-                let mut small_lines = 0;
-                for piece in &pieces {
-                    match piece {
-                        Piece::Font(n) => font = *n,
-                        Piece::Text(t) => {
-                            for l in CodePage::Cp860.decode(t).split('\n').filter(|l| !l.is_empty()) {
-                                let cols = if font == 1 { p.columns_font_b() } else { p.columns() };
-                                assert!(l.chars().count() <= cols, "line too long for {mm} mm in font {}: {l:?}", font + 1);
-                                small_lines += (font == 1) as usize;
+                    // Text: code page bytes only, lines within the paper, accents printed as CP860.
+                    let text: Vec<u8> = pieces.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.clone()) } else { None }).flatten().collect();
+                    assert!(!has_utf8_accent(&text), "{what}: UTF-8 leaked into the printer text");
+                    let decoded = CodePage::Cp860.decode(&text);
+                    let name = s(&doc["merchant"]["name"]).unwrap();
+                    let first_word = name.split(' ').next().unwrap();
+                    assert!(decoded.contains(first_word), "{what}: merchant {first_word:?} printed as code page text:\n{decoded}");
+                    assert!(decoded.contains("R$ 12.345,67") || decoded.contains("R$ 15,00"), "{decoded}");
+                    // Each line within the columns of the font it is printed in (font A 12 dots,
+                    // font B 9 dots a cell). Double-size lines count twice; the widest plain line
+                    // must fit the columns.
+                    let mut font = 0;
+                    let mut small_lines = 0;
+                    for piece in &pieces {
+                        match piece {
+                            Piece::Font(n) => font = *n,
+                            Piece::Text(t) => {
+                                for l in CodePage::Cp860.decode(t).split('\n').filter(|l| !l.is_empty()) {
+                                    let cols = if font == 1 { p.columns_font_b() } else { p.columns() };
+                                    assert!(l.chars().count() <= cols, "{what}: line too long in font {}: {l:?}", font + 1);
+                                    small_lines += (font == 1) as usize;
+                                }
                             }
+                            _ => {}
                         }
-                        _ => {}
                     }
-                }
-                assert!(small_lines >= 2, "charge id and txid in font B");
-                assert_eq!(font, 0, "font A again after the small print");
+                    assert!(small_lines >= 2, "{what}: charge id and txid in font B");
+                    assert_eq!(font, 0, "{what}: font A again after the small print");
 
-                if native {
-                    let store = pieces.iter().find_map(|p| if let Piece::QrStore { declared, data } = p { Some((*declared, data.clone())) } else { None }).expect("fn 180");
-                    assert_eq!(store.0, store.1.len() + 3, "pL + 256 pH = data + 3");
-                    assert_eq!(store.1, code.as_bytes());
-                    assert!(pieces.iter().any(|p| matches!(p, Piece::QrEcc(0x31))), "error correction M");
-                    assert!(pieces.iter().any(|p| matches!(p, Piece::QrPrint)));
-                    let module = pieces.iter().find_map(|p| if let Piece::QrModule(m) = p { Some(*m as u32) } else { None }).unwrap();
-                    let width = qr::byte_mode_width(code.len()).unwrap() as u32;
-                    assert!((width + 8) * module <= p.dots(), "native QR fits the paper");
-                    let largest = p.dots() / (width + 8);
-                    assert_eq!(module, largest.min(render::receipt::MAX_MODULE_DOTS), "as large as fits, capped");
-                } else {
-                    let (x, y, data) = pieces.iter().find_map(|p| if let Piece::Raster { x_bytes, rows, data } = p { Some((*x_bytes, *rows, data.clone())) } else { None }).expect("GS v 0");
-                    assert_eq!(data.len(), x * y);
-                    assert!(x * 8 <= p.dots() as usize, "raster fits the paper");
-                    // Rebuild the bitmap from the bytes, MSB first, and decode it.
-                    let img = GrayImage::from_fn((x * 8) as u32, y as u32, |px, py| {
-                        let byte = data[py as usize * x + px as usize / 8];
-                        image::Luma([if byte & (0x80 >> (px % 8)) != 0 { 0 } else { 255 }])
-                    });
-                    assert_eq!(decode_qrs(img), vec![code.clone()], "{id} {mm} mm raster QR decodes");
+                    if r.kind == ReceiptKind::Paid {
+                        paid_receipt_names_the_payment(&what, &doc, &pieces, &decoded);
+                        assert!(!bytes.windows(code.len()).any(|w| w == code.as_bytes()), "{what}: the BR Code's bytes");
+                    } else {
+                        slip_qr_is_the_payload(&what, &pieces, &code, &p, native);
+                    }
                 }
             }
         }
+    }
+}
+
+/// A paid receipt: payer, paid-at, end-to-end id and txid after their pt-BR labels, and
+/// no QR command at all (neither `GS ( k` nor a `GS v 0` raster).
+fn paid_receipt_names_the_payment(what: &str, doc: &Value, pieces: &[Piece], decoded: &str) {
+    let flat = decoded.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some(payer) = s(&doc["payer"]["name"]) {
+        assert!(decoded.contains(&payer), "{what}: payer with accents via CP860: {payer}");
+    }
+    let paid = date(&doc["paidAt"]).unwrap().with_timezone(&chrono_tz::America::Sao_Paulo);
+    assert!(decoded.contains(&paid.format("%d/%m/%Y %H:%M").to_string()), "{what}");
+    let e2e = format!("ID fim a fim: {}", s(&doc["endToEndId"]).unwrap());
+    let txid = format!("ID da transação: {}", s(&doc["transactionID"]).unwrap());
+    assert!(flat.contains(&e2e) && flat.contains(&txid), "{what}: no {e2e:?} or {txid:?} in\n{decoded}");
+    let qr = pieces.iter().filter(|p| matches!(p, Piece::QrStore { .. } | Piece::QrModule(_) | Piece::QrEcc(_) | Piece::QrPrint | Piece::Raster { .. })).count();
+    assert_eq!(qr, 0, "{what}: QR commands on a paid receipt");
+}
+
+/// A pay-with-Pix slip: the BR Code as a native QR (stored data, error correction M, the
+/// largest module that fits, capped) or as a raster that decodes back to it.
+fn slip_qr_is_the_payload(what: &str, pieces: &[Piece], code: &str, p: &PrinterProfile, native: bool) {
+    if native {
+        let store = pieces.iter().find_map(|p| if let Piece::QrStore { declared, data } = p { Some((*declared, data.clone())) } else { None }).expect("fn 180");
+        assert_eq!(store.0, store.1.len() + 3, "pL + 256 pH = data + 3");
+        assert_eq!(store.1, code.as_bytes(), "{what}");
+        assert!(pieces.iter().any(|p| matches!(p, Piece::QrEcc(0x31))), "error correction M");
+        assert!(pieces.iter().any(|p| matches!(p, Piece::QrPrint)));
+        let module = pieces.iter().find_map(|p| if let Piece::QrModule(m) = p { Some(*m as u32) } else { None }).unwrap();
+        let width = qr::byte_mode_width(code.len()).unwrap() as u32;
+        assert!((width + 8) * module <= p.dots(), "{what}: native QR fits the paper");
+        let largest = p.dots() / (width + 8);
+        assert_eq!(module, largest.min(render::receipt::MAX_MODULE_DOTS), "{what}: as large as fits, capped");
+    } else {
+        let (x, y, data) = pieces.iter().find_map(|p| if let Piece::Raster { x_bytes, rows, data } = p { Some((*x_bytes, *rows, data.clone())) } else { None }).expect("GS v 0");
+        assert_eq!(data.len(), x * y);
+        assert!(x * 8 <= p.dots() as usize, "{what}: raster fits the paper");
+        // Rebuild the bitmap from the bytes, MSB first, and decode it.
+        let img = GrayImage::from_fn((x * 8) as u32, y as u32, |px, py| {
+            let byte = data[py as usize * x + px as usize / 8];
+            image::Luma([if byte & (0x80 >> (px % 8)) != 0 { 0 } else { 255 }])
+        });
+        assert_eq!(decode_qrs(img), vec![code.to_string()], "{what}: raster QR decodes");
     }
 }
 

@@ -19,6 +19,7 @@ const PRINTER58: &str = "54f31af3176813e02ea68ef7";
 const TERMINAL: &str = "0034d6608697a8d41bed440e";
 const CHARGE: &str = "6750a1b2c3d4e5f601234567";
 const MERCHANT: &str = "Padaria São João & Ação";
+const END_TO_END_ID: &str = "E25328704202611271201yxv2kgafrfw";
 
 fn brcode() -> String {
     encode_static(&StaticPix {
@@ -69,9 +70,10 @@ fn receipt_job(device: &str, seq: u64, profile: &PrinterProfile) -> Job {
         payer_name: Some("José Araújo".into()),
         paid_at: Some(chrono::Utc::now()),
         time_zone: chrono_tz::America::Sao_Paulo,
-        end_to_end_id: None,
+        end_to_end_id: Some(END_TO_END_ID.into()),
         charge_id: CHARGE.into(),
         txid: Some("TX123".into()),
+        // Given as the gateway gives it; a paid receipt must not print it.
         brcode: Some(brcode()),
         locale: Locale::PtBr,
     };
@@ -163,7 +165,7 @@ async fn duplicate_job_is_carried_out_once_and_acked_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn printer_receipt_has_readable_qr_and_accented_transcript() {
+async fn printer_receipt_has_no_qr_and_an_accented_transcript_naming_the_payment() {
     let port = start_broker();
     let out = temp_dir("printer");
     let devices = vec![
@@ -238,14 +240,25 @@ async fn printer_receipt_has_readable_qr_and_accented_transcript() {
         );
         assert_eq!(
             qr_codes_in_png(&pngs[0]),
-            vec![brcode()],
-            "{id}: QR must decode to the BR Code"
+            Vec::<String>::new(),
+            "{id}: a paid receipt must print no QR"
         );
         let transcript = std::fs::read_to_string(out.join(id).join("transcript.txt")).unwrap();
         assert!(
             transcript.contains("São João"),
             "{id}: accents lost:\n{transcript}"
         );
+        assert!(
+            !transcript.contains("[QR") && !transcript.contains("[RASTER"),
+            "{id}: QR commands on a paid receipt:\n{transcript}"
+        );
+        let flat = transcript.split_whitespace().collect::<Vec<_>>().join(" ");
+        for want in [
+            format!("ID fim a fim: {END_TO_END_ID}"),
+            "ID da transação: TX123".to_string(),
+        ] {
+            assert!(flat.contains(&want), "{id}: no {want:?} in\n{transcript}");
+        }
         assert!(
             transcript.contains(&job.message_id),
             "{id}: header line missing"

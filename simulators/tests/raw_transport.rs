@@ -2,8 +2,9 @@
 //! printer: a TCP client on the raw port, and a serial client (the `serialport` crate) on
 //! the pseudo-terminal the simulator opens. Each sends pixgate receipts and `DLE EOT n`
 //! queries and reads the one-byte replies, while the test changes the simulated condition
-//! through the state file. The printed jobs are checked by decoding: the QR read back from
-//! the PNG with rqrr is the BR Code sent, the transcript holds the amount.
+//! through the state file. The printed jobs are checked by decoding: the slip's QR read back
+//! from the PNG with rqrr is the BR Code sent, the paid receipt has no QR at all, and the
+//! transcript holds the amount and the txid.
 //!
 //! Ordering makes it deterministic, without timing: the simulator handles bytes in arrival
 //! order and answers a query only after everything before it, so once a reply is read,
@@ -137,12 +138,19 @@ fn queries(ns: &[u8]) -> Vec<u8> {
     ns.iter().flat_map(|&n| DLE_EOT[n as usize - 1]).collect()
 }
 
-/// Checks a printed job: its PNG's QR is `want`, and the transcript's last job has the amount.
-fn check_printed(sim: &Sim, png: &Path, want: &str) {
-    assert_eq!(common::qr_codes_in_png(png), [want.to_string()], "{}", png.display());
+/// Checks a printed job: its PNG's QRs are `qr` (one BR Code, or none), and the
+/// transcript's last job has the amount and `txid` after its label.
+fn check_printed(sim: &Sim, png: &Path, qr: Option<&str>, txid: &str) {
+    let want: Vec<String> = qr.into_iter().map(str::to_string).collect();
+    assert_eq!(common::qr_codes_in_png(png), want, "{}", png.display());
     let t = std::fs::read_to_string(sim.out.join("transcript.txt")).unwrap();
     let last = t.rsplit("===== seq").next().unwrap();
     assert!(last.contains(&format_amount(4_321, Locale::PtBr)), "{last}");
+    let flat = last.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(&format!("ID da transação: {txid}")), "{last}");
+    if qr.is_none() {
+        assert!(!last.contains("[QR") && !last.contains("[RASTER"), "{last}");
+    }
 }
 
 /// The whole conversation: a receipt and all four queries while ready; near end; cover
@@ -154,7 +162,8 @@ fn session<T: Read + Write>(sim: &Sim, io: &mut T, model: &str, paper: u8, nativ
     assert_eq!(ask(io, &first, 4), [0x12, 0x12, 0x12, 0x12], "ready: 0x12 to every n");
     let png = PathBuf::from(sim.line("printed"));
     assert!(png.ends_with("0001-print.png"), "{}", png.display());
-    check_printed(sim, &png, &payload("RAWTRANSPORT1"));
+    // A paid receipt, given the BR Code like the gateway gives it: no QR.
+    check_printed(sim, &png, None, "RAWTRANSPORT1");
 
     sim.set_state("paper-near-end");
     assert_eq!(ask(io, &queries(&[4, 1, 2]), 3), [0x1E, 0x12, 0x12], "near end: still online");
@@ -171,7 +180,7 @@ fn session<T: Read + Write>(sim: &Sim, io: &mut T, model: &str, paper: u8, nativ
     assert_eq!(ask(io, &queries(&[1]), 1), [0x12]);
     let png = PathBuf::from(sim.line("printed"));
     assert!(png.ends_with("0002-print.png"), "{}", png.display());
-    check_printed(sim, &png, &payload("RAWTRANSPORT2"));
+    check_printed(sim, &png, Some(&payload("RAWTRANSPORT2")), "RAWTRANSPORT2");
 }
 
 #[test]
@@ -194,7 +203,7 @@ fn tcp_client_prints_and_reads_dle_eot_replies() {
 
 #[test]
 fn serial_client_on_the_pty_prints_and_reads_dle_eot_replies() {
-    // 58 mm Bematech: a raster QR, a stream several times the pty's buffer.
+    // 58 mm Bematech: the slip's raster QR, a stream several times the pty's buffer.
     let sim = Sim::start(&["--pty"], "Bematech MP-4200 TH", 58);
     let path = sim.line("listening pty");
     assert!(path.starts_with("/dev/"), "{path}");

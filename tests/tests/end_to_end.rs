@@ -2,7 +2,8 @@
 //! its embedded MQTT broker, one simulated device per registry entry connected over MQTT,
 //! and the bundled CDC fixtures fed through the capture simulator. Then everything the
 //! devices did is checked against `fixtures/cdc/expected.json`, by decoding what they
-//! made (QR codes from the PNGs, text from the printer transcripts).
+//! made (QR codes from the PNGs, text from the printer transcripts): every QR shown or on a
+//! pay-with-Pix slip is the charge's BR Code, and no paid receipt carries a QR.
 
 // Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
 // allow-unwrap-in-tests covers only the #[test] fns themselves).
@@ -10,6 +11,8 @@
 
 use pixgate_tests::demo::{self, DemoConfig};
 use pixgate_tests::gateway;
+use render::locale::Label;
+use render::Locale;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -21,6 +24,17 @@ fn fixtures() -> PathBuf {
 
 fn read_jsonl(name: &str) -> Vec<Value> {
     std::fs::read_to_string(fixtures().join(name)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// The receipt locale of each device id (its last `locale`), from `devices.jsonl`.
+fn device_locales() -> HashMap<String, Locale> {
+    let mut out = HashMap::new();
+    for rec in read_jsonl("devices.jsonl") {
+        if let Some(tag) = rec["value"]["fullDocument"]["locale"].as_str() {
+            out.insert(rec["key"].as_str().unwrap().to_string(), Locale::from_tag(tag));
+        }
+    }
+    out
 }
 
 /// Last known merchant name and value per charge id, from `charges.jsonl`.
@@ -87,9 +101,23 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     assert_eq!(ids.len(), effects.len(), "message ids repeat");
     assert!(ids.iter().all(|id| id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit())));
 
-    // 4. Every QR shown or printed decodes to a valid BR Code carrying the charge's amount.
+    // The text of one printer job: its own section of the device's transcript, whitespace
+    // collapsed (the decoder prints wrapped and column-padded lines).
+    let collapse = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let job_text = |e: &Value| -> String {
+        let transcript = std::fs::read_to_string(out.join("devices").join(e["device"].as_str().unwrap()).join("transcript.txt")).unwrap();
+        let header = format!("===== seq {:04} ", e["seq"].as_u64().unwrap());
+        transcript.split(&header).nth(1).and_then(|s| s.split("\n===== seq ").next()).expect("job section").to_string()
+    };
+
+    // 4. Every QR shown (a card machine's screen, a printer's pay-with-Pix slip) decodes to
+    //    a valid BR Code carrying the charge's amount. A paid receipt has no QR at all (a
+    //    payable code on proof of payment invites a second payment): the simulator's
+    //    decoder finds none in its picture and printed no QR command, and the receipt names
+    //    the payment by its end-to-end id and txid, after their labels in the device's locale.
     let docs = charge_docs();
-    let mut qr_checked = 0;
+    let locales = device_locales();
+    let (mut qr_checked, mut paid_checked) = (0, 0);
     for e in effects {
         let kind = e["kind"].as_str().unwrap();
         if kind != "display_qr" && kind != "print_receipt" {
@@ -98,6 +126,20 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         let charge = e["charge"].as_str().unwrap();
         let png = out.join(e["file"].as_str().unwrap());
         let img = image::open(&png).unwrap_or_else(|err| panic!("{}: {err}", png.display())).to_luma8();
+        if kind == "print_receipt" {
+            assert_eq!(simulators::escpos::qr::scan(&img), Vec::<String>::new(), "{}: a QR on a paid receipt", png.display());
+            let section = job_text(e);
+            assert!(!section.contains("[QR") && !section.contains("[RASTER"), "{}: QR commands on a paid receipt:\n{section}", png.display());
+            let locale = locales[e["device"].as_str().unwrap()];
+            let doc = &docs[charge];
+            for (label, field) in [(Label::EndToEndId, "endToEndId"), (Label::Txid, "transactionID")] {
+                let value = doc[field].as_str().unwrap_or_else(|| panic!("paid charge {charge} has no {field}"));
+                let want = format!("{}: {value}", locale.label(label));
+                assert!(collapse(&section).contains(&want), "{}: no {want:?} in\n{section}", png.display());
+            }
+            paid_checked += 1;
+            continue;
+        }
         let mut prepared = rqrr::PreparedImage::prepare(img);
         let grids = prepared.detect_grids();
         assert_eq!(grids.len(), 1, "{}: expected one QR", png.display());
@@ -109,20 +151,19 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         qr_checked += 1;
     }
     assert!(qr_checked > 100, "only {qr_checked} QR codes checked");
+    assert_eq!(paid_checked, effects.iter().filter(|e| e["kind"] == "print_receipt").count());
+    assert!(paid_checked > 50, "only {paid_checked} paid receipts checked");
 
     // 5. Receipt transcripts keep the accents of the merchant names. The header wraps at
     //    word boundaries and emoji have no byte in any printer code page (dropped, see
     //    render::receipt), so compare whitespace-collapsed text without them, within the
     //    job's own section of the printer's transcript.
-    let collapse = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut accented = 0;
     for e in effects.iter().filter(|e| e["kind"] == "print_receipt") {
         let name = docs[e["charge"].as_str().unwrap()]["merchant"]["name"].as_str().unwrap();
         let printable: String = name.chars().filter(|&c| (c as u32) < 0x2000).collect();
-        let transcript = std::fs::read_to_string(out.join("devices").join(e["device"].as_str().unwrap()).join("transcript.txt")).unwrap();
-        let header = format!("===== seq {:04} ", e["seq"].as_u64().unwrap());
-        let section = transcript.split(&header).nth(1).and_then(|s| s.split("\n===== seq ").next()).expect("job section");
-        assert!(collapse(section).contains(&collapse(&printable)), "receipt {} lacks {printable:?}:\n{section}", e["file"]);
+        let section = job_text(e);
+        assert!(collapse(&section).contains(&collapse(&printable)), "receipt {} lacks {printable:?}:\n{section}", e["file"]);
         if !printable.is_ascii() {
             accented += 1;
         }

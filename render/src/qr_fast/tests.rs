@@ -388,21 +388,13 @@ fn static_brcodes_from_charges() -> Vec<String> {
     out
 }
 
-/// `shared/fixtures/brcode/vectors.json` payloads (valid and invalid BR Codes alike: any
-/// byte string must encode), or `None` (skip) when `../shared` is absent outside CI.
-fn vector_payloads() -> Option<Vec<String>> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/brcode/vectors.json");
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let v: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
-            Some(v.iter().map(|e| e["payload"].as_str().expect("payload is a string").to_string()).collect())
-        }
-        Err(e) => {
-            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "BR Code vectors missing at {path}: {e} (required in CI)");
-            eprintln!("SKIP: BR Code vectors not found at {path}: {e}");
-            None
-        }
-    }
+/// `fixtures/brcode/vectors.json` payloads (valid and invalid BR Codes alike: any byte
+/// string must encode).
+fn vector_payloads() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/brcode/vectors.json");
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("BR Code vectors at {path}: {e}"));
+    let v: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    v.iter().map(|e| e["payload"].as_str().expect("payload is a string").to_string()).collect()
 }
 
 #[test]
@@ -449,7 +441,7 @@ fn qr_fast_static_brcodes_from_fixture_charges() {
 
 #[test]
 fn qr_fast_brcode_vectors() {
-    let Some(payloads) = vector_payloads() else { return };
+    let payloads = vector_payloads();
     assert!(payloads.len() >= 10);
     let mut vs = Versus::default();
     for p in &payloads {

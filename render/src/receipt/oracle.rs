@@ -176,10 +176,7 @@ pub(super) fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8
                 }
                 ids(e, r, cols);
             });
-            if let Some(code) = r.brcode.as_deref().filter(|c| !c.is_empty()) {
-                separator(&mut e, cols);
-                qr_block(&mut e, code, p)?;
-            }
+            separator(&mut e, cols);
             e.align(Align::Center);
             e.text(loc.label(Label::ThankYou)).lf();
         }

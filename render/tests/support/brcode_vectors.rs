@@ -1,10 +1,7 @@
-//! The team's BR Code vectors (`shared/fixtures/brcode/vectors.json`, in the `shared` folder
-//! beside the clone), loaded once for the two tests that run every vector:
-//! `render/tests/brcode_vectors.rs` (the parser) and `gateway/tests/brcode_cli.rs` (the
-//! `pixgate brcode` CLI), which includes this file with `#[path]`.
-//!
-//! Without `../shared` the tests skip with a message, unless `CI=true`, where a missing
-//! `../shared` fails them.
+//! The team's BR Code vectors (`fixtures/brcode/vectors.json`), loaded once for the two
+//! tests that run every vector: `render/tests/brcode_vectors.rs` (the parser) and
+//! `gateway/tests/brcode_cli.rs` (the `pixgate brcode` CLI), which includes this file with
+//! `#[path]`. A missing or unreadable file fails them.
 
 // Each including test uses part of this module.
 #![allow(dead_code)]
@@ -13,57 +10,23 @@ use serde_json::Value;
 
 /// Where the vectors are. Both including crates sit one level below the repository root,
 /// so the path is the same from either manifest directory.
-pub const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/brcode/vectors.json");
+pub const VECTORS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/brcode/vectors.json");
 
-/// Payloads (by suffix) where the fixture file contradicts itself and our documented
-/// policy wins, with why.
-///
-/// Entries 10 and 12 (`…6009SAO PAULO6304…`, no field 62) are marked `accept`, while entry 11
-/// — the same payload plus a postal code — is marked `reject` with the rule "field 62 with
-/// 62-05 is mandatory". No rule accepts 10/12 and rejects 11, so the parser follows the
-/// notes' field table and Stone's reader (62 mandatory) and rejects all three with
-/// `Missing { tag: "62" }`. Reported to the lead.
-pub const POLICY_OVERRIDES: &[(&str, &str)] = &[
-    ("6009SAO PAULO630434FE", "62 mandatory (fixture says accept)"),
-    ("6009SAO PAULO6304DC67", "62 mandatory (fixture says accept)"),
-];
-
-/// Why `payload` is rejected by policy against its fixture's `expect` ([`POLICY_OVERRIDES`]),
-/// if it is.
-pub fn policy_override(payload: &str) -> Option<&'static str> {
-    POLICY_OVERRIDES.iter().find(|(suffix, _)| payload.ends_with(suffix)).map(|(_, why)| *why)
-}
-
-/// What must happen to vector `v`: its `expect` (`accept`, `reject`, `either`), or
-/// `reject` where a [`POLICY_OVERRIDES`] entry says so.
+/// What must happen to vector `v`: its `expect` (`accept`, `reject`, `either`).
 ///
 /// # Panics
-/// `v` has no string `payload` or `expect` (a broken fixture fails the test).
+/// `v` has no string `expect` (a broken fixture fails the test).
 pub fn expectation(v: &Value) -> &str {
-    let payload = v["payload"].as_str().expect("vector has a payload");
-    if policy_override(payload).is_some() {
-        "reject"
-    } else {
-        v["expect"].as_str().expect("vector has an expect")
-    }
+    v["expect"].as_str().expect("vector has an expect")
 }
 
-/// The vectors, or `None` (after saying SKIP on stderr) when `../shared` is not there and
-/// `CI` is not `true`.
+/// The vectors.
 ///
 /// # Panics
-/// The file is missing with `CI=true`, or it is not JSON.
-pub fn load() -> Option<Vec<Value>> {
-    match std::fs::read_to_string(VECTORS) {
-        Ok(text) => Some(serde_json::from_str(&text).expect("vectors.json is valid JSON")),
-        Err(e) => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("BR Code vectors missing at {VECTORS}: {e} (required in CI)");
-            }
-            eprintln!("SKIP: BR Code vectors not found at {VECTORS}: {e}");
-            None
-        }
-    }
+/// The file cannot be read, or it is not JSON.
+pub fn load() -> Vec<Value> {
+    let text = std::fs::read_to_string(VECTORS).unwrap_or_else(|e| panic!("BR Code vectors at {VECTORS}: {e}"));
+    serde_json::from_str(&text).expect("vectors.json is valid JSON")
 }
 
 /// The rule a rejected vector's `expect_rule` (free text) names, read by keyword.

@@ -3,19 +3,12 @@
 use super::*;
 use std::path::{Path, PathBuf};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/escpos");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/escpos");
 
-/// Every `.bin` under the fixture dir, or `None` (with a notice) when the dir is missing
-/// outside CI. In CI a missing dir is a failure.
-fn fixture_files() -> Option<Vec<PathBuf>> {
+/// Every `.bin` under the fixture dir.
+fn fixture_files() -> Vec<PathBuf> {
     let dir = Path::new(FIXTURES);
-    if !dir.is_dir() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("fixture dir {FIXTURES} is missing in CI");
-        }
-        eprintln!("SKIP: fixture dir {FIXTURES} is missing");
-        return None;
-    }
+    assert!(dir.is_dir(), "fixture dir {FIXTURES} is missing");
     let mut out = vec![];
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -30,12 +23,12 @@ fn fixture_files() -> Option<Vec<PathBuf>> {
     }
     out.sort();
     assert!(!out.is_empty(), "no .bin fixtures in {FIXTURES}");
-    Some(out)
+    out
 }
 
-fn fixture(rel: &str) -> Option<Vec<u8>> {
-    fixture_files()?;
-    Some(std::fs::read(Path::new(FIXTURES).join(rel)).unwrap())
+fn fixture(rel: &str) -> Vec<u8> {
+    let path = Path::new(FIXTURES).join(rel);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn opts80() -> DecodeOptions {
@@ -48,7 +41,7 @@ fn black(img: &image::GrayImage) -> usize {
 
 #[test]
 fn every_fixture_decodes_plausibly_and_is_written_as_png() {
-    let Some(files) = fixture_files() else { return };
+    let files = fixture_files();
     let out_dir = Path::new("/tmp/decoder-samples");
     let _ = std::fs::create_dir_all(out_dir);
     for f in files {
@@ -84,7 +77,7 @@ fn every_fixture_decodes_plausibly_and_is_written_as_png() {
 
 #[test]
 fn receipt_with_logo_matches_the_photo_layout() {
-    let Some(bytes) = fixture("escpos-tools/receipt-with-logo.bin") else { return };
+    let bytes = fixture("escpos-tools/receipt-with-logo.bin");
     let d = decode(&bytes, &opts80());
     let t = &d.transcript;
     assert!(t.starts_with("[GRAPHICS 300x236]\n"), "{t}");
@@ -113,7 +106,7 @@ fn receipt_with_logo_matches_the_photo_layout() {
 
 #[test]
 fn qr_fixture_symbols_scan_back() {
-    let Some(bytes) = fixture("escpos-php/qr-code.bin") else { return };
+    let bytes = fixture("escpos-php/qr-code.bin");
     let d = decode(&bytes, &opts80());
     assert!(d.qr_codes.len() >= 5, "{:?}", d.qr_codes);
     for q in &d.qr_codes {
@@ -362,7 +355,7 @@ fn hostile_lengths_are_bounded() {
 /// about 60 evenly spaced points elsewhere) decodes without panic.
 #[test]
 fn truncated_fixtures_never_panic() {
-    let Some(files) = fixture_files() else { return };
+    let files = fixture_files();
     for f in files {
         let bytes = std::fs::read(&f).unwrap();
         let n = bytes.len();
@@ -380,7 +373,7 @@ fn truncated_fixtures_never_panic() {
 /// Random byte corruption (deterministic LCG) never panics.
 #[test]
 fn corrupted_fixtures_never_panic() {
-    let Some(files) = fixture_files() else { return };
+    let files = fixture_files();
     let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut rnd = move || {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
