@@ -271,7 +271,8 @@ impl Model {
         let payload_problem = pix_payload_problem(doc, value_cents);
         let mut effects = Vec::new();
         for (device, kind) in planned {
-            let needs_payload = matches!(kind, EffectKind::DisplayQr | EffectKind::PrintReceipt);
+            // Only what shows a QR needs the payload: a paid receipt prints the ids as text.
+            let needs_payload = matches!(kind, EffectKind::DisplayQr);
             match payload_problem {
                 Some(reason) if needs_payload => dead.push((kind, reason)),
                 _ => effects.push(ExpectedEffect {

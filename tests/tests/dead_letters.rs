@@ -15,7 +15,7 @@
 //! - routing (`router`): `unknown_terminal`, `terminal_of_another_company`,
 //!   `terminal_is_not_a_card_machine`;
 //! - one effect (`jobs::render_job`, `router` unroutable): `invalid_brcode` (bad CRC on a
-//!   QR; bad currency on a receipt while the "paid" screen still goes out),
+//!   QR; a paid charge's bad `brCode` holds back neither its screen nor its receipt),
 //!   `brcode_amount_mismatch`, `static_brcode_unbuildable`, `receipt_unrenderable` (a code
 //!   page the printer model lacks), `no_printer_for_receipt`, `no_default_printer`;
 //! - device registry (`cdc::decode_device`): `not_json`, `missing_field:company`,
@@ -94,6 +94,16 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     let terminal = docs.iter().find(|d| d["kind"] == "terminal" && d["enabled"] == true).expect("a terminal");
     let (t_id, company) = (terminal["_id"]["$oid"].as_str().unwrap().to_string(), terminal["company"]["$oid"].as_str().unwrap().to_string());
     let printer_same_company = docs.iter().find(|d| d["kind"] == "printer" && d["company"]["$oid"] == company.as_str()).unwrap()["_id"]["$oid"].as_str().unwrap().to_string();
+    // A card machine whose paired printer prints its receipts (enabled, same company).
+    let (paired_terminal, paired_printer) = docs
+        .iter()
+        .filter(|d| d["kind"] == "terminal" && d["enabled"] == true)
+        .find_map(|t| {
+            let p = t["pairedPrinter"]["$oid"].as_str()?;
+            let printer = docs.iter().find(|d| d["_id"]["$oid"] == p && d["kind"] == "printer" && d["enabled"] == true && d["company"] == t["company"])?;
+            Some((t["_id"]["$oid"].as_str()?.to_string(), printer["_id"]["$oid"].as_str()?.to_string()))
+        })
+        .expect("a card machine with a paired printer");
     let foreign_terminal = docs.iter().find(|d| d["kind"] == "terminal" && d["company"]["$oid"] != company.as_str()).expect("another company's terminal")["_id"]["$oid"].as_str().unwrap().to_string();
 
     // Extra registry: company X has a card machine and no printer at all; company Y's only
@@ -196,13 +206,17 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     // One effect dead-lettered, the others of the same event still delivered.
     let (c1, c2) = (bad_crc.clone(), bad_currency.clone());
     push(charge(&move |_, d| d["brCode"] = json!(c1)), vec![("invalid_brcode", Some(EffectKind::DisplayQr))], vec![]);
+    // A paid receipt carries no QR, so a bad `brCode` does not hold it back: the payment is
+    // done, and its screen and receipt both go out.
+    let pt = paired_terminal.clone();
     push(
         charge(&move |_, d| {
             paid(d);
+            d["terminal"] = json!({"$oid": pt});
             d["brCode"] = json!(c2);
         }),
-        vec![("invalid_brcode", Some(EffectKind::PrintReceipt))],
-        vec![(t_id.clone(), EffectKind::PaymentConfirmed)],
+        vec![],
+        vec![(paired_terminal.clone(), EffectKind::PaymentConfirmed), (paired_printer.clone(), EffectKind::PrintReceipt)],
     );
     let vd = valid_dynamic.clone();
     push(

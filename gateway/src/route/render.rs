@@ -125,7 +125,9 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
             // expiry notice (router: `printer.printPixSlip`); the notice never carries a QR,
             // so it goes out even when the payload is invalid, like the card machine's screen.
             let (kind, brcode) = match kind {
-                EffectKind::PrintReceipt => (ReceiptKind::Paid, Some(pix_payload(charge)?)),
+                // A paid receipt carries no payable QR (a second payment must not be invited):
+                // it needs no payload, so a bad `brCode` does not hold back a receipt.
+                EffectKind::PrintReceipt => (ReceiptKind::Paid, None),
                 EffectKind::DisplayQr => (ReceiptKind::PayWithPix { expires_at: charge.expires_at }, Some(pix_payload(charge)?)),
                 _ => (ReceiptKind::Expired { expired_at: charge.expires_at }, None),
             };
