@@ -11,6 +11,7 @@
 //! thread and talks to tokio through bounded channels.
 
 use crate::config::MqttConfig;
+use crate::deliver::transport::{Transport, TransportError};
 use crate::model::Incoming;
 use anyhow::{bail, Context};
 use bytes::Bytes;
@@ -41,6 +42,15 @@ impl Publisher {
     /// The broker link is gone.
     pub async fn publish(&self, topic: String, payload: Bytes) -> anyhow::Result<()> {
         self.tx.send((topic, payload)).await.context("MQTT publisher thread is gone")
+    }
+}
+
+/// Jobs go to a device's jobs topic, `pixgate/v1/devices/{device}/jobs`, where the device
+/// is subscribed at QoS 1; acks and status come back through [`start`]'s `incoming`.
+impl Transport for Publisher {
+    async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
+        let topic = Topic::Jobs(device.to_string()).path();
+        self.tx.send((topic, wire)).await.map_err(|_| TransportError::Closed("MQTT publisher"))
     }
 }
 

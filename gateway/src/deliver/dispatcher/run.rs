@@ -1,0 +1,184 @@
+//! The dispatcher's runner: owns the channels, the timers, the outbox read-back and the
+//! transport, feeds events to the [`Machine`] and carries out the [`Action`]s it returns.
+
+use super::action::{Action, Delivery, ReadBack};
+use super::machine::Machine;
+use crate::clock::Clock;
+use crate::config::DeliveryConfig;
+use crate::deliver::transport::Transport;
+use crate::model::{Command, Finished, Incoming, Outcome, StoredJob};
+use crate::store::Outbox;
+use crate::telemetry::{Monitor, Stats};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{interval, Instant};
+
+/// How often due jobs are acted on (resends, in-flight expiry) and the counts reported to
+/// `/stats` and readiness, ms: rather than after every event, as it walks every device.
+const TICK_MS: u64 = 100;
+
+/// How often queued jobs are checked for expiry on every device, ms.
+const EXPIRY_SWEEP_MS: u64 = 1_000;
+
+/// The per-device dispatcher, sending through a [`Transport`] `T`. Build it with
+/// [`Dispatcher::new`], attach the outbox with [`Dispatcher::with_outbox`], give it what
+/// the outbox holds with [`Dispatcher::preload`], then run it with [`Dispatcher::run`].
+pub struct Dispatcher<T> {
+    machine: Machine,
+    transport: T,
+    finished: mpsc::UnboundedSender<Finished>,
+    stats: Arc<Stats>,
+    health: Arc<Monitor>,
+    clock: Clock,
+    /// Where wire bytes not held are read back from; `None`: every job is held (or,
+    /// reloaded whole, serialized when sent).
+    outbox: Option<Arc<Outbox>>,
+}
+
+impl<T: Transport> Dispatcher<T> {
+    /// A dispatcher with the rules of `cfg`, sending through `transport` and reporting each
+    /// job that leaves its queue to `finished`. `clock` is the wall clock jobs' time to live
+    /// is read on.
+    ///
+    /// `finished` is unbounded on purpose: its length is bounded by the jobs queued, which
+    /// the consumer bounds, and a bounded channel here could deadlock against the
+    /// consumer's bounded [`Command`] channel.
+    pub fn new(cfg: DeliveryConfig, transport: T, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, health: Arc<Monitor>, clock: Clock) -> Self {
+        Dispatcher { machine: Machine::new(cfg), transport, finished, stats, health, clock, outbox: None }
+    }
+
+    /// Reads the wire bytes of jobs whose bytes are not held (beyond
+    /// `delivery.held_payload_bytes`, or reloaded at start-up) back from `outbox`, where
+    /// every job the dispatcher is given is stored.
+    pub fn with_outbox(mut self, outbox: Arc<Outbox>) -> Self {
+        self.machine.read_back_beyond_budget();
+        self.outbox = Some(outbox);
+        self
+    }
+
+    /// Queues jobs stored before a restart, in their order, applying the supersede rule
+    /// again: a `display_qr` followed in its device's queue by its charge's paid/expired
+    /// screen or receipt is over, even if its removal had not reached the disk before the
+    /// crash (the next job may already have been carried out); it is reported superseded
+    /// at once. The rest are sent once [`run`](Dispatcher::run) starts.
+    ///
+    /// `jobs` are headers ([`Outbox::pending_headers`]) when an outbox is attached: their
+    /// wire bytes are read back when sent. Without one, whole jobs, serialized when sent.
+    pub fn preload(&mut self, jobs: Vec<StoredJob>) {
+        for f in self.machine.preload(jobs) {
+            self.finish(f);
+        }
+    }
+
+    /// Runs until `commands` closes: sends what [`preload`](Dispatcher::preload) queued,
+    /// then handles commands as they come, acts on due jobs every 100 ms (and reports the
+    /// counts to `/stats` and `health.in_flight`), and expires queued jobs every second.
+    pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let actions = self.machine.start(Instant::now(), self.clock.now());
+        self.carry_out(actions).await;
+        let mut tick = interval(Duration::from_millis(TICK_MS));
+        let mut expiry_sweep = interval(Duration::from_millis(EXPIRY_SWEEP_MS));
+        loop {
+            tokio::select! {
+                cmd = commands.recv() => {
+                    let Some(cmd) = cmd else { return };
+                    let actions = self.handle(cmd);
+                    self.carry_out(actions).await;
+                }
+                _ = tick.tick() => {
+                    let actions = self.machine.due(Instant::now(), self.clock.now());
+                    self.carry_out(actions).await;
+                    self.report();
+                }
+                _ = expiry_sweep.tick() => {
+                    let actions = self.machine.expire_queued(self.clock.now());
+                    self.carry_out(actions).await;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) -> Vec<Action> {
+        let (now, wall) = (Instant::now(), self.clock.now());
+        match cmd {
+            Command::Enqueue(queued) => self.machine.enqueue(queued, now, wall),
+            Command::Device(Incoming::Ack { device, ack }) => {
+                self.health.acked();
+                self.machine.ack(&device, ack, now, wall)
+            }
+            Command::Device(Incoming::Status { device, status }) => self.machine.status(&device, status, now, wall),
+        }
+    }
+
+    /// Carries out `actions` in order; what a read-back leads to is carried out right after
+    /// it, before the rest.
+    async fn carry_out(&mut self, actions: Vec<Action>) {
+        let mut todo = VecDeque::from(actions);
+        while let Some(action) = todo.pop_front() {
+            match action {
+                Action::Send(delivery) => self.send(delivery).await,
+                Action::ReadBack { device, seq } => {
+                    let got = self.read_back(&device, seq);
+                    let next = self.machine.read_back(&device, seq, got, Instant::now(), self.clock.now());
+                    for a in next.into_iter().rev() {
+                        todo.push_front(a);
+                    }
+                }
+                Action::Finish(f) => self.finish(f),
+                Action::Vanished(stored) => {
+                    tracing::error!(device = %stored.device, seq = stored.job.seq, message_id = %stored.job.message_id, "queued job is no longer in the outbox; dropped");
+                    // Reported finished, so the consumer's outbox bounds count it out.
+                    let _ = self.finished.send(Finished { stored, outcome: Outcome::Done });
+                }
+            }
+        }
+    }
+
+    async fn send(&self, d: Delivery) {
+        if d.is_redelivery() {
+            self.stats.update(|s| s.job_redeliveries += 1);
+        }
+        if let Err(e) = self.transport.send(&d.device, d.wire).await {
+            tracing::error!(device = %d.device, seq = d.seq, message_id = %d.message_id, error = %e, "cannot send job; will retry at its timeout");
+        }
+    }
+
+    fn read_back(&self, device: &str, seq: u64) -> ReadBack {
+        let Some(outbox) = &self.outbox else {
+            // The machine reads back only once `with_outbox` attached one.
+            tracing::error!(device, seq, "job to read back without an outbox attached");
+            return ReadBack::Failed;
+        };
+        match outbox.wire(device, seq) {
+            Ok(Some(wire)) => ReadBack::Wire(wire),
+            Ok(None) => ReadBack::Gone,
+            Err(e) => {
+                tracing::error!(device, seq, error = %e, "cannot read the job from the outbox; retrying");
+                ReadBack::Failed
+            }
+        }
+    }
+
+    /// Reports a job that left its queue to the consumer, counting it.
+    fn finish(&self, f: Finished) {
+        let job = &f.stored.job;
+        match f.outcome {
+            Outcome::Done => self.stats.effect_done(job.kind.as_str()),
+            Outcome::Expired => {
+                tracing::info!(device = %f.stored.device, kind = job.kind.as_str(), charge = %job.charge_id, expires_at = ?job.expires_at, "job expired before delivery");
+                self.stats.expired(job.kind.as_str());
+            }
+            Outcome::Superseded | Outcome::Failed(_) => {}
+        }
+        let _ = self.finished.send(f);
+    }
+
+    /// Jobs queued and in flight, to `/stats` and readiness.
+    fn report(&self) {
+        let counts = self.machine.counts();
+        self.stats.update(|s| s.queued_jobs = counts.queued as u64);
+        self.health.in_flight(counts.in_flight);
+    }
+}
