@@ -7,7 +7,7 @@
 //! now), and, when [`ClockConfig::control`](crate::config::ClockConfig) is on, a test can
 //! move it forward at run time with `POST /clock/advance?ms=N` (a device offline for 25
 //! minutes without sleeping 25 minutes). Ack timeouts and retry backoff use the monotonic
-//! [`std::time::Instant`] and are not affected: only deadlines stated in wall time are.
+//! [`tokio::time::Instant`] and are not affected: only deadlines stated in wall time are.
 
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -33,16 +33,12 @@ use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{pause_unless_shutdown, until_stored};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
-use crate::store::{Accept, Outbox, OutboxError, ReplayError, Removal};
+use crate::store::{Accept, Outbox, OutboxError, ReplayError, Removal, Written};
 use crate::telemetry::Monitor;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-
-/// What [`Outbox::write`] returns per record of a batch: the jobs queued and the ids of
-/// the dead letters parked.
-pub type Stored = Vec<(Vec<Queued>, Vec<u64>)>;
 
 /// The write-then-enqueue step: the outbox the jobs are written to, and the dispatcher
 /// they go to.
@@ -72,7 +68,7 @@ pub struct Attempt {
     records: Vec<RecordRef>,
     accepts: Vec<Accept>,
     removals: Vec<Removal>,
-    result: Result<Stored, OutboxError>,
+    result: Result<Written, OutboxError>,
 }
 
 /// A batch across the seam: stored in the outbox, its jobs sent to the dispatcher.
