@@ -7,6 +7,9 @@
 //! The vectors' loader is `render/tests/support/brcode_vectors.rs`, shared with
 //! `render/tests/brcode_vectors.rs`.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 use render::brcode::{fold_upper, parse};
 use serde_json::Value;
 use std::io::Write;

@@ -4,6 +4,9 @@
 //! and the ratio is printed at the end (absolute times on a shared 2-core machine are
 //! noisy; the ratio is the figure to compare).
 
+// A bench that panics is a failed run; criterion_group! defines an undocumented pub fn.
+#![allow(clippy::unwrap_used, missing_docs)]
+
 use criterion::{criterion_group, Criterion};
 use render::brcode::{encode_static, StaticPix};
 use render::qr_fast::{self, Ec};

@@ -1,7 +1,7 @@
 //! The whole render of one charge, per second on one core:
 //!
-//! - `raster_qr_receipt`: BR Code (static, [`encode_static`]) + QR ([`render::qr::encode`])
-//!   + ESC/POS pay-with-Pix slip with the QR as a `GS v 0` raster, generic 80 mm printer
+//! - `raster_qr_receipt`: BR Code (static, [`encode_static`]) + QR ([`render::qr::encode`]),
+//!   then the ESC/POS pay-with-Pix slip with the QR as a `GS v 0` raster, generic 80 mm printer
 //!   (the printed job with the most work: the paid receipt carries no QR);
 //! - `native_qr_receipt`: the same slip for a printer that prints `GS ( k` itself (no QR
 //!   encode in pixgate);
@@ -24,6 +24,9 @@
 //! Profiling: `PIXGATE_BENCH_PROFILE=raster_qr_receipt:2000` runs one case that many
 //! times and exits, e.g. under `valgrind --tool=callgrind` (deterministic instruction
 //! counts, unlike wall time on a shared machine).
+
+// A bench that panics is a failed run; criterion_group! defines an undocumented pub fn.
+#![allow(clippy::unwrap_used, missing_docs)]
 
 use chrono::{DateTime, Utc};
 use criterion::{criterion_group, Criterion, Throughput};

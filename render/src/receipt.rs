@@ -219,10 +219,20 @@ pub enum ReceiptError {
     Qr(#[from] qr::QrError),
     /// The QR does not fit the paper even at 1 dot per module.
     #[error("a QR of {modules} modules (plus quiet zone) does not fit {dots} dots")]
-    QrTooWide { modules: usize, dots: u32 },
+    QrTooWide {
+        /// The symbol's width, modules.
+        modules: usize,
+        /// The paper's printable width, dots.
+        dots: u32,
+    },
     /// The printer's model has no `ESC t` table for the configured code page.
     #[error("printer model {model} has no code table {code_page}")]
-    CodePageUnsupported { code_page: &'static str, model: &'static str },
+    CodePageUnsupported {
+        /// The configured code page, e.g. `WPC1252`.
+        code_page: &'static str,
+        /// The printer model's profile name.
+        model: &'static str,
+    },
     /// A pay-with-Pix slip without a BR Code to print.
     #[error("a pay-with-Pix slip needs a BR Code")]
     NoBrCode,

@@ -56,7 +56,7 @@ fn every_vector_matches_expectation() {
         // Independent CRC cross-check of the fixture's crc_valid flag where 6304 exists.
         if let (Some(valid), Some(pos)) = (v["crc_valid"].as_bool(), payload.rfind("6304")) {
             if pos + 8 == payload.len() && v["tlv_valid"].as_bool() == Some(true) {
-                let ok = format!("{:04X}", crc16(payload[..pos + 4].as_bytes())) == payload[pos + 4..];
+                let ok = format!("{:04X}", crc16(&payload.as_bytes()[..pos + 4])) == payload[pos + 4..];
                 assert_eq!(ok, valid, "#{i}: crc_valid flag disagrees with crc16");
             }
         }

@@ -3,6 +3,9 @@
 //! QR (from the screen PNG, and from the printer's raster bytes), a minimal ESC/POS walker
 //! written here for the receipt bytes. Sample outputs go to `/tmp/render-samples/`.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{DateTime, Utc};
 use image::GrayImage;
 use render::brcode::{self, StaticPix};

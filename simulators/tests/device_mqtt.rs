@@ -1,6 +1,9 @@
 //! End-to-end tests of the simulated devices against a real embedded rumqttd broker, driven
 //! from an outside MQTT client playing the gateway.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{qr_codes_in_png, start_broker, temp_dir, FakeGateway};

@@ -19,6 +19,9 @@
 //! Elgin i9 with CP858 (`ESC t 5`). `nativeQr` is set on 80 mm and off on 58 mm, so both QR
 //! paths are printed.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{DateTime, Utc};
 use render::brcode::{encode_static, StaticPix};
 use render::codepage::CodePage;

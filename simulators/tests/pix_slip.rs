@@ -7,6 +7,9 @@
 //! the slip's printed QR must scan (rqrr, from the PNG on disk) as the charge's BR Code,
 //! and the notice must have no QR at all.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use device_protocol::messages::{CONTENT_ESCPOS, VERSION};
@@ -96,7 +99,7 @@ fn slip_and_notice_print_amount_txid_and_only_the_slip_has_the_qr() {
         let slip_png = print_job(&settings, &job(EffectKind::DisplayQr, &c, 1, &slip), &dir).unwrap();
         let notice_png = print_job(&settings, &job(EffectKind::ChargeExpired, &c, 2, &notice), &dir).unwrap();
         let transcript = std::fs::read_to_string(dir.join("transcript.txt")).unwrap();
-        let (slip_text, notice_text) = transcript.split_once(&format!("===== seq 0002 charge_expired")).expect("two jobs in the transcript");
+        let (slip_text, notice_text) = transcript.split_once("===== seq 0002 charge_expired").expect("two jobs in the transcript");
         assert!(slip_text.contains("===== seq 0001 display_qr"), "{transcript}");
 
         let amount = format_amount(c.value_cents as i64, Locale::PtBr);
@@ -110,7 +113,7 @@ fn slip_and_notice_print_amount_txid_and_only_the_slip_has_the_qr() {
         assert!(flat(notice_text).contains(&Locale::PtBr.label(Label::ChargeExpired).to_uppercase()), "{notice_text}");
 
         let scanned = common::qr_codes_in_png(&slip_png);
-        assert_eq!(scanned, [c.brcode.clone()], "{model}: slip QR");
+        assert_eq!(scanned, std::slice::from_ref(&c.brcode), "{model}: slip QR");
         let parsed = render::brcode::parse(&scanned[0]).unwrap();
         assert_eq!(parsed.amount_cents(), Some(c.value_cents));
         assert_eq!(common::qr_codes_in_png(&notice_png), Vec::<String>::new(), "{model}: the notice printed a QR");

@@ -3,6 +3,9 @@
 //! (transient `failed`), the state is reported again after a reconnect, and
 //! `Rendering::Verify` checks payloads without drawing them.
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{start_broker, temp_dir, FakeGateway};

@@ -10,6 +10,9 @@
 //! order and answers a query only after everything before it, so once a reply is read,
 //! every job sent before the query has been printed (or held).
 
+// A test: a panic in its helpers is a failed test, as in its #[test] functions.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use render::brcode::{encode_static, StaticPix};

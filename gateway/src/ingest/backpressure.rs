@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn jobs_left_out_by_the_dedupe_window_release_their_device() {
         let p0 = part(0);
-        let mut b = assigned(bounds(1000, 1000, 4), &[p0.clone()]);
+        let mut b = assigned(bounds(1000, 1000, 4), std::slice::from_ref(&p0));
         // A record read again after a restart: its four jobs reach d's bound when planned…
         assert!(b.planned(&p0, ["d", "d", "d"]).is_empty());
         assert_eq!(acting(&b.planned(&p0, ["d"]), Action::Pause), vec![p0.clone()]);
