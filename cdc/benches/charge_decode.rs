@@ -14,7 +14,10 @@ fn main() {
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let records: Vec<Vec<u8>> = text
         .lines()
-        .map(|l| serde_json::to_vec(&serde_json::from_str::<serde_json::Value>(l).expect("fixture line")["value"]).expect("value"))
+        .map(|l| {
+            serde_json::to_vec(&serde_json::from_str::<serde_json::Value>(l).expect("fixture line")["value"])
+                .expect("value")
+        })
         .collect();
     let time = |decode: &dyn Fn(&[u8]) -> bool| {
         let t = Instant::now();

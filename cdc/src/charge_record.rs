@@ -15,9 +15,9 @@
 //! error, and the test `fast_and_reference_decoders_agree` checks that they agree on every
 //! fixture and on mutations of it.
 
+use crate as cdc;
 use crate::document::{Charge, ChargeStatus, Operation};
 use crate::error::DecodeError;
-use crate as cdc;
 use chrono::{DateTime, Utc};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -63,7 +63,13 @@ pub fn decode_charge_record(bytes: &[u8]) -> Result<ChargeRecord, DecodeError> {
 pub fn decode_with_values(bytes: &[u8]) -> Result<ChargeRecord, DecodeError> {
     let env = cdc::decode_envelope(bytes)?;
     let charge = env.full_document.as_ref().map(cdc::decode_charge);
-    Ok(ChargeRecord { event_id: env.event_id, operation: env.operation, document_id: env.document_id, cluster_time: env.cluster_time, charge })
+    Ok(ChargeRecord {
+        event_id: env.event_id,
+        operation: env.operation,
+        document_id: env.document_id,
+        cluster_time: env.cluster_time,
+        charge,
+    })
 }
 
 /// The record in the shapes the capture job writes; `None` hands it to the reference
@@ -89,7 +95,13 @@ fn fast_record(bytes: &[u8]) -> Option<ChargeRecord> {
         None => None,
         Some(d) => Some(Ok(d.into_charge()?)),
     };
-    Some(ChargeRecord { event_id: r.event_id.into_owned(), operation, document_id: r.document_key.id.0?, cluster_time: (ts.t << 32) | ts.i, charge })
+    Some(ChargeRecord {
+        event_id: r.event_id.into_owned(),
+        operation,
+        document_id: r.document_key.id.0?,
+        cluster_time: (ts.t << 32) | ts.i,
+        charge,
+    })
 }
 
 /// The envelope (`fixtures/cdc/README.md`), fields pixgate reads; others are skipped.
@@ -464,10 +476,28 @@ mod tests {
             records.extend(crate::fixtures::records(file).into_iter().map(|(_, b)| b));
         }
         let paths = [
-            "eventId", "operationType", "documentKey", "documentKey._id", "clusterTime", "clusterTime.$timestamp", "clusterTime.$timestamp.t",
-            "fullDocument", "fullDocument._id", "fullDocument.company", "fullDocument.value", "fullDocument.status", "fullDocument.__v",
-            "fullDocument.merchant", "fullDocument.merchant.name", "fullDocument.merchant.city", "fullDocument.additionalInfo",
-            "fullDocument.terminal", "fullDocument.brCode", "fullDocument.payer", "fullDocument.paidAt", "fullDocument.expiresDate",
+            "eventId",
+            "operationType",
+            "documentKey",
+            "documentKey._id",
+            "clusterTime",
+            "clusterTime.$timestamp",
+            "clusterTime.$timestamp.t",
+            "fullDocument",
+            "fullDocument._id",
+            "fullDocument.company",
+            "fullDocument.value",
+            "fullDocument.status",
+            "fullDocument.__v",
+            "fullDocument.merchant",
+            "fullDocument.merchant.name",
+            "fullDocument.merchant.city",
+            "fullDocument.additionalInfo",
+            "fullDocument.terminal",
+            "fullDocument.brCode",
+            "fullDocument.payer",
+            "fullDocument.paidAt",
+            "fullDocument.expiresDate",
             "fullDocument.endToEndId",
         ];
         let mut mutated = Vec::new();
@@ -513,7 +543,17 @@ mod tests {
         assert!(compared > 15_000, "{compared} records compared");
         // The fast path must carry the usual records, not hand them all to the reference.
         let usual = crate::fixtures::records("charges.jsonl");
-        let slow: Vec<String> = usual.iter().filter(|(_, b)| !fast_record(b).is_some_and(|r| matches!(r.charge, Some(Ok(_))))).map(|(_, b)| String::from_utf8_lossy(b).into_owned()).collect();
-        assert!(usual.len() > 200 && slow.is_empty(), "{} of {} usual records not decoded by the fast path, e.g. {:?}", slow.len(), usual.len(), slow.first());
+        let slow: Vec<String> = usual
+            .iter()
+            .filter(|(_, b)| !fast_record(b).is_some_and(|r| matches!(r.charge, Some(Ok(_)))))
+            .map(|(_, b)| String::from_utf8_lossy(b).into_owned())
+            .collect();
+        assert!(
+            usual.len() > 200 && slow.is_empty(),
+            "{} of {} usual records not decoded by the fast path, e.g. {:?}",
+            slow.len(),
+            usual.len(),
+            slow.first()
+        );
     }
 }

@@ -33,7 +33,10 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Envelope, DecodeError> {
     // A BSON timestamp is two unsigned 32-bit integers (seconds, ordinal); a wider value
     // would be cut off when packed into `cluster_time` and mis-order the event.
     let part = |k: &str| {
-        ts[k].as_u64().filter(|n| *n <= u64::from(u32::MAX)).ok_or_else(|| invalid("clusterTime", format!("{k} is not an unsigned 32-bit integer: {}", ts[k])))
+        ts[k]
+            .as_u64()
+            .filter(|n| *n <= u64::from(u32::MAX))
+            .ok_or_else(|| invalid("clusterTime", format!("{k} is not an unsigned 32-bit integer: {}", ts[k])))
     };
     let (t, i) = (part("t")?, part("i")?);
     // Moved out, not cloned: the document is most of the record.
@@ -67,10 +70,9 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
     let version = long(req(&doc["__v"], "__v")?, "__v")?;
     let merchant = req(&doc["merchant"], "merchant")?;
     let items = match &doc["additionalInfo"] {
-        Value::Array(a) => a
-            .iter()
-            .map(|it| (text(&it["key"]).unwrap_or_default(), text(&it["value"]).unwrap_or_default()))
-            .collect(),
+        Value::Array(a) => {
+            a.iter().map(|it| (text(&it["key"]).unwrap_or_default(), text(&it["value"]).unwrap_or_default())).collect()
+        }
         _ => Vec::new(),
     };
     Ok(Charge {
@@ -225,7 +227,10 @@ mod tests {
     #[test]
     fn envelope_errors_are_reasons() {
         assert_eq!(decode_envelope(b"\x00\xff garbage").unwrap_err().reason(), "not_json");
-        assert_eq!(decode_envelope(br#"{"eventId": "Charge:broken", "operationType": "upd"#).unwrap_err().reason(), "not_json");
+        assert_eq!(
+            decode_envelope(br#"{"eventId": "Charge:broken", "operationType": "upd"#).unwrap_err().reason(),
+            "not_json"
+        );
         assert_eq!(decode_envelope(b"[1]").unwrap_err().reason(), "not_json");
         let e = decode_envelope(br#"{"operationType":"insert"}"#).unwrap_err();
         assert_eq!(e.reason(), "missing_field:eventId");

@@ -131,7 +131,9 @@ impl Job {
 /// which JSON escapes. Branch-free within 64-byte chunks, so it vectorises: far cheaper
 /// than the escaping it spares.
 fn is_base64_text(s: &str) -> bool {
-    let ok = |b: u8| ((b | 0x20).wrapping_sub(b'a') < 26) | (b.wrapping_sub(b'0') < 10) | (b == b'+') | (b == b'/') | (b == b'=');
+    let ok = |b: u8| {
+        ((b | 0x20).wrapping_sub(b'a') < 26) | (b.wrapping_sub(b'0') < 10) | (b == b'+') | (b == b'/') | (b == b'=')
+    };
     s.as_bytes().chunks(64).all(|c| c.iter().fold(true, |all, &b| all & ok(b)))
 }
 
@@ -204,7 +206,15 @@ impl Ack {
     /// A `done` ack for the job `message_id`/`seq`; `duplicate` when the device had already
     /// carried that message id out and did nothing this time.
     pub fn done(message_id: &str, seq: u64, duplicate: bool) -> Ack {
-        Ack { v: VERSION, message_id: message_id.to_string(), seq, result: AckResult::Done, reason: None, permanent: false, duplicate }
+        Ack {
+            v: VERSION,
+            message_id: message_id.to_string(),
+            seq,
+            result: AckResult::Done,
+            reason: None,
+            permanent: false,
+            duplicate,
+        }
     }
 
     /// A `failed` ack for the job `message_id`/`seq` with `reason`; `permanent` when a retry
@@ -307,18 +317,33 @@ mod tests {
             payload: Job::encode_payload(&(0..=255u8).cycle().take(3000).collect::<Vec<_>>()),
             expires_at: Some("2026-11-28T12:01:08.250Z".parse().unwrap()),
         };
-        let payloads = [base.payload.clone(), String::new(), "G0A=".into(), "ab\"cd".into(), "a\\b".into(), "a\nb\u{1}".into(), "pão".into(), format!("{}\"", "A".repeat(200))];
+        let payloads = [
+            base.payload.clone(),
+            String::new(),
+            "G0A=".into(),
+            "ab\"cd".into(),
+            "a\\b".into(),
+            "a\nb\u{1}".into(),
+            "pão".into(),
+            format!("{}\"", "A".repeat(200)),
+        ];
         for payload in payloads {
             for expires_at in [base.expires_at, None] {
                 let job = Job { payload: payload.clone(), expires_at, ..base.clone() };
                 let mut out = b"before".to_vec();
                 job.write_json(&mut out);
-                assert_eq!(String::from_utf8_lossy(&out[6..]), String::from_utf8_lossy(&serde_json::to_vec(&job).unwrap()), "{payload:?}");
+                assert_eq!(
+                    String::from_utf8_lossy(&out[6..]),
+                    String::from_utf8_lossy(&serde_json::to_vec(&job).unwrap()),
+                    "{payload:?}"
+                );
                 assert_eq!(serde_json::from_slice::<Job>(&out[6..]).unwrap(), job);
                 assert_eq!(job.to_json(), &out[6..]);
             }
         }
-        assert!(is_base64_text(&base.payload) && is_base64_text("") && !is_base64_text("G0A=\"") && !is_base64_text("G0A-"));
+        assert!(
+            is_base64_text(&base.payload) && is_base64_text("") && !is_base64_text("G0A=\"") && !is_base64_text("G0A-")
+        );
     }
 
     #[test]

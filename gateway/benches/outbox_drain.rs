@@ -11,8 +11,8 @@
 //! Run: `cargo bench -p gateway --bench outbox_drain [-- RECORDS [BATCH]]`. Compare two layouts
 //! by running each in the same sitting; the figures, not a pass/fail, are the output.
 
-use device_protocol::{EffectKind, Job};
 use cdc::ChargeStatus;
+use device_protocol::{EffectKind, Job};
 use gateway::model::SourceRef;
 use gateway::store::{Accept, ChargeState, Outbox, Removal};
 use std::time::{Duration, Instant};
@@ -92,9 +92,17 @@ fn main() {
                 let count = if rng.below(10) == 0 { 2 } else { 1 };
                 let jobs = (0..count).map(|_| (format!("dev-{:04}", rng.below(DEVICES)), job(&mut rng, n))).collect();
                 Accept {
-                    charge: Some((format!("{:024x}", rng.next()), ChargeState { version: 1, status: ChargeStatus::Completed })),
+                    charge: Some((
+                        format!("{:024x}", rng.next()),
+                        ChargeState { version: 1, status: ChargeStatus::Completed },
+                    )),
                     jobs,
-                    source: Some(SourceRef { topic: "charge.upserted".into(), partition: (n % 3) as i32, offset: n as i64, key: None }),
+                    source: Some(SourceRef {
+                        topic: "charge.upserted".into(),
+                        partition: (n % 3) as i32,
+                        offset: n as i64,
+                        key: None,
+                    }),
                     event_time: (1_700_000_000 + n / 100) << 32 | (n % 100),
                     ..Accept::default()
                 }

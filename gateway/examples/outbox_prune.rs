@@ -22,7 +22,17 @@ fn batch(from: u64, n: u64, now_ms: u64) -> Vec<Accept> {
     (0..n)
         .map(|k| {
             let id = format!("{:064x}", (from + k).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let job = Job { v: 1, message_id: id, seq: 0, kind: EffectKind::DisplayQr, event_id: "e".into(), charge_id: "c".into(), content_type: "x".into(), payload: "AAAA".into(), expires_at: None };
+            let job = Job {
+                v: 1,
+                message_id: id,
+                seq: 0,
+                kind: EffectKind::DisplayQr,
+                event_id: "e".into(),
+                charge_id: "c".into(),
+                content_type: "x".into(),
+                payload: "AAAA".into(),
+                expires_at: None,
+            };
             Accept { jobs: vec![(format!("dev{}", (from + k) % 500), job)], event_time, ..Accept::default() }
         })
         .collect()
@@ -31,7 +41,12 @@ fn batch(from: u64, n: u64, now_ms: u64) -> Vec<Accept> {
 /// Accepts a batch, then removes its jobs as done (their ids stay in the window).
 fn write(o: &Outbox, from: u64, n: u64, now_ms: u64) {
     let out = o.write(&mut batch(from, n, now_ms), &[], now_ms).expect("write");
-    let done: Vec<Removal> = out.iter().flat_map(|(q, _)| q.iter().map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false })).collect();
+    let done: Vec<Removal> = out
+        .iter()
+        .flat_map(|(q, _)| {
+            q.iter().map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false })
+        })
+        .collect();
     o.write(&mut [], &done, now_ms).expect("remove");
 }
 
@@ -76,7 +91,9 @@ fn main() {
         std::thread::sleep(Duration::from_millis(300));
         stop.store(true, Ordering::Relaxed);
         let (slowest, writes) = writer.join().expect("writer");
-        let what = prune.map_or("no prune".to_string(), |c| format!("prune, cutoff {c}: {removed} ids removed in {:.0} ms;", took.as_secs_f64() * 1e3));
+        let what = prune.map_or("no prune".to_string(), |c| {
+            format!("prune, cutoff {c}: {removed} ids removed in {:.0} ms;", took.as_secs_f64() * 1e3)
+        });
         println!("{what} concurrent writer: {writes} writes, slowest {:.1} ms", slowest.as_secs_f64() * 1e3);
     };
     run(None, 0);

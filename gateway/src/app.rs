@@ -48,7 +48,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
 
     let outbox = Arc::new(
-        Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes).with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
+        Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes)
+            .with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
     );
     let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();
@@ -56,7 +57,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         *per_device.entry(s.device.clone()).or_insert(0usize) += 1;
     }
     tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
-    let mut dispatcher = Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), health.clone(), clock.clone()).with_outbox(outbox.clone());
+    let mut dispatcher =
+        Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), health.clone(), clock.clone())
+            .with_outbox(outbox.clone());
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
     let to_dispatcher = commands_tx.clone();
@@ -71,7 +74,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut http_shutdown = shutdown_rx.clone();
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
-    let state = http::AppState { stats: stats.clone(), health: health.clone(), outbox: outbox.clone(), clock: clock.clone(), clock_control: cfg.clock.control, replays: replays_tx };
+    let state = http::AppState {
+        stats: stats.clone(),
+        health: health.clone(),
+        outbox: outbox.clone(),
+        clock: clock.clone(),
+        clock_control: cfg.clock.control,
+        replays: replays_tx,
+    };
     let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
         let _ = http_shutdown.changed().await;
     }));
@@ -83,7 +93,13 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let _ = shutdown_tx.send(true);
     });
 
-    let deadletters = DeadLetterPublisher::new(&cfg.kafka.brokers, &cfg.kafka.deadletter_topic, outbox.clone(), clock.clone(), stats.clone())?;
+    let deadletters = DeadLetterPublisher::new(
+        &cfg.kafka.brokers,
+        &cfg.kafka.deadletter_topic,
+        outbox.clone(),
+        clock.clone(),
+        stats.clone(),
+    )?;
     let deadletter_wake = deadletters.notifier();
     let deadletter_task = tokio::spawn(deadletters.run(shutdown_rx.clone()));
 
@@ -116,7 +132,8 @@ async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]

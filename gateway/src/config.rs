@@ -200,7 +200,14 @@ pub struct MqttConfig {
 
 impl Default for MqttConfig {
     fn default() -> Self {
-        MqttConfig { listen: "127.0.0.1:1883".into(), max_payload_bytes: 1 << 20, max_connections: 10_000, segment_bytes: 64 << 10, segment_count: 1, gateway_segment_bytes: 4 << 20 }
+        MqttConfig {
+            listen: "127.0.0.1:1883".into(),
+            max_payload_bytes: 1 << 20,
+            max_connections: 10_000,
+            segment_bytes: 64 << 10,
+            segment_count: 1,
+            gateway_segment_bytes: 4 << 20,
+        }
     }
 }
 
@@ -379,7 +386,10 @@ mod tests {
             jail.create_file("p.toml", "[health]\nstall_after_ms = 5000\n[health.topics.\"charge.upserted\"]\nmin_rate_per_s = 2.5\nmax_quiet_ms = 600000\n")?;
             jail.set_env("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "3000");
             let c = Config::load(Some(Path::new("p.toml"))).map_err(|e| e.to_string())?;
-            assert_eq!((c.health.stall_after_ms, c.health.kafka_down_after_ms, c.health.unassigned_after_ms), (5_000, 3_000, 30_000));
+            assert_eq!(
+                (c.health.stall_after_ms, c.health.kafka_down_after_ms, c.health.unassigned_after_ms),
+                (5_000, 3_000, 30_000)
+            );
             let t = &c.health.topics["charge.upserted"];
             assert_eq!((t.min_rate_per_s, t.max_quiet_ms), (Some(2.5), Some(600_000)));
             // `pixgate config` prints a file that loads back to the same settings.

@@ -59,13 +59,16 @@ enum Cmd {
 fn init_logs() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into());
     // Global filters, not per-layer ones: a global filter's verdict is cached per callsite,
     // so a disabled rumqttd span costs nothing, where a per-layer filter is asked again at
     // every span.
     let broker_span = |meta: &tracing::Metadata<'_>| !(meta.is_span() && meta.target().starts_with("rumqttd"));
     let no_broker_spans = tracing_subscriber::filter::filter_fn(broker_span);
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     tracing_subscriber::registry().with(no_broker_spans).with(filter).with(fmt).init();
 }
 

@@ -68,7 +68,8 @@ fn decode_every_vector() {
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         match (expect, out.status.code()) {
             ("accept", Some(0)) => {
-                let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("#{i}: stdout is not JSON ({e}): {stdout}"));
+                let json: Value = serde_json::from_str(&stdout)
+                    .unwrap_or_else(|e| panic!("#{i}: stdout is not JSON ({e}): {stdout}"));
                 for (name, want) in v["fields"].as_object().unwrap() {
                     assert_eq!(&json[json_name(name)], want, "#{i} field {name}");
                 }
@@ -131,7 +132,8 @@ fn encode_decode_round_trip_of_every_valid_vector() {
         assert_eq!(out.status.code(), Some(0), "#{i}: {}", text(&out.stderr));
         let encoded = text(&out.stdout).trim_end().to_string();
 
-        let again = parse(&encoded).unwrap_or_else(|e| panic!("#{i}: encoder output rejected by render: {e}\n{encoded}"));
+        let again =
+            parse(&encoded).unwrap_or_else(|e| panic!("#{i}: encoder output rejected by render: {e}\n{encoded}"));
         assert_eq!(again.key, original.key, "#{i}");
         assert_eq!(again.url, original.url, "#{i}");
         assert_eq!(again.amount_cents(), original.amount_cents(), "#{i}");

@@ -24,7 +24,8 @@ fn payload() -> String {
                 merchant_name: "Padaria Pao Dourado".into(),
                 merchant_city: "Sao Paulo".into(),
                 txid: Some("PEDIDO20261127000123XYZAB"[..txid_len].into()),
-                description: (n > 0).then(|| "Pedido na padaria, obrigado pela preferencia!!!!!!!!!!!!!!!!!!!!!!!!!!!!"[..n].into()),
+                description: (n > 0)
+                    .then(|| "Pedido na padaria, obrigado pela preferencia!!!!!!!!!!!!!!!!!!!!!!!!!!!!"[..n].into()),
             })
             .unwrap();
             if p.len() == 150 {
@@ -66,9 +67,15 @@ fn bench(c: &mut Criterion) {
     let placed = template.place(&codewords);
     let mut s = c.benchmark_group("qr_fast_stages");
     s.bench_function("0_segmentation", |b| b.iter(|| qr_fast::segment::optimal(black_box(data), version)));
-    s.bench_function("1_data_codewords", |b| b.iter(|| qr_fast::bits::data_codewords(black_box(data), &segments, version, Ec::M)));
-    s.bench_function("2_reed_solomon_interleave", |b| b.iter(|| qr_fast::rs::interleave(black_box(&data_cw), version, Ec::M)));
-    s.bench_function("3_template_build_cold_once_per_version", |b| b.iter(|| qr_fast::matrix::Template::<1>::new(black_box(version))));
+    s.bench_function("1_data_codewords", |b| {
+        b.iter(|| qr_fast::bits::data_codewords(black_box(data), &segments, version, Ec::M))
+    });
+    s.bench_function("2_reed_solomon_interleave", |b| {
+        b.iter(|| qr_fast::rs::interleave(black_box(&data_cw), version, Ec::M))
+    });
+    s.bench_function("3_template_build_cold_once_per_version", |b| {
+        b.iter(|| qr_fast::matrix::Template::<1>::new(black_box(version)))
+    });
     s.bench_function("4_placement", |b| b.iter(|| black_box(&template).place(black_box(&codewords))));
     s.bench_function("5_mask_selection_8x", |b| b.iter(|| qr_fast::mask::choose(black_box(&placed), &template, Ec::M)));
     s.bench_function("5a_one_penalty", |b| b.iter(|| qr_fast::mask::penalty(black_box(&placed))));

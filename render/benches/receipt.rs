@@ -165,8 +165,15 @@ fn bench(c: &mut Criterion) {
             render_receipt_into(&mut buf, black_box(&r), &native).unwrap();
         })
     });
-    let s = Screen::PayWithPix { merchant_name: ch.merchant_name.into(), amount_cents: ch.value_cents, brcode: payload.clone(), expires_at: Some(ch.expires_at) };
-    p.bench_function("screen_picture_only", |b| b.iter(|| render_screen(black_box(&s), 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo)));
+    let s = Screen::PayWithPix {
+        merchant_name: ch.merchant_name.into(),
+        amount_cents: ch.value_cents,
+        brcode: payload.clone(),
+        expires_at: Some(ch.expires_at),
+    };
+    p.bench_function("screen_picture_only", |b| {
+        b.iter(|| render_screen(black_box(&s), 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo))
+    });
     let img = render_screen(&s, 720, 1280, Locale::PtBr, chrono_tz::America::Sao_Paulo);
     p.bench_function("screen_png_encode_only", |b| b.iter(|| screen::to_png(black_box(&img))));
     p.finish();
@@ -259,7 +266,10 @@ fn main() {
     let (raster, native) = setups();
     assert!(receipt_bytes(&ch, &raster).windows(3).any(|w| w == [0x1D, 0x76, 0x30]), "raster QR");
     assert!(receipt_bytes(&ch, &native).windows(3).any(|w| w == [0x1D, 0x28, 0x6B]), "native QR");
-    assert!(!paid_bytes(&ch, &raster).windows(3).any(|w| w == [0x1D, 0x28, 0x6B] || w == [0x1D, 0x76, 0x30]), "no QR on the paid receipt");
+    assert!(
+        !paid_bytes(&ch, &raster).windows(3).any(|w| w == [0x1D, 0x28, 0x6B] || w == [0x1D, 0x76, 0x30]),
+        "no QR on the paid receipt"
+    );
     assert!(screen_png(&ch).starts_with(b"\x89PNG"));
     if let Ok(spec) = std::env::var("PIXGATE_BENCH_PROFILE") {
         let (name, n) = spec.split_once(':').expect("PIXGATE_BENCH_PROFILE=<case>:<iterations>");

@@ -574,7 +574,9 @@ pub fn fold_upper(text: &str, max: usize) -> String {
             return false;
         }
         let a = a.to_ascii_uppercase();
-        let keep = a.is_ascii_uppercase() || a.is_ascii_digit() || matches!(a, b'$' | b'%' | b'*' | b'+' | b'-' | b'.' | b'/' | b':' | b' ');
+        let keep = a.is_ascii_uppercase()
+            || a.is_ascii_digit()
+            || matches!(a, b'$' | b'%' | b'*' | b'+' | b'-' | b'.' | b'/' | b':' | b' ');
         if keep && !(a == b' ' && (out.is_empty() || out.ends_with(' '))) {
             out.push(char::from(a));
         }
@@ -612,7 +614,11 @@ fn fold_printable(text: &str, max: usize) -> String {
 pub fn clean_txid(txid: Option<&str>) -> String {
     let mut t = String::with_capacity(25);
     t.extend(txid.unwrap_or("").chars().filter(char::is_ascii_alphanumeric).take(25));
-    if t.is_empty() { "***".to_string() } else { t }
+    if t.is_empty() {
+        "***".to_string()
+    } else {
+        t
+    }
 }
 
 fn folded_name_city(name: &str, city: &str) -> Result<(String, String), BrCodeError> {
@@ -717,7 +723,16 @@ fn read_back(payload: &str, w: &Written) {
         Ok(b) => b,
         Err(e) => panic!("BR Code writer produced a payload its reader rejects ({e}): {payload}"),
     };
-    let got = (b.point_of_initiation.as_deref(), b.key.as_deref(), b.description.as_deref(), b.url.as_deref(), b.amount.as_deref(), b.merchant_name.as_str(), b.merchant_city.as_str(), b.txid.as_str());
+    let got = (
+        b.point_of_initiation.as_deref(),
+        b.key.as_deref(),
+        b.description.as_deref(),
+        b.url.as_deref(),
+        b.amount.as_deref(),
+        b.merchant_name.as_str(),
+        b.merchant_city.as_str(),
+        b.txid.as_str(),
+    );
     let want = (w.point_of_initiation, w.key, w.description, w.url, w.amount, w.merchant_name, w.merchant_city, w.txid);
     assert_eq!(got, want, "BR Code writer: payload reads back other values: {payload}");
 }
@@ -758,7 +773,9 @@ pub fn encode_static(p: &StaticPix) -> Result<String, BrCodeError> {
     }
     let description = match &p.description {
         // Room left in template 26 after "02" + 2-digit length.
-        Some(d) => Some(fold_printable(d, (MAX_VALUE_CHARS - head_len).saturating_sub(4).min(72))).filter(|d| !d.is_empty()),
+        Some(d) => {
+            Some(fold_printable(d, (MAX_VALUE_CHARS - head_len).saturating_sub(4).min(72))).filter(|d| !d.is_empty())
+        }
         None => None,
     };
     let description_chars = description.as_deref().map(|d| d.chars().count());
@@ -862,7 +879,17 @@ mod tests {
 
     #[test]
     fn amount_forms() {
-        let cases = [("10", Some(1000)), ("10.", Some(1000)), ("0.9", Some(90)), ("123.45", Some(12345)), (".5", Some(50)), ("1.234", None), ("1,00", None), (".", None), ("", None)];
+        let cases = [
+            ("10", Some(1000)),
+            ("10.", Some(1000)),
+            ("0.9", Some(90)),
+            ("123.45", Some(12345)),
+            (".5", Some(50)),
+            ("1.234", None),
+            ("1,00", None),
+            (".", None),
+            ("", None),
+        ];
         for (s, want) in cases {
             assert_eq!(amount_to_cents(s), want, "{s:?}");
         }
@@ -937,7 +964,8 @@ mod tests {
         // Independent CRC: recompute over the bytes before the last 4 characters.
         assert_eq!(format!("{:04X}", crc16(&s.as_bytes()[..s.len() - 4])), b.crc);
 
-        let no_amount = encode_static(&StaticPix { amount_cents: Some(0), txid: None, ..fixture_charge_static() }).unwrap();
+        let no_amount =
+            encode_static(&StaticPix { amount_cents: Some(0), txid: None, ..fixture_charge_static() }).unwrap();
         let b = parse(&no_amount).unwrap();
         assert_eq!(b.amount, None);
         assert_eq!(b.txid, "***");
@@ -949,7 +977,9 @@ mod tests {
         let e = encode_static(&StaticPix { key: "k".repeat(78), ..fixture_charge_static() }).unwrap_err();
         assert!(matches!(e, BrCodeError::FieldTooLong { ref tag, max: 77, len: 78 } if tag == "26-01"), "{e:?}");
         // 77 characters: 14+4 GUI + 4 + 77 = 99, still fits template 26.
-        let s = encode_static(&StaticPix { key: "k".repeat(77), description: Some("x".into()), ..fixture_charge_static() }).unwrap();
+        let s =
+            encode_static(&StaticPix { key: "k".repeat(77), description: Some("x".into()), ..fixture_charge_static() })
+                .unwrap();
         assert_eq!(parse(&s).unwrap().key.unwrap().len(), 77);
     }
 
@@ -977,7 +1007,9 @@ mod tests {
     /// parse it back and return the parse error if any. Kept here only as the oracle the
     /// current writers are compared with, output and errors alike.
     mod oracle {
-        use super::super::{clean_txid, fold_printable, invalid, parse, BrCodeError, StaticPix, MAX_PAYLOAD_BYTES, PIX_GUI};
+        use super::super::{
+            clean_txid, fold_printable, invalid, parse, BrCodeError, StaticPix, MAX_PAYLOAD_BYTES, PIX_GUI,
+        };
 
         /// The bit-wise CRC16 definition (notes §2).
         pub fn crc16_bitwise(bytes: &[u8]) -> u16 {
@@ -1003,7 +1035,8 @@ mod tests {
             let mut out = String::new();
             let mut one = [0u8; 4];
             for c in text.chars() {
-                let ascii: &str = if c.is_ascii() { c.encode_utf8(&mut one) } else { crate::codepage::fallback(c).unwrap_or("") };
+                let ascii: &str =
+                    if c.is_ascii() { c.encode_utf8(&mut one) } else { crate::codepage::fallback(c).unwrap_or("") };
                 for a in ascii.chars() {
                     let a = a.to_ascii_uppercase();
                     let keep = a.is_ascii_uppercase() || a.is_ascii_digit() || "$%*+-./: ".contains(a);
@@ -1083,7 +1116,12 @@ mod tests {
             finish(body)
         }
 
-        pub fn encode_dynamic(url: &str, amount_cents: Option<u64>, merchant_name: &str, merchant_city: &str) -> Result<String, BrCodeError> {
+        pub fn encode_dynamic(
+            url: &str,
+            amount_cents: Option<u64>,
+            merchant_name: &str,
+            merchant_city: &str,
+        ) -> Result<String, BrCodeError> {
             let u = url.trim();
             let u = u.strip_prefix("https://").or_else(|| u.strip_prefix("http://")).unwrap_or(u);
             if u.is_empty() {
@@ -1137,7 +1175,9 @@ mod tests {
                 1 => "k".repeat(70 + self.below(12) as usize),
                 2 => "🙂".repeat(70 + self.below(12) as usize),
                 3 => format!("  {}  ", self.text(20)),
-                _ => ["pix@example.com", "+5511999998888", "4a23d596-2217-4ead-9bc4-96cb8e81973e", "12345678901"][self.below(4) as usize].to_string(),
+                _ => ["pix@example.com", "+5511999998888", "4a23d596-2217-4ead-9bc4-96cb8e81973e", "12345678901"]
+                    [self.below(4) as usize]
+                    .to_string(),
             };
             StaticPix {
                 key,
@@ -1224,12 +1264,24 @@ mod tests {
             };
             let (amount, name, city) = (g.amount(), g.text(40), g.text(25));
             let ours = encode_dynamic(&url, amount, &name, &city);
-            assert_eq!(ours, oracle::encode_dynamic(&url, amount, &name, &city), "#{i}: {url:?} {amount:?} {name:?} {city:?}");
+            assert_eq!(
+                ours,
+                oracle::encode_dynamic(&url, amount, &name, &city),
+                "#{i}: {url:?} {amount:?} {name:?} {city:?}"
+            );
             if let Ok(s) = ours {
                 let b = parse(&s).unwrap();
                 let u = url.trim();
-                assert_eq!(b.url.as_deref(), Some(u.strip_prefix("https://").or_else(|| u.strip_prefix("http://")).unwrap_or(u)), "#{i}");
-                assert_eq!((b.amount_cents(), b.txid.as_str(), b.point_of_initiation.as_deref()), (amount.filter(|&c| c > 0), "***", Some("12")), "#{i}");
+                assert_eq!(
+                    b.url.as_deref(),
+                    Some(u.strip_prefix("https://").or_else(|| u.strip_prefix("http://")).unwrap_or(u)),
+                    "#{i}"
+                );
+                assert_eq!(
+                    (b.amount_cents(), b.txid.as_str(), b.point_of_initiation.as_deref()),
+                    (amount.filter(|&c| c > 0), "***", Some("12")),
+                    "#{i}"
+                );
             }
         }
     }

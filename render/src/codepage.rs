@@ -10,9 +10,9 @@
 //! Tables come from the `oem_cp` crate (IBM/MS code pages) and `encoding_rs` (WPC1252).
 
 use oem_cp::code_table::{
-    DECODING_TABLE_CP437, DECODING_TABLE_CP850, DECODING_TABLE_CP858, DECODING_TABLE_CP860,
-    DECODING_TABLE_CP863, DECODING_TABLE_CP865, ENCODING_TABLE_CP437, ENCODING_TABLE_CP850,
-    ENCODING_TABLE_CP858, ENCODING_TABLE_CP860, ENCODING_TABLE_CP863, ENCODING_TABLE_CP865,
+    DECODING_TABLE_CP437, DECODING_TABLE_CP850, DECODING_TABLE_CP858, DECODING_TABLE_CP860, DECODING_TABLE_CP863,
+    DECODING_TABLE_CP865, ENCODING_TABLE_CP437, ENCODING_TABLE_CP850, ENCODING_TABLE_CP858, ENCODING_TABLE_CP860,
+    ENCODING_TABLE_CP863, ENCODING_TABLE_CP865,
 };
 use serde::{Deserialize, Serialize};
 
@@ -147,8 +147,7 @@ impl CodePage {
             CodePage::Cp858 => &ENCODING_TABLE_CP858,
             CodePage::Wpc1252 => {
                 let mut buf = [0u8; 4];
-                let (bytes, _, unmappable) =
-                    encoding_rs::WINDOWS_1252.encode(c.encode_utf8(&mut buf));
+                let (bytes, _, unmappable) = encoding_rs::WINDOWS_1252.encode(c.encode_utf8(&mut buf));
                 return (!unmappable && bytes.len() == 1).then(|| bytes[0]);
             }
         };

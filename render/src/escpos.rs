@@ -326,7 +326,11 @@ fn class(c: char) -> Class {
     let u = c as u32;
     if u < 0x20 || u == 0x7F {
         Class::Space
-    } else if (0x1F000..=0x1FAFF).contains(&u) || (0x2600..=0x27BF).contains(&u) || (0xFE00..=0xFE0F).contains(&u) || u == 0x200D {
+    } else if (0x1F000..=0x1FAFF).contains(&u)
+        || (0x2600..=0x27BF).contains(&u)
+        || (0xFE00..=0xFE0F).contains(&u)
+        || u == 0x200D
+    {
         Class::Drop
     } else {
         Class::Keep
@@ -343,7 +347,10 @@ mod tests {
         e.init().align(Align::Center).bold(true).size(2, 2).text("Pão\n").cut(3);
         assert_eq!(
             e.into_bytes(),
-            vec![0x1B, 0x40, 0x1B, 0x74, 3, 0x1B, 0x61, 1, 0x1B, 0x45, 1, 0x1D, 0x21, 0x11, b'P', 0x84, b'o', b' ', 0x1D, 0x56, 0x41, 3]
+            vec![
+                0x1B, 0x40, 0x1B, 0x74, 3, 0x1B, 0x61, 1, 0x1B, 0x45, 1, 0x1D, 0x21, 0x11, b'P', 0x84, b'o', b' ',
+                0x1D, 0x56, 0x41, 3
+            ]
         );
         let mut e = EscPos::new(CodePage::Cp860);
         e.font(Font::B).font(Font::A);
@@ -369,7 +376,12 @@ mod tests {
     #[test]
     fn encoding_is_printable_then_encode_lossy() {
         let texts = [
-            "Padaria São João", "plain ascii 123", "", "Pão 🍞\x1B@!\n\tfim\u{7F}", "“Açaí” — €5 … ¡olé! ß Ω 漢 e\u{301}\u{FE0F}\u{200D}", "\u{A0}NBSP ÀÉÎÕÜ ñ º ª",
+            "Padaria São João",
+            "plain ascii 123",
+            "",
+            "Pão 🍞\x1B@!\n\tfim\u{7F}",
+            "“Açaí” — €5 … ¡olé! ß Ω 漢 e\u{301}\u{FE0F}\u{200D}",
+            "\u{A0}NBSP ÀÉÎÕÜ ñ º ª",
         ];
         for page in CodePage::ALL {
             for t in texts {
@@ -404,6 +416,10 @@ mod tests {
         assert_eq!(e.into_bytes(), vec![0x1D, 0x76, 0x30, 0, 2, 0, 1, 0, 0x80, 0x40]);
         let mut e = EscPos::new(CodePage::Cp860);
         e.raster_packed(10, 2, &[0x80, 0x40, 0xFF]);
-        assert_eq!(e.into_bytes(), vec![0x1D, 0x76, 0x30, 0, 2, 0, 2, 0, 0x80, 0x40, 0xFF, 0], "short data padded white");
+        assert_eq!(
+            e.into_bytes(),
+            vec![0x1D, 0x76, 0x30, 0, 2, 0, 2, 0, 0x80, 0x40, 0xFF, 0],
+            "short data padded white"
+        );
     }
 }

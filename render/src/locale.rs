@@ -257,8 +257,10 @@ mod tests {
     /// several time zones, and years outside 0..=9999 still go through chrono.
     #[test]
     fn datetime_matches_chrono_format() {
-        let zones = [chrono_tz::America::Sao_Paulo, chrono_tz::UTC, chrono_tz::Asia::Tokyo, chrono_tz::America::New_York];
-        let first = chrono::NaiveDate::from_ymd_opt(-2, 12, 31).unwrap().and_hms_opt(23, 59, 0).unwrap().and_utc().timestamp();
+        let zones =
+            [chrono_tz::America::Sao_Paulo, chrono_tz::UTC, chrono_tz::Asia::Tokyo, chrono_tz::America::New_York];
+        let first =
+            chrono::NaiveDate::from_ymd_opt(-2, 12, 31).unwrap().and_hms_opt(23, 59, 0).unwrap().and_utc().timestamp();
         let mut secs = first;
         let mut n = 0;
         while n < 60_000 {

@@ -103,7 +103,10 @@ mod tests {
                     grouped.push(c);
                 }
                 let sign = if cents < 0 { "-" } else { "" };
-                assert_eq!(format_amount(cents, Locale::PtBr), format!("{sign}R$ {grouped},{:02}", cents.unsigned_abs() % 100));
+                assert_eq!(
+                    format_amount(cents, Locale::PtBr),
+                    format!("{sign}R$ {grouped},{:02}", cents.unsigned_abs() % 100)
+                );
             }
             n = n * 11 + 3;
         }

@@ -114,7 +114,17 @@ pub fn fit_text(face: Face, text: &str, max_px: f32, min_px: f32, max_width: f32
 /// Draws `text` horizontally centred on `cx` with its top at `y`, shrunk (down to `min_px`)
 /// or ellipsised to fit `max_width`. Returns the pixel size used.
 #[allow(clippy::too_many_arguments)]
-pub fn text_centered(img: &mut RgbImage, face: Face, px: f32, min_px: f32, cx: f32, y: f32, max_width: f32, text: &str, c: Rgb<u8>) -> f32 {
+pub fn text_centered(
+    img: &mut RgbImage,
+    face: Face,
+    px: f32,
+    min_px: f32,
+    cx: f32,
+    y: f32,
+    max_width: f32,
+    text: &str,
+    c: Rgb<u8>,
+) -> f32 {
     let (px, t) = fit_text(face, text, px, min_px, max_width);
     let w = font::text_width(face, px, &t);
     font::draw_rgb(img, face, px, cx - w / 2.0, y, &t, c);

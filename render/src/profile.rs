@@ -92,7 +92,11 @@ impl ModelProfile {
     /// Printable dots per line for `paper_width_mm` (≥ 70 counts as 80 mm, else 58 mm,
     /// like [`crate::receipt::PrinterProfile::dots`]).
     pub fn dots_per_line(&self, paper_width_mm: u8) -> u32 {
-        if paper_width_mm >= 70 { self.dots_80mm } else { self.dots_58mm }
+        if paper_width_mm >= 70 {
+            self.dots_80mm
+        } else {
+            self.dots_58mm
+        }
     }
 
     /// Font A columns (12-dot cells) on `paper_width_mm`: 32 on 58 mm, 48 on 80 mm for a
@@ -124,7 +128,8 @@ impl ModelProfile {
     }
 }
 
-const NOTES_B: &str = "shared/notes/escpos.md §b, ESC t row (Epson numbering; python-escpos DB: same on Epson and most clones)";
+const NOTES_B: &str =
+    "shared/notes/escpos.md §b, ESC t row (Epson numbering; python-escpos DB: same on Epson and most clones)";
 const ESCPOS_BUFFER: &str = "grandchef/escpos-buffer:src/capabilities.ts (commit c947483), cited in shared/notes/escpos.md §a; not in the notes' tables, not verified on hardware";
 
 /// Epson's numbering, every page [`CodePage`] knows (notes §b): built from

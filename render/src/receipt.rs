@@ -81,7 +81,11 @@ pub struct PrinterProfile {
 impl PrinterProfile {
     /// Printable dots per line at 203 dpi: 58 mm → 384, 80 mm → 576.
     pub fn dots(&self) -> u32 {
-        if self.paper_width_mm >= 70 { 576 } else { 384 }
+        if self.paper_width_mm >= 70 {
+            576
+        } else {
+            384
+        }
     }
 
     /// Font A columns (12-dot cells): 58 mm → 32, 80 mm → 48.
@@ -686,12 +690,17 @@ mod tests {
     #[test]
     fn esc_t_follows_the_model() {
         let r = sample(ReceiptKind::Paid);
-        for (model, n) in [("generic", 3), ("Epson TM-T20X", 3), ("Elgin i9", 4), ("Bematech MP-4200 TH", 4), ("Nobody X1", 3)] {
+        for (model, n) in
+            [("generic", 3), ("Epson TM-T20X", 3), ("Elgin i9", 4), ("Bematech MP-4200 TH", 4), ("Nobody X1", 3)]
+        {
             let b = render_receipt_for(&r, &p(CodePage::Cp860, true).on_model(model)).unwrap();
             assert_eq!(b[..5], [0x1B, 0x40, 0x1B, 0x74, n], "{model}");
         }
         // The plain entry point is the generic model: unchanged bytes.
-        assert_eq!(render_receipt(&r, &p(CodePage::Cp860, true)).unwrap(), render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("")).unwrap());
+        assert_eq!(
+            render_receipt(&r, &p(CodePage::Cp860, true)).unwrap(),
+            render_receipt_for(&r, &p(CodePage::Cp860, true).on_model("")).unwrap()
+        );
     }
 
     #[test]
@@ -721,13 +730,25 @@ mod tests {
     /// end-to-end id and the txid after their labels in the receipt's locale.
     #[test]
     fn a_paid_receipt_prints_no_qr_but_the_end_to_end_id_and_txid() {
-        let brcode = crate::brcode::encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap();
+        let brcode = crate::brcode::encode_dynamic(
+            "https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e",
+            Some(990),
+            "Pagamentos Exemplo",
+            "São Paulo",
+        )
+        .unwrap();
         let e2e = "E25328704202611271201yxv2kgafrfw";
         for locale in [Locale::PtBr, Locale::EnUs, Locale::EsEs] {
-            let r = Receipt { brcode: Some(brcode.clone()), end_to_end_id: Some(e2e.into()), locale, ..sample(ReceiptKind::Paid) };
+            let r = Receipt {
+                brcode: Some(brcode.clone()),
+                end_to_end_id: Some(e2e.into()),
+                locale,
+                ..sample(ReceiptKind::Paid)
+            };
             for model in ["generic", "Epson TM-T20X", "Elgin i9", "Bematech MP-4200 TH"] {
                 for (mm, native) in [(58u8, true), (58, false), (80, true), (80, false)] {
-                    let setup = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp850, native_qr: native }.on_model(model);
+                    let setup = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp850, native_qr: native }
+                        .on_model(model);
                     let b = render_receipt_for(&r, &setup).unwrap();
                     let what = format!("{} {model} {mm} mm native {native}", locale.tag());
                     assert!(!b.windows(3).any(|w| w == [0x1D, 0x28, 0x6B] || w == [0x1D, 0x76, 0x30]), "{what}: a QR");
@@ -743,7 +764,10 @@ mod tests {
         // The same receipt with no BR Code at all is the same job.
         let with = sample(ReceiptKind::Paid);
         let without = Receipt { brcode: None, ..with.clone() };
-        assert_eq!(render_receipt(&with, &p(CodePage::Cp860, false)), render_receipt(&without, &p(CodePage::Cp860, false)));
+        assert_eq!(
+            render_receipt(&with, &p(CodePage::Cp860, false)),
+            render_receipt(&without, &p(CodePage::Cp860, false))
+        );
     }
 
     /// The first `GS v 0` of a job: (m, bytes per row, rows, data).
@@ -758,10 +782,16 @@ mod tests {
     /// raster is 2 × 2 dots (`GS v 0`, notes §b); columns past `dots` are row padding.
     fn printed(m: u8, x: usize, y: usize, data: &[u8], dots: usize) -> Vec<Vec<bool>> {
         let s = if m == 3 { 2 } else { 1 };
-        (0..y * s).map(|row| (0..dots).map(|col| {
-            let (bx, by) = (col / s, row / s);
-            bx < x * 8 && data[by * x + bx / 8] & (0x80 >> (bx % 8)) != 0
-        }).collect()).collect()
+        (0..y * s)
+            .map(|row| {
+                (0..dots)
+                    .map(|col| {
+                        let (bx, by) = (col / s, row / s);
+                        bx < x * 8 && data[by * x + bx / 8] & (0x80 >> (bx % 8)) != 0
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// On a model whose `GS v 0` takes quadruple, an even module goes at half resolution
@@ -771,7 +801,13 @@ mod tests {
     fn a_quadruple_raster_prints_the_same_dots_from_a_quarter_of_the_bytes() {
         use crate::profile::BEMATECH_MP4200TH;
         static BEMA_NORMAL: ModelProfile = ModelProfile { raster_quadruple: false, ..BEMATECH_MP4200TH };
-        let brcode = crate::brcode::encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap();
+        let brcode = crate::brcode::encode_dynamic(
+            "https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e",
+            Some(990),
+            "Pagamentos Exemplo",
+            "São Paulo",
+        )
+        .unwrap();
         let r = Receipt { brcode: Some(brcode.clone()), ..sample(ReceiptKind::PayWithPix { expires_at: None }) };
         for mm in [58, 80] {
             let printer = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: false };
@@ -779,12 +815,21 @@ mod tests {
             let normal = render_receipt_for(&r, &PrinterSetup { printer, model: &BEMA_NORMAL }).unwrap();
             let (mq, xq, yq, dq) = first_raster(&quad);
             let (mn, xn, yn, dn) = first_raster(&normal);
-            let module = qr::module_size_for_width(&qr::encode(&brcode).unwrap(), PrinterSetup { printer, model: &BEMA_NORMAL }.dots(), QR_QUIET_MODULES).min(MAX_MODULE_DOTS);
+            let module = qr::module_size_for_width(
+                &qr::encode(&brcode).unwrap(),
+                PrinterSetup { printer, model: &BEMA_NORMAL }.dots(),
+                QR_QUIET_MODULES,
+            )
+            .min(MAX_MODULE_DOTS);
             assert_eq!(module, 6, "{mm} mm: this BR Code gets the largest module");
             assert_eq!((mq, mn), (3, 0), "{mm} mm");
             assert_eq!(yq * 2, yn, "{mm} mm: half the rows, each printed twice");
             assert!(dq.len() * 4 <= dn.len() + 4 * yq, "{mm} mm: {} bytes against {}", dq.len(), dn.len());
-            assert_eq!(printed(mq, xq, yq, dq, xn * 8), printed(mn, xn, yn, dn, xn * 8), "{mm} mm: the same dots on paper");
+            assert_eq!(
+                printed(mq, xq, yq, dq, xn * 8),
+                printed(mn, xn, yn, dn, xn * 8),
+                "{mm} mm: the same dots on paper"
+            );
             // Everything around the QR is the same bytes.
             let head = quad.windows(3).position(|w| w == [0x1D, 0x76, 0x30]).unwrap();
             assert_eq!(quad[..head], normal[..head]);
@@ -793,9 +838,17 @@ mod tests {
         // A 5-dot module (a longer code on 58 mm) cannot be halved: m = 0, as before.
         let printer = PrinterProfile { paper_width_mm: 58, code_page: CodePage::Cp860, native_qr: false };
         let setup = PrinterSetup { printer, model: &BEMATECH_MP4200TH };
-        let odd = (20..400).map(|n| Receipt { brcode: Some(format!("{brcode}{}", "0".repeat(n))), ..r.clone() }).find(|r| {
-            qr::module_size_for_width(&qr::encode(r.brcode.as_deref().unwrap()).unwrap(), setup.dots(), QR_QUIET_MODULES) % 2 == 1
-        }).expect("some length gives an odd module");
+        let odd = (20..400)
+            .map(|n| Receipt { brcode: Some(format!("{brcode}{}", "0".repeat(n))), ..r.clone() })
+            .find(|r| {
+                qr::module_size_for_width(
+                    &qr::encode(r.brcode.as_deref().unwrap()).unwrap(),
+                    setup.dots(),
+                    QR_QUIET_MODULES,
+                ) % 2
+                    == 1
+            })
+            .expect("some length gives an odd module");
         assert_eq!(first_raster(&render_receipt_for(&odd, &setup).unwrap()).0, 0);
     }
 
@@ -808,7 +861,9 @@ mod tests {
         r.end_to_end_id = Some("E25328704202611271201yxv2kgafrfw".into());
         r.charge_id = "6748a1f0c2b3d4e5f6a7b8c9".into();
         for mm in [58u8, 80] {
-            let b = render_receipt(&r, &PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: true }).unwrap();
+            let b =
+                render_receipt(&r, &PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: true })
+                    .unwrap();
             let on = b.windows(3).position(|w| w == [0x1B, 0x4D, 1]).expect("ESC M 1");
             let off = b.windows(3).position(|w| w == [0x1B, 0x4D, 0]).expect("ESC M 0");
             assert_eq!(b.windows(3).filter(|w| w[..2] == [0x1B, 0x4D]).count(), 2, "one font B block");
@@ -840,8 +895,28 @@ mod tests {
 
     /// Narrow heads (3 and 8 font A columns on "58 mm", 20 on "80 mm") for the wrapping
     /// edge cases; not real models.
-    static TINY: ModelProfile = ModelProfile { model: "tiny", paper_widths_mm: &[58, 80], dots_58mm: 40, dots_80mm: 240, code_tables: GENERIC.code_tables, native_qr: true, raster_quadruple: false, cut: CutStyle::Partial, source: "test" };
-    static NARROW: ModelProfile = ModelProfile { model: "narrow", paper_widths_mm: &[58], dots_58mm: 100, dots_80mm: 100, code_tables: GENERIC.code_tables, native_qr: true, raster_quadruple: true, cut: CutStyle::Full, source: "test" };
+    static TINY: ModelProfile = ModelProfile {
+        model: "tiny",
+        paper_widths_mm: &[58, 80],
+        dots_58mm: 40,
+        dots_80mm: 240,
+        code_tables: GENERIC.code_tables,
+        native_qr: true,
+        raster_quadruple: false,
+        cut: CutStyle::Partial,
+        source: "test",
+    };
+    static NARROW: ModelProfile = ModelProfile {
+        model: "narrow",
+        paper_widths_mm: &[58],
+        dots_58mm: 100,
+        dots_80mm: 100,
+        code_tables: GENERIC.code_tables,
+        native_qr: true,
+        raster_quadruple: true,
+        cut: CutStyle::Full,
+        source: "test",
+    };
 
     /// A receipt from the generator: every kind, every locale; merchant names, cities, items,
     /// comments, payers and ids from [`Gen::text`] (long words, accents, emoji, controls,
@@ -879,7 +954,13 @@ mod tests {
             comment: if g.below(3) == 0 { Some(g.text(500)) } else { opt(g, 60) },
             payer_name: opt(g, 50),
             paid_at: date(g),
-            time_zone: *g.pick(&[&chrono_tz::America::Sao_Paulo, &chrono_tz::UTC, &chrono_tz::Asia::Tokyo, &chrono_tz::America::New_York, &chrono_tz::Pacific::Chatham]),
+            time_zone: *g.pick(&[
+                &chrono_tz::America::Sao_Paulo,
+                &chrono_tz::UTC,
+                &chrono_tz::Asia::Tokyo,
+                &chrono_tz::America::New_York,
+                &chrono_tz::Pacific::Chatham,
+            ]),
             end_to_end_id: opt(g, 70),
             charge_id: g.text(40),
             txid: opt(g, 40),
@@ -902,8 +983,22 @@ mod tests {
     fn layout_matches_the_previous_layout() {
         use crate::brcode::{encode_dynamic, encode_static, StaticPix};
         let mut payloads = vec![
-            encode_static(&StaticPix { key: "padaria.paoeacucar@example.com".into(), amount_cents: Some(123_456), merchant_name: "Padaria Pão e Açúcar".into(), merchant_city: "São Paulo".into(), txid: Some("PIXGATEBENCH0001".into()), description: None }).unwrap(),
-            encode_dynamic("https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e", Some(990), "Pagamentos Exemplo", "São Paulo").unwrap(),
+            encode_static(&StaticPix {
+                key: "padaria.paoeacucar@example.com".into(),
+                amount_cents: Some(123_456),
+                merchant_name: "Padaria Pão e Açúcar".into(),
+                merchant_city: "São Paulo".into(),
+                txid: Some("PIXGATEBENCH0001".into()),
+                description: None,
+            })
+            .unwrap(),
+            encode_dynamic(
+                "https://pix.example.com/qr/v2/635956be31135de9953857d7f18bde0e",
+                Some(990),
+                "Pagamentos Exemplo",
+                "São Paulo",
+            )
+            .unwrap(),
             "00020101021226".into(),
         ];
         payloads.push(format!("{}{}", payloads[0], "0".repeat(300)));
@@ -911,12 +1006,17 @@ mod tests {
         let (mut ok, mut raster) = (0, 0);
         for i in 0..4_000 {
             let r = generated_receipt(&mut g, &payloads);
-            let printer = PrinterProfile { paper_width_mm: *g.pick(&[&58u8, &80, &76, &60]), code_page: *g.pick(&CodePage::ALL.each_ref()), native_qr: g.below(8) != 0 };
+            let printer = PrinterProfile {
+                paper_width_mm: *g.pick(&[&58u8, &80, &76, &60]),
+                code_page: *g.pick(&CodePage::ALL.each_ref()),
+                native_qr: g.below(8) != 0,
+            };
             let setup = match g.below(8) {
                 0 => PrinterSetup { printer, model: &TINY },
                 1 => PrinterSetup { printer, model: &NARROW },
                 _ => {
-                    let model: &str = g.pick(&["generic", "", "Epson TM-T20X", "Elgin i9", "Bematech MP-4200 TH", "Nobody X1"]);
+                    let model: &str =
+                        g.pick(&["generic", "", "Epson TM-T20X", "Elgin i9", "Bematech MP-4200 TH", "Nobody X1"]);
                     printer.on_model(model)
                 }
             };
@@ -924,7 +1024,9 @@ mod tests {
             let old = oracle::render_receipt_for(&r, &setup);
             if new != old {
                 let page = setup.printer.code_page;
-                let show = |x: &Result<Vec<u8>, ReceiptError>| -> Result<String, ReceiptError> { x.clone().map(|b| page.decode(&b)) };
+                let show = |x: &Result<Vec<u8>, ReceiptError>| -> Result<String, ReceiptError> {
+                    x.clone().map(|b| page.decode(&b))
+                };
                 panic!("#{i}: {r:?} on {setup:?}\nnew: {:?}\nold: {:?}", show(&new), show(&old));
             }
             let mut buf = b"earlier job".to_vec();

@@ -79,7 +79,8 @@ impl Ctx {
 /// `text` without characters the bundled fonts cannot draw (emoji, other scripts), with
 /// whitespace collapsed.
 fn displayable(text: &str) -> String {
-    let kept: String = text.chars().map(|c| if c.is_whitespace() || font::has_glyph(Face::SansBold, c) { c } else { ' ' }).collect();
+    let kept: String =
+        text.chars().map(|c| if c.is_whitespace() || font::has_glyph(Face::SansBold, c) { c } else { ' ' }).collect();
     kept.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
@@ -125,10 +126,30 @@ pub fn render_screen(s: &Screen, width_px: u32, height_px: u32, locale: Locale, 
         Screen::PayWithPix { merchant_name, amount_cents, brcode, expires_at } => {
             let top = header(&mut img, &c, merchant_name, PIX_TEAL);
             let mut y = top + 36.0 * c.s;
-            paint::text_centered(&mut img, Face::Sans, 40.0 * c.s, 16.0 * c.s, c.cx(), y, c.text_w(), locale.label(Label::PayWithPix), MUTED);
+            paint::text_centered(
+                &mut img,
+                Face::Sans,
+                40.0 * c.s,
+                16.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                locale.label(Label::PayWithPix),
+                MUTED,
+            );
             y += 58.0 * c.s;
             let amount = format_amount(*amount_cents as i64, locale);
-            let px = paint::text_centered(&mut img, Face::SansBold, 96.0 * c.s, 30.0 * c.s, c.cx(), y, c.text_w(), &amount, INK);
+            let px = paint::text_centered(
+                &mut img,
+                Face::SansBold,
+                96.0 * c.s,
+                30.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                &amount,
+                INK,
+            );
             y += px * 1.25 + 24.0 * c.s;
 
             // Bottom block: hint and expiry.
@@ -143,25 +164,60 @@ pub fn render_screen(s: &Screen, width_px: u32, height_px: u32, locale: Locale, 
                     let y0 = (y + (avail_h - side as f32).max(0.0) / 2.0).round() as i64;
                     // A light card behind the white quiet zone frames the code.
                     let pad = 14.0 * c.s;
-                    paint::fill_rounded_rect(&mut img, x0 as f32 - pad, y0 as f32 - pad, x0 as f32 + side as f32 + pad, y0 as f32 + side as f32 + pad, 22.0 * c.s, PANEL);
+                    paint::fill_rounded_rect(
+                        &mut img,
+                        x0 as f32 - pad,
+                        y0 as f32 - pad,
+                        x0 as f32 + side as f32 + pad,
+                        y0 as f32 + side as f32 + pad,
+                        22.0 * c.s,
+                        PANEL,
+                    );
                     paint::fill_rect(&mut img, x0, y0, x0 + side as i64, y0 + side as i64, WHITE);
                     for my in 0..m.width {
                         for mx in 0..m.width {
                             if m.get(mx, my) {
                                 let px0 = x0 + ((mx as u32 + 4) * module) as i64;
                                 let py0 = y0 + ((my as u32 + 4) * module) as i64;
-                                paint::fill_rect(&mut img, px0, py0, px0 + module as i64, py0 + module as i64, Rgb([0, 0, 0]));
+                                paint::fill_rect(
+                                    &mut img,
+                                    px0,
+                                    py0,
+                                    px0 + module as i64,
+                                    py0 + module as i64,
+                                    Rgb([0, 0, 0]),
+                                );
                             }
                         }
                     }
                 }
                 Err(e) => {
                     paint::fill_rounded_rect(&mut img, 40.0 * c.s, y, c.w - 40.0 * c.s, bottom, 22.0 * c.s, PANEL);
-                    paint::text_centered(&mut img, Face::Sans, 28.0 * c.s, 12.0 * c.s, c.cx(), (y + bottom) / 2.0, c.text_w(), &e.to_string(), MUTED);
+                    paint::text_centered(
+                        &mut img,
+                        Face::Sans,
+                        28.0 * c.s,
+                        12.0 * c.s,
+                        c.cx(),
+                        (y + bottom) / 2.0,
+                        c.text_w(),
+                        &e.to_string(),
+                        MUTED,
+                    );
                 }
             }
             let mut y = bottom + 26.0 * c.s;
-            paint::text_centered(&mut img, Face::Sans, 30.0 * c.s, 14.0 * c.s, c.cx(), y, c.text_w(), locale.label(Label::ScanHint), INK);
+            paint::text_centered(
+                &mut img,
+                Face::Sans,
+                30.0 * c.s,
+                14.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                locale.label(Label::ScanHint),
+                INK,
+            );
             y += 56.0 * c.s;
             if let Some(t) = expires_at {
                 let txt = format!("{} {}", locale.label(Label::ExpiresAt), locale.format_time(&t.with_timezone(&tz)));
@@ -188,7 +244,17 @@ pub fn render_screen(s: &Screen, width_px: u32, height_px: u32, locale: Locale, 
             paint::line(&mut img, (cx - 0.48 * r, cy + 0.02 * r), (cx - 0.14 * r, cy + 0.36 * r), t, WHITE);
             paint::line(&mut img, (cx - 0.14 * r, cy + 0.36 * r), (cx + 0.50 * r, cy - 0.32 * r), t, WHITE);
             let mut y = cy + r + 70.0 * c.s;
-            paint::text_centered(&mut img, Face::SansBold, 52.0 * c.s, 20.0 * c.s, c.cx(), y, c.text_w(), locale.label(Label::PaymentConfirmed), GREEN_DARK);
+            paint::text_centered(
+                &mut img,
+                Face::SansBold,
+                52.0 * c.s,
+                20.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                locale.label(Label::PaymentConfirmed),
+                GREEN_DARK,
+            );
             y += 100.0 * c.s;
             let amount = format_amount(*amount_cents as i64, locale);
             paint::text_centered(&mut img, Face::SansBold, 96.0 * c.s, 30.0 * c.s, c.cx(), y, c.text_w(), &amount, INK);
@@ -203,11 +269,20 @@ pub fn render_screen(s: &Screen, width_px: u32, height_px: u32, locale: Locale, 
             if !rows.is_empty() {
                 let row_h = 96.0 * c.s;
                 let x0 = 48.0 * c.s;
-                paint::fill_rounded_rect(&mut img, x0, y, c.w - x0, y + row_h * rows.len() as f32 + 24.0 * c.s, 22.0 * c.s, PANEL);
+                paint::fill_rounded_rect(
+                    &mut img,
+                    x0,
+                    y,
+                    c.w - x0,
+                    y + row_h * rows.len() as f32 + 24.0 * c.s,
+                    22.0 * c.s,
+                    PANEL,
+                );
                 let mut ry = y + 22.0 * c.s;
                 for (label, value) in rows {
                     font::draw_rgb(&mut img, Face::Sans, 24.0 * c.s, x0 + 28.0 * c.s, ry, label, MUTED);
-                    let (px, v) = paint::fit_text(Face::SansBold, &value, 34.0 * c.s, 16.0 * c.s, c.w - 2.0 * x0 - 56.0 * c.s);
+                    let (px, v) =
+                        paint::fit_text(Face::SansBold, &value, 34.0 * c.s, 16.0 * c.s, c.w - 2.0 * x0 - 56.0 * c.s);
                     font::draw_rgb(&mut img, Face::SansBold, px, x0 + 28.0 * c.s, ry + 30.0 * c.s, &v, INK);
                     ry += row_h;
                 }
@@ -225,16 +300,52 @@ pub fn render_screen(s: &Screen, width_px: u32, height_px: u32, locale: Locale, 
             paint::line(&mut img, (cx, cy), (cx, cy - r * 0.40), 14.0 * c.s, GREY);
             paint::line(&mut img, (cx, cy), (cx + r * 0.30, cy + r * 0.18), 14.0 * c.s, GREY);
             let mut y = cy + r + 70.0 * c.s;
-            paint::text_centered(&mut img, Face::SansBold, 52.0 * c.s, 20.0 * c.s, c.cx(), y, c.text_w(), locale.label(Label::ChargeExpired), INK);
+            paint::text_centered(
+                &mut img,
+                Face::SansBold,
+                52.0 * c.s,
+                20.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                locale.label(Label::ChargeExpired),
+                INK,
+            );
             y += 100.0 * c.s;
             let amount = format_amount(*amount_cents as i64, locale);
-            let px = paint::text_centered(&mut img, Face::SansBold, 80.0 * c.s, 30.0 * c.s, c.cx(), y, c.text_w(), &amount, GREY);
+            let px = paint::text_centered(
+                &mut img,
+                Face::SansBold,
+                80.0 * c.s,
+                30.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                &amount,
+                GREY,
+            );
             // Struck through: this amount is no longer payable.
             let aw = font::text_width(Face::SansBold, px, &amount);
             let sy = y + px * 0.62;
-            paint::line(&mut img, (c.cx() - aw / 2.0 - 6.0 * c.s, sy), (c.cx() + aw / 2.0 + 6.0 * c.s, sy), 3.0 * c.s, GREY);
+            paint::line(
+                &mut img,
+                (c.cx() - aw / 2.0 - 6.0 * c.s, sy),
+                (c.cx() + aw / 2.0 + 6.0 * c.s, sy),
+                3.0 * c.s,
+                GREY,
+            );
             y += px * 1.25 + 50.0 * c.s;
-            paint::text_centered(&mut img, Face::Sans, 32.0 * c.s, 14.0 * c.s, c.cx(), y, c.text_w(), locale.label(Label::NewChargeHint), MUTED);
+            paint::text_centered(
+                &mut img,
+                Face::Sans,
+                32.0 * c.s,
+                14.0 * c.s,
+                c.cx(),
+                y,
+                c.text_w(),
+                locale.label(Label::NewChargeHint),
+                MUTED,
+            );
             footer(&mut img, &c, "Pix");
         }
     }

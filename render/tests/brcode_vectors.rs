@@ -31,7 +31,9 @@ fn field<'a>(b: &'a BrCode, name: &str) -> Option<&'a str> {
 /// Whether `err` is a rejection for the fixture's `expect_rule` (see [`vectors::rule`]).
 fn rule_matches(rule: &str, err: &BrCodeError) -> bool {
     let tag_is = |t: &str| match err {
-        BrCodeError::InvalidValue { tag, .. } | BrCodeError::FieldTooLong { tag, .. } | BrCodeError::Missing { tag } => tag == t,
+        BrCodeError::InvalidValue { tag, .. }
+        | BrCodeError::FieldTooLong { tag, .. }
+        | BrCodeError::Missing { tag } => tag == t,
         _ => false,
     };
     match vectors::rule(rule) {
@@ -39,7 +41,14 @@ fn rule_matches(rule: &str, err: &BrCodeError) -> bool {
         Rule::TooLong => matches!(err, BrCodeError::TooLong { .. }),
         Rule::Crc => matches!(err, BrCodeError::Crc { .. }),
         Rule::Tag(t) => tag_is(t),
-        Rule::Structural => matches!(err, BrCodeError::Tlv { .. } | BrCodeError::Crc { .. } | BrCodeError::Missing { .. } | BrCodeError::InvalidValue { .. } | BrCodeError::FieldTooLong { .. }),
+        Rule::Structural => matches!(
+            err,
+            BrCodeError::Tlv { .. }
+                | BrCodeError::Crc { .. }
+                | BrCodeError::Missing { .. }
+                | BrCodeError::InvalidValue { .. }
+                | BrCodeError::FieldTooLong { .. }
+        ),
     }
 }
 

@@ -132,13 +132,18 @@ fn paid_and_expired_screens() {
             payer_name: s(&doc["payer"]["name"]),
             paid_at: date(&doc["paidAt"]),
         };
-        let expired = Screen::Expired { merchant_name: s(&doc["merchant"]["name"]).unwrap(), amount_cents: cents(&doc) };
+        let expired =
+            Screen::Expired { merchant_name: s(&doc["merchant"]["name"]).unwrap(), amount_cents: cents(&doc) };
         let tz = chrono_tz::America::Sao_Paulo;
         let p = render_screen(&paid, 720, 1280, locale, tz);
         let x = render_screen(&expired, 720, 1280, locale, tz);
         std::fs::write(format!("{SAMPLES}/screen-paid-{}.png", locale.tag()), to_png(&p)).unwrap();
         std::fs::write(format!("{SAMPLES}/screen-expired-{}.png", locale.tag()), to_png(&x)).unwrap();
-        let greenish = |img: &image::RgbImage| img.pixels().filter(|p| p.0[1] > 120 && p.0[1] as i32 - p.0[0] as i32 > 60 && p.0[1] as i32 - p.0[2] as i32 > 40).count();
+        let greenish = |img: &image::RgbImage| {
+            img.pixels()
+                .filter(|p| p.0[1] > 120 && p.0[1] as i32 - p.0[0] as i32 > 60 && p.0[1] as i32 - p.0[2] as i32 > 40)
+                .count()
+        };
         assert!(greenish(&p) > 50_000, "paid screen is visibly green");
         assert_eq!(greenish(&x), 0, "expired screen has no green");
         // No QR on either: a stale QR must never stay on screen.
@@ -149,7 +154,12 @@ fn paid_and_expired_screens() {
     let e = charge(EXTREME);
     for (w, h) in [(720, 1280), (240, 320), (1280, 720)] {
         let img = render_screen(
-            &Screen::Paid { merchant_name: s(&e["merchant"]["name"]).unwrap(), amount_cents: u64::MAX / 2, payer_name: None, paid_at: None },
+            &Screen::Paid {
+                merchant_name: s(&e["merchant"]["name"]).unwrap(),
+                amount_cents: u64::MAX / 2,
+                payer_name: None,
+                paid_at: None,
+            },
             w,
             h,
             Locale::PtBr,
@@ -165,11 +175,18 @@ enum Piece {
     Text(Vec<u8>),
     #[allow(dead_code)]
     CodeTable(u8),
-    QrStore { declared: usize, data: Vec<u8> },
+    QrStore {
+        declared: usize,
+        data: Vec<u8>,
+    },
     QrModule(u8),
     QrEcc(u8),
     QrPrint,
-    Raster { x_bytes: usize, rows: usize, data: Vec<u8> },
+    Raster {
+        x_bytes: usize,
+        rows: usize,
+        data: Vec<u8>,
+    },
     /// `ESC M n`: 0 font A, 1 font B.
     Font(u8),
     Cut,
@@ -192,28 +209,54 @@ fn walk(b: &[u8]) -> Vec<Piece> {
             0x1B => {
                 flush(&mut text, &mut out);
                 match b[i + 1] {
-                    0x40 => { out.push(Piece::Other); i += 2; }
-                    0x74 => { out.push(Piece::CodeTable(b[i + 2])); i += 3; }
-                    0x61 | 0x45 | 0x64 => { out.push(Piece::Other); i += 3; }
-                    0x4D => { assert!(b[i + 2] <= 1, "ESC M 0 or 1"); out.push(Piece::Font(b[i + 2])); i += 3; }
+                    0x40 => {
+                        out.push(Piece::Other);
+                        i += 2;
+                    }
+                    0x74 => {
+                        out.push(Piece::CodeTable(b[i + 2]));
+                        i += 3;
+                    }
+                    0x61 | 0x45 | 0x64 => {
+                        out.push(Piece::Other);
+                        i += 3;
+                    }
+                    0x4D => {
+                        assert!(b[i + 2] <= 1, "ESC M 0 or 1");
+                        out.push(Piece::Font(b[i + 2]));
+                        i += 3;
+                    }
                     c => panic!("unexpected ESC {c:#x} at {i}"),
                 }
             }
             0x1D => {
                 flush(&mut text, &mut out);
                 match b[i + 1] {
-                    0x21 => { out.push(Piece::Other); i += 3; }
-                    0x56 => { assert_eq!(b[i + 2], 0x41, "GS V A n"); out.push(Piece::Cut); i += 4; }
+                    0x21 => {
+                        out.push(Piece::Other);
+                        i += 3;
+                    }
+                    0x56 => {
+                        assert_eq!(b[i + 2], 0x41, "GS V A n");
+                        out.push(Piece::Cut);
+                        i += 4;
+                    }
                     0x28 => {
                         assert_eq!(b[i + 2], 0x6B, "GS ( k");
                         let len = b[i + 3] as usize + 256 * b[i + 4] as usize;
                         let body = &b[i + 5..i + 5 + len];
                         assert_eq!(body[0], 0x31, "cn = QR");
                         out.push(match body[1] {
-                            0x41 => { assert_eq!(&body[2..], &[0x32, 0x00], "model 2"); Piece::Other }
+                            0x41 => {
+                                assert_eq!(&body[2..], &[0x32, 0x00], "model 2");
+                                Piece::Other
+                            }
                             0x43 => Piece::QrModule(body[2]),
                             0x45 => Piece::QrEcc(body[2]),
-                            0x50 => { assert_eq!(body[2], 0x30); Piece::QrStore { declared: len, data: body[3..].to_vec() } }
+                            0x50 => {
+                                assert_eq!(body[2], 0x30);
+                                Piece::QrStore { declared: len, data: body[3..].to_vec() }
+                            }
                             0x51 => Piece::QrPrint,
                             f => panic!("unexpected GS ( k fn {f:#x}"),
                         });
@@ -231,9 +274,15 @@ fn walk(b: &[u8]) -> Vec<Piece> {
                     c => panic!("unexpected GS {c:#x} at {i}"),
                 }
             }
-            0x0A => { text.push(b'\n'); i += 1; }
+            0x0A => {
+                text.push(b'\n');
+                i += 1;
+            }
             c if c < 0x20 => panic!("unexpected control byte {c:#x} at {i}"),
-            c => { text.push(c); i += 1; }
+            c => {
+                text.push(c);
+                i += 1;
+            }
         }
     }
     if !text.is_empty() {
@@ -267,18 +316,32 @@ fn receipts_for_58_and_80_mm_native_and_raster() {
                 for (name, r) in [("paid", &paid), ("pay", &slip)] {
                     let what = format!("{name} {id} {mm} mm {}", if native { "native" } else { "raster" });
                     let bytes = render_receipt(r, &p).unwrap();
-                    std::fs::write(format!("{SAMPLES}/receipt-{name}-{id}-{mm}mm-{}.bin", if native { "native" } else { "raster" }), &bytes).unwrap();
+                    std::fs::write(
+                        format!(
+                            "{SAMPLES}/receipt-{name}-{id}-{mm}mm-{}.bin",
+                            if native { "native" } else { "raster" }
+                        ),
+                        &bytes,
+                    )
+                    .unwrap();
                     assert_eq!(&bytes[..5], &[0x1B, 0x40, 0x1B, 0x74, 3], "ESC @ then ESC t 3 (CP860)");
                     let pieces = walk(&bytes);
                     assert!(matches!(pieces.last(), Some(Piece::Cut)), "{what}: ends with a cut");
 
                     // Text: code page bytes only, lines within the paper, accents printed as CP860.
-                    let text: Vec<u8> = pieces.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.clone()) } else { None }).flatten().collect();
+                    let text: Vec<u8> = pieces
+                        .iter()
+                        .filter_map(|p| if let Piece::Text(t) = p { Some(t.clone()) } else { None })
+                        .flatten()
+                        .collect();
                     assert!(!has_utf8_accent(&text), "{what}: UTF-8 leaked into the printer text");
                     let decoded = CodePage::Cp860.decode(&text);
                     let name = s(&doc["merchant"]["name"]).unwrap();
                     let first_word = name.split(' ').next().unwrap();
-                    assert!(decoded.contains(first_word), "{what}: merchant {first_word:?} printed as code page text:\n{decoded}");
+                    assert!(
+                        decoded.contains(first_word),
+                        "{what}: merchant {first_word:?} printed as code page text:\n{decoded}"
+                    );
                     assert!(decoded.contains("R$ 12.345,67") || decoded.contains("R$ 15,00"), "{decoded}");
                     // Each line within the columns of the font it is printed in (font A 12 dots,
                     // font B 9 dots a cell). Double-size lines count twice; the widest plain line
@@ -291,7 +354,11 @@ fn receipts_for_58_and_80_mm_native_and_raster() {
                             Piece::Text(t) => {
                                 for l in CodePage::Cp860.decode(t).split('\n').filter(|l| !l.is_empty()) {
                                     let cols = if font == 1 { p.columns_font_b() } else { p.columns() };
-                                    assert!(l.chars().count() <= cols, "{what}: line too long in font {}: {l:?}", font + 1);
+                                    assert!(
+                                        l.chars().count() <= cols,
+                                        "{what}: line too long in font {}: {l:?}",
+                                        font + 1
+                                    );
                                     small_lines += (font == 1) as usize;
                                 }
                             }
@@ -303,7 +370,10 @@ fn receipts_for_58_and_80_mm_native_and_raster() {
 
                     if r.kind == ReceiptKind::Paid {
                         paid_receipt_names_the_payment(&what, &doc, &pieces, &decoded);
-                        assert!(!bytes.windows(code.len()).any(|w| w == code.as_bytes()), "{what}: the BR Code's bytes");
+                        assert!(
+                            !bytes.windows(code.len()).any(|w| w == code.as_bytes()),
+                            "{what}: the BR Code's bytes"
+                        );
                     } else {
                         slip_qr_is_the_payload(&what, &pieces, &code, &p, native);
                     }
@@ -325,7 +395,15 @@ fn paid_receipt_names_the_payment(what: &str, doc: &Value, pieces: &[Piece], dec
     let e2e = format!("ID fim a fim: {}", s(&doc["endToEndId"]).unwrap());
     let txid = format!("ID da transação: {}", s(&doc["transactionID"]).unwrap());
     assert!(flat.contains(&e2e) && flat.contains(&txid), "{what}: no {e2e:?} or {txid:?} in\n{decoded}");
-    let qr = pieces.iter().filter(|p| matches!(p, Piece::QrStore { .. } | Piece::QrModule(_) | Piece::QrEcc(_) | Piece::QrPrint | Piece::Raster { .. })).count();
+    let qr = pieces
+        .iter()
+        .filter(|p| {
+            matches!(
+                p,
+                Piece::QrStore { .. } | Piece::QrModule(_) | Piece::QrEcc(_) | Piece::QrPrint | Piece::Raster { .. }
+            )
+        })
+        .count();
     assert_eq!(qr, 0, "{what}: QR commands on a paid receipt");
 }
 
@@ -333,18 +411,33 @@ fn paid_receipt_names_the_payment(what: &str, doc: &Value, pieces: &[Piece], dec
 /// largest module that fits, capped) or as a raster that decodes back to it.
 fn slip_qr_is_the_payload(what: &str, pieces: &[Piece], code: &str, p: &PrinterProfile, native: bool) {
     if native {
-        let store = pieces.iter().find_map(|p| if let Piece::QrStore { declared, data } = p { Some((*declared, data.clone())) } else { None }).expect("fn 180");
+        let store = pieces
+            .iter()
+            .find_map(
+                |p| if let Piece::QrStore { declared, data } = p { Some((*declared, data.clone())) } else { None },
+            )
+            .expect("fn 180");
         assert_eq!(store.0, store.1.len() + 3, "pL + 256 pH = data + 3");
         assert_eq!(store.1, code.as_bytes(), "{what}");
         assert!(pieces.iter().any(|p| matches!(p, Piece::QrEcc(0x31))), "error correction M");
         assert!(pieces.iter().any(|p| matches!(p, Piece::QrPrint)));
-        let module = pieces.iter().find_map(|p| if let Piece::QrModule(m) = p { Some(*m as u32) } else { None }).unwrap();
+        let module =
+            pieces.iter().find_map(|p| if let Piece::QrModule(m) = p { Some(*m as u32) } else { None }).unwrap();
         let width = qr::byte_mode_width(code.len()).unwrap() as u32;
         assert!((width + 8) * module <= p.dots(), "{what}: native QR fits the paper");
         let largest = p.dots() / (width + 8);
         assert_eq!(module, largest.min(render::receipt::MAX_MODULE_DOTS), "{what}: as large as fits, capped");
     } else {
-        let (x, y, data) = pieces.iter().find_map(|p| if let Piece::Raster { x_bytes, rows, data } = p { Some((*x_bytes, *rows, data.clone())) } else { None }).expect("GS v 0");
+        let (x, y, data) = pieces
+            .iter()
+            .find_map(|p| {
+                if let Piece::Raster { x_bytes, rows, data } = p {
+                    Some((*x_bytes, *rows, data.clone()))
+                } else {
+                    None
+                }
+            })
+            .expect("GS v 0");
         assert_eq!(data.len(), x * y);
         assert!(x * 8 <= p.dots() as usize, "{what}: raster fits the paper");
         // Rebuild the bitmap from the bytes, MSB first, and decode it.
@@ -363,7 +456,11 @@ fn receipts_never_emit_utf8_on_any_page() {
         let p = PrinterProfile { paper_width_mm: 58, code_page: page, native_qr: true };
         let bytes = render_receipt(&r, &p).unwrap();
         assert_eq!(&bytes[..5], &[0x1B, 0x40, 0x1B, 0x74, page.epson_table()]);
-        let text: Vec<u8> = walk(&bytes).into_iter().filter_map(|p| if let Piece::Text(t) = p { Some(t) } else { None }).flatten().collect();
+        let text: Vec<u8> = walk(&bytes)
+            .into_iter()
+            .filter_map(|p| if let Piece::Text(t) = p { Some(t) } else { None })
+            .flatten()
+            .collect();
         if page != CodePage::Wpc1252 {
             // WPC1252 legitimately uses 0xC3 etc. for Latin-1 letters; skip the UTF-8 heuristic there.
             assert!(!has_utf8_accent(&text), "{page:?}");

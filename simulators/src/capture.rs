@@ -22,11 +22,8 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The topics pixgate reads and writes, with their partition counts.
-pub const PIXGATE_TOPICS: [(&str, i32); 3] = [
-    ("device.upserted", 3),
-    ("charge.upserted", 3),
-    ("pixgate.deadletter", 1),
-];
+pub const PIXGATE_TOPICS: [(&str, i32); 3] =
+    [("device.upserted", 3), ("charge.upserted", 3), ("pixgate.deadletter", 1)];
 
 /// At most this many records are in flight before the oldest delivery is awaited.
 const WINDOW: usize = 1000;
@@ -48,11 +45,7 @@ pub struct CaptureRecord {
 /// Not a JSON object, no `topic`, or no `value`.
 pub fn parse_line(line: &str) -> Result<CaptureRecord> {
     let v: Value = serde_json::from_str(line).context("line is not JSON")?;
-    let topic = v
-        .get("topic")
-        .and_then(Value::as_str)
-        .context("no \"topic\"")?
-        .to_string();
+    let topic = v.get("topic").and_then(Value::as_str).context("no \"topic\"")?.to_string();
     let key = match v.get("key") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -71,8 +64,7 @@ pub fn parse_line(line: &str) -> Result<CaptureRecord> {
 /// # Errors
 /// The file cannot be read or a line is not a valid event line (the error names the line).
 pub fn read_records(path: &Path) -> Result<Vec<CaptureRecord>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
@@ -86,21 +78,14 @@ pub fn read_records(path: &Path) -> Result<Vec<CaptureRecord>> {
 /// # Errors
 /// The admin client cannot be created or the broker refuses a topic for another reason.
 pub async fn ensure_topics(brokers: &str, topics: &[(&str, i32)]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .context("creating Kafka admin client")?;
-    let new: Vec<NewTopic> = topics
-        .iter()
-        .map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1)))
-        .collect();
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().context("creating Kafka admin client")?;
+    let new: Vec<NewTopic> =
+        topics.iter().map(|(name, parts)| NewTopic::new(name, *parts, TopicReplication::Fixed(1))).collect();
     let opts = AdminOptions::new()
         .operation_timeout(Some(Duration::from_secs(15)))
         .request_timeout(Some(Duration::from_secs(30)));
-    let results = admin
-        .create_topics(&new, &opts)
-        .await
-        .context("CreateTopics")?;
+    let results = admin.create_topics(&new, &opts).await.context("CreateTopics")?;
     for r in results {
         match r {
             Ok(name) => tracing::info!(topic = %name, "topic created"),
@@ -143,10 +128,7 @@ async fn await_delivery(f: DeliveryFuture, n: usize) -> Result<Position> {
 ///
 /// # Errors
 /// A record could not be delivered (the first such error).
-pub async fn publish_records(
-    producer: &FutureProducer,
-    records: &[CaptureRecord],
-) -> Result<usize> {
+pub async fn publish_records(producer: &FutureProducer, records: &[CaptureRecord]) -> Result<usize> {
     Ok(publish_records_at(producer, records, None).await?.len())
 }
 
@@ -177,12 +159,10 @@ pub async fn publish_records_at(
                     pending.push_back((n, f));
                     break;
                 }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    match pending.pop_front() {
-                        Some((m, f)) => positions.push(await_delivery(f, m).await?),
-                        None => tokio::time::sleep(Duration::from_millis(50)).await,
-                    }
-                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => match pending.pop_front() {
+                    Some((m, f)) => positions.push(await_delivery(f, m).await?),
+                    None => tokio::time::sleep(Duration::from_millis(50)).await,
+                },
                 Err((e, _)) => bail!("record {n}: cannot enqueue: {e}"),
             }
         }
@@ -216,10 +196,7 @@ mod tests {
 
     #[test]
     fn object_values_are_compact_json_and_strings_are_raw() {
-        let r = parse_line(
-            r#"{"topic": "charge.upserted", "key": "abc", "value": {"a": 1, "b": [1, 2]}}"#,
-        )
-        .unwrap();
+        let r = parse_line(r#"{"topic": "charge.upserted", "key": "abc", "value": {"a": 1, "b": [1, 2]}}"#).unwrap();
         assert_eq!(
             r,
             CaptureRecord {
@@ -228,9 +205,7 @@ mod tests {
                 value: br#"{"a":1,"b":[1,2]}"#.to_vec()
             }
         );
-        let r =
-            parse_line(r#"{"topic": "charge.upserted", "key": "abc", "value": "{\"oops\": tr"}"#)
-                .unwrap();
+        let r = parse_line(r#"{"topic": "charge.upserted", "key": "abc", "value": "{\"oops\": tr"}"#).unwrap();
         assert_eq!(r.value, br#"{"oops": tr"#.to_vec());
         let r = parse_line(r#"{"topic": "t", "key": null, "value": "é"}"#).unwrap();
         assert_eq!(r.key, None);
@@ -242,9 +217,7 @@ mod tests {
     #[test]
     fn fixture_files_parse() {
         for f in ["devices.jsonl", "charges.jsonl", "edge-cases.jsonl"] {
-            let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../fixtures/cdc")
-                .join(f);
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/cdc").join(f);
             let recs = read_records(&p).unwrap();
             assert!(!recs.is_empty(), "{f}");
         }
@@ -276,8 +249,7 @@ pub mod generate {
     /// # Errors
     /// The file cannot be read.
     pub fn terminals_from_jsonl(path: &Path) -> Result<Vec<TerminalRef>> {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut out: Vec<TerminalRef> = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             let Ok(v) = serde_json::from_str::<Value>(line) else {
@@ -369,11 +341,7 @@ pub mod generate {
                 [] => (rng.hex24(), None, "Loja Exemplo".to_string()),
                 ts => {
                     let t = &ts[rng.below(ts.len() as u64) as usize];
-                    (
-                        t.company.clone(),
-                        Some(t.terminal.clone()),
-                        t.merchant.clone(),
-                    )
+                    (t.company.clone(), Some(t.terminal.clone()), t.merchant.clone())
                 }
             };
             let mut doc = json!({
@@ -403,10 +371,7 @@ pub mod generate {
                 doc["status"] = json!("COMPLETED");
                 doc["paidAt"] = date(done);
                 doc["payer"] = json!({"name": "José da Silva"});
-                doc["endToEndId"] = json!(format!(
-                    "E{:031}",
-                    rng.next() as u128 * 1_000_000_007 % 10u128.pow(31)
-                ));
+                doc["endToEndId"] = json!(format!("E{:031}", rng.next() as u128 * 1_000_000_007 % 10u128.pow(31)));
             } else {
                 doc["status"] = json!("EXPIRED");
             }
@@ -439,11 +404,8 @@ pub mod generate {
         while i < records.len() {
             // Batch everything that is due now, then wait for the next.
             let now = start.elapsed();
-            let due: Vec<CaptureRecord> = records[i..]
-                .iter()
-                .take_while(|(off, _)| *off <= now)
-                .map(|(_, r)| r.clone())
-                .collect();
+            let due: Vec<CaptureRecord> =
+                records[i..].iter().take_while(|(off, _)| *off <= now).map(|(_, r)| r.clone()).collect();
             if due.is_empty() {
                 tokio::time::sleep_until(start + records[i].0).await;
                 continue;
@@ -520,7 +482,16 @@ pub mod generate {
         tills: Vec<Till>,
     }
 
-    const MERCHANTS: [&str; 8] = ["Padaria Pão Quente", "Mercadinho São João", "Açaí da Praça", "Café Três Corações", "Farmácia Popular Ávila", "Lanchonete do Zé", "Sorveteria Glória", "Papelaria Êxito"];
+    const MERCHANTS: [&str; 8] = [
+        "Padaria Pão Quente",
+        "Mercadinho São João",
+        "Açaí da Praça",
+        "Café Três Corações",
+        "Farmácia Popular Ávila",
+        "Lanchonete do Zé",
+        "Sorveteria Glória",
+        "Papelaria Êxito",
+    ];
     const CITIES: [&str; 6] = ["São Paulo", "Belo Horizonte", "Curitiba", "Goiânia", "Maceió", "Porto Alegre"];
     /// (model, paper mm, code page, nativeQr): the combinations of the fixtures.
     const PRINTERS: [(&str, u8, &str, bool); 8] = [
@@ -587,7 +558,11 @@ pub mod generate {
                         "locale": locale, "defaultForCompany": p == 0, "enabled": true, "updatedAt": date(at),
                     });
                     counter += 1;
-                    devices.push(record("device.upserted", &id, &envelope("Device", &id, "insert", at, counter, Some(&doc))));
+                    devices.push(record(
+                        "device.upserted",
+                        &id,
+                        &envelope("Device", &id, "insert", at, counter, Some(&doc)),
+                    ));
                     printer_ids.push(id);
                 }
                 for t in 0..n - printers {
@@ -611,7 +586,11 @@ pub mod generate {
                         doc["timeZone"] = json!("America/Manaus");
                     }
                     counter += 1;
-                    devices.push(record("device.upserted", &id, &envelope("Device", &id, "insert", at, counter, Some(&doc))));
+                    devices.push(record(
+                        "device.upserted",
+                        &id,
+                        &envelope("Device", &id, "insert", at, counter, Some(&doc)),
+                    ));
                     tills.push(Till { terminal: id, company: companies.len() });
                 }
                 previous_printer = printer_ids.last().cloned();
@@ -685,7 +664,11 @@ pub mod generate {
         fn event(&mut self, doc: &Value, op: &str, tick: u64) -> CaptureRecord {
             let id = doc["_id"]["$oid"].as_str().unwrap_or_default().to_string();
             let full = (op != "delete").then_some(doc);
-            record("charge.upserted", &id, &envelope("Charge", &id, op, self.at(tick), self.counter.wrapping_add(1), full))
+            record(
+                "charge.upserted",
+                &id,
+                &envelope("Charge", &id, op, self.at(tick), self.counter.wrapping_add(1), full),
+            )
         }
 
         /// Creates charge number `self.next_charge` and queues its events.
@@ -824,7 +807,10 @@ pub mod generate {
                 return None;
             }
             loop {
-                let due = self.heap.peek().is_some_and(|std::cmp::Reverse((tick, _, _))| *tick <= self.next_charge * TICKS_PER_CHARGE);
+                let due = self
+                    .heap
+                    .peek()
+                    .is_some_and(|std::cmp::Reverse((tick, _, _))| *tick <= self.next_charge * TICKS_PER_CHARGE);
                 if due {
                     let std::cmp::Reverse((_, _, HeapRecord(rec))) = self.heap.pop().expect("peeked");
                     self.emitted += 1;
@@ -852,7 +838,9 @@ pub mod generate {
             assert_ne!(ea, other);
             let specs = crate::registry::devices_from_records(a.device_records());
             assert_eq!(specs.len(), 57);
-            assert!(specs.iter().any(|d| d.kind_name() == "printer") && specs.iter().any(|d| d.kind_name() == "terminal"));
+            assert!(
+                specs.iter().any(|d| d.kind_name() == "printer") && specs.iter().any(|d| d.kind_name() == "terminal")
+            );
         }
 
         /// Every kind of lifecycle occurs, as the model of the routing rules sees it, and
@@ -873,7 +861,8 @@ pub mod generate {
                 let doc = &v["fullDocument"];
                 // Each charge's events come in order, except the deliberate late old version.
                 if let Some(ver) = doc["__v"].as_i64() {
-                    let prev = versions.insert(r.key.clone().unwrap(), (ver, v["operationType"].as_str().unwrap().into()));
+                    let prev =
+                        versions.insert(r.key.clone().unwrap(), (ver, v["operationType"].as_str().unwrap().into()));
                     if let Some((p, _)) = prev {
                         assert!(ver >= p || v["operationType"] == "replace", "{v}");
                     }
@@ -890,7 +879,18 @@ pub mod generate {
                     Fate::DeadLetter(reason) => panic!("dead letter {reason}: {v}"),
                 }
             }
-            for want in ["display_qr", "payment_confirmed", "print_receipt", "charge_expired", "duplicate_event", "stale_version", "no_status_change", "delete_event", "no_device_concerned", "device_disabled"] {
+            for want in [
+                "display_qr",
+                "payment_confirmed",
+                "print_receipt",
+                "charge_expired",
+                "duplicate_event",
+                "stale_version",
+                "no_status_change",
+                "delete_event",
+                "no_device_concerned",
+                "device_disabled",
+            ] {
                 assert!(reasons.get(want).copied().unwrap_or(0) > 0, "no {want}: {reasons:?}");
             }
             assert!(effects > 6_000, "{effects} effects for 6000 events: {reasons:?}");
@@ -898,11 +898,7 @@ pub mod generate {
 
         #[test]
         fn lifecycles_are_deterministic_and_ordered_per_charge() {
-            let ts = vec![TerminalRef {
-                terminal: "t1".into(),
-                company: "c1c1c1c1".into(),
-                merchant: "Loja".into(),
-            }];
+            let ts = vec![TerminalRef { terminal: "t1".into(), company: "c1c1c1c1".into(), merchant: "Loja".into() }];
             let start = Utc::now();
             let a = lifecycle_records(20, 10.0, 7, &ts, start);
             let b = lifecycle_records(20, 10.0, 7, &ts, start);
@@ -916,11 +912,7 @@ pub mod generate {
                 let v: Value = serde_json::from_slice(&r.value).unwrap();
                 let ver = v["fullDocument"]["__v"].as_u64().unwrap();
                 let prev = seen.insert(r.key.clone().unwrap(), ver);
-                assert_eq!(
-                    prev.map(|p| p + 1).unwrap_or(0),
-                    ver,
-                    "insert before update"
-                );
+                assert_eq!(prev.map(|p| p + 1).unwrap_or(0), ver, "insert before update");
                 assert_eq!(v["fullDocument"]["terminal"]["$oid"], "t1");
             }
         }

@@ -18,27 +18,18 @@ pub fn init_tracing() {
 /// # Errors
 /// No port, or the port is not a number.
 pub fn parse_host_port(s: &str) -> Result<(String, u16)> {
-    let (host, port) = s
-        .rsplit_once(':')
-        .with_context(|| format!("{s:?} is not HOST:PORT"))?;
+    let (host, port) = s.rsplit_once(':').with_context(|| format!("{s:?} is not HOST:PORT"))?;
     let port = port.parse().with_context(|| format!("bad port in {s:?}"))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((
-        if host.is_empty() {
-            "127.0.0.1".into()
-        } else {
-            host.to_string()
-        },
-        port,
-    ))
+    Ok((if host.is_empty() { "127.0.0.1".into() } else { host.to_string() }, port))
 }
 
 /// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM.
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -56,10 +47,7 @@ mod tests {
 
     #[test]
     fn host_port() {
-        assert_eq!(
-            parse_host_port("127.0.0.1:1883").unwrap(),
-            ("127.0.0.1".into(), 1883)
-        );
+        assert_eq!(parse_host_port("127.0.0.1:1883").unwrap(), ("127.0.0.1".into(), 1883));
         assert_eq!(parse_host_port("[::1]:1883").unwrap(), ("::1".into(), 1883));
         assert!(parse_host_port("nohost").is_err());
     }
@@ -90,7 +78,12 @@ pub struct DeviceArgs {
 /// `args.mqtt` is not HOST:PORT, or the counters cannot be serialised.
 pub async fn run_single_device(spec: &crate::registry::DeviceSpec, args: &DeviceArgs) -> Result<()> {
     let (mqtt_host, mqtt_port) = parse_host_port(&args.mqtt)?;
-    let opts = crate::device::DeviceOptions { mqtt_host, mqtt_port, out_dir: args.out.clone(), honor_expiry: !args.ignore_expiry };
+    let opts = crate::device::DeviceOptions {
+        mqtt_host,
+        mqtt_port,
+        out_dir: args.out.clone(),
+        honor_expiry: !args.ignore_expiry,
+    };
     let stats = std::sync::Arc::new(crate::device::Stats::default());
     let dev = crate::device::spawn_device(spec, &opts, stats.clone());
     shutdown_signal().await;

@@ -51,8 +51,8 @@ use anyhow::Result;
 use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::{Ack, Job, PrinterState, ScreenKind, Status, Topic};
 use rumqttc::{
-    AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet,
-    Publish, QoS, SubscribeFilter,
+    AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish, QoS,
+    SubscribeFilter,
 };
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -320,9 +320,7 @@ impl DeviceHandle {
         let payload = serde_json::to_vec(&status).expect("status serialises");
         let mut echo = self.status_echo.clone();
         echo.mark_unchanged();
-        self.client
-            .publish(Topic::Status(self.id.clone()).path(), QoS::AtLeastOnce, true, payload)
-            .await?;
+        self.client.publish(Topic::Status(self.id.clone()).path(), QoS::AtLeastOnce, true, payload).await?;
         tokio::time::timeout(Duration::from_secs(10), echo.wait_for(|s| s.as_ref() == Some(&status)))
             .await
             .map_err(|_| anyhow::anyhow!("device {}: no echo of status {state:?} within 10 s", self.id))?
@@ -335,10 +333,7 @@ impl DeviceHandle {
     pub async fn shutdown(self) {
         let _ = self.stop_worker.send(true);
         let mut worker = self.worker;
-        if tokio::time::timeout(Duration::from_secs(30), &mut worker)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(30), &mut worker).await.is_err() {
             tracing::warn!(device = %self.id, "worker did not stop in time");
             worker.abort();
         }
@@ -348,8 +343,7 @@ impl DeviceHandle {
         if connected {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
-                self.client
-                    .publish(status_topic, QoS::AtLeastOnce, true, offline),
+                self.client.publish(status_topic, QoS::AtLeastOnce, true, offline),
             )
             .await;
             let _ = tokio::time::timeout(Duration::from_secs(2), self.client.disconnect()).await;
@@ -357,15 +351,9 @@ impl DeviceHandle {
             let _ = self.stop_poll.send(true);
         }
         let mut poll = self.poll;
-        if tokio::time::timeout(Duration::from_secs(3), &mut poll)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(3), &mut poll).await.is_err() {
             let _ = self.stop_poll.send(true);
-            if tokio::time::timeout(Duration::from_secs(1), &mut poll)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(1), &mut poll).await.is_err() {
                 poll.abort();
             }
         }
@@ -380,11 +368,7 @@ pub fn status_payload(online: bool, is_printer: bool) -> Vec<u8> {
 /// The status JSON of a device that is `online` and, for a printer, in `printer` state
 /// (omitted when offline).
 fn status_payload_with(online: bool, printer: Option<PrinterState>) -> Vec<u8> {
-    let s = Status {
-        v: 1,
-        online,
-        printer: printer.filter(|_| online),
-    };
+    let s = Status { v: 1, online, printer: printer.filter(|_| online) };
     serde_json::to_vec(&s).expect("status serialises")
 }
 
@@ -402,22 +386,18 @@ pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) 
 }
 
 /// [`spawn_device`] with a choice of [`Rendering`].
-pub fn spawn_device_with(spec: &DeviceSpec, opts: &DeviceOptions, rendering: Rendering, stats: Arc<Stats>) -> DeviceHandle {
+pub fn spawn_device_with(
+    spec: &DeviceSpec,
+    opts: &DeviceOptions,
+    rendering: Rendering,
+    stats: Arc<Stats>,
+) -> DeviceHandle {
     let id = spec.id().to_string();
     let effector = match spec {
-        DeviceSpec::Printer {
-            paper_width_mm,
-            code_page,
-            model,
-            ..
-        } => Effector::Printer(PrinterSettings::for_paper(*paper_width_mm, *code_page).with_model(model)),
-        DeviceSpec::Terminal {
-            width_px,
-            height_px,
-            locale,
-            time_zone,
-            ..
-        } => Effector::Terminal(TerminalSettings {
+        DeviceSpec::Printer { paper_width_mm, code_page, model, .. } => {
+            Effector::Printer(PrinterSettings::for_paper(*paper_width_mm, *code_page).with_model(model))
+        }
+        DeviceSpec::Terminal { width_px, height_px, locale, time_zone, .. } => Effector::Terminal(TerminalSettings {
             width_px: *width_px,
             height_px: *height_px,
             locale: locale.clone(),
@@ -429,12 +409,7 @@ pub fn spawn_device_with(spec: &DeviceSpec, opts: &DeviceOptions, rendering: Ren
     let mut mo = MqttOptions::new(format!("dev-{id}"), opts.mqtt_host.clone(), opts.mqtt_port);
     mo.set_clean_session(false)
         .set_keep_alive(Duration::from_secs(5))
-        .set_last_will(LastWill::new(
-            status_topic,
-            status_payload(false, false),
-            QoS::AtLeastOnce,
-            true,
-        ))
+        .set_last_will(LastWill::new(status_topic, status_payload(false, false), QoS::AtLeastOnce, true))
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
         .set_manual_acks(true);
     let (client, mut eventloop) = AsyncClient::new(mo, 64);
@@ -534,9 +509,7 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
     let jobs_topic = Topic::Jobs(id.clone()).path();
     let status_topic = Topic::Status(id.clone()).path();
     let mut failures: u32 = 0;
-    let mut seed: u64 = id.bytes().fold(0x9E37_79B9_7F4A_7C15, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01B3)
-    }) | 1;
+    let mut seed: u64 = id.bytes().fold(0x9E37_79B9_7F4A_7C15, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01B3)) | 1;
     loop {
         let ev = tokio::select! {
             _ = stopped(&mut stop) => break,
@@ -555,7 +528,10 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                 let online = status_payload_with(true, is_printer.then(|| *printer_state.borrow()));
                 tokio::spawn(async move {
                     // One SUBSCRIBE, one SUBACK: ready means both filters are in place.
-                    let filters = vec![SubscribeFilter::new(jt, QoS::AtLeastOnce), SubscribeFilter::new(st.clone(), QoS::AtLeastOnce)];
+                    let filters = vec![
+                        SubscribeFilter::new(jt, QoS::AtLeastOnce),
+                        SubscribeFilter::new(st.clone(), QoS::AtLeastOnce),
+                    ];
                     if let Err(e) = c.subscribe_many(filters).await {
                         tracing::warn!("subscribe request failed: {e}");
                     }
@@ -624,11 +600,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(
-        mut self,
-        mut jobs: mpsc::UnboundedReceiver<(Publish, u64)>,
-        mut stop: watch::Receiver<bool>,
-    ) {
+    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<(Publish, u64)>, mut stop: watch::Receiver<bool>) {
         loop {
             let next = tokio::select! {
                 biased;
@@ -648,11 +620,7 @@ impl Worker {
     async fn send_ack(&self, ack: &Ack) {
         let topic = Topic::Acks(self.id.clone()).path();
         let payload = serde_json::to_vec(ack).expect("ack serialises");
-        if let Err(e) = self
-            .client
-            .publish(topic, QoS::AtLeastOnce, false, payload)
-            .await
-        {
+        if let Err(e) = self.client.publish(topic, QoS::AtLeastOnce, false, payload).await {
             tracing::warn!(device = %self.id, "ack publish: {e}");
         }
     }
@@ -667,17 +635,11 @@ impl Worker {
                 self.stats.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(device = %self.id, "malformed job: {e}");
                 // Ack what can be identified, so the gateway does not retry forever.
-                let v: serde_json::Value =
-                    serde_json::from_slice(&publish.payload).unwrap_or_default();
+                let v: serde_json::Value = serde_json::from_slice(&publish.payload).unwrap_or_default();
                 if let Some(mid) = v.get("message_id").and_then(|m| m.as_str()) {
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     let seq = v.get("seq").and_then(|s| s.as_u64()).unwrap_or(0);
-                    self.send_ack(&failed_ack(
-                        mid,
-                        seq,
-                        &JobError::permanent(format!("malformed job: {e}")),
-                    ))
-                    .await;
+                    self.send_ack(&failed_ack(mid, seq, &JobError::permanent(format!("malformed job: {e}")))).await;
                 }
                 return;
             }
@@ -688,7 +650,8 @@ impl Worker {
                 // A real printer cannot print now either: refuse, the gateway retries later.
                 self.counters.received_while_held.fetch_add(1, Ordering::Relaxed);
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                let reason = serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+                let reason =
+                    serde_json::to_value(state).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
                 tracing::warn!(device = %self.id, seq = job.seq, %reason, "job received while the printer cannot print");
                 self.send_ack(&Ack::failed(&job.message_id, job.seq, reason, false)).await;
                 return;
@@ -731,8 +694,7 @@ impl Worker {
             Err(e) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(device = %self.id, seq = job.seq, message_id = %job.message_id, "job failed: {e}");
-                self.send_ack(&failed_ack(&job.message_id, job.seq, &e))
-                    .await;
+                self.send_ack(&failed_ack(&job.message_id, job.seq, &e)).await;
             }
         }
     }
@@ -773,9 +735,13 @@ fn verify_job(effector: &Effector, job: &Job) -> Result<(), JobError> {
             crate::terminal::screen_from_content(&content)?;
             if content.screen == ScreenKind::PayWithPix {
                 let brcode = content.brcode.as_deref().unwrap_or_default();
-                let parsed = render::brcode::parse(brcode).map_err(|e| JobError::permanent(format!("invalid BR Code: {e}")))?;
+                let parsed =
+                    render::brcode::parse(brcode).map_err(|e| JobError::permanent(format!("invalid BR Code: {e}")))?;
                 if parsed.amount_cents().is_some_and(|c| c != content.amount_cents) {
-                    return Err(JobError::permanent(format!("BR Code amount differs from the screen's {} centavos", content.amount_cents)));
+                    return Err(JobError::permanent(format!(
+                        "BR Code amount differs from the screen's {} centavos",
+                        content.amount_cents
+                    )));
                 }
             }
             Ok(())

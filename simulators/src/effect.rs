@@ -35,33 +35,18 @@ pub struct JobError {
 impl JobError {
     /// A failure that retrying cannot fix.
     pub fn permanent(reason: impl Into<String>) -> Self {
-        JobError {
-            reason: reason.into(),
-            permanent: true,
-        }
+        JobError { reason: reason.into(), permanent: true }
     }
 
     /// A failure that may go away (disk full, …).
     pub fn transient(reason: impl Into<String>) -> Self {
-        JobError {
-            reason: reason.into(),
-            permanent: false,
-        }
+        JobError { reason: reason.into(), permanent: false }
     }
 }
 
 impl std::fmt::Display for JobError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} ({})",
-            self.reason,
-            if self.permanent {
-                "permanent"
-            } else {
-                "transient"
-            }
-        )
+        write!(f, "{} ({})", self.reason, if self.permanent { "permanent" } else { "transient" })
     }
 }
 
@@ -81,11 +66,7 @@ pub fn payload_for(job: &Job, content_type: &str, device: &str) -> Result<Vec<u8
 
 /// Keeps `[A-Za-z0-9_-]` of an id so it is safe in a file name (never empty).
 pub fn file_safe(s: &str) -> String {
-    let t: String = s
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
-        .take(64)
-        .collect();
+    let t: String = s.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').take(64).collect();
     if t.is_empty() {
         "unknown".into()
     } else {
@@ -95,12 +76,7 @@ pub fn file_safe(s: &str) -> String {
 
 /// `{dir}/{seq:04}-{kind}-{charge_id}.png`: where the picture of `job` goes.
 pub fn png_path(dir: &Path, job: &Job) -> PathBuf {
-    dir.join(format!(
-        "{:04}-{}-{}.png",
-        job.seq,
-        job.kind.as_str(),
-        file_safe(&job.charge_id)
-    ))
+    dir.join(format!("{:04}-{}-{}.png", job.seq, job.kind.as_str(), file_safe(&job.charge_id)))
 }
 
 /// Writes `bytes` to `path` (creating parent directories).
@@ -109,11 +85,9 @@ pub fn png_path(dir: &Path, job: &Job) -> PathBuf {
 /// I/O failures, as transient [`JobError`]s.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), JobError> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| JobError::transient(format!("mkdir {}: {e}", parent.display())))?;
+        std::fs::create_dir_all(parent).map_err(|e| JobError::transient(format!("mkdir {}: {e}", parent.display())))?;
     }
-    std::fs::write(path, bytes)
-        .map_err(|e| JobError::transient(format!("write {}: {e}", path.display())))
+    std::fs::write(path, bytes).map_err(|e| JobError::transient(format!("write {}: {e}", path.display())))
 }
 
 /// Appends `text` to `{dir}/transcript.txt` (a newline is added if missing).
@@ -121,8 +95,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), JobError> {
 /// # Errors
 /// I/O failures, as transient [`JobError`]s.
 pub fn append_transcript(dir: &Path, text: &str) -> Result<(), JobError> {
-    std::fs::create_dir_all(dir)
-        .map_err(|e| JobError::transient(format!("mkdir {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| JobError::transient(format!("mkdir {}: {e}", dir.display())))?;
     let path = dir.join("transcript.txt");
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -133,8 +106,7 @@ pub fn append_transcript(dir: &Path, text: &str) -> Result<(), JobError> {
     if !t.ends_with('\n') {
         t.push('\n');
     }
-    f.write_all(t.as_bytes())
-        .map_err(|e| JobError::transient(format!("append {}: {e}", path.display())))
+    f.write_all(t.as_bytes()).map_err(|e| JobError::transient(format!("append {}: {e}", path.display())))
 }
 
 /// The header line written before each job in a transcript.

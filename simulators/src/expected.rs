@@ -53,7 +53,11 @@ pub fn read_expected_json(path: &Path) -> anyhow::Result<BTreeMap<String, Vec<(S
     let mut out = BTreeMap::new();
     for (charge, c) in expected.as_object().with_context(shape)? {
         let effects = c["effects"].as_array().with_context(shape)?;
-        let pairs = effects.iter().map(|e| Some((e["device"].as_str()?.to_string(), e["kind"].as_str()?.to_string()))).collect::<Option<Vec<_>>>().with_context(shape)?;
+        let pairs = effects
+            .iter()
+            .map(|e| Some((e["device"].as_str()?.to_string(), e["kind"].as_str()?.to_string())))
+            .collect::<Option<Vec<_>>>()
+            .with_context(shape)?;
         out.insert(charge.clone(), pairs);
     }
     Ok(out)
@@ -184,7 +188,9 @@ impl Model {
         let mut found: Vec<&String> = self
             .devices
             .iter()
-            .filter(|(_, (_, d))| d.as_ref().is_some_and(|d| d.company == company && d.enabled && d.default_for_company && d.printer))
+            .filter(|(_, (_, d))| {
+                d.as_ref().is_some_and(|d| d.company == company && d.enabled && d.default_for_company && d.printer)
+            })
             .map(|(id, _)| id)
             .collect();
         found.sort();
@@ -192,14 +198,19 @@ impl Model {
     }
 
     fn receipt_printer(&self, terminal: &DeviceEntry, company: &str) -> Option<String> {
-        let paired = terminal.paired_printer.as_ref().filter(|p| self.device(p).is_some_and(|d| d.printer && d.enabled && d.company == company));
+        let paired = terminal
+            .paired_printer
+            .as_ref()
+            .filter(|p| self.device(p).is_some_and(|d| d.printer && d.enabled && d.company == company));
         paired.cloned().or_else(|| self.default_printer(company))
     }
 
     /// Applies one `charge.upserted` record value and returns its fate.
     pub fn apply_charge(&mut self, value: &[u8]) -> Fate {
         let Ok(env) = serde_json::from_slice::<Value>(value) else { return Fate::DeadLetter("not_json".into()) };
-        let Some(event_id) = env["eventId"].as_str().map(str::to_string) else { return Fate::DeadLetter("missing_field:eventId".into()) };
+        let Some(event_id) = env["eventId"].as_str().map(str::to_string) else {
+            return Fate::DeadLetter("missing_field:eventId".into());
+        };
         if self.seen.contains(&event_id) {
             return Fate::Ignored("duplicate_event");
         }
@@ -212,7 +223,9 @@ impl Model {
         }
         let Some(id) = oid(&doc["_id"]) else { return Fate::DeadLetter("missing_field:_id".into()) };
         let Some(company) = oid(&doc["company"]) else { return Fate::DeadLetter("missing_field:company".into()) };
-        let Some(value_cents) = integer(&doc["value"]).filter(|v| *v >= 0) else { return Fate::DeadLetter("invalid_field:value".into()) };
+        let Some(value_cents) = integer(&doc["value"]).filter(|v| *v >= 0) else {
+            return Fate::DeadLetter("invalid_field:value".into());
+        };
         let status = match doc["status"].as_str() {
             Some("ACTIVE") => Status::Active,
             Some("COMPLETED") => Status::Completed,
@@ -236,7 +249,16 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn plan(&self, event_id: &str, charge: &str, company: &str, status: Status, value_cents: u64, doc: &Value, previous: Option<Status>) -> Fate {
+    fn plan(
+        &self,
+        event_id: &str,
+        charge: &str,
+        company: &str,
+        status: Status,
+        value_cents: u64,
+        doc: &Value,
+        previous: Option<Status>,
+    ) -> Fate {
         if previous == Some(status) {
             return Fate::Ignored("no_status_change");
         }
@@ -328,7 +350,10 @@ mod tests {
         let mut got: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         for r in read_records(&fixture("charges.jsonl")).unwrap() {
             let fate = m.apply_charge(&r.value);
-            assert!(matches!(fate, Fate::Effects { ref dead, .. } if dead.is_empty()) || matches!(fate, Fate::Ignored(_)), "{fate:?}");
+            assert!(
+                matches!(fate, Fate::Effects { ref dead, .. } if dead.is_empty()) || matches!(fate, Fate::Ignored(_)),
+                "{fate:?}"
+            );
             let entry = got.entry(r.key.clone().unwrap()).or_default();
             entry.extend(fate.effects().iter().map(|e| (e.device.clone(), e.kind.as_str().to_string())));
         }
@@ -349,7 +374,10 @@ mod tests {
                 Fate::Ignored(reason) => reason.to_string(),
                 Fate::DeadLetter(reason) => reason,
                 Fate::Effects { effects, dead } => {
-                    assert!(effects.iter().all(|e| e.kind != EffectKind::DisplayQr), "a bad QR would be shown: {effects:?}");
+                    assert!(
+                        effects.iter().all(|e| e.kind != EffectKind::DisplayQr),
+                        "a bad QR would be shown: {effects:?}"
+                    );
                     dead.iter().map(|(_, r)| r.to_string()).collect::<Vec<_>>().join(",")
                 }
             })

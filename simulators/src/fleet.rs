@@ -88,11 +88,7 @@ pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Resu
         out_dir: cfg.out_dir.clone(),
         honor_expiry,
     };
-    let devices = cfg
-        .devices
-        .iter()
-        .map(|d| spawn_device_with(d, &opts, rendering, stats.clone()))
-        .collect();
+    let devices = cfg.devices.iter().map(|d| spawn_device_with(d, &opts, rendering, stats.clone())).collect();
     Ok(FleetHandle { devices, stats })
 }
 
@@ -106,12 +102,7 @@ impl FleetHandle {
         for d in &self.devices {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if d.wait_ready(left).await.is_err() {
-                let missing: Vec<&str> = self
-                    .devices
-                    .iter()
-                    .filter(|d| !d.is_ready())
-                    .map(|d| d.id())
-                    .collect();
+                let missing: Vec<&str> = self.devices.iter().filter(|d| !d.is_ready()).map(|d| d.id()).collect();
                 anyhow::bail!(
                     "{} of {} devices not connected after {timeout:?}: {}",
                     missing.len(),
@@ -177,10 +168,6 @@ impl FleetHandle {
             set.spawn(d.shutdown());
         }
         while set.join_next().await.is_some() {}
-        FleetReport {
-            devices: n,
-            stats: self.stats.snapshot(),
-            effects: self.stats.effects(),
-        }
+        FleetReport { devices: n, stats: self.stats.snapshot(), effects: self.stats.effects() }
     }
 }

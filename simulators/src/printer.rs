@@ -25,11 +25,7 @@ pub struct PrinterSettings {
 impl PrinterSettings {
     /// Settings for a paper width in mm (≥ 70 → 576 dots, else 384).
     pub fn for_paper(paper_width_mm: u8, code_page: CodePage) -> Self {
-        PrinterSettings {
-            width_dots: if paper_width_mm >= 70 { 576 } else { 384 },
-            code_page,
-            model: &GENERIC,
-        }
+        PrinterSettings { width_dots: if paper_width_mm >= 70 { 576 } else { 384 }, code_page, model: &GENERIC }
     }
 
     /// These settings on the model named `model` (a registry `model` string; unknown →
@@ -40,11 +36,7 @@ impl PrinterSettings {
 
     /// The decoder options for these settings.
     pub fn decode_options(&self) -> DecodeOptions {
-        DecodeOptions {
-            width_dots: self.width_dots,
-            initial_code_page: self.code_page,
-            model: self.model,
-        }
+        DecodeOptions { width_dots: self.width_dots, initial_code_page: self.code_page, model: self.model }
     }
 }
 
@@ -52,12 +44,7 @@ impl PrinterSettings {
 pub fn gray_png(img: &GrayImage) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::png::PngEncoder::new(&mut out)
-        .write_image(
-            img.as_raw(),
-            img.width(),
-            img.height(),
-            image::ExtendedColorType::L8,
-        )
+        .write_image(img.as_raw(), img.width(), img.height(), image::ExtendedColorType::L8)
         .expect("encoding a PNG into memory cannot fail");
     out
 }
@@ -92,16 +79,10 @@ pub fn print_job(settings: &PrinterSettings, job: &Job, dir: &Path) -> Result<Pa
     let bytes = crate::effect::payload_for(job, CONTENT_ESCPOS, "a printer")?;
     let (decoded, png) = print_bytes(&bytes, settings);
     let Some(png) = png else {
-        return Err(JobError::permanent(format!(
-            "ESC/POS stream of {} bytes printed nothing",
-            bytes.len()
-        )));
+        return Err(JobError::permanent(format!("ESC/POS stream of {} bytes printed nothing", bytes.len())));
     };
     let path = png_path(dir, job);
     write_file(&path, &png)?;
-    append_transcript(
-        dir,
-        &format!("{}\n{}", transcript_header(job), transcript_text(&decoded)),
-    )?;
+    append_transcript(dir, &format!("{}\n{}", transcript_header(job), transcript_text(&decoded)))?;
     Ok(path)
 }

@@ -93,7 +93,9 @@ impl RawPrinter {
                     Err(e) => tracing::warn!(file = %path.display(), "{e}; keeping {:?}", self.condition),
                 },
                 Err(e) if e.kind() == ErrorKind::NotFound => self.condition = self.opts.condition,
-                Err(e) => tracing::warn!(file = %path.display(), error = %e, "cannot read the state file; keeping {:?}", self.condition),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "cannot read the state file; keeping {:?}", self.condition)
+                }
             }
         }
         self.condition
@@ -219,7 +221,12 @@ const POLL: Duration = Duration::from_millis(100);
 /// # Errors
 /// A read or write on the transport failed (other than a timeout), or a job could not be
 /// written to disk.
-pub fn serve<T: Read + Write>(printer: &mut RawPrinter, io: &mut T, source: &str, report: &mut dyn Report) -> anyhow::Result<()> {
+pub fn serve<T: Read + Write>(
+    printer: &mut RawPrinter,
+    io: &mut T,
+    source: &str,
+    report: &mut dyn Report,
+) -> anyhow::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut last_byte = Instant::now();
     let idle = Duration::from_millis(printer.opts.idle_ms);

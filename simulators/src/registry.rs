@@ -67,9 +67,7 @@ impl DeviceSpec {
     /// Print head width in dots for a printer (58 mm → 384, 80 mm → 576); `None` for a terminal.
     pub fn width_dots(&self) -> Option<u32> {
         match self {
-            DeviceSpec::Printer { paper_width_mm, .. } => {
-                Some(if *paper_width_mm >= 70 { 576 } else { 384 })
-            }
+            DeviceSpec::Printer { paper_width_mm, .. } => Some(if *paper_width_mm >= 70 { 576 } else { 384 }),
             DeviceSpec::Terminal { .. } => None,
         }
     }
@@ -89,10 +87,7 @@ fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Number(n) => n.as_i64().or_else(|| n.as_f64().map(|f| f as i64)),
         Value::String(s) => s.trim().parse().ok(),
-        Value::Object(m) => m
-            .get("$numberInt")
-            .or_else(|| m.get("$numberLong"))
-            .and_then(int),
+        Value::Object(m) => m.get("$numberInt").or_else(|| m.get("$numberLong")).and_then(int),
         _ => None,
     }
 }
@@ -109,11 +104,7 @@ pub fn device_from_document(doc: &Value, fallback_id: Option<&str>) -> Result<De
         .and_then(oid)
         .or_else(|| fallback_id.map(str::to_string))
         .context("device document has no _id")?;
-    let locale = doc
-        .get("locale")
-        .and_then(Value::as_str)
-        .unwrap_or("pt-BR")
-        .to_string();
+    let locale = doc.get("locale").and_then(Value::as_str).unwrap_or("pt-BR").to_string();
     let time_zone = doc
         .get("timeZone")
         .or_else(|| doc.get("time_zone"))
@@ -123,34 +114,16 @@ pub fn device_from_document(doc: &Value, fallback_id: Option<&str>) -> Result<De
     match doc.get("kind").and_then(Value::as_str) {
         Some("printer") => {
             let p = doc.get("printer").cloned().unwrap_or(Value::Null);
-            let paper_width_mm = p
-                .get("paperWidthMm")
-                .and_then(int)
-                .map(|w| w.clamp(0, 255) as u8)
-                .unwrap_or(80);
-            let code_page = p
-                .get("codePage")
-                .and_then(Value::as_str)
-                .and_then(CodePage::from_name)
-                .unwrap_or(CodePage::Cp860);
+            let paper_width_mm = p.get("paperWidthMm").and_then(int).map(|w| w.clamp(0, 255) as u8).unwrap_or(80);
+            let code_page =
+                p.get("codePage").and_then(Value::as_str).and_then(CodePage::from_name).unwrap_or(CodePage::Cp860);
             let native_qr = p.get("nativeQr").and_then(Value::as_bool).unwrap_or(true);
             let model = doc.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
-            Ok(DeviceSpec::Printer {
-                id,
-                paper_width_mm,
-                code_page,
-                native_qr,
-                model,
-            })
+            Ok(DeviceSpec::Printer { id, paper_width_mm, code_page, native_qr, model })
         }
         Some("terminal") => {
             let s = doc.get("screen").cloned().unwrap_or(Value::Null);
-            let dim = |k: &str, d: u32| {
-                s.get(k)
-                    .and_then(int)
-                    .map(|v| v.clamp(1, 8192) as u32)
-                    .unwrap_or(d)
-            };
+            let dim = |k: &str, d: u32| s.get(k).and_then(int).map(|v| v.clamp(1, 8192) as u32).unwrap_or(d);
             Ok(DeviceSpec::Terminal {
                 id,
                 width_px: dim("widthPx", 720),
@@ -170,8 +143,7 @@ pub fn device_from_document(doc: &Value, fallback_id: Option<&str>) -> Result<De
 /// The file cannot be read. Bad lines are skipped with a `tracing` warning, not errors.
 pub fn devices_from_jsonl(path: impl AsRef<Path>) -> Result<Vec<DeviceSpec>> {
     let path = path.as_ref();
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     Ok(devices_from_str(&text))
 }
 
@@ -206,21 +178,13 @@ pub fn devices_from_str(text: &str) -> Vec<DeviceSpec> {
             .get("documentKey")
             .and_then(|k| k.get("_id"))
             .and_then(oid)
-            .or_else(|| {
-                value
-                    .get("fullDocument")
-                    .and_then(|d| d.get("_id"))
-                    .and_then(oid)
-            })
+            .or_else(|| value.get("fullDocument").and_then(|d| d.get("_id")).and_then(oid))
             .or_else(|| key.map(str::to_string));
         let Some(id) = id else {
             tracing::warn!(line = n + 1, "devices: no device id, skipped");
             continue;
         };
-        let op = value
-            .get("operationType")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let op = value.get("operationType").and_then(Value::as_str).unwrap_or("");
         let doc = value.get("fullDocument").filter(|d| d.is_object());
         let spec = match (op, doc) {
             ("delete", _) | (_, None) => None,
@@ -237,10 +201,7 @@ pub fn devices_from_str(text: &str) -> Vec<DeviceSpec> {
         }
         latest.insert(id, spec);
     }
-    order
-        .into_iter()
-        .filter_map(|id| latest.remove(&id).flatten())
-        .collect()
+    order.into_iter().filter_map(|id| latest.remove(&id).flatten()).collect()
 }
 
 #[cfg(test)]

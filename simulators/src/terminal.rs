@@ -44,20 +44,13 @@ pub fn screen_from_content(c: &ScreenContent) -> Result<Screen, JobError> {
             payer_name: c.payer_name.clone(),
             paid_at: c.paid_at,
         },
-        ScreenKind::Expired => Screen::Expired {
-            merchant_name: c.merchant_name.clone(),
-            amount_cents: c.amount_cents,
-        },
+        ScreenKind::Expired => Screen::Expired { merchant_name: c.merchant_name.clone(), amount_cents: c.amount_cents },
     })
 }
 
 /// The locale and time zone to draw `c` in: the job's, else the device's, else São Paulo.
 pub fn locale_and_zone(settings: &TerminalSettings, c: &ScreenContent) -> (Locale, chrono_tz::Tz) {
-    let tag = if c.locale.trim().is_empty() {
-        &settings.locale
-    } else {
-        &c.locale
-    };
+    let tag = if c.locale.trim().is_empty() { &settings.locale } else { &c.locale };
     let tz = c
         .time_zone
         .parse::<chrono_tz::Tz>()
@@ -72,8 +65,7 @@ pub fn locale_and_zone(settings: &TerminalSettings, c: &ScreenContent) -> (Local
 /// Permanent: wrong content type, not base64, not a [`ScreenContent`].
 pub fn parse_screen_job(job: &Job) -> Result<ScreenContent, JobError> {
     let bytes = crate::effect::payload_for(job, CONTENT_SCREEN, "a card machine")?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| JobError::permanent(format!("payload is not screen JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| JobError::permanent(format!("payload is not screen JSON: {e}")))
 }
 
 /// One transcript line for a shown screen: seq, job kind, screen, merchant, amount (and the

@@ -108,9 +108,7 @@ fn terminal_spec() -> DeviceSpec {
 fn pngs_in(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "png"))
-                .collect()
+            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "png")).collect()
         })
         .unwrap_or_default();
     v.sort();
@@ -187,97 +185,43 @@ async fn printer_receipt_has_no_qr_and_an_accented_transcript_naming_the_payment
             model: String::new(),
         },
     ];
-    let fleet = fleet::start(FleetConfig {
-        mqtt_host: "127.0.0.1".into(),
-        mqtt_port: port,
-        out_dir: out.clone(),
-        devices,
-    })
-    .await
-    .unwrap();
+    let fleet =
+        fleet::start(FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: out.clone(), devices })
+            .await
+            .unwrap();
     fleet.wait_connected(Duration::from_secs(10)).await.unwrap();
     let mut gw = FakeGateway::connect(port).await;
 
     for (id, profile) in [
-        (
-            PRINTER,
-            PrinterProfile {
-                paper_width_mm: 80,
-                code_page: CodePage::Cp860,
-                native_qr: true,
-            },
-        ),
-        (
-            PRINTER58,
-            PrinterProfile {
-                paper_width_mm: 58,
-                code_page: CodePage::Cp860,
-                native_qr: false,
-            },
-        ),
+        (PRINTER, PrinterProfile { paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true }),
+        (PRINTER58, PrinterProfile { paper_width_mm: 58, code_page: CodePage::Cp860, native_qr: false }),
     ] {
         let job = receipt_job(id, 7, &profile);
         gw.send(id, &job).await;
         let ack = gw.next_ack().await;
-        assert_eq!(
-            (ack.message_id.as_str(), ack.result),
-            (job.message_id.as_str(), AckResult::Done),
-            "{id}: {ack:?}"
-        );
+        assert_eq!((ack.message_id.as_str(), ack.result), (job.message_id.as_str(), AckResult::Done), "{id}: {ack:?}");
         let pngs = pngs_in(&out.join(id));
         assert_eq!(pngs.len(), 1, "{id}");
-        assert!(pngs[0]
-            .file_name()
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .starts_with("0007-print_receipt-"));
+        assert!(pngs[0].file_name().unwrap().to_str().unwrap().starts_with("0007-print_receipt-"));
         let width = image::open(&pngs[0]).unwrap().width();
-        assert_eq!(
-            width,
-            if profile.paper_width_mm == 80 {
-                576
-            } else {
-                384
-            }
-        );
-        assert_eq!(
-            qr_codes_in_png(&pngs[0]),
-            Vec::<String>::new(),
-            "{id}: a paid receipt must print no QR"
-        );
+        assert_eq!(width, if profile.paper_width_mm == 80 { 576 } else { 384 });
+        assert_eq!(qr_codes_in_png(&pngs[0]), Vec::<String>::new(), "{id}: a paid receipt must print no QR");
         let transcript = std::fs::read_to_string(out.join(id).join("transcript.txt")).unwrap();
-        assert!(
-            transcript.contains("São João"),
-            "{id}: accents lost:\n{transcript}"
-        );
+        assert!(transcript.contains("São João"), "{id}: accents lost:\n{transcript}");
         assert!(
             !transcript.contains("[QR") && !transcript.contains("[RASTER"),
             "{id}: QR commands on a paid receipt:\n{transcript}"
         );
         let flat = transcript.split_whitespace().collect::<Vec<_>>().join(" ");
-        for want in [
-            format!("ID fim a fim: {END_TO_END_ID}"),
-            "ID da transação: TX123".to_string(),
-        ] {
+        for want in [format!("ID fim a fim: {END_TO_END_ID}"), "ID da transação: TX123".to_string()] {
             assert!(flat.contains(&want), "{id}: no {want:?} in\n{transcript}");
         }
-        assert!(
-            transcript.contains(&job.message_id),
-            "{id}: header line missing"
-        );
+        assert!(transcript.contains(&job.message_id), "{id}: header line missing");
     }
 
     // Undecodable content: permanent failure, nothing printed.
-    let mut bad = receipt_job(
-        PRINTER,
-        8,
-        &PrinterProfile {
-            paper_width_mm: 80,
-            code_page: CodePage::Cp860,
-            native_qr: true,
-        },
-    );
+    let mut bad =
+        receipt_job(PRINTER, 8, &PrinterProfile { paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true });
     bad.payload = "%%% not base64".into();
     bad.message_id = "bad".into();
     gw.send(PRINTER, &bad).await;
@@ -312,10 +256,7 @@ async fn terminal_qr_screen_decodes_and_status_is_retained() {
     assert_eq!((img.width(), img.height()), (720, 1280));
     assert_eq!(qr_codes_in_png(&pngs[0]), vec![brcode()]);
     let transcript = std::fs::read_to_string(out.join(TERMINAL).join("transcript.txt")).unwrap();
-    assert!(
-        transcript.contains("display_qr") && transcript.contains(MERCHANT),
-        "{transcript}"
-    );
+    assert!(transcript.contains("display_qr") && transcript.contains(MERCHANT), "{transcript}");
 
     // Expired job: refused, permanently.
     let mut old = screen_job(TERMINAL, 4, ScreenKind::PayWithPix, EffectKind::DisplayQr);
@@ -325,20 +266,11 @@ async fn terminal_qr_screen_decodes_and_status_is_retained() {
     assert_eq!((ack.result, ack.permanent), (AckResult::Failed, true));
 
     // The retained online status reached the gateway; shutdown publishes offline.
-    let (topic, payload) = tokio::time::timeout(Duration::from_secs(5), gw.status.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let (topic, payload) = tokio::time::timeout(Duration::from_secs(5), gw.status.recv()).await.unwrap().unwrap();
     assert!(topic.ends_with(&format!("{TERMINAL}/status")));
-    assert_eq!(
-        serde_json::from_slice::<serde_json::Value>(&payload).unwrap()["online"],
-        true
-    );
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&payload).unwrap()["online"], true);
     fleet.shutdown().await;
-    let (_, payload) = tokio::time::timeout(Duration::from_secs(5), gw.status.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, payload) = tokio::time::timeout(Duration::from_secs(5), gw.status.recv()).await.unwrap().unwrap();
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&payload).unwrap(),
         serde_json::json!({"v":1,"online":false})
@@ -357,13 +289,7 @@ async fn device_keeps_retrying_until_the_broker_appears() {
     })
     .await
     .unwrap();
-    assert!(
-        fleet
-            .wait_connected(Duration::from_millis(700))
-            .await
-            .is_err(),
-        "no broker yet"
-    );
+    assert!(fleet.wait_connected(Duration::from_millis(700)).await.is_err(), "no broker yet");
     common::start_broker_on(port);
     fleet.wait_connected(Duration::from_secs(15)).await.unwrap();
     let mut gw = FakeGateway::connect(port).await;
@@ -372,16 +298,19 @@ async fn device_keeps_retrying_until_the_broker_appears() {
     assert_eq!(gw.next_ack().await.result, AckResult::Done);
     let report = fleet.shutdown().await;
     assert_eq!(report.effects.len(), 1);
-    assert!(report.effects[0]
-        .file
-        .ends_with(&format!("0001-payment_confirmed-{CHARGE}.png")));
+    assert!(report.effects[0].file.ends_with(&format!("0001-payment_confirmed-{CHARGE}.png")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persistent_session_gets_jobs_published_while_offline() {
     let port = start_broker();
     let out = temp_dir("session");
-    let cfg = FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: out.clone(), devices: vec![terminal_spec()] };
+    let cfg = FleetConfig {
+        mqtt_host: "127.0.0.1".into(),
+        mqtt_port: port,
+        out_dir: out.clone(),
+        devices: vec![terminal_spec()],
+    };
     let first = fleet::start(cfg.clone()).await.unwrap();
     first.wait_connected(Duration::from_secs(10)).await.unwrap();
     first.shutdown().await;

@@ -51,7 +51,10 @@ fn characters_wider_than_the_paper_print_one_per_line_from_the_left_edge() {
     }
     assert_eq!(runs.iter().map(|r| r.1).collect::<Vec<_>>(), [192, 192, 192], "{runs:?}");
     for (top, _) in runs {
-        assert!((96..576).all(|x| (top..top + 192).all(|y| black(x, y))), "line at {top}: spacing not black to the edge");
+        assert!(
+            (96..576).all(|x| (top..top + 192).all(|y| black(x, y))),
+            "line at {top}: spacing not black to the edge"
+        );
         assert!((0..96).any(|x| (top..top + 192).any(|y| !black(x, y))), "line at {top}: no glyph in the cell");
     }
 }

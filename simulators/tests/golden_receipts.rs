@@ -96,7 +96,12 @@ fn flat(transcript: &str) -> String {
 fn expected(kind: ReceiptKind, loc: Locale, r: &Receipt) -> Vec<String> {
     let tz = r.time_zone;
     let at = |d: DateTime<Utc>| loc.format_datetime(&d.with_timezone(&tz));
-    let mut v = vec![r.merchant_name.clone(), r.merchant_city.clone(), loc.label(Label::Total).into(), format_amount(r.amount_cents as i64, loc)];
+    let mut v = vec![
+        r.merchant_name.clone(),
+        r.merchant_city.clone(),
+        loc.label(Label::Total).into(),
+        format_amount(r.amount_cents as i64, loc),
+    ];
     match kind {
         ReceiptKind::Paid => {
             v.push(format!("{} - {}", loc.label(Label::PixReceipt), loc.label(Label::Paid)).to_uppercase());
@@ -147,7 +152,12 @@ fn every_kind_width_and_locale_decodes_to_its_labels_amount_and_qr() {
                 let (model, page) = printer_for(loc);
                 let setup = PrinterProfile { paper_width_mm: mm, code_page: page, native_qr: mm == 80 }.on_model(model);
                 let bytes = render_receipt_for(&r, &setup).unwrap_or_else(|e| panic!("{name}: {e}"));
-                let opts = DecodeOptions { width_dots: setup.dots(), initial_code_page: CodePage::Cp437, ..DecodeOptions::mm80() }.with_model(model);
+                let opts = DecodeOptions {
+                    width_dots: setup.dots(),
+                    initial_code_page: CodePage::Cp437,
+                    ..DecodeOptions::mm80()
+                }
+                .with_model(model);
                 let d = decode(&bytes, &opts);
                 let text = flat(&d.transcript);
 
@@ -165,8 +175,13 @@ fn every_kind_width_and_locale_decodes_to_its_labels_amount_and_qr() {
                 let scanned = scan(&d.image);
                 match kind {
                     ReceiptKind::Paid | ReceiptKind::Expired { .. } => {
-                        if !scanned.is_empty() || !d.qr_codes.is_empty() || text.contains("[QR") || text.contains("[RASTER") {
-                            failures.push(format!("{name}: printed a QR (scanned {scanned:?}, native {:?})", d.qr_codes));
+                        if !scanned.is_empty()
+                            || !d.qr_codes.is_empty()
+                            || text.contains("[QR")
+                            || text.contains("[RASTER")
+                        {
+                            failures
+                                .push(format!("{name}: printed a QR (scanned {scanned:?}, native {:?})", d.qr_codes));
                         }
                     }
                     ReceiptKind::PayWithPix { .. } => {
@@ -189,7 +204,8 @@ fn every_kind_width_and_locale_decodes_to_its_labels_amount_and_qr() {
                         failures.push(format!("{name}: golden PNG is {} dots wide", img.width()));
                     }
                     let qr = scan(&img);
-                    let want: Vec<String> = if matches!(kind, ReceiptKind::PayWithPix { .. }) { vec![payload.clone()] } else { vec![] };
+                    let want: Vec<String> =
+                        if matches!(kind, ReceiptKind::PayWithPix { .. }) { vec![payload.clone()] } else { vec![] };
                     if qr != want {
                         failures.push(format!("{name}: golden PNG QR {qr:?}"));
                     }
@@ -214,7 +230,8 @@ fn fixture_models_send_their_own_code_table_numbers() {
         let b = render_receipt_for(&r, &setup).unwrap();
         assert_eq!(b[..5], [0x1B, 0x40, 0x1B, 0x74, n], "{model}");
     }
-    let setup = PrinterProfile { paper_width_mm: 80, code_page: CodePage::Wpc1252, native_qr: true }.on_model("Bematech MP-4200 TH");
+    let setup = PrinterProfile { paper_width_mm: 80, code_page: CodePage::Wpc1252, native_qr: true }
+        .on_model("Bematech MP-4200 TH");
     assert!(render_receipt_for(&r, &setup).is_err());
 }
 
@@ -224,7 +241,8 @@ fn fixture_models_send_their_own_code_table_numbers() {
 #[test]
 fn decoding_with_the_wrong_numbering_prints_wrong_letters() {
     let r = receipt(ReceiptKind::Paid, Locale::PtBr);
-    let bema = PrinterProfile { paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true }.on_model("Bematech MP-4200 TH");
+    let bema = PrinterProfile { paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true }
+        .on_model("Bematech MP-4200 TH");
     let bytes = render_receipt_for(&r, &bema).unwrap();
     let right = decode(&bytes, &DecodeOptions::mm80().with_model("Bematech MP-4200 TH"));
     let wrong = decode(&bytes, &DecodeOptions::mm80());

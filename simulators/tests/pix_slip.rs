@@ -92,14 +92,23 @@ fn slip_and_notice_print_amount_txid_and_only_the_slip_has_the_qr() {
             brcode,
             locale: Locale::PtBr,
         };
-        let slip = render_receipt_for(&receipt(ReceiptKind::PayWithPix { expires_at: Some(c.expires) }, Some(c.brcode.clone())), &setup).unwrap();
+        let slip = render_receipt_for(
+            &receipt(ReceiptKind::PayWithPix { expires_at: Some(c.expires) }, Some(c.brcode.clone())),
+            &setup,
+        )
+        .unwrap();
         // The gateway never gives the notice a payload, but even with one it must not print it.
-        let notice = render_receipt_for(&receipt(ReceiptKind::Expired { expired_at: Some(c.expires) }, Some(c.brcode.clone())), &setup).unwrap();
+        let notice = render_receipt_for(
+            &receipt(ReceiptKind::Expired { expired_at: Some(c.expires) }, Some(c.brcode.clone())),
+            &setup,
+        )
+        .unwrap();
 
         let slip_png = print_job(&settings, &job(EffectKind::DisplayQr, &c, 1, &slip), &dir).unwrap();
         let notice_png = print_job(&settings, &job(EffectKind::ChargeExpired, &c, 2, &notice), &dir).unwrap();
         let transcript = std::fs::read_to_string(dir.join("transcript.txt")).unwrap();
-        let (slip_text, notice_text) = transcript.split_once("===== seq 0002 charge_expired").expect("two jobs in the transcript");
+        let (slip_text, notice_text) =
+            transcript.split_once("===== seq 0002 charge_expired").expect("two jobs in the transcript");
         assert!(slip_text.contains("===== seq 0001 display_qr"), "{transcript}");
 
         let amount = format_amount(c.value_cents as i64, Locale::PtBr);

@@ -53,7 +53,8 @@ fn screen(brcode: &str, amount_cents: u64) -> Vec<u8> {
 /// The next status the gateway sees for `device`.
 async fn next_status(gw: &mut FakeGateway, device: &str) -> Status {
     loop {
-        let (topic, payload) = tokio::time::timeout(Duration::from_secs(10), gw.status.recv()).await.expect("a status").unwrap();
+        let (topic, payload) =
+            tokio::time::timeout(Duration::from_secs(10), gw.status.recv()).await.expect("a status").unwrap();
         if topic.contains(device) {
             return serde_json::from_slice(&payload).unwrap();
         }
@@ -64,19 +65,47 @@ async fn next_status(gw: &mut FakeGateway, device: &str) -> Status {
 async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
     let port = start_broker();
     let stats = Arc::new(Stats::default());
-    let printer = DeviceSpec::Printer { id: PRINTER.into(), paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true, model: String::new() };
-    let terminal = DeviceSpec::Terminal { id: TERMINAL.into(), width_px: 720, height_px: 1280, locale: "pt-BR".into(), time_zone: "America/Sao_Paulo".into() };
+    let printer = DeviceSpec::Printer {
+        id: PRINTER.into(),
+        paper_width_mm: 80,
+        code_page: CodePage::Cp860,
+        native_qr: true,
+        model: String::new(),
+    };
+    let terminal = DeviceSpec::Terminal {
+        id: TERMINAL.into(),
+        width_px: 720,
+        height_px: 1280,
+        locale: "pt-BR".into(),
+        time_zone: "America/Sao_Paulo".into(),
+    };
     let out = temp_dir("printer-state");
-    let cfg = FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: out.to_path_buf(), devices: vec![printer, terminal] };
+    let cfg = FleetConfig {
+        mqtt_host: "127.0.0.1".into(),
+        mqtt_port: port,
+        out_dir: out.to_path_buf(),
+        devices: vec![printer, terminal],
+    };
     let mut gw = FakeGateway::connect(port).await;
-    let fleet = fleet::start_with_options(cfg, FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() }).await.unwrap();
+    let fleet = fleet::start_with_options(
+        cfg,
+        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
+    )
+    .await
+    .unwrap();
     fleet.wait_connected(Duration::from_secs(10)).await.unwrap();
     let p = fleet.device(PRINTER).unwrap();
     assert_eq!(next_status(&mut gw, PRINTER).await.printer, Some(PrinterState::Ready));
 
     p.set_printer_state(PrinterState::PaperOut).await.unwrap();
-    assert_eq!(next_status(&mut gw, PRINTER).await, Status { v: 1, online: true, printer: Some(PrinterState::PaperOut) });
-    assert!(fleet.device(TERMINAL).unwrap().set_printer_state(PrinterState::PaperOut).await.is_err(), "a card machine has no paper");
+    assert_eq!(
+        next_status(&mut gw, PRINTER).await,
+        Status { v: 1, online: true, printer: Some(PrinterState::PaperOut) }
+    );
+    assert!(
+        fleet.device(TERMINAL).unwrap().set_printer_state(PrinterState::PaperOut).await.is_err(),
+        "a card machine has no paper"
+    );
 
     // A job sent anyway is refused, transiently, and counted.
     gw.send(PRINTER, &job(1, CONTENT_ESCPOS, b"\x1b@hello\n", EffectKind::PrintReceipt)).await;
@@ -91,7 +120,10 @@ async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
     assert_eq!(next_status(&mut gw, PRINTER).await.printer, Some(PrinterState::Ready));
     gw.send(PRINTER, &job(1, CONTENT_ESCPOS, b"\x1b@hello\n", EffectKind::PrintReceipt)).await;
     assert_eq!(gw.next_ack().await.result, AckResult::Done);
-    assert_eq!(p.counters(), simulators::device::DeviceCountersSnapshot { raw_jobs: 2, carried_out: 1, received_while_held: 1 });
+    assert_eq!(
+        p.counters(),
+        simulators::device::DeviceCountersSnapshot { raw_jobs: 2, carried_out: 1, received_while_held: 1 }
+    );
     assert_eq!(stats.effects()[0].file, "", "Verify draws nothing");
 
     // Verify still checks payloads: not ESC/POS, a bad BR Code, an amount that differs.
@@ -115,9 +147,12 @@ async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
     p.set_printer_state(PrinterState::PaperOut).await.unwrap();
     assert_eq!(next_status(&mut gw, PRINTER).await.printer, Some(PrinterState::PaperOut));
     {
-        let (_intruder, mut el) = rumqttc::AsyncClient::new(rumqttc::MqttOptions::new(format!("dev-{PRINTER}"), "127.0.0.1", port), 8);
+        let (_intruder, mut el) =
+            rumqttc::AsyncClient::new(rumqttc::MqttOptions::new(format!("dev-{PRINTER}"), "127.0.0.1", port), 8);
         loop {
-            if let rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) = tokio::time::timeout(Duration::from_secs(10), el.poll()).await.unwrap().unwrap() {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) =
+                tokio::time::timeout(Duration::from_secs(10), el.poll()).await.unwrap().unwrap()
+            {
                 break;
             }
         }

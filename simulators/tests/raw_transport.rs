@@ -64,7 +64,10 @@ impl Sim {
     /// The rest of the next stdout line that starts with `prefix`.
     fn line(&self, prefix: &str) -> String {
         loop {
-            let l = self.lines.recv_timeout(GUARD).unwrap_or_else(|e| panic!("printer-sim said nothing starting with {prefix:?}: {e}"));
+            let l = self
+                .lines
+                .recv_timeout(GUARD)
+                .unwrap_or_else(|e| panic!("printer-sim said nothing starting with {prefix:?}: {e}"));
             if let Some(rest) = l.strip_prefix(prefix) {
                 return rest.trim().to_string();
             }
@@ -123,7 +126,11 @@ fn receipt(kind: ReceiptKind, txid: &str, model: &str, paper: u8, native_qr: boo
         brcode: Some(payload(txid)),
         locale: Locale::PtBr,
     };
-    render_receipt_for(&r, &PrinterProfile { paper_width_mm: paper, code_page: CodePage::Cp860, native_qr }.on_model(model)).unwrap()
+    render_receipt_for(
+        &r,
+        &PrinterProfile { paper_width_mm: paper, code_page: CodePage::Cp860, native_qr }.on_model(model),
+    )
+    .unwrap()
 }
 
 /// Sends `bytes`, then reads exactly `replies` bytes.
@@ -210,6 +217,7 @@ fn serial_client_on_the_pty_prints_and_reads_dle_eot_replies() {
     let sim = Sim::start(&["--pty"], "Bematech MP-4200 TH", 58);
     let path = sim.line("listening pty");
     assert!(path.starts_with("/dev/"), "{path}");
-    let mut port = serialport::new(&path, 115_200).timeout(GUARD).open().unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    let mut port =
+        serialport::new(&path, 115_200).timeout(GUARD).open().unwrap_or_else(|e| panic!("opening {path}: {e}"));
     session(&sim, &mut port, "Bematech MP-4200 TH", 58, false);
 }

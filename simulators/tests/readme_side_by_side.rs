@@ -21,9 +21,18 @@ const OUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/receipt-with-logo-s
 #[test]
 fn receipt_with_logo_beside_its_photo() {
     let dir = Path::new(DIR);
-    let bytes = std::fs::read(dir.join("receipt-with-logo.bin")).unwrap_or_else(|e| panic!("{DIR}/receipt-with-logo.bin: {e}"));
+    let bytes =
+        std::fs::read(dir.join("receipt-with-logo.bin")).unwrap_or_else(|e| panic!("{DIR}/receipt-with-logo.bin: {e}"));
     let d = decode(&bytes, &DecodeOptions::mm80());
-    for want in ["[GRAPHICS 300x236]", "ExampleMart Ltd.", "SALES INVOICE", "Subtotal", "$ 14.25", "[CUT full]", "[DRAWER pin2]"] {
+    for want in [
+        "[GRAPHICS 300x236]",
+        "ExampleMart Ltd.",
+        "SALES INVOICE",
+        "Subtotal",
+        "$ 14.25",
+        "[CUT full]",
+        "[DRAWER pin2]",
+    ] {
         assert!(d.transcript.contains(want), "decode lacks {want:?}:\n{}", d.transcript);
     }
     if std::env::var("UPDATE_DOCS").as_deref() != Ok("1") {
@@ -41,7 +50,14 @@ fn receipt_with_logo_beside_its_photo() {
     let width = d.image.width() + 2 * border + gap + w;
     let mut out = GrayImage::from_pixel(width, h + caption + 2 * border, Luma([255]));
     draw_mono(&mut out, Face::MonoBold, 20.0, 0.0, 8.0, "printer-sim decode (576 dots)");
-    draw_mono(&mut out, Face::MonoBold, 20.0, (d.image.width() + 2 * border + gap) as f32, 8.0, "photo of a real print");
+    draw_mono(
+        &mut out,
+        Face::MonoBold,
+        20.0,
+        (d.image.width() + 2 * border + gap) as f32,
+        8.0,
+        "photo of a real print",
+    );
     // A thin frame shows where the decoded paper ends (its background is white too).
     for x in 0..d.image.width() + 2 * border {
         out.put_pixel(x, caption, Luma([160]));

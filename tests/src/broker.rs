@@ -48,7 +48,8 @@ impl KafkaBroker {
     pub fn stop(&self) {
         self.running.store(false, Ordering::SeqCst);
         let script = crate::repo_root().join("scripts/kafka-broker.sh");
-        let _ = Command::new("bash").arg(script).arg("stop").arg(&self.dir).stderr(std::process::Stdio::null()).status();
+        let _ =
+            Command::new("bash").arg(script).arg("stop").arg(&self.dir).stderr(std::process::Stdio::null()).status();
     }
 
     /// Kills the broker at once (SIGKILL to its process group): a broker crash. What it
@@ -56,7 +57,9 @@ impl KafkaBroker {
     pub fn kill(&self) {
         if let Ok(pid) = std::fs::read_to_string(self.dir.join("broker.pid")) {
             let pid = pid.trim();
-            let quiet = |args: &[&str]| Command::new("kill").args(args).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success());
+            let quiet = |args: &[&str]| {
+                Command::new("kill").args(args).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success())
+            };
             quiet(&["-KILL", "--", &format!("-{pid}")]);
             for _ in 0..50 {
                 if !quiet(&["-0", pid]) {

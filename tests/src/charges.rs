@@ -18,9 +18,18 @@ pub fn template(fixtures: &Path) -> Value {
 /// `template` (its company, value and brCode, so the terminal must be of that company):
 /// `status` (`ACTIVE`, `COMPLETED`, `EXPIRED`) at `__v` = `v`, dated now, expiring
 /// `expires_in_min` minutes from now; `t` is the oplog second of its `clusterTime`.
-pub fn charge_record(template: &Value, terminal: &str, id: &str, status: &str, v: i64, expires_in_min: i64, t: u64) -> CaptureRecord {
+pub fn charge_record(
+    template: &Value,
+    terminal: &str,
+    id: &str,
+    status: &str,
+    v: i64,
+    expires_in_min: i64,
+    t: u64,
+) -> CaptureRecord {
     let now = chrono::Utc::now();
-    let date = |d: chrono::DateTime<chrono::Utc>| json!({ "$date": d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) });
+    let date =
+        |d: chrono::DateTime<chrono::Utc>| json!({ "$date": d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) });
     let mut value = template["value"].clone();
     value["eventId"] = json!(format!("Charge:{id}:{}", t << 32 | v as u64));
     value["operationType"] = json!(if v == 0 { "insert" } else { "update" });
@@ -40,5 +49,9 @@ pub fn charge_record(template: &Value, terminal: &str, id: &str, status: &str, v
         doc["payer"] = json!({ "name": "Maria da Silva" });
         doc["endToEndId"] = json!(format!("E1234567820261130{id}"));
     }
-    CaptureRecord { topic: "charge.upserted".into(), key: Some(id.into()), value: serde_json::to_vec(&value).expect("JSON") }
+    CaptureRecord {
+        topic: "charge.upserted".into(),
+        key: Some(id.into()),
+        value: serde_json::to_vec(&value).expect("JSON"),
+    }
 }

@@ -104,12 +104,23 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     progress(format!("starting pixgate: MQTT 127.0.0.1:{}, HTTP 127.0.0.1:{}", settings.mqtt_port, settings.http_port));
     // The fixtures were recorded days ago: replay them with pixgate's clock at that time.
     let clock = crate::replay_clock_env(&cfg.fixtures);
-    let mut gateway = GatewayProcess::spawn_with_env(&cfg.pixgate_bin, settings.clone(), &clock, &out.join("pixgate.log"), Duration::from_secs(60))?;
+    let mut gateway = GatewayProcess::spawn_with_env(
+        &cfg.pixgate_bin,
+        settings.clone(),
+        &clock,
+        &out.join("pixgate.log"),
+        Duration::from_secs(60),
+    )?;
 
     progress(format!("starting {} simulated devices", devices.len()));
     // Devices keep the real clock: pixgate enforces the time to live by the replay clock.
     let fleet = fleet::start_with(
-        fleet::FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: out.join("devices"), devices },
+        fleet::FleetConfig {
+            mqtt_host: "127.0.0.1".into(),
+            mqtt_port: settings.mqtt_port,
+            out_dir: out.join("devices"),
+            devices,
+        },
         false,
     )
     .await?;
@@ -213,7 +224,11 @@ pub fn batches_without_repeated_keys(records: Vec<capture::CaptureRecord>) -> Ve
 /// # Errors
 /// `/stats` unreachable or not a [`StatsReport`], or `deadline` passed (the last stats are
 /// in the error).
-pub async fn wait_until(gateway: &GatewayProcess, deadline: Instant, done: impl Fn(&StatsReport) -> bool) -> anyhow::Result<()> {
+pub async fn wait_until(
+    gateway: &GatewayProcess,
+    deadline: Instant,
+    done: impl Fn(&StatsReport) -> bool,
+) -> anyhow::Result<()> {
     let mut last = String::new();
     let mut last_print = Instant::now();
     loop {

@@ -1,8 +1,8 @@
 //! The `pixgate` binary as a child process, configured through `PIXGATE_*` variables.
 
 use crate::net::http_get;
-use anyhow::{bail, Context};
 pub use ::gateway::ops::report::StatsReport;
+use anyhow::{bail, Context};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,12 @@ impl GatewayProcess {
     ///
     /// # Errors
     /// Spawn failure, or not ready within `timeout` (the log path is in the error).
-    pub fn spawn(bin: &Path, settings: GatewaySettings, log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
+    pub fn spawn(
+        bin: &Path,
+        settings: GatewaySettings,
+        log: &Path,
+        timeout: Duration,
+    ) -> anyhow::Result<GatewayProcess> {
         GatewayProcess::spawn_with_env(bin, settings, &[], log, timeout)
     }
 
@@ -67,11 +72,16 @@ impl GatewayProcess {
     ///
     /// # Errors
     /// Spawn failure, or not ready within `timeout` (the log path is in the error).
-    pub fn spawn_with_env(bin: &Path, settings: GatewaySettings, env: &[(&str, String)], log: &Path, timeout: Duration) -> anyhow::Result<GatewayProcess> {
+    pub fn spawn_with_env(
+        bin: &Path,
+        settings: GatewaySettings,
+        env: &[(&str, String)],
+        log: &Path,
+        timeout: Duration,
+    ) -> anyhow::Result<GatewayProcess> {
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(bin);
-        cmd
-            .env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
+        cmd.env("PIXGATE_KAFKA__BROKERS", &settings.brokers)
             .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
             .env("PIXGATE_KAFKA__INSTANCE_ID", format!("{}-1", settings.group_id))
             .env("PIXGATE_MQTT__LISTEN", format!("127.0.0.1:{}", settings.mqtt_port))
@@ -79,7 +89,10 @@ impl GatewayProcess {
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()));
+            .env(
+                "RUST_LOG",
+                std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()),
+            );
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -199,7 +212,10 @@ impl GatewayProcess {
     pub fn memory_kib(&self) -> anyhow::Result<(u64, u64)> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
         let field = |name: &str| -> anyhow::Result<u64> {
-            let line = status.lines().find(|l| l.starts_with(name)).with_context(|| format!("no {name} in /proc/PID/status"))?;
+            let line = status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .with_context(|| format!("no {name} in /proc/PID/status"))?;
             line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).with_context(|| format!("bad line {line:?}"))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))

@@ -115,8 +115,11 @@ impl RigBuilder {
     pub async fn start(self) -> Rig {
         let dir = std::env::temp_dir().join(format!("pixgate-{}-{}", self.name, std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let broker = KafkaBroker::start(&dir.join("kafka")).unwrap_or_else(|e| panic!("starting the Kafka broker in {}: {e:#}", dir.display()));
-        capture::ensure_topics(broker.addr(), &self.topics).await.unwrap_or_else(|e| panic!("creating topics {:?}: {e:#}", self.topics));
+        let broker = KafkaBroker::start(&dir.join("kafka"))
+            .unwrap_or_else(|e| panic!("starting the Kafka broker in {}: {e:#}", dir.display()));
+        capture::ensure_topics(broker.addr(), &self.topics)
+            .await
+            .unwrap_or_else(|e| panic!("creating topics {:?}: {e:#}", self.topics));
         let settings = GatewaySettings {
             brokers: broker.addr().to_string(),
             group_id: format!("pixgate-{}", self.name),
@@ -150,7 +153,12 @@ impl Rig {
     /// `pixgate-{name}`): topics `capture::PIXGATE_TOPICS`, device ack timeout 2 s
     /// (`delivery.ack_timeout_ms`), no extra settings.
     pub fn builder(name: &str) -> RigBuilder {
-        RigBuilder { name: name.to_string(), topics: capture::PIXGATE_TOPICS.to_vec(), env: Vec::new(), ack_timeout_ms: 2_000 }
+        RigBuilder {
+            name: name.to_string(),
+            topics: capture::PIXGATE_TOPICS.to_vec(),
+            env: Vec::new(),
+            ack_timeout_ms: 2_000,
+        }
     }
 
     /// The scratch folder: `kafka/` (the broker's SQLite file and log), `data/outbox.redb`,
@@ -210,7 +218,8 @@ impl Rig {
         };
         self.starts += 1;
         let env: Vec<(&str, String)> = self.env.iter().map(|(k, v)| (*k, v.clone())).collect();
-        let gw = GatewayProcess::spawn_with_env(&self.bin, self.settings.clone(), &env, &log, GATEWAY_READY_TIMEOUT).unwrap_or_else(|e| panic!("{e:#}"));
+        let gw = GatewayProcess::spawn_with_env(&self.bin, self.settings.clone(), &env, &log, GATEWAY_READY_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         self.gateway.insert(gw)
     }
 
@@ -236,12 +245,19 @@ impl Rig {
     /// # Panics
     /// `timeout` passed first (the last stats are in the message), or `/stats` did not answer.
     pub async fn wait_stats(&self, timeout: Duration, done: impl Fn(&StatsReport) -> bool) {
-        crate::demo::wait_until(self.gateway(), Instant::now() + timeout, done).await.unwrap_or_else(|e| panic!("{e:#}"));
+        crate::demo::wait_until(self.gateway(), Instant::now() + timeout, done)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     /// Where devices of this rig connect, and write into `devices/{id}/`.
     pub fn fleet_config(&self, devices: Vec<DeviceSpec>) -> FleetConfig {
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: self.settings.mqtt_port, out_dir: self.dir.join("devices"), devices }
+        FleetConfig {
+            mqtt_host: "127.0.0.1".into(),
+            mqtt_port: self.settings.mqtt_port,
+            out_dir: self.dir.join("devices"),
+            devices,
+        }
     }
 
     /// Starts one simulated device per spec on pixgate's MQTT broker and waits until every
@@ -251,7 +267,9 @@ impl Rig {
     /// The output folder cannot be created, or some device did not connect (named).
     pub async fn start_fleet(&self, devices: Vec<DeviceSpec>, options: FleetOptions) -> FleetHandle {
         let timeout = fleet_connect_timeout(devices.len());
-        let fleet = fleet::start_with_options(self.fleet_config(devices), options).await.unwrap_or_else(|e| panic!("starting the device fleet: {e:#}"));
+        let fleet = fleet::start_with_options(self.fleet_config(devices), options)
+            .await
+            .unwrap_or_else(|e| panic!("starting the device fleet: {e:#}"));
         fleet.wait_connected(timeout).await.unwrap_or_else(|e| panic!("{e:#}"));
         fleet
     }
@@ -273,7 +291,9 @@ impl Rig {
     /// The file is unreadable, a publish failed, or pixgate did not apply them within
     /// [`REGISTRY_TIMEOUT`].
     pub async fn publish_registry_file(&self, path: &Path) -> u64 {
-        let n = capture::publish_file(self.brokers(), path).await.unwrap_or_else(|e| panic!("publishing {}: {e:#}", path.display())) as u64;
+        let n = capture::publish_file(self.brokers(), path)
+            .await
+            .unwrap_or_else(|e| panic!("publishing {}: {e:#}", path.display())) as u64;
         self.wait_stats(REGISTRY_TIMEOUT, |s| s.counters.devices_applied >= n).await;
         n
     }

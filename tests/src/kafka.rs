@@ -26,7 +26,14 @@ pub struct ReadRecord {
 ///
 /// # Errors
 /// Fewer than `expected` records within `timeout`, or a consumer error.
-pub async fn read_topic(brokers: &str, topic: &str, partitions: i32, expected: usize, quiet: Duration, timeout: Duration) -> anyhow::Result<Vec<ReadRecord>> {
+pub async fn read_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    quiet: Duration,
+    timeout: Duration,
+) -> anyhow::Result<Vec<ReadRecord>> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("pixgate-tests-reader-{}-{}", std::process::id(), unique()))
@@ -61,7 +68,11 @@ pub async fn read_topic(brokers: &str, topic: &str, partitions: i32, expected: u
 /// # Errors
 /// The broker did not answer within 10 s.
 pub fn committed_offsets(brokers: &str, group: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<i64>> {
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).set("enable.auto.commit", "false").create()?;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition(topic, p);

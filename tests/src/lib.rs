@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 /// # Panics
 /// The file is missing or not the documented shape (a broken fixture fails the test).
 pub fn expected_effects(fixtures: &Path) -> BTreeMap<(String, String), Vec<String>> {
-    let by_charge = simulators::expected::read_expected_json(&fixtures.join("expected.json")).unwrap_or_else(|e| panic!("{e:#}"));
+    let by_charge =
+        simulators::expected::read_expected_json(&fixtures.join("expected.json")).unwrap_or_else(|e| panic!("{e:#}"));
     let mut want: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for (charge, effects) in by_charge {
         for (device, kind) in effects {
@@ -53,7 +54,10 @@ pub fn fixture_devices(fixtures: &Path) -> Vec<simulators::registry::DeviceSpec>
 /// # Panics
 /// As [`fixture_devices`], or no device has that id.
 pub fn fixture_device(fixtures: &Path, id: &str) -> simulators::registry::DeviceSpec {
-    fixture_devices(fixtures).into_iter().find(|d| d.id() == id).unwrap_or_else(|| panic!("no device {id} in {}", fixtures.join("devices.jsonl").display()))
+    fixture_devices(fixtures)
+        .into_iter()
+        .find(|d| d.id() == id)
+        .unwrap_or_else(|| panic!("no device {id} in {}", fixtures.join("devices.jsonl").display()))
 }
 
 /// The gateway settings that replay `fixtures` as if they were happening now: its clock set
@@ -72,7 +76,9 @@ pub fn replay_clock_env(fixtures: &Path) -> Vec<(&'static str, String)> {
     let first = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|r| r["value"]["wallTime"]["$date"].as_str().and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok()))
+        .filter_map(|r| {
+            r["value"]["wallTime"]["$date"].as_str().and_then(|d| chrono::DateTime::parse_from_rfc3339(d).ok())
+        })
         .min()
         .unwrap_or_else(|| panic!("{}: no wallTime", path.display()));
     let offset = first.timestamp_millis() - chrono::Utc::now().timestamp_millis();

@@ -162,7 +162,15 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     // about 2 s instead of 13. `--pixgate-env PIXGATE_KAFKA__INSTANCE_ID=…` overrides it.
     let mut env: Vec<(&str, String)> = vec![("PIXGATE_KAFKA__INSTANCE_ID", String::new())];
     env.extend(cfg.env.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    let spawn = |n: usize| GatewayProcess::spawn_with_env(&cfg.pixgate_bin, settings.clone(), &env, &cfg.work.join(format!("pixgate-{n}.log")), Duration::from_secs(60));
+    let spawn = |n: usize| {
+        GatewayProcess::spawn_with_env(
+            &cfg.pixgate_bin,
+            settings.clone(),
+            &env,
+            &cfg.work.join(format!("pixgate-{n}.log")),
+            Duration::from_secs(60),
+        )
+    };
 
     // 1. The registry, read by pixgate before it goes down.
     let producer = capture::producer(&brokers)?;
@@ -170,7 +178,10 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let mut gw = spawn(0)?;
         publish_records_at(&producer, scenario.device_records(), None).await?;
         let n = scenario.device_records().len() as u64;
-        crate::demo::wait_until(&gw, Instant::now() + cfg.timeout, |s| s.counters.devices_applied >= n && s.counters.pending_records == 0).await?;
+        crate::demo::wait_until(&gw, Instant::now() + cfg.timeout, |s| {
+            s.counters.devices_applied >= n && s.counters.pending_records == 0
+        })
+        .await?;
         // Let the auto-commit (1 s) store the registry's offsets before the stop.
         let clean = gw.stop(Duration::from_secs(15));
         say(format!("registry: {n} devices read by pixgate, which then stopped (clean: {clean})"));
@@ -191,18 +202,29 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         produced += chunk.len();
         if last.elapsed() > Duration::from_secs(10) {
             last = Instant::now();
-            say(format!("backlog: {produced} of {} events produced ({:.0}/s)", cfg.events, produced as f64 / start.elapsed().as_secs_f64()));
+            say(format!(
+                "backlog: {produced} of {} events produced ({:.0}/s)",
+                cfg.events,
+                produced as f64 / start.elapsed().as_secs_f64()
+            ));
         }
     }
     report.produced = (produced as u64, start.elapsed());
-    say(format!("backlog: {produced} events in {:.1} s while pixgate was down; {expected} effects expected", start.elapsed().as_secs_f64()));
+    say(format!(
+        "backlog: {produced} events in {:.1} s while pixgate was down; {expected} effects expected",
+        start.elapsed().as_secs_f64()
+    ));
 
     // 3. Baseline: a bare consumer reads the whole topic.
     let broker_cpu = || broker.pid().and_then(crate::cpu::process);
     let b0 = broker_cpu();
     report.bare = crate::kafka::bare_consume(&brokers, &["charge.upserted"], produced as u64).await?;
     report.bare_broker_cpu = b0.zip(broker_cpu()).map(|(a, b)| b.saturating_sub(a));
-    say(format!("baseline: bare StreamConsumer read {} records in {:.2} s", report.bare.0, report.bare.1.as_secs_f64()));
+    say(format!(
+        "baseline: bare StreamConsumer read {} records in {:.2} s",
+        report.bare.0,
+        report.bare.1.as_secs_f64()
+    ));
 
     // 4. Drain: pixgate starts, the fleet connects.
     let (sink_tx, mut sink_rx) = mpsc::unbounded_channel::<Carried>();
@@ -226,12 +248,21 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let broker_at_start = broker_cpu();
     let gw = spawn(1)?;
     let fleet = fleet::start_with_options(
-        FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: settings.mqtt_port, out_dir: cfg.work.join("devices"), devices },
+        FleetConfig {
+            mqtt_host: "127.0.0.1".into(),
+            mqtt_port: settings.mqtt_port,
+            out_dir: cfg.work.join("devices"),
+            devices,
+        },
         FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
     )
     .await?;
     fleet.wait_connected(Duration::from_secs(60)).await?;
-    say(format!("drain: pixgate ready and {} devices connected after {:.1} s", fleet.device_ids().len(), t0.elapsed().as_secs_f64()));
+    say(format!(
+        "drain: pixgate ready and {} devices connected after {:.1} s",
+        fleet.device_ids().len(),
+        t0.elapsed().as_secs_f64()
+    ));
     let deadline = Instant::now() + cfg.timeout;
     let mut next_sample = Instant::now();
     let mut last_print = Instant::now();
@@ -253,12 +284,31 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             next_sample += Duration::from_secs(1);
             let (rss, hwm) = gw.memory_kib().unwrap_or((0, 0));
             report.peak_rss_kib = report.peak_rss_kib.max(hwm);
-            report.samples.push(Sample { t: t0.elapsed().as_secs_f64(), accepted, delivered, outbox: c.outbox_jobs, job_bytes: stats.raw_bytes(), rss_kib: rss });
+            report.samples.push(Sample {
+                t: t0.elapsed().as_secs_f64(),
+                accepted,
+                delivered,
+                outbox: c.outbox_jobs,
+                job_bytes: stats.raw_bytes(),
+                rss_kib: rss,
+            });
         }
         if accepted_at.is_some() && idle {
             report.drain_time = t0.elapsed();
-            if let ((Some(h0), Some(m0)), Some(b0), Some(p), Some(h1), Some(b1), Some(m1)) = (cpu_at_start, broker_at_start, crate::cpu::process(gw.pid()), crate::cpu::process(std::process::id()), broker_cpu(), crate::cpu::Machine::now()) {
-                report.drain_cpu = Some(DrainCpu { pixgate: p, harness: h1.saturating_sub(h0), broker: b1.saturating_sub(b0), machine: m1.since(m0) });
+            if let ((Some(h0), Some(m0)), Some(b0), Some(p), Some(h1), Some(b1), Some(m1)) = (
+                cpu_at_start,
+                broker_at_start,
+                crate::cpu::process(gw.pid()),
+                crate::cpu::process(std::process::id()),
+                broker_cpu(),
+                crate::cpu::Machine::now(),
+            ) {
+                report.drain_cpu = Some(DrainCpu {
+                    pixgate: p,
+                    harness: h1.saturating_sub(h0),
+                    broker: b1.saturating_sub(b0),
+                    machine: m1.since(m0),
+                });
             }
             report.drained_effects = delivered;
             report.expected_backlog = (expected, c.superseded);
@@ -267,7 +317,12 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         if last_print.elapsed() > Duration::from_secs(10) {
             last_print = Instant::now();
             let rss = report.samples.last().map_or(0, |x| x.rss_kib);
-            say(format!("drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB", t0.elapsed().as_secs_f64(), c.outbox_jobs, rss / 1024));
+            say(format!(
+                "drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB",
+                t0.elapsed().as_secs_f64(),
+                c.outbox_jobs,
+                rss / 1024
+            ));
         }
         if Instant::now() > deadline {
             bail!("drain not finished within {:?}; stats {}", cfg.timeout, stats_json(&s));
@@ -276,7 +331,12 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     }
     report.accept_time = accepted_at.unwrap_or(report.drain_time);
     let (exp, superseded) = report.expected_backlog;
-    say(format!("drain: accepted in {:.1} s, delivered in {:.1} s: {} effects + {superseded} superseded QRs, {exp} expected", report.accept_time.as_secs_f64(), report.drain_time.as_secs_f64(), report.drained_effects));
+    say(format!(
+        "drain: accepted in {:.1} s, delivered in {:.1} s: {} effects + {superseded} superseded QRs, {exp} expected",
+        report.accept_time.as_secs_f64(),
+        report.drain_time.as_secs_f64(),
+        report.drained_effects
+    ));
     if report.drained_effects + superseded != exp || stats.carried_out() != report.drained_effects {
         bail!("backlog effects do not add up: devices carried out {}, pixgate acked {}, superseded {superseded}, expected {exp}", stats.carried_out(), report.drained_effects);
     }
@@ -324,7 +384,12 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("live phase not delivered within {:?}: {} of {live_expected}; stats {}", cfg.timeout, stats.carried_out() - carried_before, stats_json(&s));
+                bail!(
+                    "live phase not delivered within {:?}: {} of {live_expected}; stats {}",
+                    cfg.timeout,
+                    stats.carried_out() - carried_before,
+                    stats_json(&s)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -374,15 +439,29 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
     let e2e_rate = r.produced.0 as f64 / secs(r.drain_time.saturating_sub(r.first_accept));
     let (live_n, lat) = &r.live;
     let mut t = String::new();
-    t.push_str(&format!("\npixgate load run: {} charge events backlog, {} devices, seed {}, live {} ev/s for {} s\n", cfg.events, cfg.devices, cfg.seed, cfg.live_rate, cfg.live_seconds));
+    t.push_str(&format!(
+        "\npixgate load run: {} charge events backlog, {} devices, seed {}, live {} ev/s for {} s\n",
+        cfg.events, cfg.devices, cfg.seed, cfg.live_rate, cfg.live_seconds
+    ));
     t.push_str("| figure | value |\n|---|---|\n");
-    t.push_str(&format!("| backlog produced (pixgate down) | {} records in {:.1} s ({:.0} records/s) |\n", r.produced.0, secs(r.produced.1), r.produced.0 as f64 / secs(r.produced.1)));
+    t.push_str(&format!(
+        "| backlog produced (pixgate down) | {} records in {:.1} s ({:.0} records/s) |\n",
+        r.produced.0,
+        secs(r.produced.1),
+        r.produced.0 as f64 / secs(r.produced.1)
+    ));
     t.push_str(&format!("| bare StreamConsumer, fresh group, whole topic | {} records in {:.2} s = **{bare_rate:.0} records/s** (baseline) |\n", r.bare.0, secs(r.bare.1)));
-    t.push_str(&format!("| pixgate start → first record accepted (start-up, group join) | {:.1} s (not in the rates below) |\n", secs(r.first_accept)));
+    t.push_str(&format!(
+        "| pixgate start → first record accepted (start-up, group join) | {:.1} s (not in the rates below) |\n",
+        secs(r.first_accept)
+    ));
     t.push_str(&format!("| pixgate accept rate (records committed, backlog) | {accept_rate:.0} records/s (all accepted {:.1} s after start) = {:.4} × baseline |\n", secs(r.accept_time), accept_rate / bare_rate));
     t.push_str(&format!("| pixgate delivery rate (effects acked, backlog) | {delivery_rate:.0} effects/s ({} effects, all acked {:.1} s after start) |\n", r.drained_effects, secs(r.drain_time)));
     t.push_str(&format!("| pixgate end to end (backlog record → all effects acked) | {e2e_rate:.0} records/s = **{:.4} × baseline** |\n", e2e_rate / bare_rate));
-    t.push_str(&format!("| backlog effects | {} acked + {} superseded QRs = {} expected by the model |\n", r.drained_effects, r.expected_backlog.1, r.expected_backlog.0));
+    t.push_str(&format!(
+        "| backlog effects | {} acked + {} superseded QRs = {} expected by the model |\n",
+        r.drained_effects, r.expected_backlog.1, r.expected_backlog.0
+    ));
     if *live_n > 0 {
         t.push_str(&format!(
             "| live latency, produce → device ack ({} events at {} ev/s, {} effects timed) | p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms |\n",
@@ -394,7 +473,13 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
             lat.last().copied().unwrap_or(f64::NAN)
         ));
     }
-    t.push_str(&format!("| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n", r.raw_jobs.0, r.raw_jobs.1, r.raw_jobs.0.saturating_sub(r.raw_jobs.1), r.pixgate_redeliveries));
+    t.push_str(&format!(
+        "| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n",
+        r.raw_jobs.0,
+        r.raw_jobs.1,
+        r.raw_jobs.0.saturating_sub(r.raw_jobs.1),
+        r.pixgate_redeliveries
+    ));
     t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
     let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
     if let Some(b) = r.bare_broker_cpu {

@@ -18,7 +18,8 @@ use tokio::process::{Child, ChildStdout, Command};
 /// A client is missing: run `scripts/ensure-mosquitto.sh` (or `apt-get install mosquitto-clients`).
 pub fn require_clients() -> anyhow::Result<()> {
     for bin in ["mosquitto_sub", "mosquitto_pub"] {
-        let found = std::process::Command::new(bin).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
+        let found =
+            std::process::Command::new(bin).arg("--help").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok();
         if !found {
             bail!("{bin} not found on PATH: run scripts/ensure-mosquitto.sh (Debian package mosquitto-clients)");
         }
@@ -31,9 +32,29 @@ pub fn require_clients() -> anyhow::Result<()> {
 ///
 /// # Errors
 /// It could not run, or exited non-zero (its stderr is in the error).
-pub async fn publish(port: u16, client_id: &str, topic: &str, payload: &str, qos: u8, retain: bool) -> anyhow::Result<()> {
+pub async fn publish(
+    port: u16,
+    client_id: &str,
+    topic: &str,
+    payload: &str,
+    qos: u8,
+    retain: bool,
+) -> anyhow::Result<()> {
     let mut cmd = Command::new("mosquitto_pub");
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-i", client_id, "-q", &qos.to_string(), "-t", topic, "-m", payload]);
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-i",
+        client_id,
+        "-q",
+        &qos.to_string(),
+        "-t",
+        topic,
+        "-m",
+        payload,
+    ]);
     if retain {
         cmd.arg("-r");
     }
@@ -58,7 +79,11 @@ pub async fn retained(port: u16, topic: &str, timeout: Duration) -> anyhow::Resu
         .await
         .context("running mosquitto_sub")?;
     if !out.status.success() {
-        bail!("no retained message on {topic} within {timeout:?} (mosquitto_sub exited with {}: {})", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "no retained message on {topic} within {timeout:?} (mosquitto_sub exited with {}: {})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim_end().to_string())
 }
@@ -77,15 +102,42 @@ impl Subscriber {
     ///
     /// # Errors
     /// It could not start, exited, or was not subscribed at `qos` within `timeout`.
-    pub async fn start(port: u16, client_id: &str, topic: &str, qos: u8, persistent: bool, timeout: Duration) -> anyhow::Result<Subscriber> {
+    pub async fn start(
+        port: u16,
+        client_id: &str,
+        topic: &str,
+        qos: u8,
+        persistent: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<Subscriber> {
         // Line-buffered (coreutils `stdbuf`): into a pipe, mosquitto_sub's stdio would hold
         // its debug lines and payloads in a 4 KiB buffer.
         let mut cmd = Command::new("stdbuf");
-        cmd.args(["-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", &port.to_string(), "-i", client_id, "-q", &qos.to_string(), "-t", topic, "-d"]);
+        cmd.args([
+            "-oL",
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-i",
+            client_id,
+            "-q",
+            &qos.to_string(),
+            "-t",
+            topic,
+            "-d",
+        ]);
         if persistent {
             cmd.arg("-c");
         }
-        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true).spawn().context("starting mosquitto_sub")?;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting mosquitto_sub")?;
         let stdout = child.stdout.take().context("mosquitto_sub stdout")?;
         let mut sub = Subscriber { child, lines: BufReader::new(stdout).lines(), client_id: client_id.to_string() };
         let granted = tokio::time::timeout(timeout, async {
@@ -100,7 +152,10 @@ impl Subscriber {
         })
         .await
         .with_context(|| format!("mosquitto_sub -i {client_id}: no SUBACK within {timeout:?}"))??;
-        anyhow::ensure!(granted.ends_with(&format!(": {qos}")), "subscription to {topic} not granted at QoS {qos}: {granted:?}");
+        anyhow::ensure!(
+            granted.ends_with(&format!(": {qos}")),
+            "subscription to {topic} not granted at QoS {qos}: {granted:?}"
+        );
         Ok(sub)
     }
 

@@ -57,7 +57,11 @@ impl Plan {
         let charges: Vec<CaptureRecord> = scenario.charge_events().collect();
         let fates: Vec<Fate> = charges.iter().map(|r| model.apply_charge(&r.value)).collect();
         for (r, f) in charges.iter().zip(&fates) {
-            assert!(!matches!(f, Fate::DeadLetter(_)), "generated event dead-lettered by the model: {f:?} {}", String::from_utf8_lossy(&r.value));
+            assert!(
+                !matches!(f, Fate::DeadLetter(_)),
+                "generated event dead-lettered by the model: {f:?} {}",
+                String::from_utf8_lossy(&r.value)
+            );
         }
         let devices = devices_from_records(scenario.device_records());
         Plan { scenario, devices, charges, fates }
@@ -98,7 +102,12 @@ impl Plan {
 /// # Errors
 /// A publish failed, or `deadline` passed with events still held back (the error names
 /// the effects they wait for).
-pub async fn feed_keeping_up(producer: &FutureProducer, plan: &Plan, stats: Arc<Stats>, deadline: Instant) -> anyhow::Result<Vec<Position>> {
+pub async fn feed_keeping_up(
+    producer: &FutureProducer,
+    plan: &Plan,
+    stats: Arc<Stats>,
+    deadline: Instant,
+) -> anyhow::Result<Vec<Position>> {
     let n = plan.charges.len();
     let key = |i: usize| plan.charges[i].key.clone().unwrap_or_default();
     let mut queued: HashMap<String, VecDeque<usize>> = HashMap::new();
@@ -127,7 +136,12 @@ pub async fn feed_keeping_up(producer: &FutureProducer, plan: &Plan, stats: Arc<
             for (&i, pos) in released.iter().zip(landed) {
                 positions[i] = Some(pos);
                 published += 1;
-                let ids: HashSet<String> = plan.fates[i].effects().iter().map(|e| e.message_id.clone()).filter(|id| !carried.contains(id)).collect();
+                let ids: HashSet<String> = plan.fates[i]
+                    .effects()
+                    .iter()
+                    .map(|e| e.message_id.clone())
+                    .filter(|id| !carried.contains(id))
+                    .collect();
                 outstanding.insert(key(i), ids);
             }
         }
@@ -148,7 +162,12 @@ pub async fn feed_keeping_up(producer: &FutureProducer, plan: &Plan, stats: Arc<
         }
         if ready.is_empty() && published < n {
             if Instant::now() > deadline {
-                let waiting: Vec<String> = outstanding.iter().filter(|(_, ids)| !ids.is_empty()).take(10).map(|(c, ids)| format!("{c}: {ids:?}")).collect();
+                let waiting: Vec<String> = outstanding
+                    .iter()
+                    .filter(|(_, ids)| !ids.is_empty())
+                    .take(10)
+                    .map(|(c, ids)| format!("{c}: {ids:?}"))
+                    .collect();
                 bail!("{} of {n} events published; charges waiting for effects (first 10): {waiting:?}", published);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -167,7 +186,10 @@ pub async fn feed_keeping_up(producer: &FutureProducer, plan: &Plan, stats: Arc<
 /// # Errors
 /// A record is not on the topic (lost), or the topic holds records that were never
 /// published (the error counts them).
-pub fn positions_from_topic(records: &[CaptureRecord], read: &[crate::kafka::ReadRecord]) -> anyhow::Result<Vec<Position>> {
+pub fn positions_from_topic(
+    records: &[CaptureRecord],
+    read: &[crate::kafka::ReadRecord],
+) -> anyhow::Result<Vec<Position>> {
     let mut by_value: HashMap<&[u8], Vec<Position>> = HashMap::new();
     for r in read {
         by_value.entry(r.value.as_slice()).or_default().push((r.partition, r.offset));
@@ -181,7 +203,10 @@ pub fn positions_from_topic(records: &[CaptureRecord], read: &[crate::kafka::Rea
         .collect();
     let mut out = Vec::with_capacity(records.len());
     for (i, r) in records.iter().enumerate() {
-        let pos = queues.get_mut(r.value.as_slice()).and_then(VecDeque::pop_front).with_context(|| format!("record {i} (key {:?}) is not on the topic", r.key))?;
+        let pos = queues
+            .get_mut(r.value.as_slice())
+            .and_then(VecDeque::pop_front)
+            .with_context(|| format!("record {i} (key {:?}) is not on the topic", r.key))?;
         out.push(pos);
     }
     let extra: usize = queues.values().map(VecDeque::len).sum();
@@ -210,7 +235,14 @@ pub fn end_offsets(positions: &[Position]) -> BTreeMap<i32, i64> {
 ///
 /// # Errors
 /// `deadline` passed (the error says what was missing).
-pub async fn wait_all_delivered(gw: &GatewayProcess, plan: &Plan, charge_ends: &BTreeMap<i32, i64>, device_ends: &BTreeMap<i32, i64>, stats: &Stats, deadline: Instant) -> anyhow::Result<()> {
+pub async fn wait_all_delivered(
+    gw: &GatewayProcess,
+    plan: &Plan,
+    charge_ends: &BTreeMap<i32, i64>,
+    device_ends: &BTreeMap<i32, i64>,
+    stats: &Stats,
+    deadline: Instant,
+) -> anyhow::Result<()> {
     let want: HashSet<&str> = plan.expected().map(|e| e.message_id.as_str()).collect();
     let (brokers, group) = (gw.settings.brokers.clone(), gw.settings.group_id.clone());
     let mut seen: HashSet<String> = HashSet::new();
@@ -223,12 +255,18 @@ pub async fn wait_all_delivered(gw: &GatewayProcess, plan: &Plan, charge_ends: &
         }
         let missing = want.iter().filter(|id| !seen.contains(**id)).count();
         let s = gw.stats();
-        let idle = s.as_ref().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0);
+        let idle = s.as_ref().is_ok_and(|s| {
+            s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0
+        });
         let mut committed_all = false;
         if missing == 0 && idle {
             let (b, g) = (brokers.clone(), group.clone());
             let (ce, de) = (charge_ends.clone(), device_ends.clone());
-            committed_all = tokio::task::spawn_blocking(move || committed_reach(&b, &g, "charge.upserted", &ce) && committed_reach(&b, &g, "device.upserted", &de)).await.unwrap_or(false);
+            committed_all = tokio::task::spawn_blocking(move || {
+                committed_reach(&b, &g, "charge.upserted", &ce) && committed_reach(&b, &g, "device.upserted", &de)
+            })
+            .await
+            .unwrap_or(false);
             if committed_all {
                 return Ok(());
             }
@@ -236,10 +274,16 @@ pub async fn wait_all_delivered(gw: &GatewayProcess, plan: &Plan, charge_ends: &
         if last_print.elapsed() > Duration::from_secs(5) {
             last_print = Instant::now();
             let pixgate = match &s {
-                Ok(s) => format!("pending {} queued {} outbox {}", s.counters.pending_records, s.counters.queued_jobs, s.counters.outbox_jobs),
+                Ok(s) => format!(
+                    "pending {} queued {} outbox {}",
+                    s.counters.pending_records, s.counters.queued_jobs, s.counters.outbox_jobs
+                ),
                 Err(e) => format!("/stats unavailable ({e:#})"),
             };
-            println!("  waiting: {missing} of {} effects missing; pixgate {pixgate}; committed all: {committed_all}", want.len());
+            println!(
+                "  waiting: {missing} of {} effects missing; pixgate {pixgate}; committed all: {committed_all}",
+                want.len()
+            );
         }
         if Instant::now() > deadline {
             bail!("not delivered in time: {missing} of {} effects missing, pixgate idle: {idle}, committed all: {committed_all}; stats {}", want.len(), stats_or_error(&s));
@@ -286,12 +330,35 @@ pub fn check_delivery(plan: &Plan, positions: &[Position], effects: &[EffectReco
     let mut per_device: BTreeMap<&str, Vec<&EffectRecord>> = BTreeMap::new();
     for e in effects {
         if !carried.insert(&e.message_id) {
-            problems.push(format!("carried out twice: {} {} {} on {}", e.message_id, e.kind.as_str(), e.charge, e.device));
+            problems.push(format!(
+                "carried out twice: {} {} {} on {}",
+                e.message_id,
+                e.kind.as_str(),
+                e.charge,
+                e.device
+            ));
         }
         match expected.get(e.message_id.as_str()) {
-            None => problems.push(format!("unexpected effect: {} {} on {} (message {})", e.kind.as_str(), e.charge, e.device, e.message_id)),
-            Some(x) if (x.device.as_str(), x.charge.as_str(), x.kind) != (e.device.as_str(), e.charge.as_str(), e.kind) => {
-                problems.push(format!("message {} was {} {} on {}, expected {} {} on {}", e.message_id, e.kind.as_str(), e.charge, e.device, x.kind.as_str(), x.charge, x.device))
+            None => problems.push(format!(
+                "unexpected effect: {} {} on {} (message {})",
+                e.kind.as_str(),
+                e.charge,
+                e.device,
+                e.message_id
+            )),
+            Some(x)
+                if (x.device.as_str(), x.charge.as_str(), x.kind) != (e.device.as_str(), e.charge.as_str(), e.kind) =>
+            {
+                problems.push(format!(
+                    "message {} was {} {} on {}, expected {} {} on {}",
+                    e.message_id,
+                    e.kind.as_str(),
+                    e.charge,
+                    e.device,
+                    x.kind.as_str(),
+                    x.charge,
+                    x.device
+                ))
             }
             Some(_) => {}
         }
@@ -312,7 +379,10 @@ pub fn check_delivery(plan: &Plan, positions: &[Position], effects: &[EffectReco
             let Some(&(p, o)) = position_of.get(e.message_id.as_str()) else { continue };
             if let Some(&(prev, prev_id)) = last_offset.get(&p) {
                 if o < prev {
-                    problems.push(format!("{device}: effect of partition {p} offset {o} ({}) carried out after offset {prev} ({prev_id})", e.message_id));
+                    problems.push(format!(
+                        "{device}: effect of partition {p} offset {o} ({}) carried out after offset {prev} ({prev_id})",
+                        e.message_id
+                    ));
                 }
             }
             last_offset.insert(p, (o, &e.message_id));
@@ -331,12 +401,18 @@ pub fn check_delivery(plan: &Plan, positions: &[Position], effects: &[EffectReco
 ///
 /// # Errors
 /// Publish failure or pixgate not done within 60 s.
-pub async fn publish_registry(producer: &FutureProducer, plan: &Plan, gw: &GatewayProcess) -> anyhow::Result<Vec<Position>> {
+pub async fn publish_registry(
+    producer: &FutureProducer,
+    plan: &Plan,
+    gw: &GatewayProcess,
+) -> anyhow::Result<Vec<Position>> {
     let records = plan.scenario.device_records();
     let positions = publish_records_at(producer, records, None).await?;
     let n = records.len() as u64;
-    crate::demo::wait_until(gw, Instant::now() + Duration::from_secs(60), |s| s.counters.devices_applied >= n && s.counters.pending_records == 0)
-        .await
-        .context("pixgate reading the registry")?;
+    crate::demo::wait_until(gw, Instant::now() + Duration::from_secs(60), |s| {
+        s.counters.devices_applied >= n && s.counters.pending_records == 0
+    })
+    .await
+    .context("pixgate reading the registry")?;
     Ok(positions)
 }

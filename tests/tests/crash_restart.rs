@@ -37,15 +37,20 @@ async fn sigkill_and_restart_lose_nothing_and_repeat_nothing() {
     let want = pixgate_tests::expected_effects(&fixtures);
     let certain: BTreeSet<(String, String, String)> = want
         .iter()
-        .flat_map(|((dev, charge), kinds)| kinds.iter().filter(|k| *k != "display_qr").map(|k| (dev.clone(), charge.clone(), k.clone())))
+        .flat_map(|((dev, charge), kinds)| {
+            kinds.iter().filter(|k| *k != "display_qr").map(|k| (dev.clone(), charge.clone(), k.clone()))
+        })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut last = (usize::MAX, Instant::now());
     loop {
         let s = rig.gateway().stats();
-        let idle = s.as_ref().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0);
+        let idle = s.as_ref().is_ok_and(|s| {
+            s.counters.pending_records == 0 && s.counters.queued_jobs == 0 && s.counters.outbox_jobs == 0
+        });
         let effects = fleet.effects();
-        let seen: BTreeSet<(String, String, String)> = effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
+        let seen: BTreeSet<(String, String, String)> =
+            effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
         let missing = certain.difference(&seen).count();
         if effects.len() != last.0 {
             last = (effects.len(), Instant::now());

@@ -59,7 +59,8 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
     // Kill when the devices have carried out a seeded random share of the effects, after
     // a seeded random delay: spread over the whole run whatever its speed.
     let mut rng = seed ^ 0xDEAD_BEEF;
-    let mut thresholds: Vec<f64> = (0..kills).map(|_| 0.02 + 0.93 * (splitmix(&mut rng) % 10_000) as f64 / 10_000.0).collect();
+    let mut thresholds: Vec<f64> =
+        (0..kills).map(|_| 0.02 + 0.93 * (splitmix(&mut rng) % 10_000) as f64 / 10_000.0).collect();
     thresholds.sort_by(f64::total_cmp);
     let mut killed_at = Vec::new();
     let mut last_print = Instant::now();
@@ -67,7 +68,12 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
     for (i, share) in thresholds.iter().enumerate() {
         let target = (share * expected as f64) as u64;
         while stats.carried_out() < target {
-            assert!(Instant::now() < deadline, "stuck at {} of {expected} effects before kill {}", stats.carried_out(), i + 1);
+            assert!(
+                Instant::now() < deadline,
+                "stuck at {} of {expected} effects before kill {}",
+                stats.carried_out(),
+                i + 1
+            );
             if fed.is_none() && feeder.is_finished() {
                 let r = (&mut feeder).await.unwrap();
                 if let Err(e) = &r {
@@ -77,14 +83,20 @@ async fn sigkill_at_scale_loses_nothing_and_repeats_nothing() {
             }
             if last_print.elapsed() > Duration::from_secs(15) {
                 last_print = Instant::now();
-                println!("crash scale: {:.0} s, {} of {expected} effects carried out, {i} kills so far", began.elapsed().as_secs_f64(), stats.carried_out());
+                println!(
+                    "crash scale: {:.0} s, {} of {expected} effects carried out, {i} kills so far",
+                    began.elapsed().as_secs_f64(),
+                    stats.carried_out()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_millis(splitmix(&mut rng) % 500)).await;
         // Not during a group join (see `GatewayProcess::wait_assigned`).
         rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
-        let (p, q) = rig.gateway().stats().map_or(("?".into(), "?".into()), |s| (s.counters.pending_records.to_string(), s.counters.queued_jobs.to_string()));
+        let (p, q) = rig.gateway().stats().map_or(("?".into(), "?".into()), |s| {
+            (s.counters.pending_records.to_string(), s.counters.queued_jobs.to_string())
+        });
         killed_at.push(format!("{}@{}(p{p},q{q})", stats.carried_out(), began.elapsed().as_secs()));
         rig.kill_gateway();
         rig.start_gateway();

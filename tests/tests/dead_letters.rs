@@ -85,26 +85,48 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         .charges
         .iter()
         .zip(&plan.fates)
-        .filter(|(r, f)| keys.insert(r.key.clone()) || (f.effects().len() == 1 && f.effects()[0].kind == EffectKind::PrintReceipt && !String::from_utf8_lossy(&r.value).contains("\"terminal\"")))
+        .filter(|(r, f)| {
+            keys.insert(r.key.clone())
+                || (f.effects().len() == 1
+                    && f.effects()[0].kind == EffectKind::PrintReceipt
+                    && !String::from_utf8_lossy(&r.value).contains("\"terminal\""))
+        })
         .map(|(r, _)| r.clone())
         .take(120)
         .collect();
-    let registry: Vec<Value> = plan.scenario.device_records().iter().map(|r| serde_json::from_slice(&r.value).unwrap()).collect();
+    let registry: Vec<Value> =
+        plan.scenario.device_records().iter().map(|r| serde_json::from_slice(&r.value).unwrap()).collect();
     let docs: Vec<&Value> = registry.iter().map(|e| &e["fullDocument"]).collect();
     let terminal = docs.iter().find(|d| d["kind"] == "terminal" && d["enabled"] == true).expect("a terminal");
-    let (t_id, company) = (terminal["_id"]["$oid"].as_str().unwrap().to_string(), terminal["company"]["$oid"].as_str().unwrap().to_string());
-    let printer_same_company = docs.iter().find(|d| d["kind"] == "printer" && d["company"]["$oid"] == company.as_str()).unwrap()["_id"]["$oid"].as_str().unwrap().to_string();
+    let (t_id, company) = (
+        terminal["_id"]["$oid"].as_str().unwrap().to_string(),
+        terminal["company"]["$oid"].as_str().unwrap().to_string(),
+    );
+    let printer_same_company =
+        docs.iter().find(|d| d["kind"] == "printer" && d["company"]["$oid"] == company.as_str()).unwrap()["_id"]
+            ["$oid"]
+            .as_str()
+            .unwrap()
+            .to_string();
     // A card machine whose paired printer prints its receipts (enabled, same company).
     let (paired_terminal, paired_printer) = docs
         .iter()
         .filter(|d| d["kind"] == "terminal" && d["enabled"] == true)
         .find_map(|t| {
             let p = t["pairedPrinter"]["$oid"].as_str()?;
-            let printer = docs.iter().find(|d| d["_id"]["$oid"] == p && d["kind"] == "printer" && d["enabled"] == true && d["company"] == t["company"])?;
+            let printer = docs.iter().find(|d| {
+                d["_id"]["$oid"] == p && d["kind"] == "printer" && d["enabled"] == true && d["company"] == t["company"]
+            })?;
             Some((t["_id"]["$oid"].as_str()?.to_string(), printer["_id"]["$oid"].as_str()?.to_string()))
         })
         .expect("a card machine with a paired printer");
-    let foreign_terminal = docs.iter().find(|d| d["kind"] == "terminal" && d["company"]["$oid"] != company.as_str()).expect("another company's terminal")["_id"]["$oid"].as_str().unwrap().to_string();
+    let foreign_terminal = docs
+        .iter()
+        .find(|d| d["kind"] == "terminal" && d["company"]["$oid"] != company.as_str())
+        .expect("another company's terminal")["_id"]["$oid"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     // Extra registry: company X has a card machine and no printer at all; company Y's only
     // printer is a Bematech set to WPC1252, a table that model does not have.
@@ -123,7 +145,9 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     };
     let printer_doc = |id: &str| json!({"_id": {"$oid": id}, "company": {"$oid": x}, "kind": "printer", "printer": {"paperWidthMm": 80, "codePage": "CP860"}, "enabled": true});
     let mut bad_devices: Vec<Bad> = Vec::new();
-    let mut bad_device = |record: CaptureRecord, reason: &'static str| bad_devices.push(Bad { record, dead: vec![(reason, None)], effects: vec![] });
+    let mut bad_device = |record: CaptureRecord, reason: &'static str| {
+        bad_devices.push(Bad { record, dead: vec![(reason, None)], effects: vec![] })
+    };
     bad_device(raw("device.upserted", &next_id(), b"\x00\xff\xfe not a device"), "not_json");
     let id = next_id();
     let mut d = printer_doc(&id);
@@ -142,14 +166,25 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     d["printer"]["codePage"] = json!("CP999");
     bad_device(dev(&id, 13, d), "invalid_field:printer.codePage");
     let id = next_id();
-    bad_device(dev(&id, 14, json!({"_id": {"$oid": id}, "company": {"$oid": x}, "kind": "terminal", "screen": {"widthPx": 10, "heightPx": 1280}})), "invalid_field:screen.widthPx");
+    bad_device(
+        dev(
+            &id,
+            14,
+            json!({"_id": {"$oid": id}, "company": {"$oid": x}, "kind": "terminal", "screen": {"widthPx": 10, "heightPx": 1280}}),
+        ),
+        "invalid_field:screen.widthPx",
+    );
 
     // Bad charge events, built from a good one (ACTIVE on terminal T) with one thing wrong.
     let template: Value = plan
         .charges
         .iter()
         .map(|r| serde_json::from_slice::<Value>(&r.value).unwrap())
-        .find(|v| v["operationType"] == "insert" && v["fullDocument"]["terminal"]["$oid"] == t_id.as_str() && v["fullDocument"]["brCode"].is_null())
+        .find(|v| {
+            v["operationType"] == "insert"
+                && v["fullDocument"]["terminal"]["$oid"] == t_id.as_str()
+                && v["fullDocument"]["brCode"].is_null()
+        })
         .expect("an ACTIVE charge on T");
     let mut i = 0u32;
     let mut charge = |edit: &dyn Fn(&mut Value, &mut Value)| -> CaptureRecord {
@@ -170,7 +205,8 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         doc["status"] = json!("COMPLETED");
         doc["paidAt"] = json!({"$date": "2027-01-15T08:01:00.000Z"});
     };
-    let valid_dynamic = render::brcode::encode_dynamic("pix.example.com/qr/v2/abc123", Some(1234), "Loja", "Recife").unwrap();
+    let valid_dynamic =
+        render::brcode::encode_dynamic("pix.example.com/qr/v2/abc123", Some(1234), "Loja", "Recife").unwrap();
     let mut bad_crc = valid_dynamic.clone();
     let last = bad_crc.pop().unwrap();
     bad_crc.push(if last == '0' { '1' } else { '0' });
@@ -180,25 +216,70 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     };
     let mut bad: Vec<Bad> = Vec::new();
     let whole = |reason: &'static str| vec![(reason, None)];
-    let mut push = |record: CaptureRecord, dead: Vec<(&'static str, Option<EffectKind>)>, effects: Vec<(String, EffectKind)>| bad.push(Bad { record, dead, effects });
-    push(raw("charge.upserted", &oid(0x2001), br#"{"eventId": "Charge:broken", "operationType": "upd"#), whole("not_json"), vec![]);
+    let mut push = |record: CaptureRecord,
+                    dead: Vec<(&'static str, Option<EffectKind>)>,
+                    effects: Vec<(String, EffectKind)>| bad.push(Bad { record, dead, effects });
+    push(
+        raw("charge.upserted", &oid(0x2001), br#"{"eventId": "Charge:broken", "operationType": "upd"#),
+        whole("not_json"),
+        vec![],
+    );
     push(raw("charge.upserted", &oid(0x2002), b"\x00\xff binary garbage \xfe"), whole("not_json"), vec![]);
     push(raw("charge.upserted", &oid(0x2003), b"[1, 2, 3]"), whole("not_json"), vec![]);
-    push(charge(&|e, _| { e.as_object_mut().unwrap().remove("eventId"); }), whole("missing_field:eventId"), vec![]);
+    push(
+        charge(&|e, _| {
+            e.as_object_mut().unwrap().remove("eventId");
+        }),
+        whole("missing_field:eventId"),
+        vec![],
+    );
     push(charge(&|e, _| e["operationType"] = json!("upsert")), whole("invalid_field:operationType"), vec![]);
     push(charge(&|e, _| e["documentKey"] = json!({})), whole("missing_field:documentKey._id"), vec![]);
-    push(charge(&|e, _| e["clusterTime"]["$timestamp"]["t"] = json!("soon")), whole("invalid_field:clusterTime"), vec![]);
+    push(
+        charge(&|e, _| e["clusterTime"]["$timestamp"]["t"] = json!("soon")),
+        whole("invalid_field:clusterTime"),
+        vec![],
+    );
     push(charge(&|e, _| e["fullDocument"] = json!("not a document")), whole("invalid_field:fullDocument"), vec![]);
-    push(charge(&|_, d| { d.as_object_mut().unwrap().remove("company"); }), whole("missing_field:company"), vec![]);
+    push(
+        charge(&|_, d| {
+            d.as_object_mut().unwrap().remove("company");
+        }),
+        whole("missing_field:company"),
+        vec![],
+    );
     push(charge(&|_, d| d["value"] = json!("45.99")), whole("invalid_field:value"), vec![]);
     push(charge(&|_, d| d["value"] = json!(-100)), whole("invalid_field:value"), vec![]);
     push(charge(&|_, d| d["status"] = json!("PAID")), whole("invalid_field:status"), vec![]);
-    push(charge(&|_, d| { d.as_object_mut().unwrap().remove("__v"); }), whole("missing_field:__v"), vec![]);
-    push(charge(&|_, d| { d.as_object_mut().unwrap().remove("merchant"); }), whole("missing_field:merchant"), vec![]);
+    push(
+        charge(&|_, d| {
+            d.as_object_mut().unwrap().remove("__v");
+        }),
+        whole("missing_field:__v"),
+        vec![],
+    );
+    push(
+        charge(&|_, d| {
+            d.as_object_mut().unwrap().remove("merchant");
+        }),
+        whole("missing_field:merchant"),
+        vec![],
+    );
     push(charge(&|_, d| d["merchant"] = json!({"city": "Recife"})), whole("missing_field:merchant.name"), vec![]);
     push(charge(&|_, d| d["terminal"] = json!(42)), whole("invalid_field:terminal"), vec![]);
-    push(charge(&|_, d| { paid(d); d["paidAt"] = json!({"$date": "yesterday"}); }), whole("invalid_field:paidAt"), vec![]);
-    push(charge(&|_, d| d["terminal"] = json!({"$oid": "0123456789abcdef01234567"})), whole("unknown_terminal"), vec![]);
+    push(
+        charge(&|_, d| {
+            paid(d);
+            d["paidAt"] = json!({"$date": "yesterday"});
+        }),
+        whole("invalid_field:paidAt"),
+        vec![],
+    );
+    push(
+        charge(&|_, d| d["terminal"] = json!({"$oid": "0123456789abcdef01234567"})),
+        whole("unknown_terminal"),
+        vec![],
+    );
     let ft = foreign_terminal.clone();
     push(charge(&move |_, d| d["terminal"] = json!({"$oid": ft})), whole("terminal_of_another_company"), vec![]);
     let pp = printer_same_company.clone();
@@ -216,7 +297,10 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
             d["brCode"] = json!(c2);
         }),
         vec![],
-        vec![(paired_terminal.clone(), EffectKind::PaymentConfirmed), (paired_printer.clone(), EffectKind::PrintReceipt)],
+        vec![
+            (paired_terminal.clone(), EffectKind::PaymentConfirmed),
+            (paired_printer.clone(), EffectKind::PrintReceipt),
+        ],
     );
     let vd = valid_dynamic.clone();
     push(
@@ -227,7 +311,13 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         vec![("brcode_amount_mismatch", Some(EffectKind::DisplayQr))],
         vec![],
     );
-    push(charge(&|_, d| { d.as_object_mut().unwrap().remove("pixKey"); }), vec![("static_brcode_unbuildable", Some(EffectKind::DisplayQr))], vec![]);
+    push(
+        charge(&|_, d| {
+            d.as_object_mut().unwrap().remove("pixKey");
+        }),
+        vec![("static_brcode_unbuildable", Some(EffectKind::DisplayQr))],
+        vec![],
+    );
     let (xx, txx) = (x.clone(), tx.clone());
     push(
         charge(&move |_, d| {
@@ -309,12 +399,20 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     let device_pos = publish_records_at(&producer, &device_stream, Some(0)).await.unwrap();
     let n_devices = device_stream.len() as u64;
     let deadline = Instant::now() + Duration::from_secs(180);
-    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| s.counters.events_read.get("device.upserted").copied() >= Some(n_devices) && s.counters.pending_records == 0).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
+        s.counters.events_read.get("device.upserted").copied() >= Some(n_devices) && s.counters.pending_records == 0
+    })
+    .await
+    .unwrap();
     let charge_pos = publish_records_at(&producer, &charge_stream, Some(0)).await.unwrap();
     let n_charges = charge_stream.len() as u64;
     pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
         let c = &s.counters;
-        c.events_read.get("charge.upserted").copied() >= Some(n_charges) && c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0 && stats.carried_out() >= want_total as u64
+        c.events_read.get("charge.upserted").copied() >= Some(n_charges)
+            && c.pending_records == 0
+            && c.queued_jobs == 0
+            && c.outbox_jobs == 0
+            && stats.carried_out() >= want_total as u64
     })
     .await
     .unwrap();
@@ -339,7 +437,10 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
             }
         }
     };
-    assert_eq!(committed_end("charge.upserted", charge_pos.last().unwrap().1 + 1).await, charge_pos.last().unwrap().1 + 1);
+    assert_eq!(
+        committed_end("charge.upserted", charge_pos.last().unwrap().1 + 1).await,
+        charge_pos.last().unwrap().1 + 1
+    );
     committed_end("device.upserted", device_pos.last().unwrap().1 + 1).await;
 
     // Every good effect delivered, exactly, and nothing else.
@@ -353,11 +454,16 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     // The dead letters, read back from Kafka: one per bad record (or bad effect), with the
     // reason, the source topic, partition and offset, the key and the original bytes.
     let mut expected_dl: BTreeMap<(String, i64, Option<String>), (&'static str, &CaptureRecord)> = BTreeMap::new();
-    for (stream, which, pos, bads) in [(&device_stream, &device_which, &device_pos, &bad_devices), (&charge_stream, &charge_which, &charge_pos, &bad)] {
+    for (stream, which, pos, bads) in
+        [(&device_stream, &device_which, &device_pos, &bad_devices), (&charge_stream, &charge_which, &charge_pos, &bad)]
+    {
         for (k, w) in which.iter().enumerate() {
             let Some(j) = w else { continue };
             for (reason, kind) in &bads[*j].dead {
-                let prev = expected_dl.insert((stream[k].topic.clone(), pos[k].1, kind.map(|k| k.as_str().to_string())), (reason, &stream[k]));
+                let prev = expected_dl.insert(
+                    (stream[k].topic.clone(), pos[k].1, kind.map(|k| k.as_str().to_string())),
+                    (reason, &stream[k]),
+                );
                 assert!(prev.is_none());
             }
         }
@@ -365,11 +471,24 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     let s = rig.gateway().stats().unwrap();
     let counted = total(&s.counters.dead_lettered_records) + total(&s.counters.dead_lettered_effects);
     assert_eq!(counted as usize, expected_dl.len(), "dead letters counted on /stats: {}", stats_json(&s));
-    let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, expected_dl.len(), Duration::from_secs(2), Duration::from_secs(60)).await.unwrap();
+    let dls = pixgate_tests::kafka::read_topic(
+        rig.brokers(),
+        "pixgate.deadletter",
+        1,
+        expected_dl.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     let mut seen = BTreeMap::new();
     for m in &dls {
         let dl: Value = serde_json::from_slice(&m.value).unwrap();
-        let key = (dl["source_topic"].as_str().unwrap().to_string(), dl["source_offset"].as_i64().unwrap(), dl["effect"].as_str().map(str::to_string));
+        let key = (
+            dl["source_topic"].as_str().unwrap().to_string(),
+            dl["source_offset"].as_i64().unwrap(),
+            dl["effect"].as_str().map(str::to_string),
+        );
         let Some((reason, record)) = expected_dl.get(&key) else { panic!("unexpected dead letter {dl}") };
         assert_eq!(dl["reason"], *reason, "{dl}");
         assert_eq!(dl["source_partition"], 0, "{dl}");
@@ -379,7 +498,10 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
         assert_eq!(original, record.value, "{dl}: the dead letter carries the original bytes");
         assert!(dl["detail"].as_str().is_some_and(|d| !d.is_empty()), "{dl}");
         if key.2.is_some() && !reason.starts_with("no_") {
-            assert!(dl["device"].is_string() && dl["message_id"].is_string(), "an effect's dead letter names its device and job: {dl}");
+            assert!(
+                dl["device"].is_string() && dl["message_id"].is_string(),
+                "an effect's dead letter names its device and job: {dl}"
+            );
         }
         assert!(seen.insert(key, reason).is_none(), "dead letter written twice: {dl}");
     }
@@ -433,7 +555,11 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     env["fullDocument"]["brCode"] = json!(code);
     let key = env["documentKey"]["_id"]["$oid"].as_str().unwrap().to_string();
     let landed = publish_records_at(&producer, &[rec("charge.upserted", &key, &env)], None).await.unwrap();
-    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| count(&s.counters.dead_lettered_effects, "invalid_brcode") == 1 && s.counters.deadletters_parked == 1).await.unwrap();
+    pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
+        count(&s.counters.dead_lettered_effects, "invalid_brcode") == 1 && s.counters.deadletters_parked == 1
+    })
+    .await
+    .unwrap();
 
     rig.kill_gateway();
     capture::ensure_topics(rig.brokers(), &[("pixgate.deadletter", 1)]).await.unwrap();
@@ -451,12 +577,26 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
         if c[p as usize] > o {
             break;
         }
-        assert!(Instant::now() < deadline, "the record was never committed: {c:?}; stats {}", stats_or_error(&rig.gateway().stats()));
+        assert!(
+            Instant::now() < deadline,
+            "the record was never committed: {c:?}; stats {}",
+            stats_or_error(&rig.gateway().stats())
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let stats = stats_json(&rig.gateway().stats().unwrap());
-    let dls = pixgate_tests::kafka::read_topic(rig.brokers(), "pixgate.deadletter", 1, 1, Duration::from_secs(1), Duration::from_secs(40)).await;
-    let dls = dls.unwrap_or_else(|e| panic!("the invalid_brcode dead letter is lost: {e}; after the restart pixgate counted {stats}"));
+    let dls = pixgate_tests::kafka::read_topic(
+        rig.brokers(),
+        "pixgate.deadletter",
+        1,
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(40),
+    )
+    .await;
+    let dls = dls.unwrap_or_else(|e| {
+        panic!("the invalid_brcode dead letter is lost: {e}; after the restart pixgate counted {stats}")
+    });
     let dl: Value = serde_json::from_slice(&dls[0].value).unwrap();
     assert_eq!(dl["reason"], "invalid_brcode");
     assert_eq!(dl["source_offset"], o);

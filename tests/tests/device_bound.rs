@@ -31,7 +31,10 @@ async fn a_full_device_queue_pauses_its_partitions_until_it_drains() {
     capture::publish_records(&rig.producer(), &records).await.unwrap();
 
     // The device's queue fills to its bound and reading stops there.
-    rig.wait_stats(Duration::from_secs(60), |s| s.counters.devices_at_bound == 1 && s.counters.pending_records == 0 && s.counters.outbox_jobs >= BOUND).await;
+    rig.wait_stats(Duration::from_secs(60), |s| {
+        s.counters.devices_at_bound == 1 && s.counters.pending_records == 0 && s.counters.outbox_jobs >= BOUND
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await; // would anything more be read?
     let s = rig.gateway().stats().unwrap();
     let json = stats_json(&s);
@@ -44,7 +47,12 @@ async fn a_full_device_queue_pauses_its_partitions_until_it_drains() {
 
     // Back online: everything arrives, the partitions resume.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
-    rig.wait_stats(Duration::from_secs(120), |s| s.counters.events_read.get("charge.upserted").copied() == Some(CHARGES) && s.counters.outbox_jobs == 0 && s.counters.pending_records == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| {
+        s.counters.events_read.get("charge.upserted").copied() == Some(CHARGES)
+            && s.counters.outbox_jobs == 0
+            && s.counters.pending_records == 0
+    })
+    .await;
     let s = rig.gateway().stats().unwrap();
     assert_eq!((s.counters.paused_partitions, s.counters.devices_at_bound), (0, 0), "{}", stats_json(&s));
     let shown: BTreeSet<String> = terminal.effects().into_iter().map(|e| e.charge).collect();

@@ -71,7 +71,11 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     }
     let mut got: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     for e in effects {
-        let key = (e["device"].as_str().unwrap().into(), e["charge"].as_str().unwrap().into(), e["kind"].as_str().unwrap().into());
+        let key = (
+            e["device"].as_str().unwrap().into(),
+            e["charge"].as_str().unwrap().into(),
+            e["kind"].as_str().unwrap().into(),
+        );
         *got.entry(key).or_default() += 1;
     }
     assert_eq!(got, want, "effects carried out differ from expected.json");
@@ -88,7 +92,10 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{dev}: seqs not increasing: {seqs:?}");
         let mut per_charge: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for e in list {
-            per_charge.entry(e["charge"].as_str().unwrap().into()).or_default().push(e["kind"].as_str().unwrap().into());
+            per_charge
+                .entry(e["charge"].as_str().unwrap().into())
+                .or_default()
+                .push(e["kind"].as_str().unwrap().into());
         }
         for (charge, kinds) in per_charge {
             assert_eq!(kinds, want_order[&(dev.clone(), charge.clone())], "{dev} {charge}: order");
@@ -105,7 +112,9 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     // collapsed (the decoder prints wrapped and column-padded lines).
     let collapse = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
     let job_text = |e: &Value| -> String {
-        let transcript = std::fs::read_to_string(out.join("devices").join(e["device"].as_str().unwrap()).join("transcript.txt")).unwrap();
+        let transcript =
+            std::fs::read_to_string(out.join("devices").join(e["device"].as_str().unwrap()).join("transcript.txt"))
+                .unwrap();
         let header = format!("===== seq {:04} ", e["seq"].as_u64().unwrap());
         transcript.split(&header).nth(1).and_then(|s| s.split("\n===== seq ").next()).expect("job section").to_string()
     };
@@ -127,9 +136,18 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         let png = out.join(e["file"].as_str().unwrap());
         let img = image::open(&png).unwrap_or_else(|err| panic!("{}: {err}", png.display())).to_luma8();
         if kind == "print_receipt" {
-            assert_eq!(simulators::escpos::qr::scan(&img), Vec::<String>::new(), "{}: a QR on a paid receipt", png.display());
+            assert_eq!(
+                simulators::escpos::qr::scan(&img),
+                Vec::<String>::new(),
+                "{}: a QR on a paid receipt",
+                png.display()
+            );
             let section = job_text(e);
-            assert!(!section.contains("[QR") && !section.contains("[RASTER"), "{}: QR commands on a paid receipt:\n{section}", png.display());
+            assert!(
+                !section.contains("[QR") && !section.contains("[RASTER"),
+                "{}: QR commands on a paid receipt:\n{section}",
+                png.display()
+            );
             let locale = locales[e["device"].as_str().unwrap()];
             let doc = &docs[charge];
             for (label, field) in [(Label::EndToEndId, "endToEndId"), (Label::Txid, "transactionID")] {
@@ -144,7 +162,8 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         let grids = prepared.detect_grids();
         assert_eq!(grids.len(), 1, "{}: expected one QR", png.display());
         let (_, payload) = grids[0].decode().unwrap_or_else(|err| panic!("{}: {err:?}", png.display()));
-        let parsed = render::brcode::parse(&payload).unwrap_or_else(|err| panic!("{}: invalid BR Code {payload}: {err}", png.display()));
+        let parsed = render::brcode::parse(&payload)
+            .unwrap_or_else(|err| panic!("{}: invalid BR Code {payload}: {err}", png.display()));
         let value = &docs[charge]["value"];
         let cents = value.as_u64().or_else(|| value["$numberLong"].as_str().and_then(|s| s.parse().ok())).unwrap();
         assert_eq!(parsed.amount_cents(), Some(cents), "{}: amount", png.display());
@@ -163,7 +182,11 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         let name = docs[e["charge"].as_str().unwrap()]["merchant"]["name"].as_str().unwrap();
         let printable: String = name.chars().filter(|&c| (c as u32) < 0x2000).collect();
         let section = job_text(e);
-        assert!(collapse(&section).contains(&collapse(&printable)), "receipt {} lacks {printable:?}:\n{section}", e["file"]);
+        assert!(
+            collapse(&section).contains(&collapse(&printable)),
+            "receipt {} lacks {printable:?}:\n{section}",
+            e["file"]
+        );
         if !printable.is_ascii() {
             accented += 1;
         }
@@ -174,10 +197,15 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     //    counted with its reason (and, from 1., caused no device effect).
     assert_eq!(counts["events_read"], counts["events_published"]);
     let published = counts["events_published"].as_u64().unwrap();
-    assert_eq!(published as usize, read_jsonl("devices.jsonl").len() + read_jsonl("charges.jsonl").len() + read_jsonl("edge-cases.jsonl").len());
+    assert_eq!(
+        published as usize,
+        read_jsonl("devices.jsonl").len() + read_jsonl("charges.jsonl").len() + read_jsonl("edge-cases.jsonl").len()
+    );
     let ignored = &counts["ignored"];
     let dead = &counts["dead_lettered"];
-    for (reason, n) in [("duplicate_event", 1), ("document_deleted_before_lookup", 1), ("delete_event", 1), ("stale_version", 1)] {
+    for (reason, n) in
+        [("duplicate_event", 1), ("document_deleted_before_lookup", 1), ("delete_event", 1), ("stale_version", 1)]
+    {
         assert_eq!(ignored[reason], n, "ignored {reason}: {ignored}");
     }
     for (reason, n) in [
@@ -203,15 +231,26 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     assert_eq!(dls.len(), 10);
     for dl in &dls {
         assert_eq!(dl["source_topic"], "charge.upserted");
-        assert!(dl["source_offset"].as_i64().unwrap() >= 0 && dl["reason"].is_string() && dl["value_base64"].is_string(), "{dl}");
+        assert!(
+            dl["source_offset"].as_i64().unwrap() >= 0 && dl["reason"].is_string() && dl["value_base64"].is_string(),
+            "{dl}"
+        );
     }
     let mut reasons: Vec<&str> = dls.iter().map(|d| d["reason"].as_str().unwrap()).collect();
     reasons.sort();
-    let mut want_reasons: Vec<&str> = dead.as_object().unwrap().iter().flat_map(|(r, n)| std::iter::repeat_n(r.as_str(), n.as_u64().unwrap() as usize)).collect();
+    let mut want_reasons: Vec<&str> = dead
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(r, n)| std::iter::repeat_n(r.as_str(), n.as_u64().unwrap() as usize))
+        .collect();
     want_reasons.sort();
     assert_eq!(reasons, want_reasons);
     let bad_qr: Vec<&Value> = dls.iter().filter(|d| d["reason"] == "invalid_brcode").collect();
-    assert!(bad_qr.iter().all(|d| d["device"] == "d3cea27d26934b484e73cf57" && d["effect"] == "display_qr"), "{bad_qr:?}");
+    assert!(
+        bad_qr.iter().all(|d| d["device"] == "d3cea27d26934b484e73cf57" && d["effect"] == "display_qr"),
+        "{bad_qr:?}"
+    );
 
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -55,7 +55,11 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     let plan = Arc::new(Plan::new(ScenarioConfig::new(777, 60, events)));
     let expected = plan.expected_count();
     let name = format!("{membership:?}-{}s", outage.as_secs()).to_lowercase();
-    println!("kafka restart ({name}): {} devices, {} charge events, {expected} expected effects", plan.devices.len(), plan.charges.len());
+    println!(
+        "kafka restart ({name}): {} devices, {} charge events, {expected} expected effects",
+        plan.devices.len(),
+        plan.charges.len()
+    );
 
     let mut rig = Rig::builder(&format!("kafka-restart-{name}"));
     if membership == Membership::Dynamic {
@@ -75,7 +79,11 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
 
     // A third of the way through, kill the broker ...
     while stats.carried_out() < expected as u64 / 3 {
-        assert!(Instant::now() < deadline && !feeder.is_finished(), "no progress before the restart: {}", stats.carried_out());
+        assert!(
+            Instant::now() < deadline && !feeder.is_finished(),
+            "no progress before the restart: {}",
+            stats.carried_out()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // ... and once pixgate has committed offsets (auto-commit runs every second).
@@ -130,7 +138,16 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     // Every record is still on the topic after the restart, byte for byte, exactly once;
     // where it is comes from the topic itself (see `positions_from_topic`).
     let reported = feeder.await.unwrap().expect("feeding the charge events across the outage");
-    let records = read_topic(&brokers, "charge.upserted", 3, plan.charges.len(), Duration::from_millis(500), Duration::from_secs(60)).await.unwrap();
+    let records = read_topic(
+        &brokers,
+        "charge.upserted",
+        3,
+        plan.charges.len(),
+        Duration::from_millis(500),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     assert_eq!(records.len(), plan.charges.len(), "records on charge.upserted after the restart");
     let positions = scenario::positions_from_topic(&plan.charges, &records).unwrap();
     let misreported = reported.iter().zip(&positions).filter(|(r, p)| r != p).count();
@@ -140,7 +157,11 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
     let ready_deadline = Instant::now() + Duration::from_secs(30);
     while !rig.gateway().is_ready() {
-        assert!(Instant::now() < ready_deadline, "/readyz did not come back after the broker restart: {:?}", rig.gateway().get("/readyz"));
+        assert!(
+            Instant::now() < ready_deadline,
+            "/readyz did not come back after the broker restart: {:?}",
+            rig.gateway().get("/readyz")
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 

@@ -42,13 +42,20 @@ fn check_job(line: &str, record: &CaptureRecord, seq: u64) -> Job {
     assert_eq!((job.v, job.seq, job.kind), (1, seq, EffectKind::DisplayQr), "{line}");
     assert_eq!(job.event_id, event_id, "{line}");
     assert_eq!(Some(job.charge_id.as_str()), record.key.as_deref(), "{line}");
-    assert_eq!(job.message_id, device_protocol::message_id(event_id, TERMINAL, EffectKind::DisplayQr), "the deterministic message id: {line}");
+    assert_eq!(
+        job.message_id,
+        device_protocol::message_id(event_id, TERMINAL, EffectKind::DisplayQr),
+        "the deterministic message id: {line}"
+    );
     assert_eq!(job.content_type, CONTENT_SCREEN, "{line}");
     let doc = &event["fullDocument"];
-    let screen: ScreenContent = serde_json::from_slice(&job.payload_bytes().expect("base64 payload")).expect("a screen");
-    let cents = doc["value"].as_u64().or_else(|| doc["value"]["$numberLong"].as_str().and_then(|s| s.parse().ok())).unwrap();
+    let screen: ScreenContent =
+        serde_json::from_slice(&job.payload_bytes().expect("base64 payload")).expect("a screen");
+    let cents =
+        doc["value"].as_u64().or_else(|| doc["value"]["$numberLong"].as_str().and_then(|s| s.parse().ok())).unwrap();
     assert_eq!((screen.screen, screen.amount_cents), (ScreenKind::PayWithPix, cents), "{screen:?}");
-    let brcode = render::brcode::parse(screen.brcode.as_deref().expect("a BR Code on the pay-with-Pix screen")).expect("a valid BR Code");
+    let brcode = render::brcode::parse(screen.brcode.as_deref().expect("a BR Code on the pay-with-Pix screen"))
+        .expect("a valid BR Code");
     assert_eq!(brcode.amount_cents(), Some(cents), "the QR asks for the charge's amount");
     assert!(job.expires_at.is_some(), "a QR job expires with its charge: {line}");
     job
@@ -60,23 +67,37 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     let fixtures = pixgate_tests::demo::default_fixtures();
     let rig = Rig::builder("mosquitto-peer").env("PIXGATE_HEALTH__DELIVERY_STALL_AFTER_MS", "3000").start().await;
     let port = rig.settings().mqtt_port;
-    let (jobs, acks, status) = (Topic::Jobs(TERMINAL.into()).path(), Topic::Acks(TERMINAL.into()).path(), Topic::Status(TERMINAL.into()).path());
+    let (jobs, acks, status) = (
+        Topic::Jobs(TERMINAL.into()).path(),
+        Topic::Acks(TERMINAL.into()).path(),
+        Topic::Status(TERMINAL.into()).path(),
+    );
 
     // The registry holds one card machine.
-    let registry: Vec<CaptureRecord> = capture::read_records(&fixtures.join("devices.jsonl")).unwrap().into_iter().filter(|r| r.key.as_deref() == Some(TERMINAL)).collect();
+    let registry: Vec<CaptureRecord> = capture::read_records(&fixtures.join("devices.jsonl"))
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.key.as_deref() == Some(TERMINAL))
+        .collect();
     assert_eq!(registry.len(), 1);
     let producer = rig.producer();
     capture::publish_records(&producer, &registry).await.unwrap();
-    rig.wait_stats(Duration::from_secs(60), |s| s.counters.devices_applied == 1 && s.counters.pending_records == 0).await;
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.devices_applied == 1 && s.counters.pending_records == 0)
+        .await;
 
     // The device comes up as the protocol says: a persistent session as dev-{id} subscribed
     // to its jobs at QoS 1, then its status, retained (a second client: one client id per
     // connection, or the broker would drop the subscriber).
-    let mut device = Subscriber::start(port, &format!("dev-{TERMINAL}"), &jobs, 1, true, Duration::from_secs(30)).await.unwrap();
+    let mut device =
+        Subscriber::start(port, &format!("dev-{TERMINAL}"), &jobs, 1, true, Duration::from_secs(30)).await.unwrap();
     let online = serde_json::to_string(&Status { v: 1, online: true, printer: None }).unwrap();
     mosquitto::publish(port, &format!("dev-{TERMINAL}-status"), &status, &online, 1, true).await.unwrap();
     let kept = mosquitto::retained(port, &status, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(serde_json::from_str::<Status>(&kept).unwrap(), Status { v: 1, online: true, printer: None }, "the broker keeps the retained status");
+    assert_eq!(
+        serde_json::from_str::<Status>(&kept).unwrap(),
+        Status { v: 1, online: true, printer: None },
+        "the broker keeps the retained status"
+    );
 
     // A first charge: its QR job reaches the device.
     let tpl = template(&fixtures);
@@ -90,7 +111,12 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
 
     // A second charge while the first job is not acknowledged: its job is queued behind.
     capture::publish_records(&producer, std::slice::from_ref(&second)).await.unwrap();
-    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.events_read, "charge.upserted") == 2 && s.counters.pending_records == 0 && s.counters.outbox_jobs == 2).await;
+    rig.wait_stats(Duration::from_secs(30), |s| {
+        count(&s.counters.events_read, "charge.upserted") == 2
+            && s.counters.pending_records == 0
+            && s.counters.outbox_jobs == 2
+    })
+    .await;
     // pixgate sends the first job again after its ack timeout (2 s) rather than the second:
     // wait for a redelivery counted after the second job was queued, and read every job
     // sent until then; each must be the first job, the same message id and seq.
@@ -100,12 +126,25 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
     while copies_of_job1 < sent {
         let line = device.next_message(JOB_TIMEOUT).await.unwrap().expect("the redelivered job");
         let again: Job = serde_json::from_str(&line).unwrap();
-        assert_eq!((again.message_id.as_str(), again.seq), (job1.message_id.as_str(), 1), "the second job arrived before the first was acknowledged: {line}");
+        assert_eq!(
+            (again.message_id.as_str(), again.seq),
+            (job1.message_id.as_str(), 1),
+            "the second job arrived before the first was acknowledged: {line}"
+        );
         copies_of_job1 += 1;
     }
-    assert_eq!(count(&rig.gateway().stats().unwrap().counters.effects_done, "display_qr"), 0, "nothing is done before its ack");
+    assert_eq!(
+        count(&rig.gateway().stats().unwrap().counters.effects_done, "display_qr"),
+        0,
+        "nothing is done before its ack"
+    );
     // The device takes its job and never answers: readiness says delivery has stalled.
-    let body = rig.gateway().readyz_until("named the stalled delivery", Duration::from_secs(60), |code, body| code == 503 && body.contains("delivery stalled: 1 jobs in flight to reachable devices")).await;
+    let body = rig
+        .gateway()
+        .readyz_until("named the stalled delivery", Duration::from_secs(60), |code, body| {
+            code == 503 && body.contains("delivery stalled: 1 jobs in flight to reachable devices")
+        })
+        .await;
     println!("mosquitto peer: /readyz while the device does not ack: {}", body.trim());
 
     // The `done` ack: the effect is recorded, and only now the second job goes out.
@@ -122,7 +161,10 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
         break check_job(&line, &second, 2);
     };
     mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job2), 1, false).await.unwrap();
-    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.effects_done, "display_qr") == 2 && s.counters.outbox_jobs == 0 && s.counters.queued_jobs == 0).await;
+    rig.wait_stats(Duration::from_secs(30), |s| {
+        count(&s.counters.effects_done, "display_qr") == 2 && s.counters.outbox_jobs == 0 && s.counters.queued_jobs == 0
+    })
+    .await;
     rig.gateway().readyz_until("became ready after the acks", Duration::from_secs(60), |code, _| code == 200).await;
 
     device.stop().await;

@@ -13,12 +13,12 @@
 // allow-unwrap-in-tests covers only the #[test] fns themselves).
 #![allow(clippy::unwrap_used)]
 
+use base64::Engine;
 use pixgate_tests::gateway::count;
 use pixgate_tests::harness::{protocol_devices, Rig};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
-use base64::Engine;
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
 use simulators::fleet;
@@ -34,7 +34,11 @@ fn charge(template: &Value, id: &str, status: &str, v: i64, expires_in_min: i64,
 
 /// The effects a device carried out, as (kind, charge) in order.
 fn carried_out(f: &fleet::FleetHandle, device: &str) -> Vec<(String, String)> {
-    f.effects().into_iter().filter(|e| e.device == device).map(|e| (e.kind.as_str().to_string(), e.charge.clone())).collect()
+    f.effects()
+        .into_iter()
+        .filter(|e| e.device == device)
+        .map(|e| (e.kind.as_str().to_string(), e.charge.clone()))
+        .collect()
 }
 
 async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -46,9 +50,17 @@ async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
 }
 
 fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str]) -> (bool, Value, String) {
-    let out = std::process::Command::new(bin).args(args).env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}")).output().unwrap();
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    (out.status.success(), serde_json::from_str(&stdout).unwrap_or(Value::Null), String::from_utf8_lossy(&out.stderr).to_string())
+    (
+        out.status.success(),
+        serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,8 +81,8 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
         charge(&template, "bbbbbbbbbbbbbbbbbbbbbbbb", "ACTIVE", 0, 15, t), // QR expires while offline
         charge(&template, "cccccccccccccccccccccccc", "ACTIVE", 0, 60, t), // QR superseded by "paid"…
         charge(&template, "cccccccccccccccccccccccc", "COMPLETED", 1, 60, t), // …whose 10 min TTL passes; the receipt prints
-        charge(&template, "dddddddddddddddddddddddd", "ACTIVE", 0, 60, t), // two more QRs valid for an hour:
-        charge(&template, "eeeeeeeeeeeeeeeeeeeeeeee", "ACTIVE", 0, 60, t), // the backlog's order after the gaps
+        charge(&template, "dddddddddddddddddddddddd", "ACTIVE", 0, 60, t),    // two more QRs valid for an hour:
+        charge(&template, "eeeeeeeeeeeeeeeeeeeeeeee", "ACTIVE", 0, 60, t),    // the backlog's order after the gaps
     ];
     // One at a time: the charges have different keys, so different partitions, and the
     // order a device gets them in is the order pixgate reads them in.
@@ -78,27 +90,68 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     for (i, r) in records.iter().enumerate() {
         capture::publish_records(&producer, std::slice::from_ref(r)).await.unwrap();
         let read = n + i as u64 + 1;
-        rig.wait_stats(Duration::from_secs(30), |s| s.counters.events_read.get("charge.upserted").copied() == Some(read - n) && s.counters.pending_records == 0).await;
+        rig.wait_stats(Duration::from_secs(30), |s| {
+            s.counters.events_read.get("charge.upserted").copied() == Some(read - n) && s.counters.pending_records == 0
+        })
+        .await;
     }
 
     // The printer is not held back by the offline card machine.
-    wait_for("the receipt on the paired printer", Duration::from_secs(60), || carried_out(&printer, PRINTER) == [("print_receipt".to_string(), "c".repeat(24))]).await;
+    wait_for("the receipt on the paired printer", Duration::from_secs(60), || {
+        carried_out(&printer, PRINTER) == [("print_receipt".to_string(), "c".repeat(24))]
+    })
+    .await;
     rig.wait_stats(Duration::from_secs(30), |s| s.counters.outbox_jobs == 5 && s.counters.superseded == 1).await;
     let (ok, queued, err) = pixgate_cli(bin, http_port, &["outbox", "list", TERMINAL]);
     assert!(ok, "{err}");
-    let kinds: Vec<(&str, &str)> = queued["jobs"].as_array().unwrap().iter().map(|j| (j["kind"].as_str().unwrap(), &j["charge_id"].as_str().unwrap()[..1])).collect();
-    assert_eq!(kinds, [("display_qr", "a"), ("display_qr", "b"), ("payment_confirmed", "c"), ("display_qr", "d"), ("display_qr", "e")], "the backlog, in order");
+    let kinds: Vec<(&str, &str)> = queued["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (j["kind"].as_str().unwrap(), &j["charge_id"].as_str().unwrap()[..1]))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("display_qr", "a"),
+            ("display_qr", "b"),
+            ("payment_confirmed", "c"),
+            ("display_qr", "d"),
+            ("display_qr", "e")
+        ],
+        "the backlog, in order"
+    );
 
     // 25 minutes pass.
     let (status, body) = rig.gateway().post("/clock/advance?ms=1500000").unwrap();
     assert_eq!(status, 200, "{body}");
-    rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.expired, "display_qr") == 1 && count(&s.counters.expired, "payment_confirmed") == 1 && s.counters.outbox_jobs == 3).await;
+    rig.wait_stats(Duration::from_secs(30), |s| {
+        count(&s.counters.expired, "display_qr") == 1
+            && count(&s.counters.expired, "payment_confirmed") == 1
+            && s.counters.outbox_jobs == 3
+    })
+    .await;
 
     // The expired jobs are recorded on the dead-letter topic, and listed by the CLI.
     let dls = read_dead_letters(rig.brokers(), 2).await;
-    let mut seen: Vec<(String, String, String)> = dls.iter().map(|d| (d["reason"].as_str().unwrap().into(), d["effect"].as_str().unwrap().into(), d["device"].as_str().unwrap().into())).collect();
+    let mut seen: Vec<(String, String, String)> = dls
+        .iter()
+        .map(|d| {
+            (
+                d["reason"].as_str().unwrap().into(),
+                d["effect"].as_str().unwrap().into(),
+                d["device"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
     seen.sort();
-    assert_eq!(seen, [("expired".into(), "display_qr".into(), TERMINAL.into()), ("expired".into(), "payment_confirmed".into(), TERMINAL.into())]);
+    assert_eq!(
+        seen,
+        [
+            ("expired".into(), "display_qr".into(), TERMINAL.into()),
+            ("expired".into(), "payment_confirmed".into(), TERMINAL.into())
+        ]
+    );
     // Each carries its source record as it was produced (read back from Kafka by the
     // publisher: the outbox keeps only its position) and the job that expired.
     for d in &dls {
@@ -115,7 +168,10 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
         assert!(ok, "{err}");
         list["deadletters"].as_array().unwrap().iter().find(|d| d["effect"] == "payment_confirmed").unwrap().clone()
     };
-    wait_for("the paid screen's dead letter published", Duration::from_secs(30), || paid_listed()["state"] == "published").await;
+    wait_for("the paid screen's dead letter published", Duration::from_secs(30), || {
+        paid_listed()["state"] == "published"
+    })
+    .await;
     let paid = paid_listed();
     assert_eq!(paid["replayable"].as_bool(), Some(true), "{paid}");
 
@@ -133,10 +189,16 @@ async fn offline_25_minutes_then_back_delivers_in_order_and_expires_what_outlive
     // Back online: the QRs still valid in their order, then the replayed "paid" screen;
     // nothing expired is shown.
     let terminal = rig.start_fleet(device(TERMINAL), protocol_devices()).await;
-    wait_for("the valid QRs and the replayed paid screen", Duration::from_secs(30), || carried_out(&terminal, TERMINAL).len() == 4).await;
+    wait_for("the valid QRs and the replayed paid screen", Duration::from_secs(30), || {
+        carried_out(&terminal, TERMINAL).len() == 4
+    })
+    .await;
     rig.wait_stats(Duration::from_secs(30), |s| s.counters.outbox_jobs == 0).await;
     let qr = |c: &str| ("display_qr".to_string(), c.repeat(24));
-    assert_eq!(carried_out(&terminal, TERMINAL), [qr("a"), qr("d"), qr("e"), ("payment_confirmed".to_string(), "c".repeat(24))]);
+    assert_eq!(
+        carried_out(&terminal, TERMINAL),
+        [qr("a"), qr("d"), qr("e"), ("payment_confirmed".to_string(), "c".repeat(24))]
+    );
 
     terminal.shutdown().await;
     printer.shutdown().await;
@@ -153,7 +215,10 @@ async fn read_dead_letters(brokers: &str, want: usize) -> Vec<Value> {
     consumer.subscribe(&["pixgate.deadletter"]).unwrap();
     let mut out = Vec::new();
     while out.len() < want {
-        let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv()).await.expect("dead letters within 60 s").unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+            .await
+            .expect("dead letters within 60 s")
+            .unwrap();
         out.push(serde_json::from_slice(m.payload().unwrap()).unwrap());
     }
     out

@@ -63,11 +63,18 @@ async fn paper_out_holds_only_that_printer_and_delivers_in_order_after_ready() {
         }
         let s = rig.gateway().stats().unwrap();
         // All of P's receipts are in the outbox and nothing else is: the partitions flowed on.
-        let held_only = s.counters.queued_jobs == p_jobs as u64 && s.counters.outbox_jobs == p_jobs as u64 && s.counters.pending_records == 0;
+        let held_only = s.counters.queued_jobs == p_jobs as u64
+            && s.counters.outbox_jobs == p_jobs as u64
+            && s.counters.pending_records == 0;
         if done == not_p.len() && held_only && cover_opened {
             break;
         }
-        assert!(Instant::now() < deadline, "other devices starved: {done} of {} effects; stats {}", not_p.len(), stats_json(&s));
+        assert!(
+            Instant::now() < deadline,
+            "other devices starved: {done} of {} effects; stats {}",
+            not_p.len(),
+            stats_json(&s)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let held = printer.counters();

@@ -51,14 +51,20 @@ fn metrics(gw: &GatewayProcess) -> Vec<Sample> {
                 (name, labels)
             }
         };
-        assert!(!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'), "metric name in {line:?}");
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name in {line:?}"
+        );
         out.push((name.to_string(), labels, value));
     }
     out
 }
 
 fn sample(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    samples.iter().find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))).map(|s| s.2)
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)))
+        .map(|s| s.2)
 }
 
 /// Polls pixgate's log until `count(log)` reaches `want` (its alarms are logged by a task
@@ -95,7 +101,10 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let m = loop {
         let m = metrics(gw);
-        if ["charge.upserted", "device.upserted"].iter().all(|t| sample(&m, "pixgate_topic_lag_records", &[("topic", t)]).is_some()) {
+        if ["charge.upserted", "device.upserted"]
+            .iter()
+            .all(|t| sample(&m, "pixgate_topic_lag_records", &[("topic", t)]).is_some())
+        {
             break m;
         }
         assert!(Instant::now() < deadline, "no per-topic lag on /metrics: {m:?}");
@@ -108,10 +117,20 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
 
     // The broker dies: /readyz names Kafka, one reason per line.
     rig.broker().kill();
-    let body = gw.readyz_until("named Kafka", Duration::from_secs(60), |c, b| c == 503 && b.contains("kafka unreachable: no broker up for ")).await;
+    let body = gw
+        .readyz_until("named Kafka", Duration::from_secs(60), |c, b| {
+            c == 503 && b.contains("kafka unreachable: no broker up for ")
+        })
+        .await;
     let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
-    log_until(&log, "the Kafka alarm's start (warn)", 1, count("WARN gateway::ops::readiness: not ready: kafka unreachable")).await;
+    log_until(
+        &log,
+        "the Kafka alarm's start (warn)",
+        1,
+        count("WARN gateway::ops::readiness: not ready: kafka unreachable"),
+    )
+    .await;
     assert!(body.ends_with('\n') && body.lines().all(|l| !l.trim().is_empty()), "one reason per line: {body:?}");
     let stats = gw.stats().unwrap();
     assert!(stats.not_ready.iter().any(|r| r.starts_with("kafka unreachable")), "{}", stats_json(&stats));
@@ -127,8 +146,20 @@ async fn kafka_going_away_fails_readiness_until_it_is_back() {
     gw.readyz_until("ready again after the broker restart", Duration::from_secs(120), |c, _| c == 200).await;
     assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
 
-    log_until(&log, "the Kafka alarm's end (info)", 1, count("INFO gateway::ops::readiness: alarm cleared (was: kafka unreachable")).await;
-    log_until(&log, "the Kafka alarm's start, still", 1, count("WARN gateway::ops::readiness: not ready: kafka unreachable")).await;
+    log_until(
+        &log,
+        "the Kafka alarm's end (info)",
+        1,
+        count("INFO gateway::ops::readiness: alarm cleared (was: kafka unreachable"),
+    )
+    .await;
+    log_until(
+        &log,
+        "the Kafka alarm's start, still",
+        1,
+        count("WARN gateway::ops::readiness: not ready: kafka unreachable"),
+    )
+    .await;
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains("not ready: consumer not running"), "the start-up is no alarm");
     println!("readiness: /readyz named Kafka during the outage ({}), green after the restart", body.trim());
@@ -159,21 +190,42 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
 
     let tpl = template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
-    let records: Vec<_> = (0..ALL).map(|i| charge_record(&tpl, TERMINAL, &format!("{i:024x}"), "ACTIVE", 0, 60, t)).collect();
+    let records: Vec<_> =
+        (0..ALL).map(|i| charge_record(&tpl, TERMINAL, &format!("{i:024x}"), "ACTIVE", 0, 60, t)).collect();
     let producer = rig.producer();
     capture::publish_records(&producer, &records[..CHARGES as usize]).await.unwrap();
 
     // The card machine's queue is at its bound, its partitions are paused with records
     // behind: the topic is stalled, and /readyz says so, with the lag and why.
-    let body = gw.readyz_until("named charge.upserted as stalled", Duration::from_secs(90), |c, b| c == 503 && b.contains("topic charge.upserted stalled: lag ")).await;
+    let body = gw
+        .readyz_until("named charge.upserted as stalled", Duration::from_secs(90), |c, b| {
+            c == 503 && b.contains("topic charge.upserted stalled: lag ")
+        })
+        .await;
     let line = body.lines().find(|l| l.starts_with("topic charge.upserted stalled")).unwrap().to_string();
-    let lag: u64 = line["topic charge.upserted stalled: lag ".len()..].split(' ').next().unwrap().parse().unwrap_or_else(|e| panic!("lag in {line:?}: {e}"));
+    let lag: u64 = line["topic charge.upserted stalled: lag ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|e| panic!("lag in {line:?}: {e}"));
     assert!(lag > 0, "{line}");
-    assert!(line.contains("paused for backpressure") && line.contains("at the per-device outbox bound") && line.contains(TERMINAL), "why: {line}");
+    assert!(
+        line.contains("paused for backpressure")
+            && line.contains("at the per-device outbox bound")
+            && line.contains(TERMINAL),
+        "why: {line}"
+    );
     assert!(!body.contains("device.upserted"), "only the stalled topic is named: {body}");
     let log = gw.log().to_path_buf();
     let count = |needle: &'static str| move |text: &str| text.lines().filter(|l| l.contains(needle)).count();
-    log_until(&log, "the stall's start (warn)", 1, count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled")).await;
+    log_until(
+        &log,
+        "the stall's start (warn)",
+        1,
+        count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled"),
+    )
+    .await;
 
     // More records arrive behind the paused partitions. librdkafka does not fetch a paused
     // partition, so only the end offset probe learns of them; the lag is what waits in
@@ -188,14 +240,25 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
         let read = gateway::count(&s.counters.events_read, "charge.upserted");
         let m = metrics(gw);
         let metric_lag = sample(&m, "pixgate_topic_lag_records", &[("topic", "charge.upserted")]);
-        if s.counters.pending_records == 0 && topic.is_some_and(|t| t.lag == Some(ALL - read) && t.stalled) && metric_lag == Some((ALL - read) as f64) {
+        if s.counters.pending_records == 0
+            && topic.is_some_and(|t| t.lag == Some(ALL - read) && t.stalled)
+            && metric_lag == Some((ALL - read) as f64)
+        {
             break (ALL - read, read, m);
         }
-        assert!(Instant::now() < deadline, "lag never matched the records left in Kafka ({read} of {ALL} read): {}\nmetrics lag {metric_lag:?}", stats_json(&s));
+        assert!(
+            Instant::now() < deadline,
+            "lag never matched the records left in Kafka ({read} of {ALL} read): {}\nmetrics lag {metric_lag:?}",
+            stats_json(&s)
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(read < CHARGES, "the rest waits in Kafka");
-    let stalled = gw.readyz_until("named the grown lag", Duration::from_secs(30), |_, b| b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))).await;
+    let stalled = gw
+        .readyz_until("named the grown lag", Duration::from_secs(30), |_, b| {
+            b.contains(&format!("topic charge.upserted stalled: lag {lag} records"))
+        })
+        .await;
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "charge.upserted")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(1.0));
     assert_eq!(sample(&m, "pixgate_topic_stalled", &[("topic", "device.upserted")]), Some(0.0));
@@ -205,14 +268,32 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
 
     // Back online: the backlog drains, the partitions resume, readiness is green.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
-    rig.wait_stats(Duration::from_secs(120), |s| s.counters.events_read.get("charge.upserted").copied() == Some(ALL) && s.counters.outbox_jobs == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| {
+        s.counters.events_read.get("charge.upserted").copied() == Some(ALL) && s.counters.outbox_jobs == 0
+    })
+    .await;
     gw.readyz_until("ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
     // librdkafka's statistics arrive every second: the lag reaches 0 within a few.
-    rig.wait_stats(Duration::from_secs(30), |s| s.topics.get("charge.upserted").is_some_and(|t| t.lag == Some(0) && !t.stalled)).await;
+    rig.wait_stats(Duration::from_secs(30), |s| {
+        s.topics.get("charge.upserted").is_some_and(|t| t.lag == Some(0) && !t.stalled)
+    })
+    .await;
     assert_eq!(terminal.effects().len() as u64, ALL, "every QR shown once the device is back");
 
-    log_until(&log, "the stall's end (info)", 1, count("INFO gateway::ops::readiness: alarm cleared (was: topic charge.upserted stalled")).await;
-    log_until(&log, "the stall's start, still", 1, count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled")).await;
+    log_until(
+        &log,
+        "the stall's end (info)",
+        1,
+        count("INFO gateway::ops::readiness: alarm cleared (was: topic charge.upserted stalled"),
+    )
+    .await;
+    log_until(
+        &log,
+        "the stall's start, still",
+        1,
+        count("WARN gateway::ops::readiness: not ready: topic charge.upserted stalled"),
+    )
+    .await;
     println!("readiness: stalled at lag {lag} ({read} of {ALL} read): {}", stalled.trim());
     terminal.shutdown().await;
     rig.shutdown();

@@ -16,7 +16,10 @@ async fn sigterm_commits_what_was_read_and_exits_cleanly() {
     // The registry first (as the contract asks), then every charge event at once.
     let mut published = rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
     published += capture::publish_file(rig.brokers(), &fixtures.join("charges.jsonl")).await.unwrap() as u64;
-    rig.wait_stats(Duration::from_secs(120), |s| total(&s.counters.events_read) >= published && s.counters.pending_records == 0).await;
+    rig.wait_stats(Duration::from_secs(120), |s| {
+        total(&s.counters.events_read) >= published && s.counters.pending_records == 0
+    })
+    .await;
 
     // Mid-delivery (devices still working through their queues): SIGTERM.
     let log = rig.gateway().log().to_path_buf();
@@ -40,7 +43,8 @@ async fn sigterm_commits_what_was_read_and_exits_cleanly() {
         .into_iter()
         .flat_map(|((device, charge), kinds)| kinds.into_iter().map(move |k| (device.clone(), charge.clone(), k)))
         .collect();
-    let got: BTreeSet<(String, String, String)> = report.effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
+    let got: BTreeSet<(String, String, String)> =
+        report.effects.iter().map(|e| (e.device.clone(), e.charge.clone(), e.kind.as_str().to_string())).collect();
     let missing: Vec<_> = want.iter().filter(|e| e.2 != "display_qr" && !got.contains(*e)).collect();
     assert!(missing.is_empty(), "lost across the SIGTERM: {missing:?}");
     assert!(got.is_subset(&want), "extra: {:?}", got.difference(&want).collect::<Vec<_>>());

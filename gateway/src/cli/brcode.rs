@@ -205,14 +205,34 @@ mod tests {
 
         let p = encode(&args(None, Some("https://pix.example.com/qr/v2/abc"))).unwrap();
         let d = decode(&p).unwrap();
-        assert_eq!((d.kind, d.fields.url.as_deref(), d.fields.txid.as_str()), ("dynamic", Some("pix.example.com/qr/v2/abc"), "***"));
+        assert_eq!(
+            (d.kind, d.fields.url.as_deref(), d.fields.txid.as_str()),
+            ("dynamic", Some("pix.example.com/qr/v2/abc"), "***")
+        );
     }
 
     #[test]
     fn json_has_every_field_and_the_extras() {
         let p = encode(&args(Some("pix@example.com"), None)).unwrap();
         let v = serde_json::to_value(decode(&p).unwrap()).unwrap();
-        for k in ["kind", "amount_cents", "point_of_initiation", "gui", "key", "description", "url", "mcc", "currency", "amount", "country", "merchant_name", "merchant_city", "postal_code", "txid", "crc"] {
+        for k in [
+            "kind",
+            "amount_cents",
+            "point_of_initiation",
+            "gui",
+            "key",
+            "description",
+            "url",
+            "mcc",
+            "currency",
+            "amount",
+            "country",
+            "merchant_name",
+            "merchant_city",
+            "postal_code",
+            "txid",
+            "crc",
+        ] {
             assert!(v.get(k).is_some(), "{k} missing in {v}");
         }
         assert_eq!(v["amount"], "19.90");

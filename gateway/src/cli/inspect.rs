@@ -53,7 +53,13 @@ pub enum DeadLetterCmd {
 ///
 /// # Errors
 /// Neither the gateway nor the outbox file could be reached.
-pub async fn run(http_listen: &str, path: &std::path::Path, http_path: String, method_post: bool, local: impl FnOnce(&Outbox) -> Result<Value, InspectError>) -> anyhow::Result<bool> {
+pub async fn run(
+    http_listen: &str,
+    path: &std::path::Path,
+    http_path: String,
+    method_post: bool,
+    local: impl FnOnce(&Outbox) -> Result<Value, InspectError>,
+) -> anyhow::Result<bool> {
     let url = format!("http://{http_listen}{http_path}");
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
     let req = if method_post { client.post(&url) } else { client.get(&url) };
@@ -65,7 +71,12 @@ pub async fn run(http_listen: &str, path: &std::path::Path, http_path: String, m
             Ok(ok)
         }
         Err(e) if e.is_connect() => {
-            let outbox = Outbox::open(path).map_err(|oe| anyhow::anyhow!("no gateway answers at {url} ({e}) and the outbox {} cannot be opened: {oe}", path.display()))?;
+            let outbox = Outbox::open(path).map_err(|oe| {
+                anyhow::anyhow!(
+                    "no gateway answers at {url} ({e}) and the outbox {} cannot be opened: {oe}",
+                    path.display()
+                )
+            })?;
             match local(&outbox) {
                 Ok(v) => {
                     print_result(true, &v);
@@ -107,21 +118,29 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
     let (listen, path) = (cfg.http.listen.as_str(), cfg.outbox.path.as_path());
     let ok = rt.block_on(async {
         match cmd {
-            Inspection::Outbox(OutboxCmd::List { device: None }) => run(listen, path, "/outbox".into(), false, inspect::outbox_devices).await,
+            Inspection::Outbox(OutboxCmd::List { device: None }) => {
+                run(listen, path, "/outbox".into(), false, inspect::outbox_devices).await
+            }
             Inspection::Outbox(OutboxCmd::List { device: Some(d) }) => {
                 run(listen, path, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
             }
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
-                run(listen, path, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
+                run(listen, path, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq))
+                    .await
             }
-            Inspection::DeadLetter(DeadLetterCmd::List) => run(listen, path, "/deadletters".into(), false, inspect::deadletter_list).await,
+            Inspection::DeadLetter(DeadLetterCmd::List) => {
+                run(listen, path, "/deadletters".into(), false, inspect::deadletter_list).await
+            }
             Inspection::DeadLetter(DeadLetterCmd::Show { id }) => {
                 run(listen, path, format!("/deadletters/{id}"), false, |o| inspect::deadletter_show(o, id)).await
             }
             Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
                 let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
                 let ttl = &cfg.delivery.ttl;
-                run(listen, path, format!("/deadletters/{id}/replay"), true, |o| Ok(inspect::replayed(&o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?))).await
+                run(listen, path, format!("/deadletters/{id}/replay"), true, |o| {
+                    Ok(inspect::replayed(&o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?))
+                })
+                .await
             }
         }
     })?;
@@ -130,4 +149,3 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
     }
     Ok(())
 }
-

@@ -80,7 +80,13 @@ impl SourceReader {
     ///
     /// # Errors
     /// Kafka did not answer within `timeout`, or answered with another error: try again.
-    pub fn read(&self, topic: &str, partition: i32, offset: i64, timeout: Duration) -> Result<SourceRecord, KafkaError> {
+    pub fn read(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        timeout: Duration,
+    ) -> Result<SourceRecord, KafkaError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         self.consumer.assign(&tpl)?;
@@ -96,12 +102,24 @@ impl SourceReader {
                     break Ok(SourceRecord::Value(m.payload().unwrap_or_default().to_vec()));
                 }
                 Some(Ok(m)) if m.topic() == topic && m.partition() == partition && m.offset() > offset => {
-                    break Ok(SourceRecord::Gone(format!("Kafka has no record at offset {offset} any more (the next is {})", m.offset())));
+                    break Ok(SourceRecord::Gone(format!(
+                        "Kafka has no record at offset {offset} any more (the next is {})",
+                        m.offset()
+                    )));
                 }
                 Some(Ok(_)) => {}
-                Some(Err(KafkaError::PartitionEOF(_))) => break Ok(SourceRecord::Gone(format!("offset {offset} is past the end of {topic}/{partition}"))),
-                Some(Err(e)) if matches!(e.rdkafka_error_code(), Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)) => {
-                    break Ok(SourceRecord::Gone(format!("Kafka no longer has offset {offset} of {topic}/{partition} (retention): {e}")));
+                Some(Err(KafkaError::PartitionEOF(_))) => {
+                    break Ok(SourceRecord::Gone(format!("offset {offset} is past the end of {topic}/{partition}")))
+                }
+                Some(Err(e))
+                    if matches!(
+                        e.rdkafka_error_code(),
+                        Some(RDKafkaErrorCode::OffsetOutOfRange | RDKafkaErrorCode::AutoOffsetReset)
+                    ) =>
+                {
+                    break Ok(SourceRecord::Gone(format!(
+                        "Kafka no longer has offset {offset} of {topic}/{partition} (retention): {e}"
+                    )));
                 }
                 Some(Err(e)) => break Err(e),
             }
@@ -116,7 +134,13 @@ impl Publisher {
     ///
     /// # Errors
     /// Invalid producer configuration.
-    pub fn new(brokers: &str, topic: &str, outbox: Arc<Outbox>, clock: Clock, stats: Arc<Stats>) -> anyhow::Result<Self> {
+    pub fn new(
+        brokers: &str,
+        topic: &str,
+        outbox: Arc<Outbox>,
+        clock: Clock,
+        stats: Arc<Stats>,
+    ) -> anyhow::Result<Self> {
         let producer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
@@ -124,7 +148,15 @@ impl Publisher {
             .set("message.timeout.ms", "30000")
             .create()?;
         let sources = Arc::new(SourceReader::new(brokers)?);
-        Ok(Publisher { producer, topic: topic.to_string(), outbox, clock, stats, wake: Arc::new(Notify::new()), sources })
+        Ok(Publisher {
+            producer,
+            topic: topic.to_string(),
+            outbox,
+            clock,
+            stats,
+            wake: Arc::new(Notify::new()),
+            sources,
+        })
     }
 
     /// Notify this after parking dead letters so they go out now rather than at the next
@@ -159,8 +191,12 @@ impl Publisher {
                     let mut dl = p.dead_letter.clone();
                     if dl.needs_source_value() {
                         let sources = self.sources.clone();
-                        let (topic, partition, offset) = (dl.source_topic.clone(), dl.source_partition, dl.source_offset);
-                        let read = tokio::task::spawn_blocking(move || sources.read(&topic, partition, offset, Duration::from_secs(10))).await;
+                        let (topic, partition, offset) =
+                            (dl.source_topic.clone(), dl.source_partition, dl.source_offset);
+                        let read = tokio::task::spawn_blocking(move || {
+                            sources.read(&topic, partition, offset, Duration::from_secs(10))
+                        })
+                        .await;
                         match read {
                             Ok(Ok(SourceRecord::Value(v))) => dl.set_value(&v),
                             Ok(Ok(SourceRecord::Gone(why))) => {

@@ -88,7 +88,15 @@ pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Resu
             custom_segment: Some(
                 [topics::ALL_ACKS, topics::ALL_STATUS]
                     .into_iter()
-                    .map(|f| (f.to_string(), rumqttd::SegmentConfig { max_segment_size: cfg.gateway_segment_bytes.max(1024), max_segment_count: 2 }))
+                    .map(|f| {
+                        (
+                            f.to_string(),
+                            rumqttd::SegmentConfig {
+                                max_segment_size: cfg.gateway_segment_bytes.max(1024),
+                                max_segment_count: 2,
+                            },
+                        )
+                    })
                     .collect(),
             ),
             initialized_filters: None,
@@ -229,7 +237,9 @@ mod tests {
                     assert_eq!(ack.seq, prev + 1, "{device}: acks arrive once, in order");
                 }
                 Ok(other) => panic!("unexpected {other:?}"),
-                Err(_) => panic!("only {seen} of {} acks reached the gateway: the link stayed parked", DEVICES * PER_DEVICE),
+                Err(_) => {
+                    panic!("only {seen} of {} acks reached the gateway: the link stayed parked", DEVICES * PER_DEVICE)
+                }
             }
         }
         assert!(last.values().all(|&s| s == PER_DEVICE));
@@ -241,7 +251,12 @@ mod tests {
     /// QoS 1 subscription whole, so the segment size bounds memory without losing jobs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_larger_than_a_segment_arrive_whole() {
-        let cfg = MqttConfig { listen: format!("127.0.0.1:{}", free_port()), segment_bytes: 1024, segment_count: 1, ..MqttConfig::default() };
+        let cfg = MqttConfig {
+            listen: format!("127.0.0.1:{}", free_port()),
+            segment_bytes: 1024,
+            segment_count: 1,
+            ..MqttConfig::default()
+        };
         let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
         let (tx, _rx) = mpsc::channel(16);
         let publisher = start(&cfg, tx).unwrap();

@@ -139,7 +139,9 @@ impl Backpressure {
             self.jobs += 1;
             let n = self.device_jobs.entry(device.to_string()).or_default();
             *n += 1;
-            if *n >= self.bounds.jobs_per_device && self.waiting_on.entry(part.clone()).or_default().insert(device.to_string()) {
+            if *n >= self.bounds.jobs_per_device
+                && self.waiting_on.entry(part.clone()).or_default().insert(device.to_string())
+            {
                 tracing::warn!(device, topic = %part.0, partition = part.1, bound = self.bounds.jobs_per_device, "device queue at its bound: pausing the partition feeding it");
                 decisions.push(self.reconcile(part));
             }
@@ -184,7 +186,8 @@ impl Backpressure {
         });
         let mut decisions = Vec::new();
         if left.is_some_and(|n| n <= self.bounds.jobs_per_device / 2) {
-            let parts: Vec<Partition> = self.waiting_on.iter().filter(|(_, d)| d.contains(device)).map(|(p, _)| p.clone()).collect();
+            let parts: Vec<Partition> =
+                self.waiting_on.iter().filter(|(_, d)| d.contains(device)).map(|(p, _)| p.clone()).collect();
             for part in parts {
                 if let Some(d) = self.waiting_on.get_mut(&part) {
                     d.remove(device);
@@ -208,7 +211,12 @@ impl Backpressure {
             return Vec::new();
         }
         self.outbox_full = full;
-        tracing::info!(jobs = self.jobs, full, "outbox bound: {} all partitions", if full { "pausing" } else { "resuming" });
+        tracing::info!(
+            jobs = self.jobs,
+            full,
+            "outbox bound: {} all partitions",
+            if full { "pausing" } else { "resuming" }
+        );
         self.reconcile_all()
     }
 
@@ -286,7 +294,8 @@ mod tests {
 
     /// The partitions `decisions` pause or resume, sorted.
     fn acting(decisions: &[Decision], action: Action) -> Vec<Partition> {
-        let mut parts: Vec<Partition> = decisions.iter().filter(|d| d.action == Some(action)).map(|d| d.part.clone()).collect();
+        let mut parts: Vec<Partition> =
+            decisions.iter().filter(|d| d.action == Some(action)).map(|d| d.part.clone()).collect();
         parts.sort();
         parts
     }
@@ -347,7 +356,11 @@ mod tests {
         assert_eq!(acting(&b.planned(&p0, ["d", "d", "e", "e"]), Action::Pause), vec![p0.clone()]);
         let d = b.finished("d");
         assert_eq!(d.len(), 1);
-        assert_eq!((d[0].action, d[0].cause.devices_at_bound.clone()), (None, vec!["e".to_string()]), "still waiting on e");
+        assert_eq!(
+            (d[0].action, d[0].cause.devices_at_bound.clone()),
+            (None, vec!["e".to_string()]),
+            "still waiting on e"
+        );
         assert_eq!(acting(&b.finished("e"), Action::Resume), vec![p0]);
     }
 
@@ -375,7 +388,11 @@ mod tests {
         let p0 = part(0);
         let mut b = assigned(bounds(2, 4, 1000), std::slice::from_ref(&p0));
         assert_eq!(b.record_read(&p0, 2).and_then(|d| d.action), Some(Action::Pause));
-        assert_eq!(acting(&b.planned(&p0, ["a", "b", "c", "d"]), Action::Pause), Vec::<Partition>::new(), "paused already");
+        assert_eq!(
+            acting(&b.planned(&p0, ["a", "b", "c", "d"]), Action::Pause),
+            Vec::<Partition>::new(),
+            "paused already"
+        );
         // The outbox drains, the pending bound still holds.
         b.finished("a");
         let d = b.finished("b");

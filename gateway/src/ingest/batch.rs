@@ -43,7 +43,14 @@ impl Batch {
     /// An empty batch, full at `max_records` records (at least one), due `max_delay` after
     /// its first record or removal.
     pub fn new(max_records: usize, max_delay: Duration) -> Batch {
-        Batch { records: Vec::new(), accepts: Vec::new(), removals: Vec::new(), due: None, max_records: max_records.max(1), max_delay }
+        Batch {
+            records: Vec::new(),
+            accepts: Vec::new(),
+            removals: Vec::new(),
+            due: None,
+            max_records: max_records.max(1),
+            max_delay,
+        }
     }
 
     /// Adds a planned record.
@@ -87,7 +94,11 @@ impl Batch {
         if self.records.is_empty() && self.removals.is_empty() {
             return None;
         }
-        Some(Sealed { records: std::mem::take(&mut self.records), accepts: std::mem::take(&mut self.accepts), removals: std::mem::take(&mut self.removals) })
+        Some(Sealed {
+            records: std::mem::take(&mut self.records),
+            accepts: std::mem::take(&mut self.accepts),
+            removals: std::mem::take(&mut self.removals),
+        })
     }
 
     fn start_timer(&mut self) {

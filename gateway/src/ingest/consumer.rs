@@ -100,7 +100,19 @@ struct Pipeline {
 /// The consumer cannot be created, subscribing fails, or the outbox's device registry
 /// cannot be read.
 pub async fn run(services: Services) -> anyhow::Result<()> {
-    let Services { cfg, stats, health, clock, outbox, outbox_jobs, commands, mut finished, mut replays, deadletters, mut shutdown } = services;
+    let Services {
+        cfg,
+        stats,
+        health,
+        clock,
+        outbox,
+        outbox_jobs,
+        commands,
+        mut finished,
+        mut replays,
+        deadletters,
+        mut shutdown,
+    } = services;
     let consumer = create(&cfg, &health)?;
     consumer.subscribe(&[&cfg.kafka.device_topic, &cfg.kafka.charge_topic]).context("subscribing")?;
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox)?;
@@ -177,7 +189,11 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         }
     }
 
-    tracing::info!(batch = p.batch.records(), writing = writing.is_some(), "stopping intake; writing what was read, then committing");
+    tracing::info!(
+        batch = p.batch.records(),
+        writing = writing.is_some(),
+        "stopping intake; writing what was read, then committing"
+    );
     let bound = Duration::from_millis(cfg.shutdown_timeout_ms);
     let closed = tokio::time::timeout(bound, async {
         if let Some(mut w) = writing.take() {
@@ -203,7 +219,10 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     })
     .await;
     if closed.is_err() {
-        tracing::error!(ms = cfg.shutdown_timeout_ms, "shutdown bound reached before the final commit; what was not committed is read again at the next start");
+        tracing::error!(
+            ms = cfg.shutdown_timeout_ms,
+            "shutdown bound reached before the final commit; what was not committed is read again at the next start"
+        );
     }
     stats.update(|s| s.consumer_running = false);
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
@@ -251,7 +270,13 @@ impl Pipeline {
             *s.events_read.entry(part.0.clone()).or_default() += 1;
             s.pending_records = pending;
         });
-        let src = Source { topic: m.topic(), partition: m.partition(), offset: m.offset(), key: m.key(), value: m.payload().unwrap_or_default() };
+        let src = Source {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            value: m.payload().unwrap_or_default(),
+        };
         let accept = self.planner.plan(&src);
         // Counted as soon as planned (not when written), so a batch cannot overshoot a
         // device's bound: a device at its bound pauses this record's partition at once.
@@ -322,13 +347,20 @@ impl Pipeline {
                     self.stats.update(|s| s.superseded += 1);
                 }
                 // Removed with the next write (within `batch_max_delay_ms`).
-                self.batch.remove(Removal { device: stored.device.clone(), seq: stored.job.seq, superseded: f.outcome == Outcome::Superseded });
+                self.batch.remove(Removal {
+                    device: stored.device.clone(),
+                    seq: stored.job.seq,
+                    superseded: f.outcome == Outcome::Superseded,
+                });
                 (None, String::new())
             }
             Outcome::Failed(reason) => (Some(DeadLetterReason::DeliveryFailed), reason),
             Outcome::Expired => {
                 let at = stored.job.expires_at.map(|t| t.to_rfc3339()).unwrap_or_default();
-                (Some(DeadLetterReason::Expired), format!("{} not done before its expires_at {at}", stored.job.kind.as_str()))
+                (
+                    Some(DeadLetterReason::Expired),
+                    format!("{} not done before its expires_at {at}", stored.job.kind.as_str()),
+                )
             }
         };
         if let Some(reason) = reason {
@@ -340,7 +372,12 @@ impl Pipeline {
             let (outbox, clock) = (&self.outbox, &self.clock);
             // Given up at shutdown: the job stays in the outbox and is reloaded (and
             // expired or delivered) at the next start.
-            if until_stored(&self.health, "a dead letter", &self.shutdown, || outbox.fail_job(&stored, dl.clone(), clock.now_ms())).await.is_some() {
+            if until_stored(&self.health, "a dead letter", &self.shutdown, || {
+                outbox.fail_job(&stored, dl.clone(), clock.now_ms())
+            })
+            .await
+            .is_some()
+            {
                 self.deadletters.notify_one();
             }
         }
@@ -370,10 +407,14 @@ impl Pipeline {
                 match consumer.store_offsets(&tpl) {
                     Ok(()) => {}
                     // After a revoke librdkafka refuses (`__STATE`): the new owner redelivers.
-                    Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => tracing::debug!(topic = %part.0, partition = part.1, "offset not stored: partition no longer assigned"),
+                    Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => {
+                        tracing::debug!(topic = %part.0, partition = part.1, "offset not stored: partition no longer assigned")
+                    }
                     // Not lost: the next record done on this partition stores a later
                     // position, which covers this one; until then a restart reads it again.
-                    Err(e) => tracing::warn!(error = %e, topic = %part.0, partition = part.1, offset = next, "offset not stored"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, topic = %part.0, partition = part.1, offset = next, "offset not stored")
+                    }
                 }
             }
         }
@@ -397,7 +438,8 @@ impl Pipeline {
         }
         let assigned: Vec<Partition> = match consumer.assignment() {
             Ok(a) => {
-                let parts: Vec<Partition> = a.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+                let parts: Vec<Partition> =
+                    a.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
                 self.health.assigned(parts.iter().cloned());
                 parts
             }

@@ -33,7 +33,7 @@ use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{pause_unless_shutdown, until_stored};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
-use crate::store::{Accept, Outbox, OutboxError, ReplayError, Removal, Written};
+use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
 use crate::telemetry::Monitor;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +98,13 @@ impl Handoff {
     /// A hand-off into `outbox` (writes stamped by `clock`), then to the dispatcher's
     /// `commands`; outbox failures are reported to `health`, and retried until `shutdown`
     /// turns true.
-    pub fn new(outbox: Arc<Outbox>, clock: Clock, commands: mpsc::Sender<Command>, health: Arc<Monitor>, shutdown: watch::Receiver<bool>) -> Handoff {
+    pub fn new(
+        outbox: Arc<Outbox>,
+        clock: Clock,
+        commands: mpsc::Sender<Command>,
+        health: Arc<Monitor>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Handoff {
         Handoff { outbox, clock, commands, health, shutdown, gave_up: false }
     }
 
@@ -139,7 +145,11 @@ impl Handoff {
                 // A first pause before the retries (`until_stored` then sees a shutdown at once).
                 pause_unless_shutdown(&mut self.shutdown.clone(), Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
-                match until_stored(&self.health, "the batch", &self.shutdown, || outbox.write(&mut accepts, &removals, clock.now_ms())).await {
+                match until_stored(&self.health, "the batch", &self.shutdown, || {
+                    outbox.write(&mut accepts, &removals, clock.now_ms())
+                })
+                .await
+                {
                     Some(s) => s,
                     None => {
                         self.gave_up = true;
@@ -207,7 +217,11 @@ mod tests {
             payload: String::new(),
             expires_at: None,
         };
-        Accept { jobs: jobs.iter().map(|(d, id)| (d.to_string(), job(id))).collect(), event_time: 1, ..Accept::default() }
+        Accept {
+            jobs: jobs.iter().map(|(d, id)| (d.to_string(), job(id))).collect(),
+            event_time: 1,
+            ..Accept::default()
+        }
     }
 
     /// The jobs sent to the dispatcher so far: (device, seq, message id).
@@ -235,7 +249,9 @@ mod tests {
         let accepted = h.land(attempt).await.expect("stored");
         assert_eq!(accepted.records, vec![rec(1), rec(2)]);
         assert!(accepted.left_out.is_empty() && !accepted.parked);
-        let expect = |v: &[(&str, u64, &str)]| v.iter().map(|(d, s, id)| (d.to_string(), *s, id.to_string())).collect::<Vec<_>>();
+        let expect = |v: &[(&str, u64, &str)]| {
+            v.iter().map(|(d, s, id)| (d.to_string(), *s, id.to_string())).collect::<Vec<_>>()
+        };
         assert_eq!(sent(&mut rx), expect(&[("p", 1, "a"), ("t", 1, "x"), ("p", 2, "b")]));
 
         // Record 1 read again (a restart, a rebalance): its jobs are in the dedupe window,
@@ -259,8 +275,15 @@ mod tests {
         let (_shutdown, shutdown) = watch::channel(false);
         let health = Arc::new(Monitor::default());
         let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, health, shutdown);
-        let refused = Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb")).err().expect("no folder under /proc");
-        let attempt = Attempt { records: vec![rec(1)], accepts: vec![accept(&[("p", "a")])], removals: Vec::new(), result: Err(refused) };
+        let refused = Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb"))
+            .err()
+            .expect("no folder under /proc");
+        let attempt = Attempt {
+            records: vec![rec(1)],
+            accepts: vec![accept(&[("p", "a")])],
+            removals: Vec::new(),
+            result: Err(refused),
+        };
         let accepted = h.land(attempt).await.expect("stored on the second try");
         assert_eq!(accepted.records, vec![rec(1)]);
         assert_eq!(sent(&mut rx), vec![("p".to_string(), 1, "a".to_string())]);

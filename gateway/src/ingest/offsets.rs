@@ -33,7 +33,11 @@ pub struct OffsetTracker {
 impl OffsetTracker {
     /// Records that `offset` of `part` was read and is now pending.
     pub fn read(&mut self, part: &Partition, offset: i64) {
-        let s = self.parts.entry(part.clone()).or_insert_with(|| State { next_read: offset, stored: offset, ..State::default() });
+        let s = self.parts.entry(part.clone()).or_insert_with(|| State {
+            next_read: offset,
+            stored: offset,
+            ..State::default()
+        });
         s.pending.insert(offset);
         s.next_read = s.next_read.max(offset + 1);
     }
@@ -95,7 +99,16 @@ mod tests {
         for _ in 0..5 {
             orders = orders
                 .into_iter()
-                .flat_map(|o: Vec<i64>| (0..5).filter(|x| !o.contains(x)).map(|x| { let mut n = o.clone(); n.push(x); n }).collect::<Vec<_>>())
+                .flat_map(|o: Vec<i64>| {
+                    (0..5)
+                        .filter(|x| !o.contains(x))
+                        .map(|x| {
+                            let mut n = o.clone();
+                            n.push(x);
+                            n
+                        })
+                        .collect::<Vec<_>>()
+                })
                 .collect();
         }
         assert_eq!(orders.len(), 120);

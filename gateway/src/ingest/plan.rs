@@ -56,7 +56,12 @@ impl Planner {
     ///
     /// # Errors
     /// The outbox cannot be read.
-    pub fn restore(cfg: &Config, stats: Arc<Stats>, clock: Clock, outbox: &Arc<Outbox>) -> Result<Planner, OutboxError> {
+    pub fn restore(
+        cfg: &Config,
+        stats: Arc<Stats>,
+        clock: Clock,
+        outbox: &Arc<Outbox>,
+    ) -> Result<Planner, OutboxError> {
         let mut registry = Registry::default();
         for (id, at, doc) in outbox.devices()? {
             match doc.as_ref().map(cdc::decode_device).transpose() {
@@ -110,17 +115,26 @@ impl Planner {
         if self.registry.apply(&env.document_id, env.cluster_time, device) == Applied::Stale {
             return Accept::default();
         }
-        Accept { device: Some(DeviceEntry { id: env.document_id, cluster_time: env.cluster_time, document: env.full_document }), ..Accept::default() }
+        Accept {
+            device: Some(DeviceEntry {
+                id: env.document_id,
+                cluster_time: env.cluster_time,
+                document: env.full_document,
+            }),
+            ..Accept::default()
+        }
     }
 
     /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
     fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
-        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } = match cdc::decode_charge_record(src.value) {
-            Ok(r) => r,
-            Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
-        };
+        let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } =
+            match cdc::decode_charge_record(src.value) {
+                Ok(r) => r,
+                Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
+            };
         let decision = self.router.route_decoded(&event_id, operation, charge, &self.registry);
-        let charge_state = self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
+        let charge_state =
+            self.router.take_applied().map(|(id, version, status)| (id, ChargeState { version, status }));
         let mut accept = Accept { charge: charge_state, event_time, ..Accept::default() };
         match decision {
             Decision::Ignored(reason) => self.stats.ignored(reason),
@@ -131,7 +145,15 @@ impl Planner {
             Decision::Effects { charge, effects, unroutable } => {
                 self.stats.update(|s| s.records_with_effects += 1);
                 for (kind, reason) in unroutable {
-                    let mut dl = DeadLetter::new(reason, format!("{} has no device", kind.as_str()), src.topic, src.partition, src.offset, src.key, src.value);
+                    let mut dl = DeadLetter::new(
+                        reason,
+                        format!("{} has no device", kind.as_str()),
+                        src.topic,
+                        src.partition,
+                        src.offset,
+                        src.key,
+                        src.value,
+                    );
                     dl.effect = Some(kind.as_str().to_string());
                     self.dead_effect(&dl);
                     accept.deadletters.push(dl);
@@ -144,10 +166,19 @@ impl Planner {
                             accept.jobs.push((effect.device.id.clone(), job));
                         }
                         Err(e) => {
-                            let mut dl = DeadLetter::new(e.reason(), e.to_string(), src.topic, src.partition, src.offset, src.key, src.value);
+                            let mut dl = DeadLetter::new(
+                                e.reason(),
+                                e.to_string(),
+                                src.topic,
+                                src.partition,
+                                src.offset,
+                                src.key,
+                                src.value,
+                            );
                             dl.device = Some(effect.device.id.clone());
                             dl.effect = Some(effect.kind.as_str().to_string());
-                            dl.message_id = Some(device_protocol::message_id(&event_id, &effect.device.id, effect.kind));
+                            dl.message_id =
+                                Some(device_protocol::message_id(&event_id, &effect.device.id, effect.kind));
                             self.dead_effect(&dl);
                             accept.deadletters.push(dl);
                         }
@@ -204,7 +235,8 @@ mod tests {
     fn the_fixtures_plan_the_expected_jobs() {
         let (_dir, mut p) = planner("plan-fixtures");
         let mut planned = BTreeSet::new();
-        for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate() {
+        for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate()
+        {
             let a = p.plan(&source(&topic, offset as i64, &value));
             assert!(a.deadletters.is_empty(), "{:?}", a.deadletters);
             for (device, job) in a.jobs {
@@ -212,12 +244,18 @@ mod tests {
                 planned.insert((job.charge_id, device, job.kind.as_str().to_string()));
             }
         }
-        let expected: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap()).unwrap();
+        let expected: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap())
+                .unwrap();
         let expected: BTreeSet<(String, String, String)> = expected
             .as_object()
             .unwrap()
             .iter()
-            .flat_map(|(charge, c)| c["effects"].as_array().unwrap().iter().map(move |e| (charge.clone(), e["device"].as_str().unwrap().to_string(), e["kind"].as_str().unwrap().to_string())))
+            .flat_map(|(charge, c)| {
+                c["effects"].as_array().unwrap().iter().map(move |e| {
+                    (charge.clone(), e["device"].as_str().unwrap().to_string(), e["kind"].as_str().unwrap().to_string())
+                })
+            })
             .collect();
         assert_eq!(planned, expected);
     }

@@ -16,4 +16,3 @@ pub struct Replay {
     /// The job as queued again, or why not.
     pub reply: oneshot::Sender<Result<StoredJob, ReplayError>>,
 }
-

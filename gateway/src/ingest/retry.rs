@@ -28,7 +28,12 @@ pub async fn pause_unless_shutdown(shutdown: &mut watch::Receiver<bool>, delay: 
 /// reports the failure to `health` meanwhile (`what` names the write in the logs).
 /// `Some` with the write's value once stored; `None` when shutdown is requested while it
 /// still fails.
-pub async fn until_stored<T>(health: &Monitor, what: &str, shutdown: &watch::Receiver<bool>, mut write: impl FnMut() -> Result<T, OutboxError>) -> Option<T> {
+pub async fn until_stored<T>(
+    health: &Monitor,
+    what: &str,
+    shutdown: &watch::Receiver<bool>,
+    mut write: impl FnMut() -> Result<T, OutboxError>,
+) -> Option<T> {
     let mut delay = Duration::from_millis(100);
     let mut shutdown = shutdown.clone();
     loop {

@@ -51,7 +51,15 @@ pub struct DeadLetter {
 
 impl DeadLetter {
     /// A dead letter for the record at `topic`/`partition`/`offset` with `key` and `value`.
-    pub fn new(reason: DeadLetterReason, detail: String, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, value: &[u8]) -> Self {
+    pub fn new(
+        reason: DeadLetterReason,
+        detail: String,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        value: &[u8],
+    ) -> Self {
         let mut dl = DeadLetter {
             id: None,
             reason,
@@ -75,7 +83,10 @@ impl DeadLetter {
     /// Whether this is a job's dead letter still waiting for its source value (the
     /// dead-letter publisher reads it back from Kafka by position).
     pub fn needs_source_value(&self) -> bool {
-        self.job.is_some() && self.value_base64.is_empty() && self.value_unavailable.is_none() && self.source_offset >= 0
+        self.job.is_some()
+            && self.value_base64.is_empty()
+            && self.value_unavailable.is_none()
+            && self.source_offset >= 0
     }
 
     /// Sets the source value (text when UTF-8, and base64).
@@ -89,7 +100,15 @@ impl DeadLetter {
     /// the source value is read back from Kafka when it is published.
     pub fn for_job(reason: DeadLetterReason, detail: String, stored: &StoredJob) -> Self {
         let src = &stored.source;
-        let mut dl = DeadLetter::new(reason, detail, &src.topic, src.partition, src.offset, src.key.as_deref().map(str::as_bytes), &[]);
+        let mut dl = DeadLetter::new(
+            reason,
+            detail,
+            &src.topic,
+            src.partition,
+            src.offset,
+            src.key.as_deref().map(str::as_bytes),
+            &[],
+        );
         dl.value = None;
         dl.job = serde_json::to_string(&stored.job).ok();
         dl.device = Some(stored.device.clone());
@@ -98,4 +117,3 @@ impl DeadLetter {
         dl
     }
 }
-

@@ -58,4 +58,3 @@ pub struct Finished {
     /// How it ended.
     pub outcome: Outcome,
 }
-

@@ -59,4 +59,3 @@ impl Queued {
         Queued { stored: stored.without_payload(), wire }
     }
 }
-

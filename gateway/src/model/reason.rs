@@ -140,7 +140,9 @@ impl DeadLetterReason {
 impl fmt::Display for DeadLetterReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DeadLetterReason::MissingField(field) | DeadLetterReason::InvalidField(field) => write!(f, "{}:{field}", self.kind()),
+            DeadLetterReason::MissingField(field) | DeadLetterReason::InvalidField(field) => {
+                write!(f, "{}:{field}", self.kind())
+            }
             other => f.write_str(other.kind()),
         }
     }

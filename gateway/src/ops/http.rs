@@ -15,10 +15,10 @@
 //!   gateway's clock forward ([`crate::clock`]).
 
 use crate::clock::Clock;
-use crate::ops::inspect;
-use crate::store::Outbox;
 use crate::ingest::replay::Replay;
+use crate::ops::inspect;
 use crate::ops::{metrics, report};
+use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -63,13 +63,28 @@ pub fn routes(state: AppState) -> Router {
         .route("/stats", get(|State(s): State<AppState>| async move { Json(report::report(&s.stats, &s.health).0) }))
         .route("/metrics", get(metrics))
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
-        .route("/outbox/{device}", get(|State(s): State<AppState>, Path(d): Path<String>| async move { reply(inspect::outbox_list(&s.outbox, &d)) }))
+        .route(
+            "/outbox/{device}",
+            get(|State(s): State<AppState>, Path(d): Path<String>| async move {
+                reply(inspect::outbox_list(&s.outbox, &d))
+            }),
+        )
         .route(
             "/outbox/{device}/{seq}",
-            get(|State(s): State<AppState>, Path((d, seq)): Path<(String, u64)>| async move { reply(inspect::outbox_show(&s.outbox, &d, seq)) }),
+            get(|State(s): State<AppState>, Path((d, seq)): Path<(String, u64)>| async move {
+                reply(inspect::outbox_show(&s.outbox, &d, seq))
+            }),
         )
-        .route("/deadletters", get(|State(s): State<AppState>| async move { reply(inspect::deadletter_list(&s.outbox)) }))
-        .route("/deadletters/{id}", get(|State(s): State<AppState>, Path(id): Path<u64>| async move { reply(inspect::deadletter_show(&s.outbox, id)) }))
+        .route(
+            "/deadletters",
+            get(|State(s): State<AppState>| async move { reply(inspect::deadletter_list(&s.outbox)) }),
+        )
+        .route(
+            "/deadletters/{id}",
+            get(|State(s): State<AppState>, Path(id): Path<u64>| async move {
+                reply(inspect::deadletter_show(&s.outbox, id))
+            }),
+        )
         .route("/deadletters/{id}/replay", post(replay))
         .route("/clock/advance", post(advance_clock))
         .with_state(state)
@@ -83,11 +98,17 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     (StatusCode::SERVICE_UNAVAILABLE, reasons.iter().map(|r| format!("{r}\n")).collect())
 }
 
-async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::header::HeaderName, &'static str); 1], String) {
+async fn metrics(
+    State(state): State<AppState>,
+) -> (StatusCode, [(axum::http::header::HeaderName, &'static str); 1], String) {
     let (snapshot, reasons) = report::report(&state.stats, &state.health);
     match metrics::prometheus_text(&snapshot, &reasons) {
         Ok(text) => (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, metrics::PROMETHEUS_CONTENT_TYPE)], text),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")], format!("encoding the metrics: {e}\n")),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("encoding the metrics: {e}\n"),
+        ),
     }
 }
 
@@ -96,7 +117,14 @@ async fn metrics(State(state): State<AppState>) -> (StatusCode, [(axum::http::he
 /// consumer has stopped: nothing was replayed.
 async fn replay(State(s): State<AppState>, Path(id): Path<u64>) -> Reply {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let stopped = || (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "the gateway's consumer has stopped: nothing was replayed; try again once it runs" })));
+    let stopped = || {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(
+                serde_json::json!({ "error": "the gateway's consumer has stopped: nothing was replayed; try again once it runs" }),
+            ),
+        )
+    };
     if s.replays.send(Replay { id, reply: tx }).await.is_err() {
         return stopped();
     }
@@ -114,7 +142,10 @@ struct Advance {
 
 async fn advance_clock(State(s): State<AppState>, Query(q): Query<Advance>) -> Reply {
     if !s.clock_control {
-        return (StatusCode::FORBIDDEN, Json(serde_json::json!({"error": "clock control is off (clock.control = false)"})));
+        return (
+            StatusCode::FORBIDDEN,
+            Json(serde_json::json!({"error": "clock control is off (clock.control = false)"})),
+        );
     }
     let offset = s.clock.advance(q.ms);
     tracing::warn!(advanced_ms = q.ms, offset_ms = offset, "clock moved forward (testing)");
@@ -125,7 +156,11 @@ async fn advance_clock(State(s): State<AppState>, Query(q): Query<Advance>) -> R
 ///
 /// # Errors
 /// The address cannot be bound.
-pub async fn serve(listen: String, state: AppState, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn serve(
+    listen: String,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     tracing::info!(%listen, "HTTP health/stats listening");
     axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown).await?;

@@ -135,7 +135,8 @@ fn state(p: &crate::store::ParkedDeadLetter) -> &'static str {
 /// # Errors
 /// No such dead letter, or the outbox cannot be read.
 pub fn deadletter_show(outbox: &Outbox, id: u64) -> Result<Value, InspectError> {
-    let p = outbox.deadletter(id)?.ok_or_else(|| InspectError::NotFound(format!("no dead letter {id} in the outbox")))?;
+    let p =
+        outbox.deadletter(id)?.ok_or_else(|| InspectError::NotFound(format!("no dead letter {id} in the outbox")))?;
     Ok(json!({ "state": state(&p), "deadletter": p }))
 }
 
@@ -171,19 +172,44 @@ mod tests {
         assert_eq!(outbox_show(&o, "p1", 1).unwrap()["job"]["message_id"], "m1");
         assert!(matches!(outbox_show(&o, "p1", 9), Err(InspectError::NotFound(_))));
 
-        let id = o.fail_job(&q[0].stored, DeadLetter::for_job(crate::model::DeadLetterReason::Expired, "too late".into(), &q[0].stored), 2).unwrap();
+        let id = o
+            .fail_job(
+                &q[0].stored,
+                DeadLetter::for_job(crate::model::DeadLetterReason::Expired, "too late".into(), &q[0].stored),
+                2,
+            )
+            .unwrap();
         assert_eq!(outbox_devices(&o).unwrap()["total"], 0, "a failed job leaves the queue");
         let list = deadletter_list(&o).unwrap();
-        assert_eq!((list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()), (Some("parked"), Some(true)));
+        assert_eq!(
+            (list["deadletters"][0]["state"].as_str(), list["deadletters"][0]["replayable"].as_bool()),
+            (Some("parked"), Some(true))
+        );
         let stored = o.replay(id, 3, |_| chrono::Duration::seconds(60)).unwrap();
-        assert_eq!(stored.job.expires_at.map(|t| t.timestamp_millis()), Some(60_003), "a replayed receipt lives its TTL again");
+        assert_eq!(
+            stored.job.expires_at.map(|t| t.timestamp_millis()),
+            Some(60_003),
+            "a replayed receipt lives its TTL again"
+        );
         assert_eq!((stored.job.seq, stored.job.message_id.as_str()), (2, "m1"), "new seq, same message id");
         assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["seq"], 2);
         assert!(matches!(o.replay(id, 4, |_| chrono::Duration::zero()), Err(ReplayError::AlreadyReplayed(_))));
         assert_eq!(deadletter_show(&o, id).unwrap()["state"], "replayed");
 
         // A record-level dead letter has no job to replay.
-        let a = crate::store::Accept { deadletters: vec![DeadLetter::new(crate::model::DeadLetterReason::NotJson, "x".into(), "t", 0, 1, None, b"{")], source: Some(src), ..Default::default() };
+        let a = crate::store::Accept {
+            deadletters: vec![DeadLetter::new(
+                crate::model::DeadLetterReason::NotJson,
+                "x".into(),
+                "t",
+                0,
+                1,
+                None,
+                b"{",
+            )],
+            source: Some(src),
+            ..Default::default()
+        };
         let (_, parked) = o.write(&mut [a], &[], 5).unwrap().pop().unwrap();
         assert!(matches!(o.replay(parked[0], 6, |_| chrono::Duration::zero()), Err(ReplayError::NoJob { .. })));
         assert_eq!(o.parked_deadletters(10).unwrap().len(), 2);

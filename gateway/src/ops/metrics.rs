@@ -17,7 +17,8 @@ pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheu
 /// Only a formatting error from the encoder (writing to a `String` does not fail).
 pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, std::fmt::Error> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("pixgate");
-    registry.register_collector(Box::new(Exposition { r: r.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
+    registry
+        .register_collector(Box::new(Exposition { r: r.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
     Ok(out)
@@ -43,7 +44,12 @@ mod expose {
     use std::fmt;
 
     /// A counter family (`_total` is appended), one sample per label set.
-    pub fn counters<'a, L: EncodeLabelSet + 'a>(enc: &mut DescriptorEncoder, name: &str, help: &str, samples: impl IntoIterator<Item = (L, u64)>) -> fmt::Result {
+    pub fn counters<'a, L: EncodeLabelSet + 'a>(
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (L, u64)>,
+    ) -> fmt::Result {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
         for (labels, v) in samples {
             ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
@@ -52,7 +58,12 @@ mod expose {
     }
 
     /// A gauge family, one sample per label set.
-    pub fn gauges<'a, L: EncodeLabelSet + 'a>(enc: &mut DescriptorEncoder, name: &str, help: &str, samples: impl IntoIterator<Item = (L, f64)>) -> fmt::Result {
+    pub fn gauges<'a, L: EncodeLabelSet + 'a>(
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (L, f64)>,
+    ) -> fmt::Result {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for (labels, v) in samples {
             ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
@@ -76,44 +87,133 @@ impl prometheus_client::collector::Collector for Exposition {
         use expose::{counter, counters, gauge, gauges};
         let (s, e) = (&self.r.counters, &mut enc);
         let topics = || self.r.topics.iter().map(|(t, v)| ([("topic", t.as_str())], v));
-        let by = |label: &'static str, m: &'_ BTreeMap<String, u64>| m.iter().map(move |(k, v)| ([(label, k.clone())], *v)).collect::<Vec<_>>();
+        let by = |label: &'static str, m: &'_ BTreeMap<String, u64>| {
+            m.iter().map(move |(k, v)| ([(label, k.clone())], *v)).collect::<Vec<_>>()
+        };
         let flag = |b: bool| if b { 1.0 } else { 0.0 };
 
         counters(e, "topic_records_read", "Records read from the topic.", topics().map(|(l, t)| (l, t.records_read)))?;
-        gauges(e, "topic_read_rate_per_second", "Records read per second over the rate window (health.rate_window_ms).", topics().map(|(l, t)| (l, t.rate_per_s)))?;
+        gauges(
+            e,
+            "topic_read_rate_per_second",
+            "Records read per second over the rate window (health.rate_window_ms).",
+            topics().map(|(l, t)| (l, t.rate_per_s)),
+        )?;
         gauges(e, "topic_lag_records", "Records on the assigned partitions beyond the consumer's stored or committed offset (absent while unknown).", topics().filter_map(|(l, t)| Some((l, t.lag? as f64))))?;
-        gauges(e, "topic_seconds_since_progress", "Seconds since a record was read or an offset stored on the topic (absent before the first).", topics().filter_map(|(l, t)| Some((l, t.ms_since_progress? as f64 / 1000.0))))?;
-        gauges(e, "topic_assigned_partitions", "Partitions of the topic held by this consumer.", topics().map(|(l, t)| (l, t.assigned_partitions as f64)))?;
-        gauges(e, "topic_paused_partitions", "Partitions of the topic paused for backpressure.", topics().map(|(l, t)| (l, t.paused_partitions as f64)))?;
-        gauges(e, "topic_stalled", "1 while the topic has lag and no progress for health.stall_after_ms.", topics().map(|(l, t)| (l, flag(t.stalled))))?;
-        let alarms = topics().flat_map(|([(_, topic)], t)| TOPIC_ALARMS.iter().map(move |a| ([("topic", topic), ("alarm", *a)], flag(t.alarms.iter().any(|x| x == a)))));
-        gauges(e, "topic_alarm", "1 while the alarm holds on the topic (unassigned, stalled, slow, quiet); each fails /readyz.", alarms)?;
+        gauges(
+            e,
+            "topic_seconds_since_progress",
+            "Seconds since a record was read or an offset stored on the topic (absent before the first).",
+            topics().filter_map(|(l, t)| Some((l, t.ms_since_progress? as f64 / 1000.0))),
+        )?;
+        gauges(
+            e,
+            "topic_assigned_partitions",
+            "Partitions of the topic held by this consumer.",
+            topics().map(|(l, t)| (l, t.assigned_partitions as f64)),
+        )?;
+        gauges(
+            e,
+            "topic_paused_partitions",
+            "Partitions of the topic paused for backpressure.",
+            topics().map(|(l, t)| (l, t.paused_partitions as f64)),
+        )?;
+        gauges(
+            e,
+            "topic_stalled",
+            "1 while the topic has lag and no progress for health.stall_after_ms.",
+            topics().map(|(l, t)| (l, flag(t.stalled))),
+        )?;
+        let alarms = topics().flat_map(|([(_, topic)], t)| {
+            TOPIC_ALARMS.iter().map(move |a| ([("topic", topic), ("alarm", *a)], flag(t.alarms.iter().any(|x| x == a))))
+        });
+        gauges(
+            e,
+            "topic_alarm",
+            "1 while the alarm holds on the topic (unassigned, stalled, slow, quiet); each fails /readyz.",
+            alarms,
+        )?;
 
         gauge(e, "ready", "1 when /readyz answers 200.", flag(self.kinds.is_empty()))?;
         let global = GLOBAL_ALARMS.iter().map(|a| ([("alarm", *a)], flag(self.kinds.contains(a))));
         gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable, delivery_stalled); each fails /readyz.", global)?;
         if let Some(up) = self.r.kafka_brokers_up {
-            gauge(e, "kafka_brokers_up", "Broker connections in state UP in librdkafka's latest statistics.", up as f64)?;
+            gauge(
+                e,
+                "kafka_brokers_up",
+                "Broker connections in state UP in librdkafka's latest statistics.",
+                up as f64,
+            )?;
         }
         gauge(e, "consumer_running", "1 while the consumer loop runs.", flag(s.consumer_running))?;
-        gauge(e, "consumer_idle_seconds", "Seconds since the consumer loop last ran.", s.consumer_idle_ms as f64 / 1000.0)?;
+        gauge(
+            e,
+            "consumer_idle_seconds",
+            "Seconds since the consumer loop last ran.",
+            s.consumer_idle_ms as f64 / 1000.0,
+        )?;
 
-        counters(e, "effects_done", "Effects acknowledged as done by their device, by kind.", by("kind", &s.effects_done))?;
-        counters(e, "dead_lettered_records", "Whole records dead-lettered, by reason.", by("reason", &s.dead_lettered_records))?;
-        counters(e, "dead_lettered_effects", "Single effects dead-lettered, by reason.", by("reason", &s.dead_lettered_effects))?;
+        counters(
+            e,
+            "effects_done",
+            "Effects acknowledged as done by their device, by kind.",
+            by("kind", &s.effects_done),
+        )?;
+        counters(
+            e,
+            "dead_lettered_records",
+            "Whole records dead-lettered, by reason.",
+            by("reason", &s.dead_lettered_records),
+        )?;
+        counters(
+            e,
+            "dead_lettered_effects",
+            "Single effects dead-lettered, by reason.",
+            by("reason", &s.dead_lettered_effects),
+        )?;
         counters(e, "ignored_records", "Records with no effect by design, by reason.", by("reason", &s.ignored))?;
-        counters(e, "expired_jobs", "Jobs whose time to live passed before they were done, by kind.", by("kind", &s.expired))?;
+        counters(
+            e,
+            "expired_jobs",
+            "Jobs whose time to live passed before they were done, by kind.",
+            by("kind", &s.expired),
+        )?;
         counter(e, "records_with_effects", "Records whose effects were planned.", s.records_with_effects)?;
-        counter(e, "job_redeliveries", "Job sends beyond the first (ack timeout or transient failure).", s.job_redeliveries)?;
-        counter(e, "superseded_jobs", "Queued display_qr jobs dropped because their charge's next screen came first.", s.superseded)?;
+        counter(
+            e,
+            "job_redeliveries",
+            "Job sends beyond the first (ack timeout or transient failure).",
+            s.job_redeliveries,
+        )?;
+        counter(
+            e,
+            "superseded_jobs",
+            "Queued display_qr jobs dropped because their charge's next screen came first.",
+            s.superseded,
+        )?;
         counter(e, "deadletters_published", "Dead letters Kafka acknowledged.", s.deadletters_published)?;
         gauge(e, "deadletters_parked", "Dead letters waiting in the outbox for Kafka.", s.deadletters_parked as f64)?;
-        gauge(e, "outbox_jobs", "Jobs in the durable outbox (the bound outbox.max_jobs applies to this).", s.outbox_jobs as f64)?;
-        gauge(e, "queued_jobs", "Jobs waiting or in flight, all devices (the dispatcher's view).", s.queued_jobs as f64)?;
+        gauge(
+            e,
+            "outbox_jobs",
+            "Jobs in the durable outbox (the bound outbox.max_jobs applies to this).",
+            s.outbox_jobs as f64,
+        )?;
+        gauge(
+            e,
+            "queued_jobs",
+            "Jobs waiting or in flight, all devices (the dispatcher's view).",
+            s.queued_jobs as f64,
+        )?;
         gauge(e, "pending_records", "Records read and not yet finished.", s.pending_records as f64)?;
         gauge(e, "paused_partitions", "Partitions paused for backpressure.", s.paused_partitions as f64)?;
         gauge(e, "assigned_partitions", "Partitions assigned to this consumer.", s.assigned_partitions as f64)?;
-        gauge(e, "devices_at_bound", "Devices whose queue is at outbox.max_jobs_per_device.", s.devices_at_bound as f64)?;
+        gauge(
+            e,
+            "devices_at_bound",
+            "Devices whose queue is at outbox.max_jobs_per_device.",
+            s.devices_at_bound as f64,
+        )?;
         Ok(())
     }
 }
@@ -167,16 +267,42 @@ mod tests {
     }
 
     fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        samples.iter().find(|(n, l, _)| n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v)) && l.len() == labels.len()).map(|s| s.2)
+        samples
+            .iter()
+            .find(|(n, l, _)| {
+                n == name
+                    && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+                    && l.len() == labels.len()
+            })
+            .map(|s| s.2)
     }
 
     fn statistics(end: i64, stored: i64) -> Statistics {
-        let broker = Broker { name: "127.0.0.1:9092/1".into(), source: "learned".into(), state: "UP".into(), ..Broker::default() };
-        let internal = Broker { name: ":0/internal".into(), source: "internal".into(), state: "INIT".into(), ..Broker::default() };
-        let p = KafkaPartition { partition: 0, hi_offset: end, ls_offset: end, stored_offset: stored, committed_offset: -1001, lo_offset: 0, ..KafkaPartition::default() };
+        let broker = Broker {
+            name: "127.0.0.1:9092/1".into(),
+            source: "learned".into(),
+            state: "UP".into(),
+            ..Broker::default()
+        };
+        let internal =
+            Broker { name: ":0/internal".into(), source: "internal".into(), state: "INIT".into(), ..Broker::default() };
+        let p = KafkaPartition {
+            partition: 0,
+            hi_offset: end,
+            ls_offset: end,
+            stored_offset: stored,
+            committed_offset: -1001,
+            lo_offset: 0,
+            ..KafkaPartition::default()
+        };
         let ua = KafkaPartition { partition: -1, hi_offset: 99, ..KafkaPartition::default() };
-        let topic = Topic { topic: "charge.upserted".into(), partitions: [(0, p), (-1, ua)].into(), ..Topic::default() };
-        Statistics { brokers: [("a".into(), broker), ("b".into(), internal)].into(), topics: [("charge.upserted".into(), topic)].into(), ..Statistics::default() }
+        let topic =
+            Topic { topic: "charge.upserted".into(), partitions: [(0, p), (-1, ua)].into(), ..Topic::default() };
+        Statistics {
+            brokers: [("a".into(), broker), ("b".into(), internal)].into(),
+            topics: [("charge.upserted".into(), topic)].into(),
+            ..Statistics::default()
+        }
     }
 
     #[test]
@@ -205,7 +331,10 @@ mod tests {
         assert_eq!(value(&samples, "pixgate_topic_records_read_total", &ch), Some(9.0));
         assert_eq!(value(&samples, "pixgate_topic_assigned_partitions", &ch), Some(1.0));
         assert_eq!(value(&samples, "pixgate_topic_stalled", &ch), Some(0.0));
-        assert_eq!(value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(0.0));
+        assert_eq!(
+            value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]),
+            Some(0.0)
+        );
         assert_eq!(value(&samples, "pixgate_ready", &[]), Some(1.0));
         assert_eq!(value(&samples, "pixgate_alarm", &[("alarm", "kafka_unreachable")]), Some(0.0));
         assert_eq!(value(&samples, "pixgate_kafka_brokers_up", &[]), Some(1.0));
@@ -230,12 +359,19 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         let (snapshot, reasons) = report::report(&stats, &health);
         assert_eq!(reasons.iter().map(Reason::kind).collect::<Vec<_>>(), ["stalled"]);
-        assert!(snapshot.not_ready[0].starts_with("topic charge.upserted stalled: lag 5 records, no progress for "), "{:?}", snapshot.not_ready);
+        assert!(
+            snapshot.not_ready[0].starts_with("topic charge.upserted stalled: lag 5 records, no progress for "),
+            "{:?}",
+            snapshot.not_ready
+        );
         assert!(snapshot.topics["charge.upserted"].stalled);
         assert_eq!(snapshot.topics["charge.upserted"].alarms, ["stalled"]);
         let samples = parse(&prometheus_text(&snapshot, &reasons).unwrap()).unwrap();
         assert_eq!(value(&samples, "pixgate_topic_stalled", &[("topic", "charge.upserted")]), Some(1.0));
-        assert_eq!(value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]), Some(1.0));
+        assert_eq!(
+            value(&samples, "pixgate_topic_alarm", &[("topic", "charge.upserted"), ("alarm", "stalled")]),
+            Some(1.0)
+        );
         assert_eq!(value(&samples, "pixgate_ready", &[]), Some(0.0));
     }
 }

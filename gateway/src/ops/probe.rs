@@ -23,7 +23,9 @@ impl Prober {
         if self.client.is_none() {
             match ClientConfig::new().set("bootstrap.servers", &self.brokers).create::<BaseConsumer>() {
                 Ok(c) => self.client = Some(Arc::new(c)),
-                Err(e) => tracing::warn!(error = %e, "cannot create the Kafka client that probes paused partitions' end offsets"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create the Kafka client that probes paused partitions' end offsets")
+                }
             }
         }
         self.client.clone()
@@ -47,7 +49,12 @@ fn probe_ends(client: &BaseConsumer, parts: &[Partition]) -> Vec<(Partition, i64
 /// Every second until `shutdown`: advances the health history, logs alarm transitions
 /// (from when the consumer first runs), and every `health.paused_probe_interval_ms` probes the end offsets of paused
 /// partitions (`brokers` = `kafka.brokers`).
-pub async fn watch(stats: Arc<Stats>, health: Arc<Monitor>, brokers: String, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn watch(
+    stats: Arc<Stats>,
+    health: Arc<Monitor>,
+    brokers: String,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let probe_every = Duration::from_millis(health.rules().paused_probe_interval_ms.max(100));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -89,4 +96,3 @@ pub async fn watch(stats: Arc<Stats>, health: Arc<Monitor>, brokers: String, mut
         }
     }
 }
-

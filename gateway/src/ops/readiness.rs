@@ -121,7 +121,10 @@ impl Reason {
     /// The topic it is about, if any.
     pub fn topic(&self) -> Option<&str> {
         match self {
-            Reason::Unassigned { topic, .. } | Reason::Stalled { topic, .. } | Reason::Slow { topic, .. } | Reason::Quiet { topic, .. } => Some(topic),
+            Reason::Unassigned { topic, .. }
+            | Reason::Stalled { topic, .. }
+            | Reason::Slow { topic, .. }
+            | Reason::Quiet { topic, .. } => Some(topic),
             _ => None,
         }
     }
@@ -151,7 +154,9 @@ impl fmt::Display for Reason {
                 }
                 Ok(())
             }
-            Reason::Unassigned { topic, for_ms } => write!(f, "topic {topic} unassigned: no partition held for {for_ms} ms"),
+            Reason::Unassigned { topic, for_ms } => {
+                write!(f, "topic {topic} unassigned: no partition held for {for_ms} ms")
+            }
             Reason::Stalled { topic, lag, for_ms, why } => {
                 write!(f, "topic {topic} stalled: lag {lag} records, no progress for {for_ms} ms")?;
                 if !why.is_empty() {
@@ -162,8 +167,13 @@ impl fmt::Display for Reason {
             Reason::Slow { topic, lag, rate_per_s, window_s, min_per_s } => {
                 write!(f, "topic {topic} slow: lag {lag} records, {rate_per_s:.2} records/s over the last {window_s} s, expected at least {min_per_s}/s")
             }
-            Reason::Quiet { topic, for_ms, max_ms } => write!(f, "topic {topic} quiet: no record for {for_ms} ms, expected one within {max_ms} ms"),
-            Reason::DeliveryStalled { in_flight, for_ms } => write!(f, "delivery stalled: {in_flight} jobs in flight to reachable devices, no device ack for {for_ms} ms"),
+            Reason::Quiet { topic, for_ms, max_ms } => {
+                write!(f, "topic {topic} quiet: no record for {for_ms} ms, expected one within {max_ms} ms")
+            }
+            Reason::DeliveryStalled { in_flight, for_ms } => write!(
+                f,
+                "delivery stalled: {in_flight} jobs in flight to reachable devices, no device ack for {for_ms} ms"
+            ),
         }
     }
 }
@@ -194,11 +204,24 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
         let lag = t.lag.unwrap_or(0);
         let stalled_for = t.lag_since.filter(|_| lag > 0).map(|l| since(l.max(t.last_progress.unwrap_or(0))));
         if let Some(for_ms) = stalled_for.filter(|ms| on(rules.stall_after_ms, *ms)) {
-            out.push(Reason::Stalled { topic: topic.clone(), lag, for_ms, why: stall_causes(now, t, facts, kafka_down, outbox.as_ref()) });
-        } else if let (Some(min), Some(lag_since)) = (expect.and_then(|e| e.min_rate_per_s), t.lag_since.filter(|_| lag > 0)) {
+            out.push(Reason::Stalled {
+                topic: topic.clone(),
+                lag,
+                for_ms,
+                why: stall_causes(now, t, facts, kafka_down, outbox.as_ref()),
+            });
+        } else if let (Some(min), Some(lag_since)) =
+            (expect.and_then(|e| e.min_rate_per_s), t.lag_since.filter(|_| lag > 0))
+        {
             let window = rules.rate_window_ms.max(1);
             if since(lag_since) >= window && t.rate_span_ms >= window && t.rate_per_s < min {
-                out.push(Reason::Slow { topic: topic.clone(), lag, rate_per_s: t.rate_per_s, window_s: window / 1000, min_per_s: min });
+                out.push(Reason::Slow {
+                    topic: topic.clone(),
+                    lag,
+                    rate_per_s: t.rate_per_s,
+                    window_s: window / 1000,
+                    min_per_s: min,
+                });
             }
         }
         if let Some(max) = expect.and_then(|e| e.max_quiet_ms) {
@@ -217,7 +240,13 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
 }
 
 /// What is known about why a topic makes no progress.
-fn stall_causes(now: u64, t: &TopicFacts, facts: &Facts, kafka_down: bool, outbox: Option<&(u64, String)>) -> Vec<String> {
+fn stall_causes(
+    now: u64,
+    t: &TopicFacts,
+    facts: &Facts,
+    kafka_down: bool,
+    outbox: Option<&(u64, String)>,
+) -> Vec<String> {
     let mut why = Vec::new();
     if t.paused > 0 {
         let mut causes = Vec::new();
@@ -257,8 +286,10 @@ impl AlarmLog {
     /// Takes the reasons of one evaluation; returns (started, cleared) for tests.
     pub fn update(&mut self, reasons: &[Reason]) -> (Vec<Reason>, Vec<Reason>) {
         let now: BTreeMap<_, _> = reasons.iter().map(|r| (r.key(), r.clone())).collect();
-        let started: Vec<Reason> = now.iter().filter(|(k, _)| !self.active.contains_key(*k)).map(|(_, r)| r.clone()).collect();
-        let cleared: Vec<Reason> = self.active.iter().filter(|(k, _)| !now.contains_key(*k)).map(|(_, r)| r.clone()).collect();
+        let started: Vec<Reason> =
+            now.iter().filter(|(k, _)| !self.active.contains_key(*k)).map(|(_, r)| r.clone()).collect();
+        let cleared: Vec<Reason> =
+            self.active.iter().filter(|(k, _)| !now.contains_key(*k)).map(|(_, r)| r.clone()).collect();
         for r in &started {
             tracing::warn!(alarm = r.kind(), topic = r.topic().unwrap_or(""), "not ready: {r}");
         }
@@ -269,7 +300,6 @@ impl AlarmLog {
         (started, cleared)
     }
 }
-
 
 /// The facts and every reason the gateway is not ready, now.
 pub fn report(monitor: &Monitor, consumer_running: bool, consumer_idle_ms: u64) -> (Facts, Vec<Reason>) {
@@ -290,7 +320,13 @@ mod tests {
     const DV: &str = "device.upserted";
 
     fn rules() -> HealthConfig {
-        HealthConfig { kafka_down_after_ms: 10_000, unassigned_after_ms: 30_000, stall_after_ms: 60_000, rate_window_ms: 60_000, ..HealthConfig::default() }
+        HealthConfig {
+            kafka_down_after_ms: 10_000,
+            unassigned_after_ms: 30_000,
+            stall_after_ms: 60_000,
+            rate_window_ms: 60_000,
+            ..HealthConfig::default()
+        }
     }
 
     fn part(t: &str, p: i32) -> Partition {
@@ -336,7 +372,10 @@ mod tests {
         assert_eq!(r[0].to_string(), "consumer not running");
         let r = evaluate(2_000, &t.facts(true, MAX_CONSUMER_IDLE_MS + 1), &rules());
         assert_eq!(r[0].to_string(), "consumer idle for 10001 ms");
-        assert!(evaluate(2_000, &t.facts(true, MAX_CONSUMER_IDLE_MS), &rules()).is_empty(), "at the limit is still ready");
+        assert!(
+            evaluate(2_000, &t.facts(true, MAX_CONSUMER_IDLE_MS), &rules()).is_empty(),
+            "at the limit is still ready"
+        );
     }
 
     #[test]
@@ -347,7 +386,10 @@ mod tests {
         assert!(kinds(120_999, &t, &rules).is_empty(), "not yet");
         let r = evaluate(121_000, &t.facts(true, 0), &rules);
         assert_eq!(r, vec![Reason::DeliveryStalled { in_flight: 3, for_ms: 120_000 }]);
-        assert_eq!(r[0].to_string(), "delivery stalled: 3 jobs in flight to reachable devices, no device ack for 120000 ms");
+        assert_eq!(
+            r[0].to_string(),
+            "delivery stalled: 3 jobs in flight to reachable devices, no device ack for 120000 ms"
+        );
         // Any ack restarts the clock; more jobs in flight do not.
         t.acked(121_000);
         t.in_flight(122_000, 5);
@@ -359,7 +401,10 @@ mod tests {
         t.acked(900_000);
         t.in_flight(900_000, 1);
         assert!(kinds(1_019_999, &t, &rules).is_empty(), "counted from when jobs went in flight again");
-        assert!(kinds(10_000_000, &t, &HealthConfig { delivery_stall_after_ms: 0, ..rules.clone() }).is_empty(), "0 turns the rule off");
+        assert!(
+            kinds(10_000_000, &t, &HealthConfig { delivery_stall_after_ms: 0, ..rules.clone() }).is_empty(),
+            "0 turns the rule off"
+        );
     }
 
     #[test]
@@ -368,7 +413,10 @@ mod tests {
         t.outbox_failing(2_000, Some("disk full".into()));
         t.outbox_failing(3_000, Some("disk still full".into()));
         let r = evaluate(14_000, &t.facts(true, 12_000), &rules());
-        assert_eq!(r[0].to_string(), "consumer idle for 12000 ms; why: outbox writes failing for 12000 ms: disk still full");
+        assert_eq!(
+            r[0].to_string(),
+            "consumer idle for 12000 ms; why: outbox writes failing for 12000 ms: disk still full"
+        );
         t.outbox_failing(15_000, None);
         assert!(evaluate(16_000, &t.facts(true, 0), &rules()).is_empty());
     }
@@ -382,7 +430,10 @@ mod tests {
         assert!(kinds(10_999, &t, &rules()).is_empty(), "up 9999 ms ago: not yet");
         t.kafka(11_000, down, []);
         let r = evaluate(11_000, &t.facts(true, 0), &rules());
-        assert_eq!(r.iter().map(ToString::to_string).collect::<Vec<_>>(), ["kafka unreachable: no broker up for 10000 ms (127.0.0.1:9092/1 CONNECT)"]);
+        assert_eq!(
+            r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["kafka unreachable: no broker up for 10000 ms (127.0.0.1:9092/1 CONNECT)"]
+        );
         t.kafka(12_000, up(), []);
         assert!(kinds(12_000, &t, &rules()).is_empty());
     }
@@ -390,10 +441,15 @@ mod tests {
     #[test]
     fn kafka_never_reached_counts_from_the_start_and_no_statistics_is_not_down() {
         let t = Tracker::new(&[CH.to_string()], 60_000);
-        assert!(!kinds(20_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() }).iter().any(|k| k.0 == "kafka_unreachable"));
+        assert!(!kinds(20_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() })
+            .iter()
+            .any(|k| k.0 == "kafka_unreachable"));
         let mut t = t;
         t.kafka(10_000, BrokerSample { up: 0, down: vec!["b DOWN".into()] }, []);
-        assert_eq!(kinds(10_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() }), [("kafka_unreachable", String::new())]);
+        assert_eq!(
+            kinds(10_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() }),
+            [("kafka_unreachable", String::new())]
+        );
     }
 
     #[test]
@@ -424,7 +480,10 @@ mod tests {
         t.sample(2_000, &reads(10, 5));
         assert!(kinds(61_999, &t, &rules()).is_empty(), "lag for 59999 ms");
         let r = evaluate(62_000, &t.facts(true, 0), &rules());
-        assert_eq!(r.iter().map(ToString::to_string).collect::<Vec<_>>(), ["topic charge.upserted stalled: lag 5 records, no progress for 60000 ms"]);
+        assert_eq!(
+            r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["topic charge.upserted stalled: lag 5 records, no progress for 60000 ms"]
+        );
         // One record read: progress, the clock restarts.
         t.kafka(63_000, up(), [(part(CH, 0), offsets(15, 11))]);
         t.sample(63_000, &reads(11, 5));
@@ -456,7 +515,16 @@ mod tests {
         t.paused(&part(CH, 0), PauseCause::new(false, false, Some(&bound)));
         t.paused(&part(CH, 1), PauseCause::new(false, false, Some(&bound)));
         // librdkafka's end is stale for a paused partition; the probe knows more.
-        t.kafka(2_000, up(), [(part(CH, 0), offsets(4, 4)), (part(CH, 1), offsets(3, 2)), (part(CH, 2), offsets(6, 6)), (part(DV, 0), offsets(5, 5))]);
+        t.kafka(
+            2_000,
+            up(),
+            [
+                (part(CH, 0), offsets(4, 4)),
+                (part(CH, 1), offsets(3, 2)),
+                (part(CH, 2), offsets(6, 6)),
+                (part(DV, 0), offsets(5, 5)),
+            ],
+        );
         t.probed(part(CH, 0), 9);
         t.probed(part(CH, 2), 100); // not paused: ignored
         t.sample(2_000, &reads(12, 5));
@@ -518,7 +586,10 @@ mod tests {
         assert!((f.topics[CH].rate_per_s - 1.0).abs() < 1e-9, "{}", f.topics[CH].rate_per_s);
         assert!(kinds(61_000, &t, &r).is_empty(), "lag for less than a window");
         let reasons = evaluate(62_000, &f, &r);
-        assert_eq!(reasons.iter().map(ToString::to_string).collect::<Vec<_>>(), ["topic charge.upserted slow: lag 939 records, 1.00 records/s over the last 60 s, expected at least 2/s"]);
+        assert_eq!(
+            reasons.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["topic charge.upserted slow: lag 939 records, 1.00 records/s over the last 60 s, expected at least 2/s"]
+        );
         // Faster: 3/s for a window clears it.
         for s in 63..=123u64 {
             read += 3;
@@ -549,7 +620,10 @@ mod tests {
         let mut t = healthy(); // device.upserted last read at 1 s
         assert!(kinds(30_999, &t, &r).is_empty());
         let reasons = evaluate(31_000, &t.facts(true, 0), &r);
-        assert_eq!(reasons.iter().map(ToString::to_string).collect::<Vec<_>>(), ["topic device.upserted quiet: no record for 30000 ms, expected one within 30000 ms"]);
+        assert_eq!(
+            reasons.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["topic device.upserted quiet: no record for 30000 ms, expected one within 30000 ms"]
+        );
         assert!(kinds(1_000_000, &t, &rules()).is_empty(), "off by default");
         // A record arrives (its end offset grows) before it is read: no longer quiet.
         t.kafka(32_000, up(), [(part(DV, 0), offsets(6, 5))]);
@@ -576,12 +650,20 @@ mod tests {
             t.sample(s * 1_000, &[(CH.to_string(), if s <= 20 { s * 10 } else { 200 })].into());
         }
         let f = t.facts(true, 0);
-        assert_eq!((f.topics[CH].rate_per_s, f.topics[CH].rate_span_ms), (0.0, 10_000), "nothing read in the last 10 s");
+        assert_eq!(
+            (f.topics[CH].rate_per_s, f.topics[CH].rate_span_ms),
+            (0.0, 10_000),
+            "nothing read in the last 10 s"
+        );
         let mut t = Tracker::new(&[CH.to_string()], 10_000);
         t.sample(0, &[(CH.to_string(), 0)].into());
         t.sample(4_000, &[(CH.to_string(), 20)].into());
         let f = t.facts(true, 0);
-        assert_eq!((f.topics[CH].rate_per_s, f.topics[CH].rate_span_ms), (5.0, 4_000), "a partial window just after the start");
+        assert_eq!(
+            (f.topics[CH].rate_per_s, f.topics[CH].rate_span_ms),
+            (5.0, 4_000),
+            "a partial window just after the start"
+        );
     }
 
     #[test]
@@ -590,7 +672,14 @@ mod tests {
         let p: rdkafka::statistics::Partition = serde_json::from_str(json).unwrap();
         let o = PartitionOffsets::from_statistics(&p);
         assert_eq!((o.end, o.position, o.lag()), (Some(18), Some(7), Some(11)));
-        let fresh = rdkafka::statistics::Partition { stored_offset: -1001, committed_offset: -1001, lo_offset: 3, ls_offset: -1001, hi_offset: 9, ..p.clone() };
+        let fresh = rdkafka::statistics::Partition {
+            stored_offset: -1001,
+            committed_offset: -1001,
+            lo_offset: 3,
+            ls_offset: -1001,
+            hi_offset: 9,
+            ..p.clone()
+        };
         let o = PartitionOffsets::from_statistics(&fresh);
         assert_eq!((o.end, o.position, o.lag()), (Some(9), Some(3), Some(6)), "never committed: from the log start");
         let unknown = rdkafka::statistics::Partition { hi_offset: -1001, ls_offset: -1001, ..p };
@@ -611,4 +700,3 @@ mod tests {
         assert_eq!((s.len(), c.len()), (0, 1));
     }
 }
-

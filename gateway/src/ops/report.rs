@@ -67,7 +67,8 @@ pub fn report(stats: &Stats, monitor: &Monitor) -> (StatsReport, Vec<Reason>) {
         .topics
         .iter()
         .map(|(name, t)| {
-            let alarms: Vec<String> = reasons.iter().filter(|r| r.topic() == Some(name.as_str())).map(|r| r.kind().to_string()).collect();
+            let alarms: Vec<String> =
+                reasons.iter().filter(|r| r.topic() == Some(name.as_str())).map(|r| r.kind().to_string()).collect();
             let topic = TopicStats {
                 records_read: s.events_read.get(name).copied().unwrap_or(0),
                 rate_per_s: t.rate_per_s,

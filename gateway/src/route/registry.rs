@@ -33,7 +33,11 @@ impl Registry {
         }
         let removed = device.is_none();
         self.devices.insert(id.to_string(), (cluster_time, device));
-        if removed { Applied::Removed } else { Applied::Upserted }
+        if removed {
+            Applied::Removed
+        } else {
+            Applied::Upserted
+        }
     }
 
     /// The device with this id, if registered and not deleted.

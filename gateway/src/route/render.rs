@@ -8,11 +8,11 @@
 //! or printed; that effect becomes a dead letter with the validator's reason. Effects that
 //! need no payload (the "paid" and "expired" screens) still go out.
 
-use cdc::{Charge, DeviceKind};
 use crate::config::TtlConfig;
 use crate::model::DeadLetterReason;
-use chrono::{DateTime, Utc};
 use crate::route::router::PlannedEffect;
+use cdc::{Charge, DeviceKind};
+use chrono::{DateTime, Utc};
 use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN, VERSION};
 use device_protocol::{message_id, EffectKind, Job, ScreenContent, ScreenKind};
 use render::brcode::{self, StaticPix};
@@ -94,7 +94,12 @@ pub fn pix_payload(charge: &Charge) -> Result<String, RenderError> {
 ///
 /// # Errors
 /// See [`RenderError`].
-pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, default_tz: &str) -> Result<Job, RenderError> {
+pub fn render_job(
+    event_id: &str,
+    charge: &Charge,
+    effect: &PlannedEffect,
+    default_tz: &str,
+) -> Result<Job, RenderError> {
     let device = &effect.device;
     let tz_name = device.time_zone.clone().unwrap_or_else(|| default_tz.to_string());
     let tz: chrono_tz::Tz = tz_name.parse().unwrap_or(chrono_tz::America::Sao_Paulo);
@@ -120,7 +125,10 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
             };
             (CONTENT_SCREEN, serde_json::to_vec(&content).expect("screen content serialises"))
         }
-        (DeviceKind::Printer { paper_width_mm, code_page, native_qr, .. }, kind @ (EffectKind::PrintReceipt | EffectKind::DisplayQr | EffectKind::ChargeExpired)) => {
+        (
+            DeviceKind::Printer { paper_width_mm, code_page, native_qr, .. },
+            kind @ (EffectKind::PrintReceipt | EffectKind::DisplayQr | EffectKind::ChargeExpired),
+        ) => {
             // On a printer, `display_qr` is the pay-with-Pix slip and `charge_expired` the
             // expiry notice (router: `printer.printPixSlip`); the notice never carries a QR,
             // so it goes out even when the payload is invalid, like the card machine's screen.
@@ -128,7 +136,9 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
                 // A paid receipt carries no payable QR (a second payment must not be invited):
                 // it needs no payload, so a bad `brCode` does not hold back a receipt.
                 EffectKind::PrintReceipt => (ReceiptKind::Paid, None),
-                EffectKind::DisplayQr => (ReceiptKind::PayWithPix { expires_at: charge.expires_at }, Some(pix_payload(charge)?)),
+                EffectKind::DisplayQr => {
+                    (ReceiptKind::PayWithPix { expires_at: charge.expires_at }, Some(pix_payload(charge)?))
+                }
                 _ => (ReceiptKind::Expired { expired_at: charge.expires_at }, None),
             };
             let receipt = Receipt {
@@ -149,7 +159,9 @@ pub fn render_job(event_id: &str, charge: &Charge, effect: &PlannedEffect, defau
             };
             // The model decides the `ESC t` number of the code page (vendors differ) and
             // whether `GS ( k` is trusted; a page the model lacks is an error, not a wrong table.
-            let setup = PrinterProfile { paper_width_mm: *paper_width_mm, code_page: *code_page, native_qr: *native_qr }.on_model(&device.model);
+            let setup =
+                PrinterProfile { paper_width_mm: *paper_width_mm, code_page: *code_page, native_qr: *native_qr }
+                    .on_model(&device.model);
             (CONTENT_ESCPOS, render_receipt_for(&receipt, &setup).map_err(|e| RenderError::Receipt(e.to_string()))?)
         }
         (DeviceKind::Printer { .. }, _) => return Err(wrong("printer")),
@@ -245,19 +257,31 @@ mod tests {
     /// `payment_confirmed` is not a printer job.
     #[test]
     fn printers_get_the_slip_and_the_notice_as_escpos() {
-        let charge = charges("charges.jsonl").into_iter().find(|c| c.status == cdc::ChargeStatus::Active && c.transaction_id.is_some()).unwrap();
+        let charge = charges("charges.jsonl")
+            .into_iter()
+            .find(|c| c.status == cdc::ChargeStatus::Active && c.transaction_id.is_some())
+            .unwrap();
         let payload = pix_payload(&charge).unwrap();
         let has = |b: &[u8], w: &[u8]| b.windows(w.len()).any(|x| x == w);
         for device in documents("devices.jsonl", cdc::decode_device) {
             let cdc::DeviceKind::Printer { .. } = device.kind else { continue };
-            let job = |kind| render_job("ev", &charge, &PlannedEffect { kind, device: device.clone() }, "America/Sao_Paulo");
+            let job =
+                |kind| render_job("ev", &charge, &PlannedEffect { kind, device: device.clone() }, "America/Sao_Paulo");
             let slip = job(EffectKind::DisplayQr).unwrap();
             assert_eq!((slip.kind, slip.content_type.as_str()), (EffectKind::DisplayQr, CONTENT_ESCPOS));
             let bytes = slip.payload_bytes().unwrap();
             assert!(has(&bytes, payload.as_bytes()) || has(&bytes, &[0x1D, 0x76, 0x30]), "{}: no QR", device.id);
             let notice = job(EffectKind::ChargeExpired).unwrap().payload_bytes().unwrap();
-            assert!(!has(&notice, &[0x1D, 0x28, 0x6B]) && !has(&notice, &[0x1D, 0x76, 0x30]), "{}: QR on a notice", device.id);
-            assert!(has(&notice, charge.transaction_id.as_ref().unwrap().as_bytes()), "{}: notice without txid", device.id);
+            assert!(
+                !has(&notice, &[0x1D, 0x28, 0x6B]) && !has(&notice, &[0x1D, 0x76, 0x30]),
+                "{}: QR on a notice",
+                device.id
+            );
+            assert!(
+                has(&notice, charge.transaction_id.as_ref().unwrap().as_bytes()),
+                "{}: notice without txid",
+                device.id
+            );
             assert!(matches!(job(EffectKind::PaymentConfirmed), Err(RenderError::WrongDevice { .. })));
         }
     }
@@ -268,15 +292,28 @@ mod tests {
         let mut charge = charges("charges.jsonl").into_iter().find(|c| c.expires_at.is_some()).unwrap();
         let now: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().unwrap();
         assert_eq!(expires_at(EffectKind::DisplayQr, &charge, now, &ttl), charge.expires_at.unwrap());
-        assert_eq!(expires_at(EffectKind::PaymentConfirmed, &charge, now, &ttl), "2026-11-30T10:10:00Z".parse::<DateTime<Utc>>().unwrap());
-        assert_eq!(expires_at(EffectKind::PrintReceipt, &charge, now, &ttl), "2026-12-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap());
+        assert_eq!(
+            expires_at(EffectKind::PaymentConfirmed, &charge, now, &ttl),
+            "2026-11-30T10:10:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
+        assert_eq!(
+            expires_at(EffectKind::PrintReceipt, &charge, now, &ttl),
+            "2026-12-01T10:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
         charge.expires_at = None;
-        assert_eq!(expires_at(EffectKind::DisplayQr, &charge, now, &ttl), "2026-11-30T11:00:00Z".parse::<DateTime<Utc>>().unwrap());
+        assert_eq!(
+            expires_at(EffectKind::DisplayQr, &charge, now, &ttl),
+            "2026-11-30T11:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
     }
 
     #[test]
     fn bad_brcodes_in_edge_cases_are_refused_with_a_reason() {
-        let bad: Vec<RenderError> = charges("edge-cases.jsonl").iter().filter(|c| c.brcode.is_some()).map(|c| pix_payload(c).unwrap_err()).collect();
+        let bad: Vec<RenderError> = charges("edge-cases.jsonl")
+            .iter()
+            .filter(|c| c.brcode.is_some())
+            .map(|c| pix_payload(c).unwrap_err())
+            .collect();
         assert_eq!(bad.len(), 2);
         assert!(bad.iter().all(|e| e.reason() == DeadLetterReason::InvalidBrcode), "{bad:?}");
         let text: Vec<String> = bad.iter().map(ToString::to_string).collect();

@@ -19,10 +19,10 @@
 //! has a redelivered `eventId`. Nothing is dropped silently: every event ends as effects,
 //! an ignore reason, or a dead-letter reason, each counted.
 
-use cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
 use crate::model::{DeadLetterReason, IgnoreReason};
 use crate::route::registry::Registry;
 use crate::store::Outbox;
+use cdc::{self, Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
 use device_protocol::EffectKind;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -90,7 +90,6 @@ impl ChargeCache {
     }
 }
 
-
 /// Routing state: the last applied version and status of each charge (recent ones in
 /// memory, all of them in the outbox), and recently applied event ids.
 pub struct Router {
@@ -120,7 +119,14 @@ impl Router {
     /// A router that remembers up to `seen_capacity` event ids (oldest forgotten first;
     /// the `__v` check still stops an old redelivery after that).
     pub fn new(seen_capacity: usize) -> Router {
-        Router { charges: ChargeCache::new(usize::MAX), store: None, applied: None, seen: HashSet::new(), seen_order: VecDeque::new(), seen_capacity }
+        Router {
+            charges: ChargeCache::new(usize::MAX),
+            store: None,
+            applied: None,
+            seen: HashSet::new(),
+            seen_order: VecDeque::new(),
+            seen_capacity,
+        }
     }
 
     /// A router that keeps the states of the last `cache` charges or so in memory and reads
@@ -159,7 +165,13 @@ impl Router {
     /// [`Router::route_charge`] for an event already decoded: its `eventId`, operation
     /// and `fullDocument` as a charge (`None` without a document), as
     /// [`cdc::charge_record::decode_charge_record`] gives them (the consumer's path).
-    pub fn route_decoded(&mut self, event_id: &str, operation: Operation, charge: Option<Result<Charge, cdc::DecodeError>>, registry: &Registry) -> Decision {
+    pub fn route_decoded(
+        &mut self,
+        event_id: &str,
+        operation: Operation,
+        charge: Option<Result<Charge, cdc::DecodeError>>,
+        registry: &Registry,
+    ) -> Decision {
         self.applied = None;
         if self.seen.contains(event_id) {
             return Decision::Ignored(IgnoreReason::DuplicateEvent);
@@ -170,13 +182,20 @@ impl Router {
         let charge = match charge {
             None => return Decision::Ignored(IgnoreReason::DocumentDeletedBeforeLookup),
             Some(Ok(c)) => c,
-            Some(Err(e)) => return Decision::DeadLetter { reason: DeadLetterReason::of_decode(&e), detail: e.to_string() },
+            Some(Err(e)) => {
+                return Decision::DeadLetter { reason: DeadLetterReason::of_decode(&e), detail: e.to_string() }
+            }
         };
         let previous = match self.previous(&charge.id) {
             Ok(p) => p,
             // Without the charge's state the event could undo a later one (a QR after "paid"):
             // it is not applied, and the dead letter says why.
-            Err(e) => return Decision::DeadLetter { reason: DeadLetterReason::ChargeStateUnreadable, detail: format!("charge {}: {e}", charge.id) },
+            Err(e) => {
+                return Decision::DeadLetter {
+                    reason: DeadLetterReason::ChargeStateUnreadable,
+                    detail: format!("charge {}: {e}", charge.id),
+                }
+            }
         };
         if let Some((v, _)) = previous {
             if charge.version <= v {
@@ -213,7 +232,10 @@ fn plan(charge: &Charge, previous: Option<ChargeStatus>, registry: &Registry) ->
         Some(id) => match registry.get(id) {
             None => return dead(DeadLetterReason::UnknownTerminal, format!("terminal {id} is not in the registry")),
             Some(d) if d.company != charge.company => {
-                return dead(DeadLetterReason::TerminalOfAnotherCompany, format!("terminal {id} belongs to company {}", d.company))
+                return dead(
+                    DeadLetterReason::TerminalOfAnotherCompany,
+                    format!("terminal {id} belongs to company {}", d.company),
+                )
             }
             Some(d) if !matches!(d.kind, DeviceKind::Terminal { .. }) => {
                 return dead(DeadLetterReason::TerminalIsNotACardMachine, format!("device {id} is a printer"))
@@ -356,7 +378,11 @@ mod tests {
         for (charge, effects) in &flagged {
             let (on_printers, rest): (Vec<_>, Vec<_>) =
                 effects.iter().cloned().partition(|(d, k)| is_printer(&reg, d) && k != "print_receipt");
-            assert_eq!(&rest, plain.get(charge).unwrap_or(&vec![]), "{charge}: the extension changed a contract effect");
+            assert_eq!(
+                &rest,
+                plain.get(charge).unwrap_or(&vec![]),
+                "{charge}: the extension changed a contract effect"
+            );
             let receipt_printer = effects.iter().find(|(_, k)| k == "print_receipt").map(|(d, _)| d);
             for (i, (device, kind)) in effects.iter().enumerate() {
                 if !is_printer(&reg, device) || kind == "print_receipt" {
@@ -401,20 +427,32 @@ mod tests {
         };
         let terminal = "7f80e222f828767efc2f9162".to_string();
         assert_eq!(kinds(&load_registry()), [(terminal.clone(), EffectKind::DisplayQr)]);
-        assert_eq!(kinds(&load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")), [(terminal.clone(), EffectKind::DisplayQr)]);
+        assert_eq!(
+            kinds(&load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")),
+            [(terminal.clone(), EffectKind::DisplayQr)]
+        );
         assert_eq!(
             kinds(&load_registry_flagging(|id| id == "8baa7196b50ac2f86702824c")),
-            [(terminal.clone(), EffectKind::DisplayQr), ("8baa7196b50ac2f86702824c".to_string(), EffectKind::DisplayQr)]
+            [
+                (terminal.clone(), EffectKind::DisplayQr),
+                ("8baa7196b50ac2f86702824c".to_string(), EffectKind::DisplayQr)
+            ]
         );
 
         // The same charge without its terminal: the company default printer, if flagged.
         let mut doc = env.full_document.clone().unwrap();
         doc.as_object_mut().unwrap().remove("terminal");
         let bare = Envelope { full_document: Some(doc), ..env.clone() };
-        assert_eq!(Router::default().route_charge(&bare, &load_registry()), Decision::Ignored(IgnoreReason::NoDeviceConcerned));
+        assert_eq!(
+            Router::default().route_charge(&bare, &load_registry()),
+            Decision::Ignored(IgnoreReason::NoDeviceConcerned)
+        );
         match Router::default().route_charge(&bare, &load_registry_flagging(|id| id == "c967a64cb14028d512c9791e")) {
             Decision::Effects { effects, .. } => {
-                assert_eq!(effects.iter().map(|e| (e.device.id.as_str(), e.kind)).collect::<Vec<_>>(), [("c967a64cb14028d512c9791e", EffectKind::DisplayQr)])
+                assert_eq!(
+                    effects.iter().map(|e| (e.device.id.as_str(), e.kind)).collect::<Vec<_>>(),
+                    [("c967a64cb14028d512c9791e", EffectKind::DisplayQr)]
+                )
             }
             d => panic!("{d:?}"),
         }
@@ -437,7 +475,10 @@ mod tests {
         let mut doc = cdc::decode_envelope(bytes).unwrap().full_document.unwrap();
         for (v, want) in [(Value::Bool(true), true), (Value::Bool(false), false), (Value::Null, false)] {
             doc["printer"]["nativeQr"] = v.clone();
-            assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { native_qr, .. } if native_qr == want), "{v}");
+            assert!(
+                matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { native_qr, .. } if native_qr == want),
+                "{v}"
+            );
         }
         doc["printer"].as_object_mut().unwrap().remove("nativeQr");
         assert!(matches!(cdc::decode_device(&doc).unwrap().kind, DeviceKind::Printer { native_qr: false, .. }));
@@ -458,7 +499,8 @@ mod tests {
         let (mut decided, mut read_back) = (0, 0);
         for (_, bytes) in fixture("charges.jsonl").into_iter().chain(fixture("edge-cases.jsonl")) {
             let Ok(env) = cdc::decode_envelope(&bytes) else { continue };
-            let in_memory = cdc::decode_charge(env.full_document.as_ref().unwrap_or(&Value::Null)).map(|c| bounded.charges.get(&c.id).is_some());
+            let in_memory = cdc::decode_charge(env.full_document.as_ref().unwrap_or(&Value::Null))
+                .map(|c| bounded.charges.get(&c.id).is_some());
             if in_memory == Ok(false) && outbox.charge(&env.document_id).unwrap().is_some() {
                 read_back += 1;
             }
@@ -467,7 +509,10 @@ mod tests {
             if let Some((id, version, status)) = bounded.take_applied() {
                 outbox.accept(Some((&id, crate::store::ChargeState { version, status })), vec![], &src, 1).unwrap();
             }
-            assert!(bounded.charges.current.len() + bounded.charges.previous.len() <= 4, "memory holds at most 4 states");
+            assert!(
+                bounded.charges.current.len() + bounded.charges.previous.len() <= 4,
+                "memory holds at most 4 states"
+            );
         }
         assert!(decided > 20 && read_back > 0, "{decided} events, {read_back} states read back from the outbox");
     }
@@ -490,7 +535,9 @@ mod tests {
                 d => panic!("unexpected {d:?}"),
             }
         }
-        let expected: Value = serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap()).unwrap();
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(crate::test_fixtures::path("expected.json")).unwrap())
+                .unwrap();
         let expected: BTreeMap<String, Vec<(String, String)>> = expected
             .as_object()
             .unwrap()

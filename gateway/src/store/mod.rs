@@ -3,4 +3,6 @@
 
 pub mod outbox;
 
-pub use outbox::{Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written};
+pub use outbox::{
+    Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written,
+};

@@ -31,8 +31,8 @@
 //! dead-letter id).
 
 use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
-use cdc::ChargeStatus;
 use bytes::Bytes;
+use cdc::ChargeStatus;
 use device_protocol::Job;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -95,7 +95,14 @@ macro_rules! from_redb {
         }
     )*};
 }
-from_redb!(redb::DatabaseError, redb::TransactionError, redb::TableError, redb::StorageError, redb::CommitError, redb::SetDurabilityError);
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
 
 /// `?` with any of the errors an [`OutboxError`] keeps as its source.
 fn err(e: impl Into<OutboxError>) -> OutboxError {
@@ -114,7 +121,9 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
     let mut row = vec![0u8; 4];
     serde_json::to_writer(&mut row, source).map_err(err)?;
     let at = row.len();
-    row[..4].copy_from_slice(&u32::try_from(at - 4).map_err(|_| OutboxError::Format("a job's source over 4 GiB"))?.to_le_bytes());
+    row[..4].copy_from_slice(
+        &u32::try_from(at - 4).map_err(|_| OutboxError::Format("a job's source over 4 GiB"))?.to_le_bytes(),
+    );
     job.write_json(&mut row);
     Ok((row, at))
 }
@@ -122,7 +131,9 @@ fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxE
 /// The source's JSON and the job's wire bytes of a `jobs` row ([`encode_row`]).
 fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
     // A row of the earlier format (the whole stored job as JSON) lands here too.
-    let bad = || OutboxError::Format("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?");
+    let bad = || {
+        OutboxError::Format("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?")
+    };
     let len = u32::from_le_bytes(row.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
     let source = row.get(4..4 + len).ok_or_else(bad)?;
     Ok((source, &row[4 + len..]))
@@ -131,7 +142,11 @@ fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
 /// The [`StoredJob`] of `device`'s `jobs` row.
 fn decode_row(device: &str, row: &[u8]) -> Result<StoredJob, OutboxError> {
     let (source, wire) = split_row(row)?;
-    Ok(StoredJob { device: device.to_string(), source: serde_json::from_slice(source).map_err(err)?, job: serde_json::from_slice(wire).map_err(err)? })
+    Ok(StoredJob {
+        device: device.to_string(),
+        source: serde_json::from_slice(source).map_err(err)?,
+        job: serde_json::from_slice(wire).map_err(err)?,
+    })
 }
 
 /// A dead letter kept in the outbox: parked until Kafka has it, then listed (for
@@ -237,7 +252,15 @@ fn park(
     let id = meta.get(LAST_DEADLETTER_ID).map_err(err)?.map_or(0, |v| v.value()) + 1;
     meta.insert(LAST_DEADLETTER_ID, id).map_err(err)?;
     dl.id = Some(id);
-    let parked = ParkedDeadLetter { id, parked_at_ms: now_ms, published_at_ms: None, replayed_at_ms: None, dead_letter: dl, job, which };
+    let parked = ParkedDeadLetter {
+        id,
+        parked_at_ms: now_ms,
+        published_at_ms: None,
+        replayed_at_ms: None,
+        dead_letter: dl,
+        job,
+        which,
+    };
     let bytes = serde_json::to_vec(&parked).map_err(err)?;
     dls.insert(id, bytes.as_slice()).map_err(err)?;
     parked_ids.insert(id, ()).map_err(err)?;
@@ -268,7 +291,6 @@ fn status_from(c: u8) -> ChargeStatus {
         _ => ChargeStatus::Active,
     }
 }
-
 
 /// The outbox database.
 pub struct Outbox {
@@ -356,7 +378,12 @@ impl Outbox {
                     };
                     devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
                 }
-                let source = a.source.clone().unwrap_or_else(|| SourceRef { topic: String::new(), partition: -1, offset: -1, key: None });
+                let source = a.source.clone().unwrap_or_else(|| SourceRef {
+                    topic: String::new(),
+                    partition: -1,
+                    offset: -1,
+                    key: None,
+                });
                 let mut queued = Vec::new();
                 for (device, job) in &mut a.jobs {
                     if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
@@ -384,7 +411,8 @@ impl Outbox {
                         if by_source.get(key).map_err(err)?.is_some() {
                             continue; // parked when this record was read before
                         }
-                        let id = park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
+                        let id =
+                            park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
                         by_source.insert(key, id).map_err(err)?;
                         parked.push(id);
                     }
@@ -402,8 +430,19 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
     #[cfg(test)]
-    pub(crate) fn accept(&self, charge: Option<(&str, ChargeState)>, jobs: Vec<(String, Job)>, source: &SourceRef, now_ms: u64) -> Result<Vec<Queued>, OutboxError> {
-        let a = Accept { charge: charge.map(|(id, st)| (id.to_string(), st)), jobs, source: Some(source.clone()), ..Accept::default() };
+    pub(crate) fn accept(
+        &self,
+        charge: Option<(&str, ChargeState)>,
+        jobs: Vec<(String, Job)>,
+        source: &SourceRef,
+        now_ms: u64,
+    ) -> Result<Vec<Queued>, OutboxError> {
+        let a = Accept {
+            charge: charge.map(|(id, st)| (id.to_string(), st)),
+            jobs,
+            source: Some(source.clone()),
+            ..Accept::default()
+        };
         Ok(self.write(&mut [a], &[], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
     }
 
@@ -517,28 +556,45 @@ impl Outbox {
     /// # Errors
     /// [`ReplayError`]: unknown id, a record-level dead letter (no job: fix the source and
     /// produce it again), already replayed, or the disk.
-    pub fn replay(&self, id: u64, now_ms: u64, ttl_of: impl Fn(device_protocol::EffectKind) -> chrono::Duration) -> Result<StoredJob, ReplayError> {
+    pub fn replay(
+        &self,
+        id: u64,
+        now_ms: u64,
+        ttl_of: impl Fn(device_protocol::EffectKind) -> chrono::Duration,
+    ) -> Result<StoredJob, ReplayError> {
         let mut tx = self.db.begin_write().map_err(|e| ReplayError::Outbox(err(e)))?;
         tx.set_durability(Durability::Immediate).map_err(|e| ReplayError::Outbox(err(e)))?;
         let queued = {
             let mut dls = tx.open_table(DEADLETTERS).map_err(|e| ReplayError::Outbox(err(e)))?;
-            let bytes = dls.get(id).map_err(|e| ReplayError::Outbox(err(e)))?.map(|v| v.value().to_vec()).ok_or(ReplayError::NotFound(id))?;
-            let mut parked: ParkedDeadLetter = serde_json::from_slice(&bytes).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let bytes = dls
+                .get(id)
+                .map_err(|e| ReplayError::Outbox(err(e)))?
+                .map(|v| v.value().to_vec())
+                .ok_or(ReplayError::NotFound(id))?;
+            let mut parked: ParkedDeadLetter =
+                serde_json::from_slice(&bytes).map_err(|e| ReplayError::Outbox(err(e)))?;
             if parked.replayed_at_ms.is_some() {
                 return Err(ReplayError::AlreadyReplayed(id));
             }
-            let Some(mut stored) = parked.job.clone() else { return Err(ReplayError::NoJob { id, reason: parked.dead_letter.reason.clone() }) };
+            let Some(mut stored) = parked.job.clone() else {
+                return Err(ReplayError::NoJob { id, reason: parked.dead_letter.reason.clone() });
+            };
             let mut seq = tx.open_table(SEQ).map_err(|e| ReplayError::Outbox(err(e)))?;
-            let next = seq.get(stored.device.as_str()).map_err(|e| ReplayError::Outbox(err(e)))?.map_or(0, |v| v.value()) + 1;
+            let next =
+                seq.get(stored.device.as_str()).map_err(|e| ReplayError::Outbox(err(e)))?.map_or(0, |v| v.value()) + 1;
             seq.insert(stored.device.as_str(), next).map_err(|e| ReplayError::Outbox(err(e)))?;
             stored.job.seq = next;
             // A QR stays bound to its charge's expiry (a replay never shows a QR that can no
             // longer be paid); other kinds live their time to live again from the replay.
             if stored.job.kind != device_protocol::EffectKind::DisplayQr {
-                stored.job.expires_at = chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
+                stored.job.expires_at =
+                    chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
             }
             let (row, _) = encode_row(&stored.source, &stored.job)?;
-            tx.open_table(JOBS).map_err(|e| ReplayError::Outbox(err(e)))?.insert((stored.device.as_str(), next), row.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
+            tx.open_table(JOBS)
+                .map_err(|e| ReplayError::Outbox(err(e)))?
+                .insert((stored.device.as_str(), next), row.as_slice())
+                .map_err(|e| ReplayError::Outbox(err(e)))?;
             parked.replayed_at_ms = Some(now_ms);
             let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
             dls.insert(id, bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;
@@ -569,7 +625,10 @@ impl Outbox {
                 let Ok(d) = serde_json::from_slice::<ParkedDeadLetter>(v.value()) else { continue };
                 if d.published_at_ms.is_some() && d.parked_at_ms < cutoff_ms {
                     let dl = d.dead_letter;
-                    old.push((id.value(), d.which.map(|w| (dl.source_topic, dl.source_partition, dl.source_offset, w))));
+                    old.push((
+                        id.value(),
+                        d.which.map(|w| (dl.source_topic, dl.source_partition, dl.source_offset, w)),
+                    ));
                 }
             }
             old
@@ -730,7 +789,12 @@ impl Outbox {
     /// Runs `remove` on `keys`, [`PRUNE_CHUNK`] at a time, each chunk in its own write
     /// transaction committed with `durability`, pausing between them ([`let_writers_in`]):
     /// how the prunes remove what they found without holding the outbox writer.
-    fn remove_in_chunks<K>(&self, keys: &[K], durability: Durability, remove: impl Fn(&redb::WriteTransaction, &[K]) -> Result<(), OutboxError>) -> Result<(), OutboxError> {
+    fn remove_in_chunks<K>(
+        &self,
+        keys: &[K],
+        durability: Durability,
+        remove: impl Fn(&redb::WriteTransaction, &[K]) -> Result<(), OutboxError>,
+    ) -> Result<(), OutboxError> {
         for chunk in keys.chunks(PRUNE_CHUNK) {
             let mut tx = self.db.begin_write().map_err(err)?;
             tx.set_durability(durability).map_err(err)?;
@@ -783,21 +847,37 @@ mod tests {
         {
             let o = Outbox::open(&path).unwrap();
             let st = ChargeState { version: 3, status: ChargeStatus::Completed };
-            let q = o.accept(Some(("c", st)), vec![("p".into(), job("a")), ("p".into(), job("b")), ("t".into(), job("x"))], &src(1), 1000).unwrap();
-            assert_eq!(q.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq)).collect::<Vec<_>>(), [("p", 1), ("p", 2), ("t", 1)]);
+            let q = o
+                .accept(
+                    Some(("c", st)),
+                    vec![("p".into(), job("a")), ("p".into(), job("b")), ("t".into(), job("x"))],
+                    &src(1),
+                    1000,
+                )
+                .unwrap();
+            assert_eq!(
+                q.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq)).collect::<Vec<_>>(),
+                [("p", 1), ("p", 2), ("t", 1)]
+            );
             // The same record read again after a crash: nothing new is queued.
             assert!(o.accept(None, vec![("p".into(), job("a"))], &src(1), 2000).unwrap().is_empty());
             o.complete("p", 1, true).unwrap();
         }
         let o = Outbox::open(&path).unwrap();
         let pending = o.pending().unwrap();
-        assert_eq!(pending.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(), [("b", 2), ("x", 1)]);
+        assert_eq!(
+            pending.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(),
+            [("b", 2), ("x", 1)]
+        );
         assert_eq!(pending[0].source, src(1));
         assert_eq!(o.charge("c").unwrap(), Some(ChargeState { version: 3, status: ChargeStatus::Completed }));
         assert_eq!(o.charge("other").unwrap(), None);
         // Sequence numbers continue after a restart; a completed id stays deduped.
         let q = o.accept(None, vec![("p".into(), job("a")), ("p".into(), job("c"))], &src(2), 3000).unwrap();
-        assert_eq!(q.iter().map(|q| (q.stored.job.message_id.as_str(), q.stored.job.seq)).collect::<Vec<_>>(), [("c", 3)]);
+        assert_eq!(
+            q.iter().map(|q| (q.stored.job.message_id.as_str(), q.stored.job.seq)).collect::<Vec<_>>(),
+            [("c", 3)]
+        );
         // After the dedupe window, the id is forgotten.
         assert_eq!(o.prune_seen(2500).unwrap(), 3);
         assert_eq!(o.accept(None, vec![("p".into(), job("a"))], &src(3), 4000).unwrap().len(), 1);
@@ -808,13 +888,18 @@ mod tests {
     #[test]
     fn prune_seen_forgets_only_old_ids_across_chunks() {
         let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-prune");
-        let old: Vec<(String, Job)> = (0..PRUNE_CHUNK * 2 + 7).map(|i| ("p".to_string(), job(&format!("old{i}")))).collect();
+        let old: Vec<(String, Job)> =
+            (0..PRUNE_CHUNK * 2 + 7).map(|i| ("p".to_string(), job(&format!("old{i}")))).collect();
         let young: Vec<(String, Job)> = (0..10).map(|i| ("p".to_string(), job(&format!("young{i}")))).collect();
         assert_eq!(o.accept(None, old.clone(), &src(1), 1_000).unwrap().len(), old.len());
         assert_eq!(o.accept(None, young.clone(), &src(2), 5_000).unwrap().len(), young.len());
         assert_eq!(o.prune_seen(2_000).unwrap(), old.len());
         assert_eq!(o.prune_seen(2_000).unwrap(), 0, "nothing left to forget");
-        assert_eq!(o.accept(None, old.clone(), &src(3), 6_000).unwrap().len(), old.len(), "forgotten ids are new again");
+        assert_eq!(
+            o.accept(None, old.clone(), &src(3), 6_000).unwrap().len(),
+            old.len(),
+            "forgotten ids are new again"
+        );
         assert!(o.accept(None, young, &src(4), 6_000).unwrap().is_empty(), "ids inside the window stay deduped");
     }
 
@@ -824,7 +909,12 @@ mod tests {
     fn prune_seen_goes_by_event_time_then_acceptance() {
         let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-prune-time");
         let accept = |id: &str, event_secs: u64, now_ms: u64| {
-            let mut a = [Accept { jobs: vec![("p".into(), job(id))], source: Some(src(1)), event_time: (event_secs << 32) | 7, ..Accept::default() }];
+            let mut a = [Accept {
+                jobs: vec![("p".into(), job(id))],
+                source: Some(src(1)),
+                event_time: (event_secs << 32) | 7,
+                ..Accept::default()
+            }];
             o.write(&mut a, &[], now_ms).unwrap().pop().unwrap().0.len()
         };
         assert_eq!(accept("old", 10, 20_000), 1);
@@ -866,7 +956,15 @@ mod tests {
         let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-dl-once");
         let record = |offset: i64| {
             let dl = |device: &str| {
-                let mut d = DeadLetter::new(crate::model::DeadLetterReason::InvalidBrcode, "x".into(), "charge.upserted", 0, offset, Some(b"c"), b"{}");
+                let mut d = DeadLetter::new(
+                    crate::model::DeadLetterReason::InvalidBrcode,
+                    "x".into(),
+                    "charge.upserted",
+                    0,
+                    offset,
+                    Some(b"c"),
+                    b"{}",
+                );
                 d.device = Some(device.into());
                 d.effect = Some("display_qr".into());
                 d

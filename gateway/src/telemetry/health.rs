@@ -202,7 +202,10 @@ pub struct Tracker {
 impl Tracker {
     /// A tracker at time 0 for the `subscribed` topics, measuring rates over `window_ms`.
     pub fn new(subscribed: &[String], window_ms: u64) -> Tracker {
-        let topics = subscribed.iter().map(|t| (t.clone(), TopicTrack { unassigned_since: Some(0), ..TopicTrack::default() })).collect();
+        let topics = subscribed
+            .iter()
+            .map(|t| (t.clone(), TopicTrack { unassigned_since: Some(0), ..TopicTrack::default() }))
+            .collect();
         Tracker {
             window_ms: window_ms.max(1),
             assigned: BTreeSet::new(),
@@ -258,7 +261,12 @@ impl Tracker {
     }
 
     /// A statistics sample from librdkafka at `now`: broker states and offsets.
-    pub fn kafka(&mut self, now: u64, brokers: BrokerSample, parts: impl IntoIterator<Item = (Partition, PartitionOffsets)>) {
+    pub fn kafka(
+        &mut self,
+        now: u64,
+        brokers: BrokerSample,
+        parts: impl IntoIterator<Item = (Partition, PartitionOffsets)>,
+    ) {
         if brokers.up > 0 {
             self.last_broker_up = now;
         }
@@ -356,11 +364,18 @@ impl Tracker {
             .iter()
             .map(|(name, t)| {
                 let (rate_per_s, rate_span_ms) = match (t.reads.front(), t.reads.back()) {
-                    (Some(a), Some(b)) if b.0 > a.0 => ((b.1.saturating_sub(a.1)) as f64 * 1000.0 / (b.0 - a.0) as f64, b.0 - a.0),
+                    (Some(a), Some(b)) if b.0 > a.0 => {
+                        ((b.1.saturating_sub(a.1)) as f64 * 1000.0 / (b.0 - a.0) as f64, b.0 - a.0)
+                    }
                     _ => (0.0, 0),
                 };
                 // Lag as of now (librdkafka's latest statistics and probes), not the last sample.
-                let lag = self.assigned.iter().filter(|p| &p.0 == name).filter_map(|p| self.effective(p).lag()).fold(None, |sum: Option<u64>, l| Some(sum.unwrap_or(0) + l));
+                let lag = self
+                    .assigned
+                    .iter()
+                    .filter(|p| &p.0 == name)
+                    .filter_map(|p| self.effective(p).lag())
+                    .fold(None, |sum: Option<u64>, l| Some(sum.unwrap_or(0) + l));
                 let mut pause = PauseCause::default();
                 let mut paused = 0;
                 for (_, c) in self.pauses.iter().filter(|(p, _)| &p.0 == name && self.assigned.contains(*p)) {
@@ -416,7 +431,11 @@ impl Monitor {
     /// and `cfg.health` rules.
     pub fn new(cfg: &Config) -> Monitor {
         let topics = [cfg.kafka.device_topic.clone(), cfg.kafka.charge_topic.clone()];
-        Monitor { origin: Instant::now(), rules: cfg.health.clone(), tracker: Mutex::new(Tracker::new(&topics, cfg.health.rate_window_ms)) }
+        Monitor {
+            origin: Instant::now(),
+            rules: cfg.health.clone(),
+            tracker: Mutex::new(Tracker::new(&topics, cfg.health.rate_window_ms)),
+        }
     }
 
     /// Milliseconds since the monitor was created.
@@ -437,7 +456,10 @@ impl Monitor {
     pub fn kafka_statistics(&self, s: &Statistics) {
         let brokers = BrokerSample::from_statistics(s);
         let parts = s.topics.values().flat_map(|t| {
-            t.partitions.values().filter(|p| p.partition >= 0).map(move |p| ((t.topic.clone(), p.partition), PartitionOffsets::from_statistics(p)))
+            t.partitions
+                .values()
+                .filter(|p| p.partition >= 0)
+                .map(move |p| ((t.topic.clone(), p.partition), PartitionOffsets::from_statistics(p)))
         });
         let now = self.now_ms();
         self.with(|t| t.kafka(now, brokers, parts));
@@ -493,4 +515,3 @@ impl Monitor {
         self.with(|t| t.probed(part, end));
     }
 }
-

@@ -120,7 +120,10 @@ mod tests {
         assert_eq!(&cw[6..], &[0xEC, 0x11, 0xEC]);
         // Annex I: the same digits at 1-M, and the optimal segmentation picks numeric mode.
         let cw = data_codewords(b"01234567", &segment::optimal(b"01234567", 1), 1, Ec::M);
-        assert_eq!(cw, [0x10, 0x20, 0x0C, 0x56, 0x61, 0x80, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11]);
+        assert_eq!(
+            cw,
+            [0x10, 0x20, 0x0C, 0x56, 0x61, 0x80, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11, 0xEC, 0x11]
+        );
         // §7.4.4 example: "AC-42" in 1-x = 0010 000000101 00111001110 11100111001 000010.
         let seg = [Segment { mode: Mode::Alphanumeric, start: 0, end: 5 }];
         let cw = data_codewords(b"AC-42", &seg, 1, Ec::H);

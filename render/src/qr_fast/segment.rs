@@ -151,7 +151,11 @@ pub fn optimal(data: &[u8], version: u8) -> Vec<Segment> {
         let class = CLASS[b as usize];
         // Continue the open segment (byte mode holds every byte; INF + anything stays
         // far above every real cost and never overflows).
-        let mut cur = [if class & 1 != 0 { prev[0] + 20 } else { INF }, if class & 2 != 0 { prev[1] + 33 } else { INF }, prev[2] + 48];
+        let mut cur = [
+            if class & 1 != 0 { prev[0] + 20 } else { INF },
+            if class & 2 != 0 { prev[1] + 33 } else { INF },
+            prev[2] + 48,
+        ];
         let mut from = [0u8, 1, 2];
         // Or close it after this byte (whole bits) and open one of another mode.
         let closed = cur.map(|c| c.div_ceil(6) * 6);
@@ -224,7 +228,11 @@ mod tests {
         for (k, s) in segs.iter().enumerate() {
             assert_eq!(s.start, at);
             assert!(s.end > s.start);
-            assert!(data[s.start..s.end].iter().all(|&b| s.mode.holds(b)), "{s:?} on {:?}", String::from_utf8_lossy(data));
+            assert!(
+                data[s.start..s.end].iter().all(|&b| s.mode.holds(b)),
+                "{s:?} on {:?}",
+                String::from_utf8_lossy(data)
+            );
             if k > 0 {
                 assert_ne!(segs[k - 1].mode, s.mode);
             }
@@ -256,11 +264,17 @@ mod tests {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let len = (seed % 9) as usize;
-            let data: Vec<u8> = (0..len).map(|k| alphabet[((seed >> (5 + 3 * k)) % alphabet.len() as u64) as usize]).collect();
+            let data: Vec<u8> =
+                (0..len).map(|k| alphabet[((seed >> (5 + 3 * k)) % alphabet.len() as u64) as usize]).collect();
             for version in [1u8, 10, 27] {
                 let segs = optimal(&data, version);
                 check_valid(&data, &segs);
-                assert_eq!(total_bits(&segs, version), brute_force_bits(&data, version), "{:?} v{version}: {segs:?}", String::from_utf8_lossy(&data));
+                assert_eq!(
+                    total_bits(&segs, version),
+                    brute_force_bits(&data, version),
+                    "{:?} v{version}: {segs:?}",
+                    String::from_utf8_lossy(&data)
+                );
             }
         }
     }
@@ -272,7 +286,10 @@ mod tests {
         assert_eq!(optimal(b"hello", 1), vec![Segment { mode: Mode::Byte, start: 0, end: 5 }]);
         // A long digit run inside text gets its own segment; a short one does not.
         let d = b"abc0123456789012345xyz";
-        assert_eq!(optimal(d, 1).iter().map(|s| s.mode).collect::<Vec<_>>(), vec![Mode::Byte, Mode::Numeric, Mode::Byte]);
+        assert_eq!(
+            optimal(d, 1).iter().map(|s| s.mode).collect::<Vec<_>>(),
+            vec![Mode::Byte, Mode::Numeric, Mode::Byte]
+        );
         assert_eq!(optimal(b"abc12xyz", 1).len(), 1);
         // BR Code shape: digits, then an uppercase name, then digits.
         let s = optimal(b"5303986540512.345802BR5913FULANO DE TAL6008BRASILIA", 1);

@@ -55,14 +55,23 @@ fn rqrr_decode(s: &Symbol) -> Vec<u8> {
     let read = |px: u32| {
         let mut img = rqrr::PreparedImage::prepare(to_image(s, px));
         let grids = img.detect_grids();
-        assert_eq!(grids.len(), 1, "rqrr found {} grids (version {}, mask {}, {px} px)", grids.len(), s.version, s.mask);
+        assert_eq!(
+            grids.len(),
+            1,
+            "rqrr found {} grids (version {}, mask {}, {px} px)",
+            grids.len(),
+            s.version,
+            s.mask
+        );
         let mut out = Vec::new();
         let meta = grids[0].decode_to(&mut out).map_err(|e| format!("{e:?} at {px} px"))?;
         assert_eq!(meta.version.0, s.version as usize);
         assert_eq!(meta.mask, s.mask as u16);
         Ok::<_, String>(out)
     };
-    read(4).or_else(|e4| read(1).map_err(|e1| format!("{e4}, {e1}"))).unwrap_or_else(|e| panic!("rqrr failed: {e} (version {}, mask {})", s.version, s.mask))
+    read(4)
+        .or_else(|e4| read(1).map_err(|e1| format!("{e4}, {e1}")))
+        .unwrap_or_else(|e| panic!("rqrr failed: {e} (version {}, mask {})", s.version, s.mask))
 }
 
 /// The `qrcode` crate's symbol for `data` written as `segments` in `version` with `mask`,
@@ -205,7 +214,12 @@ fn check_masks(data: &[u8], segments: &[Segment], ec: Ec, sym: &Symbol, opts: Op
         let f = encode_with(data, ec, Options { version: Some(sym.version), mask: Some(m), ..opts }).unwrap();
         assert_eq!((f.mask, f.version), (m, sym.version));
         let theirs = qrcode_symbol(data, segments, ec, sym.version, m).unwrap();
-        assert!(f.modules == theirs, "modules differ from qrcode crate: len {} {ec:?} v{} mask {m} {segments:?}", data.len(), sym.version);
+        assert!(
+            f.modules == theirs,
+            "modules differ from qrcode crate: len {} {ec:?} v{} mask {m} {segments:?}",
+            data.len(),
+            sym.version
+        );
         penalties[m as usize] = reference_penalty(&f);
         assert_eq!(penalty(&f), penalties[m as usize], "fast penalty, mask {m}");
         if m == sym.mask {
@@ -284,7 +298,12 @@ fn check(data: &[u8], ec: Ec) -> Versus {
         out.kanji = 1;
         return out;
     }
-    assert!(sym.version <= their_version, "qr_fast v{} > qrcode v{their_version} for {:?} {ec:?}", sym.version, String::from_utf8_lossy(data));
+    assert!(
+        sym.version <= their_version,
+        "qr_fast v{} > qrcode v{their_version} for {:?} {ec:?}",
+        sym.version,
+        String::from_utf8_lossy(data)
+    );
     out.smaller = (sym.version < their_version) as usize;
     let their_segs: Vec<Segment> = their_segs.into_iter().flatten().collect();
     if sym.version == their_version && their_segs == segs {
@@ -293,7 +312,10 @@ fn check(data: &[u8], ec: Ec) -> Versus {
         let theirs: Vec<bool> = theirs.to_colors().into_iter().map(|c| c == qrcode::Color::Dark).collect();
         // Its symbol is ours with the mask its own penalty prefers (first on a tie).
         let their_mask = (0..8u8).min_by_key(|&m| (qrcode_crate_penalty(&masked[m as usize]), m)).unwrap();
-        assert!(masked[their_mask as usize].modules == theirs, "qrcode's automatic symbol is not ours with mask {their_mask}");
+        assert!(
+            masked[their_mask as usize].modules == theirs,
+            "qrcode's automatic symbol is not ours with mask {their_mask}"
+        );
         out.same_mask = (their_mask == sym.mask) as usize;
     }
     out
@@ -329,7 +351,8 @@ impl Rng {
             &[" ", "."],
         ];
         // Cumulative weights per class, out of 100.
-        let weights: [usize; 7] = if payload_like { [45, 80, 92, 95, 96, 96, 100] } else { [25, 50, 82, 88, 90, 90, 100] };
+        let weights: [usize; 7] =
+            if payload_like { [45, 80, 92, 95, 96, 96, 100] } else { [25, 50, 82, 88, 90, 90, 100] };
         let mut s = String::new();
         while s.len() < len {
             let roll = self.below(100);
@@ -350,7 +373,10 @@ impl Rng {
 fn charges() -> Vec<serde_json::Value> {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/cdc/charges.jsonl");
     let text = std::fs::read_to_string(path).unwrap();
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["value"]["fullDocument"].clone()).collect()
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["value"]["fullDocument"].clone())
+        .collect()
 }
 
 fn fixture_brcodes() -> Vec<String> {
@@ -536,7 +562,10 @@ fn qr_fast_numeric_and_alphanumeric_at_capacity() {
     // The most digits / alphanumeric characters each version holds (one segment): one
     // more needs the next version. Crosses the count-indicator widths at 9/10 and 26/27.
     let mut rng = Rng(77);
-    for (mode, alphabet) in [(Mode::Numeric, &b"0123456789"[..]), (Mode::Alphanumeric, &b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ $%*+-./:"[..])] {
+    for (mode, alphabet) in [
+        (Mode::Numeric, &b"0123456789"[..]),
+        (Mode::Alphanumeric, &b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ $%*+-./:"[..]),
+    ] {
         for v in 1..=40u8 {
             let ec = ALL_EC[v as usize % 4];
             let budget = version::data_codewords(v, ec) * 8;
@@ -546,7 +575,8 @@ fn qr_fast_numeric_and_alphanumeric_at_capacity() {
             let sym = encode(&data, ec).unwrap();
             assert_eq!(sym.version, v, "{mode:?} {ec:?} {n} characters");
             assert_eq!(segment::optimal(&data, v), vec![Segment { mode, start: 0, end: n }]);
-            let theirs = qrcode_symbol(&data, &segment::optimal(&data, v), ec, v, sym.mask).expect("qrcode crate accepts it");
+            let theirs =
+                qrcode_symbol(&data, &segment::optimal(&data, v), ec, v, sym.mask).expect("qrcode crate accepts it");
             assert!(sym.modules == theirs, "{mode:?} v{v} {ec:?}");
             let mut more = data.clone();
             more.push(alphabet[0]);
@@ -615,7 +645,8 @@ fn qr_fast_too_long() {
     assert!(encode(&vec![b'7'; 7090], Ec::L).is_err());
     assert_eq!(encode(&vec![b'Z'; 4296], Ec::L).unwrap().version, 40);
     assert!(encode(&vec![b'Z'; 4297], Ec::L).is_err());
-    let e = encode_with(b"hello world, too long", Ec::H, Options { version: Some(1), ..Options::default() }).unwrap_err();
+    let e =
+        encode_with(b"hello world, too long", Ec::H, Options { version: Some(1), ..Options::default() }).unwrap_err();
     assert_eq!((e.version, e.max_bits), (1, 72));
     // Table 7, version 1-H: 10 alphanumeric characters (17 digits) fit, 11 (18) do not.
     assert!(encode_with(b"HELLO WORL", Ec::H, forced(1, 3)).is_ok());

@@ -192,7 +192,11 @@ pub(super) fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8
                 e.bold(true);
                 wrapped(
                     &mut e,
-                    &format!("{}: {}", loc.label(Label::ValidUntil), loc.format_datetime(&t.with_timezone(&r.time_zone))),
+                    &format!(
+                        "{}: {}",
+                        loc.label(Label::ValidUntil),
+                        loc.format_datetime(&t.with_timezone(&r.time_zone))
+                    ),
                     cols,
                 );
                 e.bold(false);
@@ -200,7 +204,12 @@ pub(super) fn render_receipt_for(r: &Receipt, p: &PrinterSetup) -> Result<Vec<u8
         }
         ReceiptKind::Expired { expired_at } => {
             if let Some(t) = expired_at {
-                labelled(&mut e, loc.label(Label::ExpiredAt), &loc.format_datetime(&t.with_timezone(&r.time_zone)), cols);
+                labelled(
+                    &mut e,
+                    loc.label(Label::ExpiredAt),
+                    &loc.format_datetime(&t.with_timezone(&r.time_zone)),
+                    cols,
+                );
             }
             small_print(&mut e, p, |e, cols| ids(e, r, cols));
             separator(&mut e, cols);
@@ -297,4 +306,3 @@ fn qr_block(e: &mut E, code: &str, p: &PrinterSetup) -> Result<(), ReceiptError>
     e.lf();
     Ok(())
 }
-

@@ -12,9 +12,9 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use simulators::capture::{ensure_topics, generate, publish_file, PIXGATE_TOPICS};
 use simulators::capture::generate::{Scenario, ScenarioConfig};
 use simulators::capture::CaptureRecord;
+use simulators::capture::{ensure_topics, generate, publish_file, PIXGATE_TOPICS};
 use simulators::cli::init_tracing;
 use simulators::expected::Model;
 use std::collections::BTreeMap;
@@ -119,7 +119,10 @@ fn write_scenario(out: &Path, seed: u64, devices: usize, events: usize) -> Resul
             entry["final"] = doc["status"].clone();
         }
         for e in fate.effects() {
-            entry["effects"].as_array_mut().expect("array").push(serde_json::json!({"device": e.device, "kind": e.kind.as_str()}));
+            entry["effects"]
+                .as_array_mut()
+                .expect("array")
+                .push(serde_json::json!({"device": e.device, "kind": e.kind.as_str()}));
         }
     }
     let n_charges = write_jsonl(&out.join("charges.jsonl"), charges)?;
@@ -146,13 +149,7 @@ async fn main() -> Result<()> {
             }
             println!("total: {total} records");
         }
-        Cmd::Generate {
-            brokers,
-            devices,
-            rate,
-            count,
-            seed,
-        } => {
+        Cmd::Generate { brokers, devices, rate, count, seed } => {
             let terminals = match devices {
                 Some(p) => generate::terminals_from_jsonl(&p)?,
                 None => Vec::new(),

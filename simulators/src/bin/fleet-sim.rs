@@ -38,16 +38,8 @@ async fn main() -> Result<()> {
     let (mqtt_host, mqtt_port) = parse_host_port(&cli.mqtt)?;
     let devices = devices_from_jsonl(&cli.devices)?;
     tracing::info!(devices = devices.len(), "starting fleet");
-    let fleet = start_with(
-        FleetConfig {
-            mqtt_host,
-            mqtt_port,
-            out_dir: cli.out.clone(),
-            devices,
-        },
-        !cli.ignore_expiry,
-    )
-    .await?;
+    let fleet =
+        start_with(FleetConfig { mqtt_host, mqtt_port, out_dir: cli.out.clone(), devices }, !cli.ignore_expiry).await?;
     let signal = shutdown_signal();
     tokio::pin!(signal);
     tokio::select! {

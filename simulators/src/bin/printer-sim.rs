@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand};
 use render::codepage::CodePage;
 use render::profile::profile_for_model;
 use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
-use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::escpos::status::PrinterCondition;
+use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;
 use std::path::PathBuf;
@@ -115,31 +115,17 @@ fn code_page(name: &str) -> Result<CodePage> {
 async fn main() -> Result<()> {
     init_tracing();
     match Cli::parse().cmd {
-        Cmd::Decode {
-            file,
-            png,
-            text,
-            width_dots,
-            code_page: cp,
-            model,
-        } => {
-            let bytes =
-                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        Cmd::Decode { file, png, text, width_dots, code_page: cp, model } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let (decoded, png_bytes) = print_bytes(
                 &bytes,
-                &PrinterSettings {
-                    width_dots,
-                    code_page: code_page(&cp)?,
-                    model: profile_for_model(&model),
-                },
+                &PrinterSettings { width_dots, code_page: code_page(&cp)?, model: profile_for_model(&model) },
             );
             let png_bytes = png_bytes.context("nothing was printed")?;
-            std::fs::write(&png, png_bytes)
-                .with_context(|| format!("writing {}", png.display()))?;
+            std::fs::write(&png, png_bytes).with_context(|| format!("writing {}", png.display()))?;
             let t = transcript_text(&decoded);
             match text {
-                Some(p) => std::fs::write(&p, t + "\n")
-                    .with_context(|| format!("writing {}", p.display()))?,
+                Some(p) => std::fs::write(&p, t + "\n").with_context(|| format!("writing {}", p.display()))?,
                 None => println!("{t}"),
             }
             eprintln!(
@@ -152,10 +138,28 @@ async fn main() -> Result<()> {
             );
         }
         Cmd::Run { device, paper, code_page: cp, model } => {
-            let spec = DeviceSpec::Printer { id: device.id.clone(), paper_width_mm: paper, code_page: code_page(&cp)?, native_qr: true, model };
+            let spec = DeviceSpec::Printer {
+                id: device.id.clone(),
+                paper_width_mm: paper,
+                code_page: code_page(&cp)?,
+                native_qr: true,
+                model,
+            };
             run_single_device(&spec, &device).await?;
         }
-        Cmd::Listen { tcp, pty, out, paper, code_page: cp, model, paper_out, paper_near_end, cover_open, state_file, idle_ms } => {
+        Cmd::Listen {
+            tcp,
+            pty,
+            out,
+            paper,
+            code_page: cp,
+            model,
+            paper_out,
+            paper_near_end,
+            cover_open,
+            state_file,
+            idle_ms,
+        } => {
             let mut printer = RawPrinter::new(RawPrinterOptions {
                 settings: PrinterSettings::for_paper(paper, code_page(&cp)?).with_model(&model),
                 out,

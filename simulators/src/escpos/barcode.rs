@@ -61,10 +61,10 @@ fn check_digit(d: &[u8]) -> u8 {
     ((10 - sum % 10) % 10) as u8
 }
 
-const L_CODES: [&str; 10] = [
-    "0001101", "0011001", "0010011", "0111101", "0100011", "0110001", "0101111", "0111011", "0110111", "0001011",
-];
-const PARITY: [&str; 10] = ["LLLLLL", "LLGLGG", "LLGGLG", "LLGGGL", "LGLLGG", "LGGLLG", "LGGGLL", "LGLGLG", "LGLGGL", "LGGLGL"];
+const L_CODES: [&str; 10] =
+    ["0001101", "0011001", "0010011", "0111101", "0100011", "0110001", "0101111", "0111011", "0110111", "0001011"];
+const PARITY: [&str; 10] =
+    ["LLLLLL", "LLGLGG", "LLGGLG", "LLGGGL", "LGLLGG", "LGGLLG", "LGGGLL", "LGLGLG", "LGLGGL", "LGGLGL"];
 
 fn push_pattern(out: &mut Vec<bool>, p: &str) {
     out.extend(p.bytes().map(|c| c == b'1'));
@@ -216,7 +216,11 @@ fn code128(data: &[u8]) -> Result<(Vec<bool>, String), String> {
         };
         let effective = if shift {
             shift = false;
-            if set == b'A' { b'B' } else { b'A' }
+            if set == b'A' {
+                b'B'
+            } else {
+                b'A'
+            }
         } else {
             set
         };

@@ -17,7 +17,13 @@ fn rows_image(width: u32, rows: u32, row_bytes: usize, data: &[u8], sx: u32, sy:
 /// `GS v 0 m xL xH yL yH d…`: `x_bytes` bytes per row, MSB first. m bit 0 doubles the
 /// width, bit 1 the height (m = 0..=3 or '0'..='3').
 /// Also returns the printed size before clipping to the paper, for the transcript marker.
-pub fn raster(mode: u8, x_bytes: u16, height: u16, data: &[u8], page_width: u32) -> (Bitmap, (u32, u32), Option<String>) {
+pub fn raster(
+    mode: u8,
+    x_bytes: u16,
+    height: u16,
+    data: &[u8],
+    page_width: u32,
+) -> (Bitmap, (u32, u32), Option<String>) {
     let m = if mode >= 48 { mode - 48 } else { mode };
     let sx = if m & 1 != 0 { 2 } else { 1 };
     let sy = if m & 2 != 0 { 2 } else { 1 };

@@ -407,10 +407,7 @@ impl Decoder {
         self.line.justify.get_or_insert(self.state.justify);
         self.line.width = next;
         let spaces = (gap / col.max(1)).max(1) as usize;
-        self.line.items.push(LineItem {
-            bitmap: Bitmap::new(gap, ch * s.height_mul).into(),
-            text: " ".repeat(spaces),
-        });
+        self.line.items.push(LineItem { bitmap: Bitmap::new(gap, ch * s.height_mul).into(), text: " ".repeat(spaces) });
     }
 
     /// Prints what is in the line buffer (if anything) as if by LF.
@@ -482,7 +479,11 @@ impl Decoder {
         self.flush_pending();
         if b.width > self.width() {
             let m: String = marker.chars().take(40).collect();
-            self.warnings.push(format!("{m} is {} dots wide, wider than the {}-dot paper: clipped", b.width, self.width()));
+            self.warnings.push(format!(
+                "{m} is {} dots wide, wider than the {}-dot paper: clipped",
+                b.width,
+                self.width()
+            ));
         }
         let x = self.state.justify.x(b.width, self.width());
         let y = self.page.y;
@@ -516,7 +517,9 @@ impl Decoder {
                             let b = self.placeholder("PDF417", 200.min(self.width()), 60);
                             self.print_block(b, format!("[PDF417] {text}"));
                         }
-                        None => self.warnings.push(format!("GS ( k PDF417 print at offset {start} with no data stored")),
+                        None => {
+                            self.warnings.push(format!("GS ( k PDF417 print at offset {start} with no data stored"))
+                        }
                     },
                     _ => {}
                 }

@@ -262,7 +262,11 @@ impl<'a> Parser<'a> {
             }
             b'R' => {
                 let n = self.byte()?;
-                if n == 0 { Command::Skipped("ESC R 0") } else { Command::Skipped("ESC R") }
+                if n == 0 {
+                    Command::Skipped("ESC R 0")
+                } else {
+                    Command::Skipped("ESC R")
+                }
             }
             b'{' => {
                 self.byte()?;

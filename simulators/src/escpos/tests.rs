@@ -134,7 +134,10 @@ fn gateway_style_receipt_with_pix_qr() {
     s.extend([0x1B, b'd', 3, 0x1D, b'V', 66, 0]);
     s.extend([0x10, 0x04, 1]);
     for width in [384, 576] {
-        let d = decode(&s, &DecodeOptions { width_dots: width, initial_code_page: CodePage::Cp437, ..DecodeOptions::mm80() });
+        let d = decode(
+            &s,
+            &DecodeOptions { width_dots: width, initial_code_page: CodePage::Cp437, ..DecodeOptions::mm80() },
+        );
         assert_eq!(d.image.width(), width);
         assert_eq!(d.qr_codes, vec![payload.to_string()]);
         assert!(d.transcript.contains(&format!("[QR model2 ec=M module=6] {payload}")), "{}", d.transcript);
@@ -220,7 +223,8 @@ fn text_styles_change_the_ink() {
     let under = decode(b"\x1b-\x02HELLO\n", &DecodeOptions::mm58());
     let font_b = decode(b"\x1bM\x01HELLO\n", &DecodeOptions::mm58());
     let esc_bang = decode(b"\x1b!\x30HELLO\n", &DecodeOptions::mm58());
-    let (p, b, g, u, f) = (black(&plain.image), black(&bold.image), black(&big.image), black(&under.image), black(&font_b.image));
+    let (p, b, g, u, f) =
+        (black(&plain.image), black(&bold.image), black(&big.image), black(&under.image), black(&font_b.image));
     assert!(b > p && u > p && f < p, "{p} {b} {u} {f}");
     assert!(g > 3 * p, "{g} vs {p}");
     assert_eq!(black(&esc_bang.image), g);
@@ -402,4 +406,3 @@ fn corrupted_fixtures_never_panic() {
         decode(&noise, &DecodeOptions::mm58());
     }
 }
-

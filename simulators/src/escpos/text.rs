@@ -173,7 +173,9 @@ mod tests {
         let mut g = Glyphs::new(576);
         for font in [Font::A, Font::B] {
             for (width_mul, height_mul) in [(1, 1), (2, 1), (1, 3), (8, 8)] {
-                for (underline, reverse, bold, right_spacing) in [(0, false, false, 0), (1, false, true, 3), (2, true, false, 0), (1, true, true, 7)] {
+                for (underline, reverse, bold, right_spacing) in
+                    [(0, false, false, 0), (1, false, true, 3), (2, true, false, 0), (1, true, true, 7)]
+                {
                     let style = TextStyle { font, bold, underline, width_mul, height_mul, reverse, right_spacing };
                     for c in ['M', 'g', ' ', 'Ç'] {
                         assert_eq!(*g.render(c, &style), reference(&mut g, c, &style), "{c:?} {style:?}");
@@ -188,7 +190,15 @@ mod tests {
     /// took 43 s and 880 MB in printer-sim).
     #[test]
     fn wide_characters_are_cut_at_the_paper_and_the_cache_is_bounded() {
-        let wide = TextStyle { font: Font::A, bold: false, underline: 1, width_mul: 8, height_mul: 8, reverse: true, right_spacing: 255 };
+        let wide = TextStyle {
+            font: Font::A,
+            bold: false,
+            underline: 1,
+            width_mul: 8,
+            height_mul: 8,
+            reverse: true,
+            right_spacing: 255,
+        };
         // 50 dots cuts through the character itself (96 dots at 8 ×), 384 through its spacing.
         for paper in [50, 384] {
             let mut g = Glyphs::new(paper);

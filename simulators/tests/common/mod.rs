@@ -21,11 +21,7 @@ pub fn start_broker() -> u16 {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Starts rumqttd 0.20 on 127.0.0.1:`port` and waits until it accepts connections.
@@ -71,14 +67,8 @@ pub fn start_broker_on(port: u16) {
 /// A fresh empty directory under the system temp dir, removed when dropped unless the
 /// test is failing (then it is kept, and its path printed, to look at what was drawn).
 pub fn temp_dir(name: &str) -> TempDir {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let d = std::env::temp_dir().join(format!(
-        "pixgate-sims-{name}-{}-{nanos}",
-        std::process::id()
-    ));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let d = std::env::temp_dir().join(format!("pixgate-sims-{name}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
 }
@@ -113,8 +103,7 @@ pub struct FakeGateway {
 impl FakeGateway {
     pub async fn connect(port: u16) -> FakeGateway {
         let mut mo = MqttOptions::new("fake-gateway", "127.0.0.1", port);
-        mo.set_max_packet_size(8 << 20, 8 << 20)
-            .set_keep_alive(Duration::from_secs(5));
+        mo.set_max_packet_size(8 << 20, 8 << 20).set_keep_alive(Duration::from_secs(5));
         let (client, mut el) = AsyncClient::new(mo, 64);
         let (ack_tx, acks) = mpsc::unbounded_channel();
         let (st_tx, status) = mpsc::unbounded_channel();
@@ -126,12 +115,8 @@ impl FakeGateway {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
                         let c = c2.clone();
                         tokio::spawn(async move {
-                            c.subscribe(device_protocol::topics::ALL_ACKS, QoS::AtLeastOnce)
-                                .await
-                                .unwrap();
-                            c.subscribe(device_protocol::topics::ALL_STATUS, QoS::AtLeastOnce)
-                                .await
-                                .unwrap();
+                            c.subscribe(device_protocol::topics::ALL_ACKS, QoS::AtLeastOnce).await.unwrap();
+                            c.subscribe(device_protocol::topics::ALL_STATUS, QoS::AtLeastOnce).await.unwrap();
                         });
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
@@ -139,8 +124,7 @@ impl FakeGateway {
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         if p.topic.ends_with("/acks") {
-                            let _ = ack_tx
-                                .send(serde_json::from_slice::<Ack>(&p.payload).expect("ack JSON"));
+                            let _ = ack_tx.send(serde_json::from_slice::<Ack>(&p.payload).expect("ack JSON"));
                         } else {
                             let _ = st_tx.send((p.topic.clone(), p.payload.to_vec()));
                         }
@@ -151,25 +135,14 @@ impl FakeGateway {
             }
         });
         for _ in 0..2 {
-            tokio::time::timeout(Duration::from_secs(10), sub_rx.recv())
-                .await
-                .expect("gateway subscribed");
+            tokio::time::timeout(Duration::from_secs(10), sub_rx.recv()).await.expect("gateway subscribed");
         }
-        FakeGateway {
-            client,
-            acks,
-            status,
-        }
+        FakeGateway { client, acks, status }
     }
 
     pub async fn send(&self, device: &str, job: &Job) {
         self.client
-            .publish(
-                Topic::Jobs(device.into()).path(),
-                QoS::AtLeastOnce,
-                false,
-                serde_json::to_vec(job).unwrap(),
-            )
+            .publish(Topic::Jobs(device.into()).path(), QoS::AtLeastOnce, false, serde_json::to_vec(job).unwrap())
             .await
             .unwrap();
     }
@@ -186,9 +159,5 @@ impl FakeGateway {
 pub fn qr_codes_in_png(path: &std::path::Path) -> Vec<String> {
     let img = image::open(path).unwrap().to_luma8();
     let mut prepared = rqrr::PreparedImage::prepare(img);
-    prepared
-        .detect_grids()
-        .into_iter()
-        .filter_map(|g| g.decode().ok().map(|(_, s)| s))
-        .collect()
+    prepared.detect_grids().into_iter().filter_map(|g| g.decode().ok().map(|(_, s)| s)).collect()
 }

@@ -100,7 +100,9 @@ impl Machine {
         let q = self.devices.entry(device.clone()).or_default();
         let job = &queued.stored.job;
         if ends_qr(job.kind) {
-            for w in q.take_where(|w| w.stored.job.kind == EffectKind::DisplayQr && w.stored.job.charge_id == job.charge_id) {
+            for w in
+                q.take_where(|w| w.stored.job.kind == EffectKind::DisplayQr && w.stored.job.charge_id == job.charge_id)
+            {
                 self.held.release(&w);
                 out.push(Action::Finish(Finished { stored: w.stored, outcome: Outcome::Superseded }));
             }
@@ -154,7 +156,14 @@ impl Machine {
     /// job is sent, reported [`Action::Vanished`] (and the next one goes), or tried again
     /// after a backoff. Anything else in flight by then (not possible when the runner
     /// answers before its next event) is left alone.
-    pub fn read_back(&mut self, device: &str, seq: u64, got: ReadBack, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+    pub fn read_back(
+        &mut self,
+        device: &str,
+        seq: u64,
+        got: ReadBack,
+        now: Instant,
+        wall: DateTime<Utc>,
+    ) -> Vec<Action> {
         let mut out = Vec::new();
         let Some(q) = self.devices.get_mut(device) else { return out };
         let (mut job, due) = match std::mem::take(&mut q.slot) {
@@ -183,7 +192,12 @@ impl Machine {
     /// or dead-lettered after `max_deliveries`.
     pub fn due(&mut self, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
         let mut out = Vec::new();
-        let due: Vec<String> = self.devices.iter().filter(|(_, q)| q.slot.due().is_some_and(|due| due <= now)).map(|(id, _)| id.clone()).collect();
+        let due: Vec<String> = self
+            .devices
+            .iter()
+            .filter(|(_, q)| q.slot.due().is_some_and(|due| due <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
         for device in due {
             self.pump(&device, now, wall, &mut out);
         }
@@ -269,7 +283,13 @@ impl Machine {
             job.attempts += 1;
             let deadline = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, job.attempts - 1);
             let j = &job.stored.job;
-            out.push(Action::Send(Delivery { device: device.to_string(), seq: j.seq, message_id: j.message_id.clone(), attempt: job.attempts, wire }));
+            out.push(Action::Send(Delivery {
+                device: device.to_string(),
+                seq: j.seq,
+                message_id: j.message_id.clone(),
+                attempt: job.attempts,
+                wire,
+            }));
             q.slot = Slot::AwaitingAck { job, deadline };
             return;
         }
@@ -306,7 +326,14 @@ mod tests {
 
     /// 1 s ack timeout, backoff 100 ms doubling to 400 ms, 3 deliveries.
     fn cfg(held_payload_bytes: usize) -> DeliveryConfig {
-        DeliveryConfig { ack_timeout_ms: 1_000, backoff_initial_ms: 100, backoff_max_ms: 400, max_deliveries: 3, held_payload_bytes, ..DeliveryConfig::default() }
+        DeliveryConfig {
+            ack_timeout_ms: 1_000,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 400,
+            max_deliveries: 3,
+            held_payload_bytes,
+            ..DeliveryConfig::default()
+        }
     }
 
     fn queued(device: &str, id: &str, seq: u64) -> Queued {
@@ -321,7 +348,8 @@ mod tests {
             payload: Job::encode_payload(format!("receipt bytes of {id}").as_bytes()),
             expires_at: None,
         };
-        let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq as i64, key: None };
+        let source =
+            crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq as i64, key: None };
         Queued::from_stored(StoredJob { device: device.into(), job, source })
     }
 
@@ -372,7 +400,10 @@ mod tests {
         }
         assert_eq!(deadline, ms(t0, 3_300));
         assert!(m.due(ms(t0, 3_299), wall).is_empty());
-        assert_eq!(said(&m.due(ms(t0, 3_300), wall)), ["failed a: no_ack: no acknowledgement after 3 deliveries", "send b#1"]);
+        assert_eq!(
+            said(&m.due(ms(t0, 3_300), wall)),
+            ["failed a: no_ack: no acknowledgement after 3 deliveries", "send b#1"]
+        );
     }
 
     #[test]
@@ -382,10 +413,17 @@ mod tests {
         m.enqueue(queued("d", "a", 1), t0, wall);
         m.enqueue(queued("d", "b", 2), t0, wall);
         assert!(m.ack("d", Ack::failed("a", 1, "jam", false), ms(t0, 50), wall).is_empty());
-        assert!(matches!(m.slot("d"), Slot::Scheduled { at, job } if *at == ms(t0, 150) && job.attempts == 1), "{:?}", m.slot("d"));
+        assert!(
+            matches!(m.slot("d"), Slot::Scheduled { at, job } if *at == ms(t0, 150) && job.attempts == 1),
+            "{:?}",
+            m.slot("d")
+        );
         assert!(m.due(ms(t0, 149), wall).is_empty());
         assert_eq!(said(&m.due(ms(t0, 150), wall)), ["send a#2"]);
-        assert_eq!(said(&m.ack("d", Ack::failed("a", 1, "undecodable", true), ms(t0, 200), wall)), ["failed a: device_rejected: undecodable (after 2 deliveries)", "send b#1"]);
+        assert_eq!(
+            said(&m.ack("d", Ack::failed("a", 1, "undecodable", true), ms(t0, 200), wall)),
+            ["failed a: device_rejected: undecodable (after 2 deliveries)", "send b#1"]
+        );
     }
 
     /// Only the ack of the job in flight counts: one of an earlier job (a late duplicate),
@@ -417,7 +455,10 @@ mod tests {
         assert!(m.read_back("d", 1, ReadBack::Failed, t0, wall).is_empty());
         assert!(m.due(ms(t0, 99), wall).is_empty());
         assert_eq!(said(&m.due(ms(t0, 100), wall)), ["read_back 1"], "again after the first backoff");
-        assert!(m.read_back("d", 7, ReadBack::Wire(Bytes::new()), ms(t0, 100), wall).is_empty(), "not the job in flight");
+        assert!(
+            m.read_back("d", 7, ReadBack::Wire(Bytes::new()), ms(t0, 100), wall).is_empty(),
+            "not the job in flight"
+        );
         let sent = m.read_back("d", 1, ReadBack::Wire(a_wire.clone()), ms(t0, 100), wall);
         assert!(matches!(&sent[..], [Action::Send(d)] if d.wire == a_wire && d.attempt == 1));
         assert_eq!(said(&m.ack("d", Ack::done("a", 1, false), ms(t0, 200), wall)), ["done a", "read_back 2"]);

@@ -45,7 +45,14 @@ impl<T: Transport> Dispatcher<T> {
     /// `finished` is unbounded on purpose: its length is bounded by the jobs queued, which
     /// the consumer bounds, and a bounded channel here could deadlock against the
     /// consumer's bounded [`Command`] channel.
-    pub fn new(cfg: DeliveryConfig, transport: T, finished: mpsc::UnboundedSender<Finished>, stats: Arc<Stats>, health: Arc<Monitor>, clock: Clock) -> Self {
+    pub fn new(
+        cfg: DeliveryConfig,
+        transport: T,
+        finished: mpsc::UnboundedSender<Finished>,
+        stats: Arc<Stats>,
+        health: Arc<Monitor>,
+        clock: Clock,
+    ) -> Self {
         Dispatcher { machine: Machine::new(cfg), transport, finished, stats, health, clock, outbox: None }
     }
 

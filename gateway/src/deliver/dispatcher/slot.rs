@@ -96,7 +96,9 @@ impl Slot {
     /// due by `now`; otherwise leaves the slot as it is.
     pub fn take_due(&mut self, now: Instant) -> Option<(InFlight, Instant)> {
         match std::mem::take(self) {
-            Slot::Scheduled { job, at: due } | Slot::AwaitingAck { job, deadline: due } if due <= now => Some((job, due)),
+            Slot::Scheduled { job, at: due } | Slot::AwaitingAck { job, deadline: due } if due <= now => {
+                Some((job, due))
+            }
             other => {
                 *self = other;
                 None
@@ -109,7 +111,9 @@ impl Slot {
     /// slot as it is.
     pub fn take_acked(&mut self, message_id: &str) -> Option<InFlight> {
         match std::mem::take(self) {
-            Slot::Scheduled { job, .. } | Slot::AwaitingAck { job, .. } if job.stored.job.message_id == message_id => Some(job),
+            Slot::Scheduled { job, .. } | Slot::AwaitingAck { job, .. } if job.stored.job.message_id == message_id => {
+                Some(job)
+            }
             other => {
                 *self = other;
                 None

@@ -37,7 +37,13 @@ struct Harness {
 }
 
 fn harness(ack_timeout_ms: u64, max_deliveries: u32) -> Harness {
-    let cfg = DeliveryConfig { ack_timeout_ms, backoff_initial_ms: 10, backoff_max_ms: 20, max_deliveries, ..DeliveryConfig::default() };
+    let cfg = DeliveryConfig {
+        ack_timeout_ms,
+        backoff_initial_ms: 10,
+        backoff_max_ms: 20,
+        max_deliveries,
+        ..DeliveryConfig::default()
+    };
     let (publisher, sent) = Publisher::channel(64);
     let (ftx, finished) = mpsc::unbounded_channel();
     let stats = Arc::new(Stats::default());
@@ -67,7 +73,10 @@ impl Harness {
     async fn enqueue(&self, dev: &str, mut j: Job, seq: i64) {
         j.seq = seq as u64;
         let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: seq, key: None };
-        self.cmd.send(Command::Enqueue(Queued::from_stored(StoredJob { device: dev.into(), job: j, source }))).await.unwrap();
+        self.cmd
+            .send(Command::Enqueue(Queued::from_stored(StoredJob { device: dev.into(), job: j, source })))
+            .await
+            .unwrap();
     }
     async fn ack(&self, dev: &str, id: &str, result: AckResult, permanent: bool) {
         let ack = match result {
@@ -211,10 +220,10 @@ async fn offline_backlog_keeps_order_and_expires_what_outlived_its_ttl() {
     let at = |min: i64| Some(h.clock.now() + chrono::Duration::minutes(min));
     h.status("t", false, None).await;
     let mut jobs = vec![
-        job("qr-old", EffectKind::DisplayQr, "c1"),          // QR of a charge expiring in 15 min
+        job("qr-old", EffectKind::DisplayQr, "c1"), // QR of a charge expiring in 15 min
         job("paid-old", EffectKind::PaymentConfirmed, "c0"), // 10 min TTL
-        job("receipt", EffectKind::PrintReceipt, "c0"),      // 24 h TTL
-        job("qr-new", EffectKind::DisplayQr, "c2"),          // expires in 60 min
+        job("receipt", EffectKind::PrintReceipt, "c0"), // 24 h TTL
+        job("qr-new", EffectKind::DisplayQr, "c2"), // expires in 60 min
     ];
     for (j, ttl) in jobs.iter_mut().zip([15, 10, 1440, 60]) {
         j.expires_at = at(ttl);
@@ -228,7 +237,10 @@ async fn offline_backlog_keeps_order_and_expires_what_outlived_its_ttl() {
     let mut gone = [h.next_finished().await, h.next_finished().await];
     assert_eq!(h.elapsed_ms(), 1_000, "at the expiry sweep");
     gone.sort_by_key(|f| f.stored.job.seq);
-    assert_eq!(gone.iter().map(|f| (f.stored.job.message_id.as_str(), f.outcome.clone())).collect::<Vec<_>>(), [("qr-old", Outcome::Expired), ("paid-old", Outcome::Expired)]);
+    assert_eq!(
+        gone.iter().map(|f| (f.stored.job.message_id.as_str(), f.outcome.clone())).collect::<Vec<_>>(),
+        [("qr-old", Outcome::Expired), ("paid-old", Outcome::Expired)]
+    );
     assert_eq!(h.stats.snapshot().expired.values().sum::<u64>(), 2);
     h.status("t", true, None).await;
     let first = h.next_sent().await;
@@ -309,7 +321,14 @@ async fn preload_supersedes_a_qr_followed_by_its_charges_end() {
     let cfg = DeliveryConfig { ack_timeout_ms: 10_000, ..DeliveryConfig::default() };
     let (publisher, mut sent) = Publisher::channel(64);
     let (ftx, mut finished) = mpsc::unbounded_channel();
-    let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Arc::new(Monitor::default()), Clock::default());
+    let mut d = Dispatcher::new(
+        cfg,
+        publisher,
+        ftx,
+        Arc::new(Stats::default()),
+        Arc::new(Monitor::default()),
+        Clock::default(),
+    );
     let src = src();
     let stored = |id: &str, kind, charge: &str, seq| {
         let mut j = job(id, kind, charge);
@@ -367,18 +386,28 @@ async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
     let (_dir, outbox) = crate::test_fixtures::temp_outbox("dispatch-payload");
     let src = src();
     // Two stored before a "restart" (reloaded without payloads), two after (queued behind a busy head).
-    let before = outbox.accept(None, vec![("p".into(), with_payload("a")), ("p".into(), with_payload("b"))], &src, 1).unwrap();
+    let before =
+        outbox.accept(None, vec![("p".into(), with_payload("a")), ("p".into(), with_payload("b"))], &src, 1).unwrap();
     assert_eq!(before.len(), 2);
     let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: 0, ..DeliveryConfig::default() };
     let (publisher, mut sent) = Publisher::channel(64);
     let (ftx, mut finished) = mpsc::unbounded_channel();
-    let mut d = Dispatcher::new(cfg, publisher, ftx, Arc::new(Stats::default()), Arc::new(Monitor::default()), Clock::default()).with_outbox(outbox.clone());
+    let mut d = Dispatcher::new(
+        cfg,
+        publisher,
+        ftx,
+        Arc::new(Stats::default()),
+        Arc::new(Monitor::default()),
+        Clock::default(),
+    )
+    .with_outbox(outbox.clone());
     let headers = outbox.pending_headers().unwrap();
     assert!(headers.iter().all(|s| s.job.payload.is_empty()), "loaded without payloads");
     d.preload(headers);
     let (cmd, rx) = mpsc::channel(8);
     tokio::spawn(d.run(rx));
-    let after = outbox.accept(None, vec![("p".into(), with_payload("c")), ("p".into(), with_payload("d"))], &src, 2).unwrap();
+    let after =
+        outbox.accept(None, vec![("p".into(), with_payload("c")), ("p".into(), with_payload("d"))], &src, 2).unwrap();
     for s in after {
         cmd.send(Command::Enqueue(s)).await.unwrap();
     }
@@ -388,9 +417,13 @@ async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
         assert_eq!(j.message_id, id, "in order");
         assert_eq!(j.payload_bytes().unwrap(), format!("receipt bytes of {id}").as_bytes(), "{id} sent whole");
         if id == "d" {
-            cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::failed(id, j.seq, "jam", true) })).await.unwrap();
+            cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::failed(id, j.seq, "jam", true) }))
+                .await
+                .unwrap();
         } else {
-            cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done(id, j.seq, false) })).await.unwrap();
+            cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done(id, j.seq, false) }))
+                .await
+                .unwrap();
         }
     }
     for _ in 0..4 {
@@ -400,7 +433,8 @@ async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
             continue;
         }
         // What the consumer does with a failed job: its dead letter keeps the job whole.
-        let dl = crate::model::DeadLetter::for_job(crate::model::DeadLetterReason::DeliveryFailed, "jam".into(), &f.stored);
+        let dl =
+            crate::model::DeadLetter::for_job(crate::model::DeadLetterReason::DeliveryFailed, "jam".into(), &f.stored);
         let id = outbox.fail_job(&f.stored, dl, 3).unwrap();
         let parked = outbox.parked_deadletters(10).unwrap().into_iter().find(|p| p.id == id).unwrap();
         let kept = parked.job.unwrap();
@@ -420,13 +454,20 @@ async fn queued_jobs_shed_their_payload_and_are_sent_whole() {
 async fn queued_jobs_are_held_up_to_the_budget_then_read_back() {
     let (_dir, outbox) = crate::test_fixtures::temp_outbox("dispatch-held");
     let src = src();
-    let queued = outbox.accept(None, ["head", "held", "read"].map(|id| ("p".to_string(), with_payload(id))).to_vec(), &src, 1).unwrap();
+    let queued = outbox
+        .accept(None, ["head", "held", "read"].map(|id| ("p".to_string(), with_payload(id))).to_vec(), &src, 1)
+        .unwrap();
     // Room for one of the two that wait behind the head.
-    let cfg = DeliveryConfig { ack_timeout_ms: 10_000, held_payload_bytes: queued[1].wire.len(), ..DeliveryConfig::default() };
+    let cfg = DeliveryConfig {
+        ack_timeout_ms: 10_000,
+        held_payload_bytes: queued[1].wire.len(),
+        ..DeliveryConfig::default()
+    };
     let (publisher, mut sent) = Publisher::channel(64);
     let (ftx, mut finished) = mpsc::unbounded_channel();
     let stats = Arc::new(Stats::default());
-    let d = Dispatcher::new(cfg, publisher, ftx, stats.clone(), Arc::new(Monitor::default()), Clock::default()).with_outbox(outbox.clone());
+    let d = Dispatcher::new(cfg, publisher, ftx, stats.clone(), Arc::new(Monitor::default()), Clock::default())
+        .with_outbox(outbox.clone());
     let (cmd, rx) = mpsc::channel(8);
     tokio::spawn(d.run(rx));
     for q in queued {
@@ -440,11 +481,22 @@ async fn queued_jobs_are_held_up_to_the_budget_then_read_back() {
     assert_eq!(soon(finished.recv()).await.unwrap().outcome, Outcome::Done);
     let (_, wire) = soon(sent.recv()).await.unwrap();
     let j: Job = serde_json::from_slice(&wire).unwrap();
-    assert_eq!((j.message_id.as_str(), j.payload_bytes().unwrap()), ("held", b"receipt bytes of held".to_vec()), "sent from memory");
+    assert_eq!(
+        (j.message_id.as_str(), j.payload_bytes().unwrap()),
+        ("held", b"receipt bytes of held".to_vec()),
+        "sent from memory"
+    );
     cmd.send(Command::Device(Incoming::Ack { device: "p".into(), ack: Ack::done("held", 2, false) })).await.unwrap();
     assert_eq!(soon(finished.recv()).await.unwrap().outcome, Outcome::Done);
-    assert!(timeout(Duration::from_millis(300), sent.recv()).await.is_err(), "the job not held was read back, found gone, and not sent");
+    assert!(
+        timeout(Duration::from_millis(300), sent.recv()).await.is_err(),
+        "the job not held was read back, found gone, and not sent"
+    );
     let gone = soon(finished.recv()).await.unwrap();
     assert_eq!((gone.stored.job.message_id.as_str(), gone.outcome), ("read", Outcome::Done));
-    assert_eq!(stats.snapshot().effects_done.values().sum::<u64>(), 2, "the device did not carry out the one found gone");
+    assert_eq!(
+        stats.snapshot().effects_done.values().sum::<u64>(),
+        2,
+        "the device did not carry out the one found gone"
+    );
 }
