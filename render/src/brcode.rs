@@ -1003,9 +1003,9 @@ mod tests {
         assert_eq!(a.merchant_name, b.merchant_name);
     }
 
-    /// The writers before the up-front rule checks (commit 50508ac): build the payload, then
-    /// parse it back and return the parse error if any. Kept here only as the oracle the
-    /// current writers are compared with, output and errors alike.
+    /// Writers without the up-front rule checks: build the payload, then parse it back and
+    /// return the parse error if any. The oracle the writers are compared with, output and
+    /// errors alike.
     mod oracle {
         use super::super::{
             clean_txid, fold_printable, invalid, parse, BrCodeError, StaticPix, MAX_PAYLOAD_BYTES, PIX_GUI,

@@ -5,11 +5,11 @@ use simulators::escpos::raster::MAX_HEIGHT;
 use simulators::escpos::{decode, DecodeOptions};
 
 /// `GS ! 0x77` (8 × 8) and `GS B 1` (reverse), then `ESC SP n` before every character with
-/// a new `n`: each character is a new style up to (12 + 255) × 8 = 2,136 dots wide. Each
-/// used to be drawn dot by dot at full width and kept in the glyph cache: this 16 KB stream
-/// took 43 s and 880 MB in printer-sim (debug build) and timed out under the fuzzer. Now
-/// characters are cut at the paper width and the cache has a size budget
-/// (`escpos::text`, where the bound itself is tested).
+/// a new `n`: each character is a new style up to (12 + 255) × 8 = 2,136 dots wide. Drawn
+/// dot by dot at full width and kept in the glyph cache, this 16 KB stream takes 43 s and
+/// 880 MB in printer-sim (debug build) and times out under the fuzzer, so characters are cut
+/// at the paper width and the cache has a size budget (`escpos::text`, where the bound
+/// itself is tested).
 fn spacing_per_character() -> Vec<u8> {
     let mut s = b"\x1d!\x77\x1dB\x01".to_vec();
     for n in 0..=255u8 {

@@ -521,11 +521,10 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     rig.shutdown();
 }
 
-/// An effect's dead letter survives pixgate dying before Kafka took it. (It used to be
-/// lost: the charge's new state was stored with the record's jobs and the dead letter was
-/// only written to Kafka afterwards, so the record read again after the restart was
-/// `stale_version` and no dead letter was ever written.) Now the dead letter is parked in
-/// the outbox in the same transaction as the charge state, and published from there.
+/// An effect's dead letter survives pixgate dying before Kafka took it: it is parked in the
+/// outbox in the same transaction as the charge's new state, and published from there. (Were
+/// it written to Kafka only after that transaction, the record read again after the restart
+/// would be `stale_version` and no dead letter would ever be written.)
 ///
 /// Deterministic reproduction: `pixgate.deadletter` does not exist yet, so the write cannot
 /// succeed; pixgate is killed while retrying it; the topic is created; pixgate restarts.

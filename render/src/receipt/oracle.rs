@@ -1,5 +1,5 @@
-//! The receipt layout before it wrote into the job's buffer directly (commit 81fb386):
-//! `wrap` into `Vec<Vec<u8>>`, one vector per encoded string and line, text encoded as
+//! The receipt layout written the plain way, not into the job's buffer directly: `wrap`
+//! into `Vec<Vec<u8>>`, one vector per encoded string and line, text encoded as
 //! [`printable`] then [`CodePage::encode_lossy`]. Test-only: the oracle that
 //! `tests::layout_matches_the_previous_layout` compares the current layout with, byte
 //! for byte, on generated receipts.

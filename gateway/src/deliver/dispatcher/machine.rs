@@ -65,7 +65,7 @@ impl Machine {
         let mut over = Vec::new();
         for q in self.devices.values_mut() {
             // Per charge, the last job that ends its QR (a map: a reloaded queue holds up to
-            // `outbox.max_jobs_per_device` jobs, and a list made this quadratic).
+            // `outbox.max_jobs_per_device` jobs, and a list would make this quadratic).
             let mut ends: HashMap<String, u64> = HashMap::new();
             for w in q.queue.iter().filter(|w| ends_qr(w.stored.job.kind)) {
                 let last = ends.entry(w.stored.job.charge_id.clone()).or_default();
