@@ -1,4 +1,5 @@
-//! The bundled CDC fixtures (`fixtures/cdc/`) as Kafka records, for unit tests.
+//! The bundled CDC fixtures (`fixtures/cdc/`) as Kafka records, for unit tests (here, and in
+//! crates that turn on the feature `fixtures` for their tests).
 
 use serde_json::Value;
 

@@ -21,8 +21,8 @@
 pub mod charge_record;
 pub mod document;
 pub mod error;
-#[cfg(test)]
-mod fixtures;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod value;
 
 pub use charge_record::{decode_charge_record, decode_with_values, ChargeRecord};

@@ -1,8 +1,8 @@
-//! The bundled CDC fixtures (`fixtures/cdc/`) as Kafka records, and temporary outboxes,
-//! for unit tests.
+//! For unit tests: the bundled CDC fixtures as Kafka records (from `cdc::fixtures`),
+//! temporary outboxes and jobs.
 
 use crate::store::Outbox;
-use serde_json::Value;
+use device_protocol::{EffectKind, Job};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -37,25 +37,20 @@ pub fn temp_outbox(name: &str) -> (TempDir, Arc<Outbox>) {
     (dir, outbox)
 }
 
-/// Path of a fixtures file, e.g. `expected.json`.
-pub fn path(name: &str) -> String {
-    format!("{}/../fixtures/cdc/{name}", env!("CARGO_MANIFEST_DIR"))
-}
+pub use cdc::fixtures::{path, records};
 
-/// The records of a `.jsonl` fixtures file as `(topic, value bytes)`: a JSON object value is
-/// serialised, a string value (the malformed-input cases) is its raw bytes, as the capture
-/// simulator publishes them.
-pub fn records(name: &str) -> Vec<(String, Vec<u8>)> {
-    std::fs::read_to_string(path(name))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let r: Value = serde_json::from_str(l).unwrap();
-            let bytes = match &r["value"] {
-                Value::String(s) => s.clone().into_bytes(),
-                v => serde_json::to_vec(v).unwrap(),
-            };
-            (r["topic"].as_str().unwrap().to_string(), bytes)
-        })
-        .collect()
+/// A job with message id `id`, of `kind`, for charge `charge`; event id `ev-{id}`, no
+/// payload, no expiry, `seq` 0 (the outbox assigns it).
+pub fn job(id: &str, kind: EffectKind, charge: &str) -> Job {
+    Job {
+        v: 1,
+        message_id: id.into(),
+        seq: 0,
+        kind,
+        event_id: format!("ev-{id}"),
+        charge_id: charge.into(),
+        content_type: "x".into(),
+        payload: String::new(),
+        expires_at: None,
+    }
 }

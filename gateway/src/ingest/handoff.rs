@@ -198,7 +198,7 @@ impl Handoff {
 mod tests {
     use super::*;
     use crate::test_fixtures::temp_outbox;
-    use device_protocol::{EffectKind, Job};
+    use device_protocol::EffectKind;
 
     fn rec(offset: i64) -> RecordRef {
         RecordRef { part: ("charge.upserted".to_string(), 0), offset }
@@ -206,17 +206,7 @@ mod tests {
 
     /// A record's plan: one job per `(device, message id)`.
     fn accept(jobs: &[(&str, &str)]) -> Accept {
-        let job = |id: &str| Job {
-            v: 1,
-            message_id: id.into(),
-            seq: 0,
-            kind: EffectKind::PrintReceipt,
-            event_id: "e".into(),
-            charge_id: "c".into(),
-            content_type: "x".into(),
-            payload: String::new(),
-            expires_at: None,
-        };
+        let job = |id: &str| crate::test_fixtures::job(id, EffectKind::PrintReceipt, "c");
         Accept {
             jobs: jobs.iter().map(|(d, id)| (d.to_string(), job(id))).collect(),
             event_time: 1,

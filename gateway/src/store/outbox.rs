@@ -823,17 +823,7 @@ mod tests {
     use device_protocol::EffectKind;
 
     fn job(id: &str) -> Job {
-        Job {
-            v: 1,
-            message_id: id.into(),
-            seq: 0,
-            kind: EffectKind::PrintReceipt,
-            event_id: "e".into(),
-            charge_id: "c".into(),
-            content_type: "x".into(),
-            payload: String::new(),
-            expires_at: None,
-        }
+        crate::test_fixtures::job(id, EffectKind::PrintReceipt, "c")
     }
 
     fn src(offset: i64) -> SourceRef {

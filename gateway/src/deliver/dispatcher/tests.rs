@@ -54,19 +54,7 @@ fn harness(ack_timeout_ms: u64, max_deliveries: u32) -> Harness {
     Harness { cmd, sent, finished, stats, health, clock, t0: Instant::now() }
 }
 
-fn job(id: &str, kind: EffectKind, charge: &str) -> Job {
-    Job {
-        v: 1,
-        message_id: id.into(),
-        seq: 0,
-        kind,
-        event_id: format!("ev-{id}"),
-        charge_id: charge.into(),
-        content_type: "x".into(),
-        payload: String::new(),
-        expires_at: None,
-    }
-}
+use crate::test_fixtures::job;
 
 impl Harness {
     /// Enqueues as the outbox would: `seq` = 1 + the device's previous (offset order).
