@@ -268,8 +268,12 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
 
     // Back online: the backlog drains, the partitions resume, readiness is green.
     let terminal = rig.start_fleet(vec![spec], protocol_devices()).await;
+    // Every record read and written (a record read but not yet written has its job counted
+    // nowhere yet), and every job out of the outbox.
     rig.wait_stats(Duration::from_secs(120), |s| {
-        s.counters.events_read.get("charge.upserted").copied() == Some(ALL) && s.counters.outbox_jobs == 0
+        s.counters.events_read.get("charge.upserted").copied() == Some(ALL)
+            && s.counters.pending_records == 0
+            && s.counters.outbox_jobs == 0
     })
     .await;
     gw.readyz_until("ready again after the device drained", Duration::from_secs(60), |c, _| c == 200).await;
