@@ -2,6 +2,8 @@
 # All tests, integration tests included (they start a tansu broker on loopback, the pixgate
 # binary and the device simulators). Installs tansu if missing (~15 min, once per machine)
 # and Debian's mosquitto-clients (the outside MQTT peer of tests/tests/mosquitto_peer.rs).
+# tests/tests/upstream.rs makes a Python virtualenv under the target folder once and installs
+# confluent-kafka from PyPI into it (the upstream producer that is not pixgate's).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -147,6 +147,10 @@ pub struct KafkaConfig {
     /// and rebalances) or `consumer,fetch`; empty = none. Logged at debug level under the
     /// `librdkafka` target: run with `RUST_LOG=info,librdkafka=debug` to see them.
     pub debug: String,
+    /// Testing only: keep the device topic's partitions paused for this long after the
+    /// consumer starts, ms (0 = off), so that charges arrive while the device registry is
+    /// behind (`ingest::registry_wait`, `tests/tests/upstream.rs`).
+    pub hold_device_topic_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -164,6 +168,7 @@ impl Default for KafkaConfig {
             max_poll_interval_ms: 60_000,
             fetch_wait_max_ms: 100,
             debug: String::new(),
+            hold_device_topic_ms: 0,
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::ingest::replay::Replayed;
 use crate::ops::inspect::{self, InspectError};
 use crate::store::Outbox;
 use clap::Subcommand;
@@ -40,7 +41,9 @@ pub enum DeadLetterCmd {
         id: u64,
     },
     /// Puts the job of a dead letter (delivery failed, expired) back at the end of its
-    /// device's queue, with its original message id.
+    /// device's queue, with its original message id; routes the record of an
+    /// `unknown_terminal` or `terminal_of_another_company` dead letter again with the
+    /// running gateway's device registry. Once per dead letter.
     Replay {
         /// Its id.
         id: u64,
@@ -138,7 +141,7 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
                 let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
                 let ttl = &cfg.delivery.ttl;
                 run(listen, path, format!("/deadletters/{id}/replay"), true, |o| {
-                    Ok(inspect::replayed(&o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?))
+                    Ok(inspect::replayed(&Replayed::Job(o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?)))
                 })
                 .await
             }

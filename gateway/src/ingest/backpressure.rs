@@ -11,7 +11,11 @@
 //! - it fed a job to a device whose queue holds `outbox.max_jobs_per_device` jobs (until
 //!   that device's queue is half drained). Which partitions feed a device is only known
 //!   when one of their records does, so the bound is soft by at most one record's jobs
-//!   per partition.
+//!   per partition;
+//! - its records wait for the device registry to catch up (until released:
+//!   [`crate::ingest::registry_wait`]);
+//! - it belongs to a topic held back on purpose (`kafka.hold_device_topic_ms`, testing
+//!   only).
 //!
 //! Jobs count against the bounds from the moment they are planned (not when their batch is
 //! written), so a batch cannot overshoot a device's bound; a planned job the outbox's
@@ -88,6 +92,10 @@ pub struct Backpressure {
     waiting_on: HashMap<Partition, HashSet<String>>,
     /// The outbox is at its bound (every assigned partition pauses).
     outbox_full: bool,
+    /// Partitions whose records wait for the device registry.
+    registry_wait: HashSet<Partition>,
+    /// A topic whose partitions stay paused (`kafka.hold_device_topic_ms`, testing only).
+    held_topic: Option<String>,
     /// The consumer's assignment, as of the last rebalance.
     assigned: Vec<Partition>,
     /// What is paused in librdkafka.
@@ -105,6 +113,8 @@ impl Backpressure {
             pending_bound: HashSet::new(),
             waiting_on: HashMap::new(),
             outbox_full: false,
+            registry_wait: HashSet::new(),
+            held_topic: None,
             assigned: Vec::new(),
             paused: HashSet::new(),
         }
@@ -202,6 +212,23 @@ impl Backpressure {
         decisions
     }
 
+    /// Records of `part` wait for the device registry (`waiting`), or no longer do: pauses
+    /// or resumes it; `None` when that changes nothing.
+    pub fn registry_wait(&mut self, part: &Partition, waiting: bool) -> Option<Decision> {
+        let changed = if waiting { self.registry_wait.insert(part.clone()) } else { self.registry_wait.remove(part) };
+        changed.then(|| self.reconcile(part))
+    }
+
+    /// Keeps every partition of `topic` paused (`None`: none): for
+    /// `kafka.hold_device_topic_ms` (testing only).
+    pub fn hold_topic(&mut self, topic: Option<String>) -> Vec<Decision> {
+        if self.held_topic == topic {
+            return Vec::new();
+        }
+        self.held_topic = topic;
+        self.reconcile_all()
+    }
+
     /// Pauses every assigned partition when the outbox reaches its bound, resumes them at
     /// half; no decisions while neither happens.
     pub fn check_outbox_bound(&mut self) -> Vec<Decision> {
@@ -227,6 +254,7 @@ impl Backpressure {
         for part in revoked {
             self.pending_bound.remove(part);
             self.waiting_on.remove(part);
+            self.registry_wait.remove(part);
         }
         self.paused.clear();
         self.assigned = assigned;
@@ -250,8 +278,9 @@ impl Backpressure {
 
     /// Decides `part`'s pause from its reasons.
     fn reconcile(&mut self, part: &Partition) -> Decision {
-        let cause = PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part));
-        let want = cause.is_paused();
+        let mut cause = PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part));
+        cause.registry_wait = self.registry_wait.contains(part);
+        let want = cause.is_paused() || self.held_topic.as_deref() == Some(part.0.as_str());
         let action = (want != self.paused.contains(part)).then(|| {
             if want {
                 self.paused.insert(part.clone());

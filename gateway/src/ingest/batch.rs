@@ -113,7 +113,7 @@ mod tests {
     use super::*;
 
     fn rec(offset: i64) -> RecordRef {
-        RecordRef { part: ("t".to_string(), 0), offset }
+        RecordRef { part: ("t".to_string(), 0), offset, trace: None }
     }
 
     #[test]

@@ -3,21 +3,34 @@
 //! the design is described in [`crate::ingest`].
 //!
 //! It waits on one event at a time (a record, a write returned, a job finished, a replay,
-//! the batch timer, the tick, shutdown), applies a rebalance librdkafka reported before
+//! Kafka's answer about the device topic, the batch timer, the tick, shutdown), applies a rebalance librdkafka reported before
 //! handling it, and applies [`Backpressure`]'s decisions to librdkafka and the health
 //! monitor as they come.
+//!
+//! The upstream as it is: a tombstone is ignored ([`crate::ingest::upstream`]); a
+//! `traceparent` header's trace id is the `trace_id` of a `record` span around the
+//! record's planning and of the line about its accepted effects; a charge that would be
+//! dead-lettered for a registry reason is held, with the rest of its partition, until the
+//! registry has caught up ([`crate::ingest::registry_hold`]); a streak of consume errors is
+//! logged once and named by readiness ([`crate::ingest::consume_error`]); a record-level
+//! dead letter is replayed by routing its record again ([`crate::ingest::record_replay`]).
 
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
+use crate::ingest::consume_error::{self, ConsumeErrors};
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
 use crate::ingest::plan::{Planner, Source};
 use crate::ingest::prune::Pruner;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
-use crate::ingest::replay::Replay;
+use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
+use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
+use crate::ingest::registry_wait::Judging;
+use crate::ingest::replay::{Replay, Replayed};
 use crate::ingest::retry::until_stored;
+use crate::ingest::upstream;
 use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued};
 use crate::store::{Outbox, Removal};
 use crate::telemetry::{Monitor, Stats};
@@ -29,7 +42,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, Notify};
 
 /// What the consumer loop works with, made by the binary's wiring (`app`).
@@ -66,6 +79,8 @@ enum Event {
     Written(Attempt),
     Finished(Finished),
     Replay(Replay),
+    /// Kafka answered a question about the device topic's ends.
+    RegistryAnswer(RegistryAnswer),
     Tick,
     /// The batch is due and no write is in flight.
     BatchDue,
@@ -85,8 +100,16 @@ struct Pipeline {
     handoff: Handoff,
     backpressure: Backpressure,
     pruner: Pruner,
+    /// Charge records held until the device registry catches up.
+    registry: RegistryHold,
+    /// Record-level dead letters routed again.
+    record_replay: RecordReplay,
+    /// The current streak of consume errors.
+    consume_errors: ConsumeErrors,
     /// Replayed jobs' times to live.
     ttl: TtlConfig,
+    /// Records of this topic are registry changes.
+    device_topic: String,
     /// Wakes the dead-letter publisher after parking.
     deadletters: Arc<Notify>,
     /// Turns true on SIGTERM: a failing dead-letter write then gives up instead of retrying.
@@ -116,8 +139,11 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     let consumer = create(&cfg, &health)?;
     consumer.subscribe(&[&cfg.kafka.device_topic, &cfg.kafka.charge_topic]).context("subscribing")?;
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox)?;
-    let backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
+    let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
+    let (registry, mut answers) = RegistryHold::new(&cfg, health.clone());
+    // Nothing is assigned yet: the hold applies from the first rebalance on.
+    let _ = backpressure.hold_topic(registry.held_topic());
     let mut p = Pipeline {
         stats: stats.clone(),
         health: health.clone(),
@@ -126,10 +152,14 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         planner,
         tracker: OffsetTracker::default(),
         batch: Batch::new(cfg.outbox.batch_max_records, Duration::from_millis(cfg.outbox.batch_max_delay_ms)),
-        handoff: Handoff::new(outbox, clock, commands, health, shutdown.clone()),
+        handoff: Handoff::new(outbox, clock, commands, health.clone(), shutdown.clone()),
         backpressure,
         pruner: Pruner::new(&cfg.outbox),
+        registry,
+        record_replay: RecordReplay::new(&cfg.kafka.charge_topic, &cfg.kafka.brokers),
+        consume_errors: ConsumeErrors::default(),
         ttl: cfg.delivery.ttl.clone(),
+        device_topic: cfg.kafka.device_topic.clone(),
         deadletters,
         shutdown: shutdown.clone(),
     };
@@ -150,6 +180,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             a = async { writing.as_mut().expect("guarded").attempt().await }, if writing.is_some() => Event::Written(a),
             Some(f) = finished.recv() => Event::Finished(f),
             Some(r) = replays.recv(), if writing.is_none() => Event::Replay(r),
+            Some(a) = answers.recv() => Event::RegistryAnswer(a),
             _ = tick.tick() => Event::Tick,
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Event::BatchDue,
             // A full batch waits for the write in flight: at most two batches in memory.
@@ -174,7 +205,11 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             }
             Event::Finished(f) => p.on_finished(&consumer, f).await,
             Event::Replay(r) => p.on_replay(&consumer, r).await,
-            Event::Tick => p.on_tick(),
+            Event::RegistryAnswer((q, answer)) => {
+                p.registry.answered(q, answer);
+                p.release_held(&consumer);
+            }
+            Event::Tick => p.on_tick(&consumer),
             Event::BatchDue => writing = p.handoff.start(&mut p.batch),
             Event::Record(Ok(m)) => {
                 p.on_record(&consumer, m);
@@ -183,7 +218,10 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
                 }
             }
             Event::Record(Err(e)) => {
-                tracing::error!(error = %e, "Kafka consume error");
+                // rust-rdkafka drops the failing partition from the error: located apart.
+                if p.consume_errors.error(&e, Instant::now(), &health) {
+                    consume_error::spawn_locate(&consumer, &cfg.kafka.brokers, &cfg.kafka.group_id, health.clone());
+                }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -259,10 +297,10 @@ fn create(cfg: &Config, health: &Arc<Monitor>) -> anyhow::Result<GatewayConsumer
 }
 
 impl Pipeline {
-    /// A record read: planned now, its jobs counted against the bounds, added to the batch.
+    /// A record read: planned now (or held behind its partition's held records), its jobs
+    /// counted against the bounds, added to the batch.
     fn on_record(&mut self, consumer: &GatewayConsumer, m: OwnedMessage) {
         let part: Partition = (m.topic().to_string(), m.partition());
-        let rec = RecordRef { part: part.clone(), offset: m.offset() };
         self.tracker.read(&part, m.offset());
         // One update: a reader of /stats never sees the record read but not pending.
         let pending = self.tracker.total_pending() as u64;
@@ -270,6 +308,29 @@ impl Pipeline {
             *s.events_read.entry(part.0.clone()).or_default() += 1;
             s.pending_records = pending;
         });
+        if self.registry.holds(&part) {
+            // Behind a held record of its partition: it waits, in order.
+            self.hold(consumer, part, m, Judging::Fresh);
+            return;
+        }
+        let device = (m.topic() == self.device_topic).then(|| (m.partition(), m.offset()));
+        self.plan_record(consumer, m, Judging::Fresh);
+        if let Some((partition, offset)) = device {
+            self.registry.device_applied(partition, offset);
+            if self.registry.is_holding() {
+                self.release_held(consumer);
+            }
+        }
+    }
+
+    /// Plans a record read now or held and released, and adds it to the batch; or holds it
+    /// when its charge must wait for the registry.
+    fn plan_record(&mut self, consumer: &GatewayConsumer, m: OwnedMessage, judging: Judging) {
+        let part: Partition = (m.topic().to_string(), m.partition());
+        let trace = upstream::trace_parent(&m).map(|t| t.trace_id);
+        let span = trace.as_ref().map(|t| tracing::info_span!("record", trace_id = %t));
+        let entered = span.as_ref().map(tracing::Span::enter);
+        let rec = RecordRef { part: part.clone(), offset: m.offset(), trace };
         let src = Source {
             topic: m.topic(),
             partition: m.partition(),
@@ -277,7 +338,20 @@ impl Pipeline {
             key: m.key(),
             value: m.payload().unwrap_or_default(),
         };
-        let accept = self.planner.plan(&src);
+        let accept = if upstream::is_tombstone(&m) {
+            self.planner.tombstone(&src)
+        } else {
+            let registry = &self.registry;
+            match self.planner.plan(&src, |reason| registry.defers(reason, judging)) {
+                Ok(accept) => accept,
+                Err(_) => {
+                    drop(entered);
+                    self.hold(consumer, part, m, judging);
+                    return;
+                }
+            }
+        };
+        drop(entered);
         // Counted as soon as planned (not when written), so a batch cannot overshoot a
         // device's bound: a device at its bound pauses this record's partition at once.
         let decisions = self.backpressure.planned(&part, accept.jobs.iter().map(|(device, _)| device.as_str()));
@@ -287,6 +361,44 @@ impl Pipeline {
         self.batch.push(rec, accept);
         let decision = self.backpressure.record_read(&part, self.tracker.pending(&part));
         self.apply(consumer, decision);
+    }
+
+    /// Holds `m` until the registry has caught up (it stays pending: no offset is stored
+    /// past it), pausing its partition.
+    fn hold(&mut self, consumer: &GatewayConsumer, part: Partition, m: OwnedMessage, judging: Judging) {
+        if self.registry.hold(part.clone(), m, judging) {
+            let decision = self.backpressure.registry_wait(&part, true);
+            self.apply(consumer, decision);
+        }
+        let decision = self.backpressure.record_read(&part, self.tracker.pending(&part));
+        self.apply(consumer, decision);
+    }
+
+    /// Plans again, in order, the held records the registry can judge now; a record that
+    /// must wait again is held anew with the rest of its queue behind it.
+    fn release_held(&mut self, consumer: &GatewayConsumer) {
+        loop {
+            let ready = self.registry.take_ready();
+            if ready.is_empty() {
+                break;
+            }
+            for (part, queue) in ready {
+                let n = queue.len();
+                for h in queue {
+                    if self.registry.holds(&part) {
+                        self.registry.hold_again(part.clone(), h);
+                    } else {
+                        self.plan_record(consumer, h.msg, Judging::Held(h.read_after));
+                    }
+                }
+                if !self.registry.holds(&part) {
+                    tracing::info!(topic = %part.0, partition = part.1, records = n, "the device registry has caught up: held records planned again, partition released");
+                    let decision = self.backpressure.registry_wait(&part, false);
+                    self.apply(consumer, decision);
+                }
+            }
+        }
+        self.registry.settle();
     }
 
     /// A batch write returned: once it is accepted (retried until then, see
@@ -320,20 +432,59 @@ impl Pipeline {
     /// device's bound like a planned job, and goes to the dispatcher before any later
     /// batch's jobs.
     async fn on_replay(&mut self, consumer: &GatewayConsumer, r: Replay) {
+        if self.record_replay.is_record(&self.outbox, r.id) {
+            return self.on_record_replay(consumer, r).await;
+        }
         let result = self.handoff.replay(r.id, &self.ttl);
         match &result {
             Ok(stored) => {
                 tracing::info!(id = r.id, device = %stored.device, seq = stored.job.seq, "dead letter replayed");
-                let decisions = self.backpressure.replayed(&stored.device);
-                let jobs = self.backpressure.jobs() as u64;
-                self.stats.update(|s| s.outbox_jobs = jobs);
-                self.apply(consumer, decisions);
-                self.handoff.enqueue(Queued::from_stored(stored.clone())).await;
+                self.queue_replayed(consumer, Queued::from_stored(stored.clone())).await;
             }
             Err(e) => tracing::warn!(id = r.id, error = %e, "replay refused"),
         }
         // The operator's request may have gone (a closed connection): the replay stands.
+        let _ = r.reply.send(result.map(Replayed::Job));
+    }
+
+    /// Carries out a record replay ([`RecordReplay`]; no batch write is in flight): its
+    /// jobs are counted and queued like a replayed job.
+    async fn on_record_replay(&mut self, consumer: &GatewayConsumer, r: Replay) {
+        let result = self.record_replay.replay(r.id, &self.outbox, &mut self.planner, &self.handoff).await;
+        let result = match result {
+            Ok(RecordReplayed { queued, parked }) => {
+                tracing::info!(
+                    id = r.id,
+                    jobs = queued.len(),
+                    deadletters = parked.len(),
+                    "record dead letter replayed: routed again with the current device registry"
+                );
+                let jobs = queued.iter().map(|q| q.stored.clone()).collect();
+                for q in queued {
+                    self.queue_replayed(consumer, q).await;
+                }
+                if !parked.is_empty() {
+                    self.deadletters.notify_one();
+                }
+                Ok(Replayed::Record { jobs, deadletters: parked })
+            }
+            Err(e) => {
+                tracing::warn!(id = r.id, error = %e, "replay refused");
+                Err(e)
+            }
+        };
+        // The operator's request may have gone (a closed connection): the replay stands.
         let _ = r.reply.send(result);
+    }
+
+    /// A replayed job: counted in the outbox and against its device's bound like a
+    /// planned job, then sent to the dispatcher.
+    async fn queue_replayed(&mut self, consumer: &GatewayConsumer, q: Queued) {
+        let decisions = self.backpressure.replayed(&q.stored.device);
+        let jobs = self.backpressure.jobs() as u64;
+        self.stats.update(|s| s.outbox_jobs = jobs);
+        self.apply(consumer, decisions);
+        self.handoff.enqueue(q).await;
     }
 
     /// A job left its device's queue: removed from the outbox with the next write, or
@@ -390,8 +541,17 @@ impl Pipeline {
         });
     }
 
-    fn on_tick(&mut self) {
+    fn on_tick(&mut self, consumer: &GatewayConsumer) {
         self.stats.polled();
+        if self.registry.device_topic_due() {
+            let decisions = self.backpressure.hold_topic(None);
+            self.apply(consumer, decisions);
+        }
+        // Asks again after a failed question, and releases what can go.
+        if self.registry.is_holding() {
+            self.release_held(consumer);
+        }
+        self.consume_errors.tick(Instant::now(), &self.health);
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         self.pruner.tick(&self.outbox, &self.clock);
@@ -441,6 +601,7 @@ impl Pipeline {
                 let parts: Vec<Partition> =
                     a.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
                 self.health.assigned(parts.iter().cloned());
+                self.registry.assigned(&parts);
                 parts
             }
             Err(e) => {

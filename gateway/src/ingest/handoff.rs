@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::offsets::RecordRef;
-use crate::ingest::retry::{pause_unless_shutdown, until_stored};
+use crate::ingest::retry::{pause_unless_shutdown, until_stored, until_stored_or};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
 use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
@@ -158,9 +158,13 @@ impl Handoff {
                 }
             }
         };
-        let mut accepted = Accepted { records, ..Accepted::default() };
-        for (accept, (queued, dls)) in accepts.iter().zip(stored) {
+        let mut accepted = Accepted::default();
+        for ((accept, (queued, dls)), rec) in accepts.iter().zip(stored).zip(&records) {
             accepted.parked |= !dls.is_empty();
+            // A traced record's line: what its producer's trace led to.
+            if let Some(trace_id) = &rec.trace {
+                tracing::info!(trace_id = %trace_id, topic = %rec.part.0, partition = rec.part.1, offset = rec.offset, jobs = queued.len(), deadletters = dls.len(), "record's effects accepted");
+            }
             for (device, job) in &accept.jobs {
                 if !queued.iter().any(|q| q.stored.job.message_id == job.message_id) {
                     accepted.left_out.push(device.clone());
@@ -170,6 +174,7 @@ impl Handoff {
                 self.enqueue(q).await;
             }
         }
+        accepted.records = records;
         Some(accepted)
     }
 
@@ -184,6 +189,24 @@ impl Handoff {
     pub fn replay(&self, id: u64, ttl: &TtlConfig) -> Result<StoredJob, ReplayError> {
         let now_ms = self.clock.now_ms();
         tokio::task::block_in_place(|| self.outbox.replay(id, now_ms, |k| jobs::ttl_of(k, ttl)))
+    }
+
+    /// Writes the record of record-level dead letter `id`, planned again (`accept`): its
+    /// jobs (their original message ids), its charge state and any effect's dead letter, in
+    /// the transaction that marks the dead letter replayed ([`Outbox::replay_record`]).
+    /// Like [`Handoff::replay`], between two batch writes; a write the disk refuses is
+    /// retried as a batch's is. Returns the jobs queued (send each with
+    /// [`Handoff::enqueue`]) and the ids of the dead letters parked.
+    ///
+    /// # Errors
+    /// Already replayed, not a record's dead letter, or the outbox kept refusing until
+    /// shutdown ([`ReplayError`]).
+    pub async fn replay_record(&self, id: u64, accept: &mut Accept) -> Result<(Vec<Queued>, Vec<u64>), ReplayError> {
+        let (outbox, clock) = (&self.outbox, &self.clock);
+        until_stored_or(&self.health, "a replayed record", &self.shutdown, || {
+            outbox.replay_record(id, accept, clock.now_ms())
+        })
+        .await
     }
 
     /// Sends a job the outbox holds to the dispatcher (waits while its channel is full).
@@ -201,7 +224,7 @@ mod tests {
     use device_protocol::EffectKind;
 
     fn rec(offset: i64) -> RecordRef {
-        RecordRef { part: ("charge.upserted".to_string(), 0), offset }
+        RecordRef { part: ("charge.upserted".to_string(), 0), offset, trace: None }
     }
 
     /// A record's plan: one job per `(device, message id)`.

@@ -31,6 +31,12 @@
 //! - [`offsets`]: which offset may be stored: the contiguous done prefix per partition.
 //! - [`replay`]: an operator's replay request, carried out between batch writes.
 //! - [`prune`]: the dedupe window's and published dead letters' pruning, once a minute.
+//! - [`upstream`]: the upstream as it is: tombstones, `traceparent` headers.
+//! - [`registry_wait`]: charges held while the device registry is behind the device
+//!   topic, and the loop's side of it ([`registry_hold`]).
+//! - [`record_replay`]: an operator's replay of a record-level dead letter, routed again
+//!   with the current registry.
+//! - [`consume_error`]: a streak of Kafka consume errors, logged once and located.
 //!
 //! # Group commit
 //!
@@ -73,11 +79,16 @@
 
 pub mod backpressure;
 pub mod batch;
+pub mod consume_error;
 pub mod consumer;
 pub mod handoff;
 pub mod offsets;
 pub mod plan;
 pub mod prune;
 pub mod rebalance;
+pub mod record_replay;
+pub mod registry_hold;
+pub mod registry_wait;
 pub mod replay;
 pub mod retry;
+pub mod upstream;

@@ -15,6 +15,8 @@ pub struct RecordRef {
     pub part: Partition,
     /// Its offset in the partition.
     pub offset: i64,
+    /// Its `traceparent`'s trace id, for the log line about its effects.
+    pub trace: Option<String>,
 }
 
 #[derive(Debug, Default)]

@@ -7,10 +7,17 @@
 //! with its reason: the whole record's, or one effect's beside the jobs of the others.
 //! Nothing here touches the disk except the router reading a charge's state back from the
 //! outbox when it is not cached.
+//!
+//! A whole-record dead letter the caller's `defer` rule keeps back (a charge whose
+//! terminal the registry may not know yet: [`crate::ingest::registry_wait`]) is not
+//! planned: [`Planner::plan`] answers [`Deferred`] and changes nothing, since the router
+//! applies no state for a dead letter. A tombstone (a null value) is ignored
+//! ([`Planner::tombstone`]).
 
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
-use crate::model::{DeadLetter, DeadLetterReason, SourceRef};
+use crate::ingest::registry_wait::Deferred;
+use crate::model::{DeadLetter, DeadLetterReason, IgnoreReason, SourceRef};
 use crate::route::registry::{Applied, Registry};
 use crate::route::render as jobs;
 use crate::route::router::{Decision, Router};
@@ -32,6 +39,16 @@ pub struct Source<'a> {
     pub key: Option<&'a [u8]>,
     /// Value (empty when the record has none).
     pub value: &'a [u8],
+}
+
+/// Where `src` came from, as stored with its effects.
+fn source_ref(src: &Source<'_>) -> SourceRef {
+    SourceRef {
+        topic: src.topic.to_string(),
+        partition: src.partition,
+        offset: src.offset,
+        key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
+    }
 }
 
 /// Turns records into [`Accept`]s: the registry, the router and what rendering needs.
@@ -90,15 +107,23 @@ impl Planner {
     /// What to store for the record `src`, its [`Accept::source`] set. A registry change
     /// is applied in memory now, a charge's state in the router now: the record is planned
     /// once, and its batch must be written before a later record's offset is stored.
-    pub fn plan(&mut self, src: &Source<'_>) -> Accept {
-        let mut accept = if src.topic == self.device_topic { self.plan_device(src) } else { self.plan_charge(src) };
-        accept.source = Some(SourceRef {
-            topic: src.topic.to_string(),
-            partition: src.partition,
-            offset: src.offset,
-            key: src.key.map(|k| String::from_utf8_lossy(k).into_owned()),
-        });
-        accept
+    ///
+    /// # Errors
+    /// The charge would be dead-lettered whole for a reason `defer` keeps back: nothing was
+    /// planned or counted.
+    pub fn plan(&mut self, src: &Source<'_>, defer: impl Fn(&DeadLetterReason) -> bool) -> Result<Accept, Deferred> {
+        let mut accept =
+            if src.topic == self.device_topic { self.plan_device(src) } else { self.plan_charge(src, defer)? };
+        accept.source = Some(source_ref(src));
+        Ok(accept)
+    }
+
+    /// A tombstone (a record with a null value, the marker a compacted topic keeps for a
+    /// deleted key): ignored on either topic, since the capture job's deletes are change
+    /// events with an envelope. Its offset is stored like any finished record's.
+    pub fn tombstone(&mut self, src: &Source<'_>) -> Accept {
+        self.stats.ignored(IgnoreReason::Tombstone);
+        Accept { source: Some(source_ref(src)), ..Accept::default() }
     }
 
     /// A registry change: applied in memory now, stored with the batch.
@@ -125,12 +150,14 @@ impl Planner {
         }
     }
 
-    /// A charge change: routed and rendered now, its jobs and dead letters stored with the batch.
-    fn plan_charge(&mut self, src: &Source<'_>) -> Accept {
+    /// A charge change: routed and rendered now, its jobs and dead letters stored with the
+    /// batch; or, when `defer` keeps back the whole-record dead letter it would be, nothing
+    /// done and why.
+    fn plan_charge(&mut self, src: &Source<'_>, defer: impl Fn(&DeadLetterReason) -> bool) -> Result<Accept, Deferred> {
         let ChargeRecord { event_id, operation, cluster_time: event_time, charge, .. } =
             match cdc::decode_charge_record(src.value) {
                 Ok(r) => r,
-                Err(e) => return self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()),
+                Err(e) => return Ok(self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string())),
             };
         let decision = self.router.route_decoded(&event_id, operation, charge, &self.registry);
         let charge_state =
@@ -139,6 +166,9 @@ impl Planner {
         match decision {
             Decision::Ignored(reason) => self.stats.ignored(reason),
             Decision::DeadLetter { reason, detail } => {
+                if defer(&reason) {
+                    return Err(Deferred { reason, detail });
+                }
                 let dead = self.dead_record(src, reason, detail);
                 accept.deadletters = dead.deadletters;
             }
@@ -186,7 +216,7 @@ impl Planner {
                 }
             }
         }
-        accept
+        Ok(accept)
     }
 
     /// Dead-letters the whole record (it had no effects planned): the returned [`Accept`]
@@ -224,7 +254,7 @@ mod tests {
     #[test]
     fn a_record_that_does_not_decode_is_dead_lettered_whole_with_its_source() {
         let (_dir, mut p) = planner("plan-undecodable");
-        let a = p.plan(&source("charge.upserted", 7, b"not json"));
+        let a = p.plan(&source("charge.upserted", 7, b"not json"), |_| true).unwrap();
         assert!(a.jobs.is_empty() && a.charge.is_none());
         assert_eq!(a.deadletters.len(), 1);
         assert_eq!(a.deadletters[0].source_offset, 7);
@@ -237,7 +267,7 @@ mod tests {
         let mut planned = BTreeSet::new();
         for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate()
         {
-            let a = p.plan(&source(&topic, offset as i64, &value));
+            let a = p.plan(&source(&topic, offset as i64, &value), |_| false).unwrap();
             assert!(a.deadletters.is_empty(), "{:?}", a.deadletters);
             for (device, job) in a.jobs {
                 assert!(job.expires_at.is_some());

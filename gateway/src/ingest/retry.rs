@@ -7,7 +7,7 @@
 //! ends the retries, to stay within `shutdown_timeout_ms`: what was not stored is read
 //! again at the next start, since no offset was stored past it.
 
-use crate::store::OutboxError;
+use crate::store::{OutboxError, ReplayError};
 use crate::telemetry::Monitor;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -54,6 +54,36 @@ pub async fn until_stored<T>(
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
         }
+    }
+}
+
+/// [`until_stored`] for a replay: a disk failure is retried until the disk takes the write
+/// (or shutdown is requested: then nothing was replayed); any other refusal is returned.
+///
+/// # Errors
+/// The write's refusal, or shutdown came while the disk still refused it.
+pub async fn until_stored_or<T>(
+    health: &Monitor,
+    what: &str,
+    shutdown: &watch::Receiver<bool>,
+    mut write: impl FnMut() -> Result<T, ReplayError>,
+) -> Result<T, ReplayError> {
+    let mut refused = None;
+    let stored = until_stored(health, what, shutdown, || match write() {
+        Ok(v) => Ok(Some(v)),
+        Err(ReplayError::Outbox(e)) => Err(e),
+        Err(other) => {
+            refused = Some(other);
+            Ok(None)
+        }
+    })
+    .await;
+    match (stored, refused) {
+        (Some(Some(v)), _) => Ok(v),
+        (_, Some(refused)) => Err(refused),
+        _ => Err(ReplayError::Outbox(OutboxError::Format(
+            "the outbox kept refusing the write and shutdown was requested: nothing was replayed",
+        ))),
     }
 }
 

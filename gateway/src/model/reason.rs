@@ -25,6 +25,10 @@ pub enum IgnoreReason {
     DeviceDisabled,
     /// `no_device_concerned`: no device must show or print anything for this charge.
     NoDeviceConcerned,
+    /// `tombstone`: a record with a null value (not an empty one), the marker a compacted
+    /// topic keeps for a deleted key. On either topic it means nothing: the capture job's
+    /// deletes are change events with an envelope (`operationType: delete`).
+    Tombstone,
 }
 
 impl IgnoreReason {
@@ -38,6 +42,7 @@ impl IgnoreReason {
             IgnoreReason::NoStatusChange => "no_status_change",
             IgnoreReason::DeviceDisabled => "device_disabled",
             IgnoreReason::NoDeviceConcerned => "no_device_concerned",
+            IgnoreReason::Tombstone => "tombstone",
         }
     }
 }
@@ -95,6 +100,14 @@ impl DeadLetterReason {
             cdc::DecodeError::Missing(f) => DeadLetterReason::MissingField((*f).to_string()),
             cdc::DecodeError::Invalid { field, .. } => DeadLetterReason::InvalidField((*field).to_string()),
         }
+    }
+
+    /// Whether a record dead-lettered for this reason may route once the device registry
+    /// changes (`unknown_terminal`, `terminal_of_another_company`): the consumer holds such
+    /// a record while the registry is behind, and `pixgate deadletter replay` routes it
+    /// again.
+    pub fn depends_on_registry(&self) -> bool {
+        matches!(self, DeadLetterReason::UnknownTerminal | DeadLetterReason::TerminalOfAnotherCompany)
     }
 
     /// The wire text without a field (`missing_field`, `invalid_field` for those two).

@@ -3,6 +3,7 @@
 //! prints ([`crate::cli::inspect`]) when it opens the outbox file itself. Both paths
 //! return the same JSON, built here.
 
+use crate::ingest::replay::Replayed;
 use crate::model::StoredJob;
 use crate::store::{Outbox, OutboxError, ReplayError};
 use axum::http::StatusCode;
@@ -115,7 +116,7 @@ pub fn deadletter_list(outbox: &Outbox) -> Result<Value, InspectError> {
                 "effect": d.effect,
                 "message_id": d.message_id,
                 "source": format!("{}/{}@{}", d.source_topic, d.source_partition, d.source_offset),
-                "replayable": p.job.is_some() && p.replayed_at_ms.is_none(),
+                "replayable": (p.job.is_some() || d.reason.depends_on_registry()) && p.replayed_at_ms.is_none(),
             })
         })
         .collect();
@@ -140,9 +141,16 @@ pub fn deadletter_show(outbox: &Outbox, id: u64) -> Result<Value, InspectError> 
     Ok(json!({ "state": state(&p), "deadletter": p }))
 }
 
-/// What a replay answers: the job as queued again.
-pub fn replayed(stored: &StoredJob) -> Value {
-    json!({ "replayed": job_summary(stored) })
+/// What a replay answers: `{"replayed": job}` for a job's dead letter; for a record's,
+/// `{"replayed": [job, …], "deadletters": [id, …]}` (both empty when the charge had moved on
+/// and the record had nothing left to do).
+pub fn replayed(r: &Replayed) -> Value {
+    match r {
+        Replayed::Job(stored) => json!({ "replayed": job_summary(stored) }),
+        Replayed::Record { jobs, deadletters } => {
+            json!({ "replayed": jobs.iter().map(job_summary).collect::<Vec<_>>(), "deadletters": deadletters })
+        }
+    }
 }
 
 #[cfg(test)]

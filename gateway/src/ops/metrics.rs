@@ -17,8 +17,18 @@ pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheu
 /// Only a formatting error from the encoder (writing to a `String` does not fail).
 pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, std::fmt::Error> {
     let mut registry = prometheus_client::registry::Registry::with_prefix("pixgate");
-    registry
-        .register_collector(Box::new(Exposition { r: r.clone(), kinds: reasons.iter().map(Reason::kind).collect() }));
+    let consume_errors = reasons
+        .iter()
+        .filter_map(|r| match r {
+            Reason::ConsumeError { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .collect();
+    registry.register_collector(Box::new(Exposition {
+        r: r.clone(),
+        kinds: reasons.iter().map(Reason::kind).collect(),
+        consume_errors,
+    }));
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)?;
     Ok(out)
@@ -27,13 +37,22 @@ pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, st
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
 const TOPIC_ALARMS: [&str; 4] = ["unassigned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
-const GLOBAL_ALARMS: [&str; 4] = ["consumer_not_running", "consumer_idle", "kafka_unreachable", "delivery_stalled"];
+const GLOBAL_ALARMS: [&str; 6] = [
+    "consumer_not_running",
+    "consumer_idle",
+    "kafka_unreachable",
+    "delivery_stalled",
+    "registry_behind",
+    "consume_error",
+];
 
 /// One scrape: the snapshot encoded on demand (a collector, so values are read once).
 #[derive(Debug)]
 struct Exposition {
     r: StatsReport,
     kinds: Vec<&'static str>,
+    /// The consume errors readiness reports (at most one).
+    consume_errors: Vec<crate::telemetry::health::ConsumeErrorFact>,
 }
 
 mod expose {
@@ -136,7 +155,15 @@ impl prometheus_client::collector::Collector for Exposition {
 
         gauge(e, "ready", "1 when /readyz answers 200.", flag(self.kinds.is_empty()))?;
         let global = GLOBAL_ALARMS.iter().map(|a| ([("alarm", *a)], flag(self.kinds.contains(a))));
-        gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable, delivery_stalled); each fails /readyz.", global)?;
+        gauges(e, "alarm", "1 while the gateway-wide alarm holds (consumer_not_running, consumer_idle, kafka_unreachable, delivery_stalled, registry_behind, consume_error); each fails /readyz.", global)?;
+        let consume = self.consume_errors.iter().map(|c| {
+            let (topic, partition, offset) = match &c.at {
+                Some((t, p, o)) => (t.clone(), p.to_string(), o.to_string()),
+                None => (String::new(), String::new(), String::new()),
+            };
+            ([("topic", topic), ("partition", partition), ("offset", offset), ("error", c.error.clone())], 1.0)
+        });
+        gauges(e, "kafka_consume_error", "1 while Kafka consume errors keep coming: librdkafka's error text, and the topic, partition and offset that cannot be read once found (empty until then).", consume)?;
         if let Some(up) = self.r.kafka_brokers_up {
             gauge(
                 e,

@@ -17,14 +17,20 @@
 //! - delivery stalled: jobs are in flight to devices believed reachable and no device has
 //!   acknowledged anything for `health.delivery_stall_after_ms` (a broken link from the
 //!   MQTT broker to the gateway, or a fleet that stopped answering, is otherwise silent:
-//!   the consumer keeps reading and the outbox fills).
+//!   the consumer keeps reading and the outbox fills);
+//! - charge records are held until the device registry catches up
+//!   (`ingest::registry_wait`): the reason names the partitions, how many records each
+//!   holds, and how far behind the device topic is;
+//! - Kafka consume errors keep coming (a batch that cannot be read: a codec, corruption, a
+//!   record too large): the reason gives librdkafka's error text and, once found, the
+//!   topic, partition and offset.
 //!
 //! The rules are one pure function, [`evaluate`], over the [`Facts`] the health monitor
 //! keeps (`telemetry::health`); [`report`] applies them to the monitor now; [`AlarmLog`]
 //! logs each alarm once when it starts (`warn`) and when it clears (`info`).
 
 use crate::config::HealthConfig;
-use crate::telemetry::health::{Facts, Monitor, TopicFacts, DEVICES_NAMED};
+use crate::telemetry::health::{ConsumeErrorFact, Facts, Monitor, RegistryWaitFact, TopicFacts, DEVICES_NAMED};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -99,12 +105,26 @@ pub enum Reason {
         /// Without an ack, ms.
         for_ms: u64,
     },
+    /// Charge records held until the device registry catches up.
+    RegistryBehind {
+        /// For how long, ms.
+        for_ms: u64,
+        /// What is held and what it waits for.
+        wait: RegistryWaitFact,
+    },
+    /// Kafka consume errors keep coming.
+    ConsumeError {
+        /// Since the first of the streak, ms.
+        for_ms: u64,
+        /// The last error, and where once found.
+        error: ConsumeErrorFact,
+    },
 }
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
-    /// `unassigned`, `stalled`, `slow`, `quiet`, `delivery_stalled` (the `alarm` label on
-    /// `/metrics`).
+    /// `unassigned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
+    /// `consume_error` (the `alarm` label on `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
@@ -115,6 +135,8 @@ impl Reason {
             Reason::Slow { .. } => "slow",
             Reason::Quiet { .. } => "quiet",
             Reason::DeliveryStalled { .. } => "delivery_stalled",
+            Reason::RegistryBehind { .. } => "registry_behind",
+            Reason::ConsumeError { .. } => "consume_error",
         }
     }
 
@@ -125,6 +147,7 @@ impl Reason {
             | Reason::Stalled { topic, .. }
             | Reason::Slow { topic, .. }
             | Reason::Quiet { topic, .. } => Some(topic),
+            Reason::ConsumeError { error, .. } => error.at.as_ref().map(|(t, _, _)| t.as_str()),
             _ => None,
         }
     }
@@ -174,6 +197,36 @@ impl fmt::Display for Reason {
                 f,
                 "delivery stalled: {in_flight} jobs in flight to reachable devices, no device ack for {for_ms} ms"
             ),
+            Reason::RegistryBehind { for_ms, wait } => {
+                let held: Vec<String> = wait
+                    .held
+                    .iter()
+                    .map(|((t, p), n)| format!("{n} record{} on {t}/{p}", if *n == 1 { "" } else { "s" }))
+                    .collect();
+                write!(f, "charges waiting for the device registry: {} for {for_ms} ms", held.join(", "))?;
+                match wait.behind {
+                    Some(m) => {
+                        write!(f, ", {} behind by {m} record{}", wait.device_topic, if m == 1 { "" } else { "s" })?
+                    }
+                    None => write!(f, ", asking Kafka for the end offsets of {}", wait.device_topic)?,
+                }
+                if !wait.unassigned.is_empty() {
+                    let parts: Vec<String> =
+                        wait.unassigned.iter().map(|p| format!("{}/{p}", wait.device_topic)).collect();
+                    write!(f, " ({} not assigned to this consumer)", parts.join(", "))?;
+                }
+                if let Some(e) = &wait.error {
+                    write!(f, "; asking Kafka fails: {e}")?;
+                }
+                Ok(())
+            }
+            Reason::ConsumeError { for_ms, error } => {
+                write!(f, "kafka consume error for {for_ms} ms ({} errors): {}", error.count, error.error)?;
+                if let Some((t, p, o)) = &error.at {
+                    write!(f, "; at {t}/{p} offset {o}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -236,6 +289,12 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
             out.push(Reason::DeliveryStalled { in_flight: facts.in_flight, for_ms: since(since_ms) });
         }
     }
+    if let Some((t, wait)) = &facts.registry_wait {
+        out.push(Reason::RegistryBehind { for_ms: since(*t), wait: wait.clone() });
+    }
+    if let Some((t, error)) = &facts.consume_error {
+        out.push(Reason::ConsumeError { for_ms: since(*t), error: error.clone() });
+    }
     out
 }
 
@@ -264,6 +323,9 @@ fn stall_causes(
         }
         if t.pause.pending_bound {
             causes.push("records read and not yet written are at kafka.max_pending_per_partition".to_string());
+        }
+        if t.pause.registry_wait {
+            causes.push("charges waiting for the device registry".to_string());
         }
         why.push(format!("{} of {} partitions paused for backpressure: {}", t.paused, t.assigned, causes.join(", ")));
     }

@@ -223,8 +223,8 @@ pub enum ReplayError {
     /// No dead letter with this id (never, or pruned after its retention).
     #[error("no dead letter {0} in the outbox")]
     NotFound(u64),
-    /// A record-level dead letter (or an effect that could not be rendered): there is no
-    /// job to queue again.
+    /// A record-level dead letter whose cause does not go away by itself (or an effect
+    /// that could not be rendered): there is no job to queue again.
     #[error("dead letter {id} ({reason}) has no job to replay: fix the source record and produce it again")]
     NoJob {
         /// Its id.
@@ -235,6 +235,30 @@ pub enum ReplayError {
     /// Replayed before; a second replay would queue the effect twice.
     #[error("dead letter {0} was already replayed")]
     AlreadyReplayed(u64),
+    /// A record-level dead letter whose cause can go away (`unknown_terminal`,
+    /// `terminal_of_another_company`) is replayed by routing its record again with the
+    /// running gateway's registry: the outbox file alone cannot.
+    #[error("dead letter {0} is a record routed again by the running gateway (with its device registry): start pixgate, then replay it")]
+    NeedsGateway(u64),
+    /// Routed again with the current registry, the record is still dead-lettered: nothing
+    /// was replayed (it can be tried again later).
+    #[error("dead letter {id}: routed again with the current device registry, the record is still {reason}: {detail}; nothing was replayed")]
+    StillDeadLetter {
+        /// Its id.
+        id: u64,
+        /// The reason it would be dead-lettered for now.
+        reason: DeadLetterReason,
+        /// The router's detail.
+        detail: String,
+    },
+    /// The record's value is neither in the dead letter nor readable from Kafka.
+    #[error("dead letter {id}: its source record cannot be had: {why}")]
+    SourceUnavailable {
+        /// Its id.
+        id: u64,
+        /// Why.
+        why: String,
+    },
     /// The disk.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
@@ -290,6 +314,72 @@ fn status_from(c: u8) -> ChargeStatus {
         2 => ChargeStatus::Expired,
         _ => ChargeStatus::Active,
     }
+}
+
+/// The records of an [`Outbox::write`] (or a replayed record, [`Outbox::replay_record`]) in
+/// the transaction `tx`: what [`Outbox::write`] documents, per record.
+fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64) -> Result<Written, OutboxError> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut seen = tx.open_table(SEEN).map_err(err)?;
+    let mut seq = tx.open_table(SEQ).map_err(err)?;
+    let mut table = tx.open_table(JOBS).map_err(err)?;
+    let mut charges = tx.open_table(CHARGES).map_err(err)?;
+    let mut devices = tx.open_table(DEVICES).map_err(err)?;
+    let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+    let mut meta = tx.open_table(META).map_err(err)?;
+    let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
+    for a in batch {
+        if let Some((id, st)) = &a.charge {
+            charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
+        }
+        if let Some(d) = &a.device {
+            let bytes = match &d.document {
+                Some(doc) => serde_json::to_vec(doc).map_err(err)?,
+                None => Vec::new(),
+            };
+            devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
+        }
+        let source = a.source.clone().unwrap_or_else(|| SourceRef {
+            topic: String::new(),
+            partition: -1,
+            offset: -1,
+            key: None,
+        });
+        let mut queued = Vec::new();
+        for (device, job) in &mut a.jobs {
+            if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
+                continue;
+            }
+            let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
+            seq.insert(device.as_str(), next).map_err(err)?;
+            seen.insert((a.event_time, job.message_id.as_str()), now_ms).map_err(err)?;
+            job.seq = next;
+            let (row, at) = encode_row(&source, job)?;
+            table.insert((device.as_str(), next), row.as_slice()).map_err(err)?;
+            // The header without cloning the payload (kilobytes) only to drop it.
+            let payload = std::mem::take(&mut job.payload);
+            let header = job.clone();
+            job.payload = payload;
+            let stored = StoredJob { device: device.clone(), job: header, source: source.clone() };
+            queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
+        }
+        let mut parked = Vec::new();
+        if !a.deadletters.is_empty() {
+            let mut by_source = tx.open_table(DL_BY_SOURCE).map_err(err)?;
+            for (i, dl) in a.deadletters.iter().enumerate() {
+                let which = which_of(i, dl);
+                let key = (dl.source_topic.as_str(), dl.source_partition, dl.source_offset, which.as_str());
+                if by_source.get(key).map_err(err)?.is_some() {
+                    continue; // parked when this record was read before
+                }
+                let id = park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
+                by_source.insert(key, id).map_err(err)?;
+                parked.push(id);
+            }
+        }
+        out.push((queued, parked));
+    }
+    Ok(out)
 }
 
 /// The outbox database.
@@ -351,75 +441,13 @@ impl Outbox {
         let mut tx = self.db.begin_write().map_err(err)?;
         let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
-        let mut out = Vec::with_capacity(batch.len());
         if !removals.is_empty() {
             let mut table = tx.open_table(JOBS).map_err(err)?;
             for r in removals {
                 table.remove((r.device.as_str(), r.seq)).map_err(err)?;
             }
         }
-        if !batch.is_empty() {
-            let mut seen = tx.open_table(SEEN).map_err(err)?;
-            let mut seq = tx.open_table(SEQ).map_err(err)?;
-            let mut table = tx.open_table(JOBS).map_err(err)?;
-            let mut charges = tx.open_table(CHARGES).map_err(err)?;
-            let mut devices = tx.open_table(DEVICES).map_err(err)?;
-            let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
-            let mut meta = tx.open_table(META).map_err(err)?;
-            let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
-            for a in batch {
-                if let Some((id, st)) = &a.charge {
-                    charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
-                }
-                if let Some(d) = &a.device {
-                    let bytes = match &d.document {
-                        Some(doc) => serde_json::to_vec(doc).map_err(err)?,
-                        None => Vec::new(),
-                    };
-                    devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
-                }
-                let source = a.source.clone().unwrap_or_else(|| SourceRef {
-                    topic: String::new(),
-                    partition: -1,
-                    offset: -1,
-                    key: None,
-                });
-                let mut queued = Vec::new();
-                for (device, job) in &mut a.jobs {
-                    if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
-                        continue;
-                    }
-                    let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
-                    seq.insert(device.as_str(), next).map_err(err)?;
-                    seen.insert((a.event_time, job.message_id.as_str()), now_ms).map_err(err)?;
-                    job.seq = next;
-                    let (row, at) = encode_row(&source, job)?;
-                    table.insert((device.as_str(), next), row.as_slice()).map_err(err)?;
-                    // The header without cloning the payload (kilobytes) only to drop it.
-                    let payload = std::mem::take(&mut job.payload);
-                    let header = job.clone();
-                    job.payload = payload;
-                    let stored = StoredJob { device: device.clone(), job: header, source: source.clone() };
-                    queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
-                }
-                let mut parked = Vec::new();
-                if !a.deadletters.is_empty() {
-                    let mut by_source = tx.open_table(DL_BY_SOURCE).map_err(err)?;
-                    for (i, dl) in a.deadletters.iter().enumerate() {
-                        let which = which_of(i, dl);
-                        let key = (dl.source_topic.as_str(), dl.source_partition, dl.source_offset, which.as_str());
-                        if by_source.get(key).map_err(err)?.is_some() {
-                            continue; // parked when this record was read before
-                        }
-                        let id =
-                            park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
-                        by_source.insert(key, id).map_err(err)?;
-                        parked.push(id);
-                    }
-                }
-                out.push((queued, parked));
-            }
-        }
+        let out = if batch.is_empty() { Vec::new() } else { write_records(&tx, batch, now_ms)? };
         tx.commit().map_err(err)?;
         Ok(out)
     }
@@ -577,7 +605,12 @@ impl Outbox {
                 return Err(ReplayError::AlreadyReplayed(id));
             }
             let Some(mut stored) = parked.job.clone() else {
-                return Err(ReplayError::NoJob { id, reason: parked.dead_letter.reason.clone() });
+                let reason = parked.dead_letter.reason.clone();
+                return Err(if reason.depends_on_registry() {
+                    ReplayError::NeedsGateway(id)
+                } else {
+                    ReplayError::NoJob { id, reason }
+                });
             };
             let mut seq = tx.open_table(SEQ).map_err(|e| ReplayError::Outbox(err(e)))?;
             let next =
@@ -602,6 +635,51 @@ impl Outbox {
         };
         tx.commit().map_err(|e| ReplayError::Outbox(err(e)))?;
         Ok(queued)
+    }
+
+    /// Replays a record-level dead letter whose record was routed again
+    /// (`ingest::record_replay`): in one transaction, writes `accept` (its jobs, charge state
+    /// and effects' dead letters, as [`Outbox::write`] does for one record: the dedupe
+    /// window keeps a job's message id from being queued twice) and marks the dead letter
+    /// replayed. Returns the jobs queued and the dead letters parked.
+    ///
+    /// # Errors
+    /// [`ReplayError`]: unknown id, a job's dead letter (see [`Outbox::replay`]), already
+    /// replayed, or the disk; then nothing was written.
+    pub fn replay_record(
+        &self,
+        id: u64,
+        accept: &mut Accept,
+        now_ms: u64,
+    ) -> Result<(Vec<Queued>, Vec<u64>), ReplayError> {
+        let mut tx = self.db.begin_write().map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.set_durability(Durability::Immediate).map_err(|e| ReplayError::Outbox(err(e)))?;
+        let mut parked: ParkedDeadLetter = {
+            let dls = tx.open_table(DEADLETTERS).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let bytes = dls
+                .get(id)
+                .map_err(|e| ReplayError::Outbox(err(e)))?
+                .map(|v| v.value().to_vec())
+                .ok_or(ReplayError::NotFound(id))?;
+            serde_json::from_slice(&bytes).map_err(|e| ReplayError::Outbox(err(e)))?
+        };
+        if parked.replayed_at_ms.is_some() {
+            return Err(ReplayError::AlreadyReplayed(id));
+        }
+        if parked.job.is_some() {
+            return Err(ReplayError::Outbox(OutboxError::Format(
+                "a job's dead letter is replayed by Outbox::replay, not as a record",
+            )));
+        }
+        let written = write_records(&tx, std::slice::from_mut(accept), now_ms)?.pop().unwrap_or_default();
+        parked.replayed_at_ms = Some(now_ms);
+        let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.open_table(DEADLETTERS)
+            .map_err(|e| ReplayError::Outbox(err(e)))?
+            .insert(id, bytes.as_slice())
+            .map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.commit().map_err(|e| ReplayError::Outbox(err(e)))?;
+        Ok(written)
     }
 
     /// Forgets published dead letters parked before `cutoff_ms`. Returns how many.

@@ -36,6 +36,8 @@ pub struct PauseCause {
     pub outbox_full: bool,
     /// Devices it fed whose queue is at `outbox.max_jobs_per_device`, sorted.
     pub devices_at_bound: Vec<String>,
+    /// Its records wait for the device registry (`ingest::registry_wait`).
+    pub registry_wait: bool,
 }
 
 impl PauseCause {
@@ -43,24 +45,54 @@ impl PauseCause {
     pub fn new(pending_bound: bool, outbox_full: bool, devices_at_bound: Option<&HashSet<String>>) -> PauseCause {
         let mut devices: Vec<String> = devices_at_bound.map(|d| d.iter().cloned().collect()).unwrap_or_default();
         devices.sort();
-        PauseCause { pending_bound, outbox_full, devices_at_bound: devices }
+        PauseCause { pending_bound, outbox_full, devices_at_bound: devices, registry_wait: false }
     }
 
     /// Whether any cause holds (the partition is paused).
     pub fn is_paused(&self) -> bool {
-        self.pending_bound || self.outbox_full || !self.devices_at_bound.is_empty()
+        self.pending_bound || self.outbox_full || !self.devices_at_bound.is_empty() || self.registry_wait
     }
 
     /// Merges `other` into `self` (the causes of several partitions of one topic).
     fn merge(&mut self, other: &PauseCause) {
         self.pending_bound |= other.pending_bound;
         self.outbox_full |= other.outbox_full;
+        self.registry_wait |= other.registry_wait;
         for d in &other.devices_at_bound {
             if let Err(i) = self.devices_at_bound.binary_search(d) {
                 self.devices_at_bound.insert(i, d.clone());
             }
         }
     }
+}
+
+/// Charge records held until the device registry catches up (`ingest::registry_wait`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RegistryWaitFact {
+    /// Held records per charge partition, sorted.
+    pub held: Vec<(Partition, usize)>,
+    /// The device topic (`kafka.device_topic`).
+    pub device_topic: String,
+    /// Device records below the ends Kafka last gave that the registry has not applied;
+    /// `None` before Kafka answered.
+    pub behind: Option<u64>,
+    /// Device partitions still behind that this consumer does not hold.
+    pub unassigned: Vec<i32>,
+    /// Why the last question to Kafka failed, while it fails.
+    pub error: Option<String>,
+}
+
+/// A Kafka consume error that keeps coming back: records that cannot be read (a codec
+/// librdkafka lacks, a corrupt batch, a record over the fetch limit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumeErrorFact {
+    /// librdkafka's error text (as rust-rdkafka hands it over).
+    pub error: String,
+    /// Errors since the first of this streak.
+    pub count: u64,
+    /// Where: topic, partition, and the offset that cannot be read, once found (the consume
+    /// error itself does not say: see `ingest::consume_error`).
+    pub at: Option<(String, i32, i64)>,
 }
 
 /// One partition's offsets as librdkafka's statistics (or a probe) report them.
@@ -165,6 +197,10 @@ pub struct Facts {
     pub in_flight: usize,
     /// Since when jobs have been in flight with no device ack (`None`: nothing in flight).
     pub unacked_since: Option<u64>,
+    /// Since when charge records are held for the device registry, and what is held.
+    pub registry_wait: Option<(u64, RegistryWaitFact)>,
+    /// Since when Kafka consume errors keep coming, and the last one.
+    pub consume_error: Option<(u64, ConsumeErrorFact)>,
 }
 
 /// One subscribed topic's history.
@@ -197,6 +233,8 @@ pub struct Tracker {
     topics: BTreeMap<String, TopicTrack>,
     in_flight: usize,
     unacked_since: Option<u64>,
+    registry_wait: Option<(u64, RegistryWaitFact)>,
+    consume_error: Option<(u64, ConsumeErrorFact)>,
 }
 
 impl Tracker {
@@ -219,6 +257,32 @@ impl Tracker {
             topics,
             in_flight: 0,
             unacked_since: None,
+            registry_wait: None,
+            consume_error: None,
+        }
+    }
+
+    /// Charge records held for the device registry now (`None`: none).
+    pub fn registry_wait(&mut self, now: u64, fact: Option<RegistryWaitFact>) {
+        self.registry_wait = fact.map(|f| (self.registry_wait.as_ref().map_or(now, |(since, _)| *since), f));
+    }
+
+    /// A consume error streak now (`None`: cleared). A fact without `at` keeps the
+    /// location already found.
+    pub fn consume_error(&mut self, now: u64, fact: Option<ConsumeErrorFact>) {
+        self.consume_error = fact.map(|mut f| {
+            let since = self.consume_error.as_ref().map_or(now, |(since, _)| *since);
+            if f.at.is_none() {
+                f.at = self.consume_error.as_ref().and_then(|(_, old)| old.at.clone());
+            }
+            (since, f)
+        });
+    }
+
+    /// Where the consume errors of the current streak come from, once found.
+    pub fn consume_error_at(&mut self, at: (String, i32, i64)) {
+        if let Some((_, f)) = &mut self.consume_error {
+            f.at = Some(at);
         }
     }
 
@@ -407,6 +471,8 @@ impl Tracker {
             topics,
             in_flight: self.in_flight,
             unacked_since: self.unacked_since,
+            registry_wait: self.registry_wait.clone(),
+            consume_error: self.consume_error.clone(),
         }
     }
 }
@@ -508,6 +574,23 @@ impl Monitor {
     /// The partitions whose end offset must be probed ([`Tracker::probe_targets`]).
     pub fn probe_targets(&self) -> Vec<Partition> {
         self.with(|t| t.probe_targets())
+    }
+
+    /// See [`Tracker::registry_wait`].
+    pub fn registry_wait(&self, fact: Option<RegistryWaitFact>) {
+        let now = self.now_ms();
+        self.with(|t| t.registry_wait(now, fact));
+    }
+
+    /// See [`Tracker::consume_error`].
+    pub fn consume_error(&self, fact: Option<ConsumeErrorFact>) {
+        let now = self.now_ms();
+        self.with(|t| t.consume_error(now, fact));
+    }
+
+    /// See [`Tracker::consume_error_at`].
+    pub fn consume_error_at(&self, at: (String, i32, i64)) {
+        self.with(|t| t.consume_error_at(at));
     }
 
     /// A probe found `part`'s end offset at `end` ([`Tracker::probed`]).
