@@ -37,6 +37,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
     }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let http_listener = http::bind(&cfg.http.listen).await?;
 
     let (commands_tx, commands_rx) = mpsc::channel(1024);
     // Unbounded in type only: one message per job that leaves the outbox, and the outbox
@@ -82,7 +83,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock_control: cfg.clock.control,
         replays: replays_tx,
     };
-    let http_task = tokio::spawn(http::serve(cfg.http.listen.clone(), state, async move {
+    let http_task = tokio::spawn(http::serve(http_listener, state, async move {
         let _ = http_shutdown.changed().await;
     }));
 

@@ -1,13 +1,29 @@
 //! Small network helpers: free loopback ports and a minimal HTTP GET for `/stats`.
 
 use anyhow::{bail, Context};
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, and never handed out before by this process:
+/// the kernel may give the same ephemeral port to two `bind(0)` calls in a row once the
+/// first is closed, and a gateway whose MQTT and HTTP ports were the same could not start.
+///
+/// # Panics
+/// No loopback port can be bound.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("bind a loopback port")
+    static GIVEN: std::sync::Mutex<BTreeSet<u16>> = std::sync::Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind a loopback port");
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// `GET path` on `addr` (HTTP/1.0, no keep-alive); returns status code and body.

@@ -302,3 +302,36 @@ async fn a_partition_held_by_a_full_device_queue_is_a_stall_until_the_device_dra
     terminal.shutdown().await;
     rig.shutdown();
 }
+
+/// A port in use (HTTP or MQTT) stops pixgate at start with an error naming the setting,
+/// instead of leaving it running without health endpoints or without a device listener.
+#[test]
+fn a_port_in_use_stops_pixgate_at_start() {
+    let dir = std::env::temp_dir().join(format!("pixgate-port-in-use-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let bin = gateway::find_binary().unwrap();
+    for (setting, http_port, mqtt_port) in
+        [("http.listen", port, pixgate_tests::net::free_port()), ("mqtt.listen", pixgate_tests::net::free_port(), port)]
+    {
+        let settings = gateway::GatewaySettings {
+            // Nothing listens there: the ports are bound before Kafka is reached.
+            brokers: format!("127.0.0.1:{}", pixgate_tests::net::free_port()),
+            group_id: "pixgate-port-in-use".into(),
+            mqtt_port,
+            http_port,
+            ack_timeout_ms: 2_000,
+            outbox_path: dir.join(format!("{setting}.redb")),
+        };
+        let log = dir.join(format!("{setting}.log"));
+        let err = GatewayProcess::spawn(&bin, settings, &log, Duration::from_secs(30))
+            .err()
+            .unwrap_or_else(|| panic!("pixgate started with {setting} on a port in use"));
+        assert!(err.to_string().contains("exited"), "{err:#}");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains(&format!("binding {setting} `127.0.0.1:{port}`")), "{setting}:\n{text}");
+    }
+    drop(taken);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -58,9 +58,12 @@ impl Transport for Publisher {
 /// of device messages, forwarded into `incoming` (bounded: a slow gateway slows the link).
 ///
 /// # Errors
-/// Bad listen address, or the listener did not come up within 5 s (port in use).
+/// Bad listen address, the port is in use, or the listener did not come up within 5 s.
 pub fn start(cfg: &MqttConfig, incoming: mpsc::Sender<Incoming>) -> anyhow::Result<Publisher> {
     let listen: SocketAddr = cfg.listen.parse().with_context(|| format!("mqtt.listen `{}`", cfg.listen))?;
+    // rumqttd binds in its own thread and only logs a failure there: a port in use would
+    // leave the gateway running with no device able to connect. Fail here instead.
+    drop(std::net::TcpListener::bind(listen).with_context(|| format!("binding mqtt.listen `{listen}`"))?);
     let server = ServerSettings {
         name: "v4-devices".into(),
         listen,

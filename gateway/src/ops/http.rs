@@ -20,6 +20,7 @@ use crate::ops::inspect;
 use crate::ops::{metrics, report};
 use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
+use anyhow::Context;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -152,17 +153,28 @@ async fn advance_clock(State(s): State<AppState>, Query(q): Query<Advance>) -> R
     (StatusCode::OK, Json(serde_json::json!({"offset_ms": offset, "now": s.clock.now().to_rfc3339()})))
 }
 
-/// Serves the routes on `listen` until `shutdown` resolves.
+/// Binds the HTTP listener on `listen` (`HOST:PORT`, `http.listen`). Done before anything
+/// else starts, so that a port in use stops the gateway at once instead of leaving it
+/// running without health endpoints.
 ///
 /// # Errors
-/// The address cannot be bound.
+/// The address cannot be bound (in use, not local, no permission).
+pub async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding http.listen `{listen}`"))?;
+    tracing::info!(%listen, "HTTP health/stats listening");
+    Ok(listener)
+}
+
+/// Serves the routes on `listener` (from [`bind`]) until `shutdown` resolves.
+///
+/// # Errors
+/// The server fails.
 pub async fn serve(
-    listen: String,
+    listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(&listen).await?;
-    tracing::info!(%listen, "HTTP health/stats listening");
     axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }
