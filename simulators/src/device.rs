@@ -40,6 +40,12 @@
 //! publishes `{"v":1,"online":false}` retained itself and disconnects cleanly, so the last
 //! will does not fire but the retained status still says offline.
 //!
+//! Security ([`MqttSecurity`]): plain TCP without credentials (loopback tests and demos),
+//! or TLS (rustls on ring) verifying the broker against a CA file, the device proving who it
+//! is with a client certificate (subject CN = device id) or with MQTT username = device id
+//! and password = its secret. The TLS server name is the host given: a name, or an IP
+//! address that the server certificate must carry as a SAN.
+//!
 //! The set of carried-out message ids lives in memory: a restarted simulator process forgets
 //! it (like a printer losing power).
 
@@ -47,16 +53,19 @@ use crate::effect::{EffectRecord, JobError};
 use crate::printer::{print_job, PrinterSettings};
 use crate::registry::DeviceSpec;
 use crate::terminal::{show_job, TerminalSettings};
+use anyhow::Context;
 use anyhow::Result;
 use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::{Ack, Job, PrinterState, ScreenKind, Status, Topic};
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish, QoS,
-    SubscribeFilter,
+    SubscribeFilter, TlsConfiguration, Transport,
 };
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -78,6 +87,107 @@ pub struct DeviceOptions {
     /// Refuse (ack `failed`, permanent) jobs whose `expires_at` has passed, as the protocol
     /// requires. Turn off to replay old fixtures.
     pub honor_expiry: bool,
+    /// Plain TCP, or TLS with the device's credentials.
+    pub security: MqttSecurity,
+}
+
+/// How a simulated device reaches the broker.
+#[derive(Debug, Clone, Default)]
+pub enum MqttSecurity {
+    /// Plain TCP, no credentials (loopback tests and demos only).
+    #[default]
+    Plain,
+    /// TLS (rustls, ring provider), verifying the broker's certificate against `ca`, and
+    /// proving the device's identity with `identity`. The client id stays `dev-{id}`.
+    Tls {
+        /// The CA certificate(s) the broker's certificate must chain to (PEM file).
+        ca: PathBuf,
+        /// How the device proves who it is.
+        identity: DeviceIdentity,
+    },
+}
+
+/// How a device proves its identity to the broker over TLS.
+#[derive(Clone)]
+pub enum DeviceIdentity {
+    /// A TLS client certificate (subject CN = device id) signed by the fleet CA:
+    /// `{dir}/{id}.crt` (the certificate, then any intermediates) and `{dir}/{id}.key`
+    /// (PKCS#8, PKCS#1 or SEC1 private key), PEM.
+    Certificate {
+        /// The folder holding every device's `{id}.crt` and `{id}.key`.
+        dir: PathBuf,
+    },
+    /// MQTT username = device id, password = the device's secret (the server is
+    /// authenticated by TLS; the device sends no certificate).
+    Secret {
+        /// Device id → secret. A device missing from it does not start.
+        secrets: Arc<BTreeMap<String, String>>,
+    },
+}
+
+impl std::fmt::Debug for DeviceIdentity {
+    /// Never prints a secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceIdentity::Certificate { dir } => f.debug_struct("Certificate").field("dir", dir).finish(),
+            DeviceIdentity::Secret { secrets } => {
+                f.debug_struct("Secret").field("devices", &secrets.len()).finish_non_exhaustive()
+            }
+        }
+    }
+}
+
+impl DeviceIdentity {
+    /// Reads a secrets file: one JSON object `{"<device id>": "<secret>", ...}`.
+    ///
+    /// # Errors
+    /// The file cannot be read or is not such an object.
+    pub fn secrets_from_json(path: &Path) -> Result<DeviceIdentity> {
+        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let secrets: BTreeMap<String, String> = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: not a JSON object of device id to secret strings", path.display()))?;
+        Ok(DeviceIdentity::Secret { secrets: Arc::new(secrets) })
+    }
+}
+
+/// The rumqttc transport and credentials of device `id` under `security`.
+fn apply_security(mo: &mut MqttOptions, id: &str, security: &MqttSecurity) -> Result<()> {
+    let MqttSecurity::Tls { ca, identity } = security else { return Ok(()) };
+    let config = tls_client_config(id, ca, identity)?;
+    mo.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(config))));
+    if let DeviceIdentity::Secret { secrets } = identity {
+        let secret = secrets.get(id).with_context(|| format!("device {id}: no secret for it in the secrets"))?;
+        mo.set_credentials(id, secret.as_str());
+    }
+    Ok(())
+}
+
+/// A rustls client configuration (ring provider) trusting the CAs of `ca`, with the client
+/// certificate of `id` for [`DeviceIdentity::Certificate`].
+fn tls_client_config(id: &str, ca: &Path, identity: &DeviceIdentity) -> Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading CA file {}", ca.display()))? {
+        let cert = cert.with_context(|| format!("CA file {}", ca.display()))?;
+        roots.add(cert).with_context(|| format!("CA file {}: unusable certificate", ca.display()))?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "CA file {} holds no certificate", ca.display());
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots);
+    Ok(match identity {
+        DeviceIdentity::Certificate { dir } => {
+            let (crt, key) = (dir.join(format!("{id}.crt")), dir.join(format!("{id}.key")));
+            let chain = CertificateDer::pem_file_iter(&crt)
+                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                .with_context(|| format!("device {id}: reading certificate {}", crt.display()))?;
+            anyhow::ensure!(!chain.is_empty(), "device {id}: {} holds no certificate", crt.display());
+            let key = PrivateKeyDer::from_pem_file(&key)
+                .with_context(|| format!("device {id}: reading private key {}", key.display()))?;
+            builder.with_client_auth_cert(chain, key).with_context(|| format!("device {id}: client certificate"))?
+        }
+        DeviceIdentity::Secret { .. } => builder.with_no_client_auth(),
+    })
 }
 
 /// How much a device does with a job it carries out.
@@ -268,6 +378,14 @@ pub struct DeviceHandle {
     printer_state: Arc<watch::Sender<PrinterState>>,
     status_echo: watch::Receiver<Option<Status>>,
     counters: Arc<DeviceCounters>,
+    link: Arc<LinkState>,
+}
+
+/// What the poll task saw of the connection attempts (for [`DeviceHandle::connection_failures`]).
+#[derive(Debug, Default)]
+struct LinkState {
+    failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 impl DeviceHandle {
@@ -279,6 +397,17 @@ impl DeviceHandle {
     /// Connected and subscribed to its jobs topic right now.
     pub fn is_ready(&self) -> bool {
         *self.ready.borrow()
+    }
+
+    /// Connection attempts (or live connections) that ended in an error so far: refused
+    /// TLS handshakes, refused CONNECTs, dropped connections.
+    pub fn connection_failures(&self) -> u64 {
+        self.link.failures.load(Ordering::Relaxed)
+    }
+
+    /// The last connection error, as rumqttc put it (e.g. a TLS alert from the broker).
+    pub fn last_connection_error(&self) -> Option<String> {
+        self.link.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// This device's own counters.
@@ -381,17 +510,25 @@ enum Effector {
 
 /// Starts a simulated device; it connects in the background (see [`DeviceHandle::wait_ready`]).
 /// Must be called inside a tokio runtime.
-pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) -> DeviceHandle {
+///
+/// # Errors
+/// [`MqttSecurity::Tls`] whose CA file, client certificate or key cannot be read, or no
+/// secret for this device. (A broker that refuses the device is not an error here: the
+/// device keeps retrying, see [`DeviceHandle::connection_failures`].)
+pub fn spawn_device(spec: &DeviceSpec, opts: &DeviceOptions, stats: Arc<Stats>) -> Result<DeviceHandle> {
     spawn_device_with(spec, opts, Rendering::Full, stats)
 }
 
 /// [`spawn_device`] with a choice of [`Rendering`].
+///
+/// # Errors
+/// As [`spawn_device`].
 pub fn spawn_device_with(
     spec: &DeviceSpec,
     opts: &DeviceOptions,
     rendering: Rendering,
     stats: Arc<Stats>,
-) -> DeviceHandle {
+) -> Result<DeviceHandle> {
     let id = spec.id().to_string();
     let effector = match spec {
         DeviceSpec::Printer { paper_width_mm, code_page, model, .. } => {
@@ -412,6 +549,7 @@ pub fn spawn_device_with(
         .set_last_will(LastWill::new(status_topic, status_payload(false, false), QoS::AtLeastOnce, true))
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
         .set_manual_acks(true);
+    apply_security(&mut mo, &id, &opts.security)?;
     let (client, mut eventloop) = AsyncClient::new(mo, 64);
     let mut net = eventloop.network_options();
     net.set_connection_timeout(5);
@@ -425,6 +563,7 @@ pub fn spawn_device_with(
     let printer_state = Arc::new(watch::channel(PrinterState::Ready).0);
     let counters = Arc::new(DeviceCounters::default());
     let generation = Arc::new(AtomicU64::new(0));
+    let link = Arc::new(LinkState::default());
 
     let worker = tokio::spawn(
         Worker {
@@ -455,11 +594,12 @@ pub fn spawn_device_with(
             echo: echo_tx,
             printer_state: printer_state.subscribe(),
             generation,
+            link: link.clone(),
         },
         eventloop,
         stop_poll_rx,
     ));
-    DeviceHandle {
+    Ok(DeviceHandle {
         id,
         client,
         ready: ready_rx,
@@ -471,7 +611,8 @@ pub fn spawn_device_with(
         printer_state,
         status_echo: echo_rx,
         counters,
-    }
+        link,
+    })
 }
 
 /// Resolves once `rx` says `true` or its sender is gone.
@@ -502,10 +643,11 @@ struct PollContext {
     echo: watch::Sender<Option<Status>>,
     printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
+    link: Arc<LinkState>,
 }
 
 async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::Receiver<bool>) {
-    let PollContext { id, is_printer, client, jobs_tx, ready, echo, printer_state, generation } = ctx;
+    let PollContext { id, is_printer, client, jobs_tx, ready, echo, printer_state, generation, link } = ctx;
     let jobs_topic = Topic::Jobs(id.clone()).path();
     let status_topic = Topic::Status(id.clone()).path();
     let mut failures: u32 = 0;
@@ -565,6 +707,8 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
             Ok(_) => {}
             Err(e) => {
                 let _ = ready.send(false);
+                link.failures.fetch_add(1, Ordering::Relaxed);
+                *link.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e.to_string());
                 failures = failures.saturating_add(1);
                 let base = (200u64 << failures.min(5).saturating_sub(1)).min(5000);
                 let wait = base / 2 + jitter(&mut seed, base / 2 + 1);

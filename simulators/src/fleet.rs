@@ -1,7 +1,7 @@
 //! A fleet of simulated devices (every printer and card machine of a registry) sharing one
 //! set of counters and one effect list, started and stopped together.
 
-use crate::device::{spawn_device_with, DeviceHandle, DeviceOptions, Rendering, Stats, StatsSnapshot};
+use crate::device::{spawn_device_with, DeviceHandle, DeviceOptions, MqttSecurity, Rendering, Stats, StatsSnapshot};
 use crate::effect::EffectRecord;
 use crate::registry::DeviceSpec;
 use anyhow::Result;
@@ -21,6 +21,8 @@ pub struct FleetConfig {
     pub out_dir: PathBuf,
     /// The devices (see [`crate::registry::devices_from_jsonl`]).
     pub devices: Vec<DeviceSpec>,
+    /// How every device connects: plain TCP, or TLS with its certificate or secret.
+    pub security: MqttSecurity,
 }
 
 /// How the devices of a fleet behave (see [`start_with_options`]).
@@ -62,7 +64,8 @@ pub struct FleetHandle {
 /// replay old fixtures.
 ///
 /// # Errors
-/// The output directory cannot be created.
+/// The output directory cannot be created, or a device cannot start: its TLS material
+/// cannot be read or it has no secret (see [`crate::device::spawn_device`]).
 pub async fn start(cfg: FleetConfig) -> Result<FleetHandle> {
     start_with(cfg, true).await
 }
@@ -70,7 +73,7 @@ pub async fn start(cfg: FleetConfig) -> Result<FleetHandle> {
 /// [`start`], choosing whether devices refuse expired jobs.
 ///
 /// # Errors
-/// The output directory cannot be created.
+/// As [`start`].
 pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHandle> {
     start_with_options(cfg, FleetOptions { honor_expiry, ..FleetOptions::default() }).await
 }
@@ -78,7 +81,7 @@ pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHan
 /// [`start`] with every device option.
 ///
 /// # Errors
-/// The output directory cannot be created.
+/// As [`start`] (no device is left running then).
 pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Result<FleetHandle> {
     tokio::fs::create_dir_all(&cfg.out_dir).await?;
     let FleetOptions { honor_expiry, rendering, stats } = options;
@@ -87,8 +90,20 @@ pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Resu
         mqtt_port: cfg.mqtt_port,
         out_dir: cfg.out_dir.clone(),
         honor_expiry,
+        security: cfg.security.clone(),
     };
-    let devices = cfg.devices.iter().map(|d| spawn_device_with(d, &opts, rendering, stats.clone())).collect();
+    let mut devices = Vec::with_capacity(cfg.devices.len());
+    for spec in &cfg.devices {
+        match spawn_device_with(spec, &opts, rendering, stats.clone()) {
+            Ok(d) => devices.push(d),
+            Err(e) => {
+                for d in devices {
+                    d.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
     Ok(FleetHandle { devices, stats })
 }
 

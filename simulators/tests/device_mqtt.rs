@@ -13,6 +13,7 @@ use render::brcode::{encode_static, StaticPix};
 use render::codepage::CodePage;
 use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
 use render::Locale;
+use simulators::device::MqttSecurity;
 use simulators::fleet::{self, FleetConfig};
 use simulators::registry::DeviceSpec;
 use std::time::Duration;
@@ -124,6 +125,7 @@ async fn duplicate_job_is_carried_out_once_and_acked_twice() {
         mqtt_port: port,
         out_dir: out.clone(),
         devices: vec![terminal_spec()],
+        security: MqttSecurity::Plain,
     })
     .await
     .unwrap();
@@ -185,10 +187,15 @@ async fn printer_receipt_has_no_qr_and_an_accented_transcript_naming_the_payment
             model: String::new(),
         },
     ];
-    let fleet =
-        fleet::start(FleetConfig { mqtt_host: "127.0.0.1".into(), mqtt_port: port, out_dir: out.clone(), devices })
-            .await
-            .unwrap();
+    let fleet = fleet::start(FleetConfig {
+        mqtt_host: "127.0.0.1".into(),
+        mqtt_port: port,
+        out_dir: out.clone(),
+        devices,
+        security: MqttSecurity::Plain,
+    })
+    .await
+    .unwrap();
     fleet.wait_connected(Duration::from_secs(10)).await.unwrap();
     let mut gw = FakeGateway::connect(port).await;
 
@@ -241,6 +248,7 @@ async fn terminal_qr_screen_decodes_and_status_is_retained() {
         mqtt_port: port,
         out_dir: out.clone(),
         devices: vec![terminal_spec()],
+        security: MqttSecurity::Plain,
     })
     .await
     .unwrap();
@@ -286,6 +294,7 @@ async fn device_keeps_retrying_until_the_broker_appears() {
         mqtt_port: port,
         out_dir: out.clone(),
         devices: vec![terminal_spec()],
+        security: MqttSecurity::Plain,
     })
     .await
     .unwrap();
@@ -310,6 +319,7 @@ async fn persistent_session_gets_jobs_published_while_offline() {
         mqtt_port: port,
         out_dir: out.clone(),
         devices: vec![terminal_spec()],
+        security: MqttSecurity::Plain,
     };
     let first = fleet::start(cfg.clone()).await.unwrap();
     first.wait_connected(Duration::from_secs(10)).await.unwrap();

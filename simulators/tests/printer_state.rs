@@ -12,7 +12,7 @@ use common::{start_broker, temp_dir, FakeGateway};
 use device_protocol::messages::{CONTENT_ESCPOS, CONTENT_SCREEN};
 use device_protocol::{AckResult, EffectKind, Job, PrinterState, ScreenContent, ScreenKind, Status};
 use render::codepage::CodePage;
-use simulators::device::{Rendering, Stats};
+use simulators::device::{MqttSecurity, Rendering, Stats};
 use simulators::fleet::{self, FleetConfig, FleetOptions};
 use simulators::registry::DeviceSpec;
 use std::sync::Arc;
@@ -85,6 +85,7 @@ async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
         mqtt_port: port,
         out_dir: out.to_path_buf(),
         devices: vec![printer, terminal],
+        security: MqttSecurity::Plain,
     };
     let mut gw = FakeGateway::connect(port).await;
     let fleet = fleet::start_with_options(

@@ -120,6 +120,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
             mqtt_port: settings.mqtt_port,
             out_dir: out.join("devices"),
             devices,
+            security: simulators::device::MqttSecurity::Plain,
         },
         false,
     )

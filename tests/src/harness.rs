@@ -257,6 +257,7 @@ impl Rig {
             mqtt_port: self.settings.mqtt_port,
             out_dir: self.dir.join("devices"),
             devices,
+            security: simulators::device::MqttSecurity::Plain,
         }
     }
 

@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod load;
 pub mod mosquitto;
 pub mod net;
+pub mod pki;
 pub mod scenario;
 
 use std::collections::BTreeMap;

@@ -253,6 +253,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             mqtt_port: settings.mqtt_port,
             out_dir: cfg.work.join("devices"),
             devices,
+            security: simulators::device::MqttSecurity::Plain,
         },
         FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
     )

@@ -5,8 +5,13 @@
 //! [`Subscriber`] runs `mosquitto_sub -d` and reads its standard output: the debug lines
 //! (`Client … received SUBACK`, `Subscribed (mid: 1): 1`) say when the subscription is in
 //! place, and every other line is one message payload (the jobs are one-line JSON).
+//!
+//! [`Broker`] is Debian's `mosquitto` broker itself (package `mosquitto`, also installed by
+//! the script), as a real TLS broker that checks device credentials; [`ClientAuth`] makes
+//! the clients speak TLS to it, with a client certificate or a username and password.
 
 use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -27,6 +32,37 @@ pub fn require_clients() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How `mosquitto_pub`/`mosquitto_sub` connect: plain TCP (the default), or TLS verifying
+/// the broker against a CA file (host `127.0.0.1`, so the broker's certificate must carry
+/// that IP) with a client certificate or a username and password.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    args: Vec<String>,
+}
+
+impl ClientAuth {
+    /// Plain TCP, no credentials.
+    pub fn plain() -> ClientAuth {
+        ClientAuth::default()
+    }
+
+    /// TLS with a client certificate: `--cafile CA --cert CERT --key KEY`.
+    pub fn certificate(ca: &Path, cert: &Path, key: &Path) -> ClientAuth {
+        let args = [("--cafile", ca), ("--cert", cert), ("--key", key)]
+            .into_iter()
+            .flat_map(|(flag, path)| [flag.to_string(), path.display().to_string()])
+            .collect();
+        ClientAuth { args }
+    }
+
+    /// TLS with a username and password: `--cafile CA -u USER -P PASSWORD`.
+    pub fn password(ca: &Path, user: &str, password: &str) -> ClientAuth {
+        let args =
+            vec!["--cafile".into(), ca.display().to_string(), "-u".into(), user.into(), "-P".into(), password.into()];
+        ClientAuth { args }
+    }
+}
+
 /// `mosquitto_pub -h 127.0.0.1 -p PORT -i CLIENT_ID -q QOS -t TOPIC -m PAYLOAD [-r]`: one
 /// message, published and acknowledged (PUBACK for QoS 1) before it exits.
 ///
@@ -40,7 +76,24 @@ pub async fn publish(
     qos: u8,
     retain: bool,
 ) -> anyhow::Result<()> {
+    publish_as(port, &ClientAuth::plain(), client_id, topic, payload, qos, retain).await
+}
+
+/// [`publish`], connecting as `auth` says (e.g. TLS with a client certificate).
+///
+/// # Errors
+/// As [`publish`].
+pub async fn publish_as(
+    port: u16,
+    auth: &ClientAuth,
+    client_id: &str,
+    topic: &str,
+    payload: &str,
+    qos: u8,
+    retain: bool,
+) -> anyhow::Result<()> {
     let mut cmd = Command::new("mosquitto_pub");
+    cmd.args(&auth.args);
     cmd.args([
         "-h",
         "127.0.0.1",
@@ -110,12 +163,28 @@ impl Subscriber {
         persistent: bool,
         timeout: Duration,
     ) -> anyhow::Result<Subscriber> {
+        Subscriber::start_as(port, &ClientAuth::plain(), client_id, topic, qos, persistent, timeout).await
+    }
+
+    /// [`Subscriber::start`], connecting as `auth` says (e.g. TLS with a client certificate).
+    ///
+    /// # Errors
+    /// As [`Subscriber::start`].
+    pub async fn start_as(
+        port: u16,
+        auth: &ClientAuth,
+        client_id: &str,
+        topic: &str,
+        qos: u8,
+        persistent: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<Subscriber> {
         // Line-buffered (coreutils `stdbuf`): into a pipe, mosquitto_sub's stdio would hold
         // its debug lines and payloads in a 4 KiB buffer.
         let mut cmd = Command::new("stdbuf");
+        cmd.args(["-oL", "mosquitto_sub"]);
+        cmd.args(&auth.args);
         cmd.args([
-            "-oL",
-            "mosquitto_sub",
             "-h",
             "127.0.0.1",
             "-p",
@@ -181,6 +250,116 @@ impl Subscriber {
     }
 
     /// Stops it (SIGKILL; a persistent session stays on the broker).
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// The `mosquitto` broker binary: on `PATH`, or Debian's `/usr/sbin/mosquitto` (not on a
+/// normal user's `PATH`).
+///
+/// # Errors
+/// Not installed: run `scripts/ensure-mosquitto.sh` (or `apt-get install mosquitto`).
+pub fn broker_binary() -> anyhow::Result<PathBuf> {
+    let runs = |bin: &Path| {
+        std::process::Command::new(bin).arg("-h").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
+    };
+    for bin in [PathBuf::from("mosquitto"), PathBuf::from("/usr/sbin/mosquitto")] {
+        if runs(&bin) {
+            return Ok(bin);
+        }
+    }
+    bail!("the mosquitto broker is not installed: run scripts/ensure-mosquitto.sh (Debian package mosquitto)")
+}
+
+/// Writes a mosquitto password file at `path` holding `users` (name, password), with
+/// `mosquitto_passwd -b` (hashed as the installed mosquitto does).
+///
+/// # Errors
+/// `mosquitto_passwd` is missing or fails.
+pub async fn password_file(path: &Path, users: &[(&str, &str)]) -> anyhow::Result<()> {
+    std::fs::write(path, "").with_context(|| format!("creating {}", path.display()))?;
+    for (user, password) in users {
+        let out = Command::new("mosquitto_passwd")
+            .arg("-b")
+            .arg(path)
+            .args([user, password])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .context("running mosquitto_passwd (Debian package mosquitto)")?;
+        if !out.status.success() {
+            bail!(
+                "mosquitto_passwd -b {} {user} exited with {}: {}",
+                path.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A running `mosquitto -c DIR/mosquitto.conf`, its output in `DIR/mosquitto.log`; killed
+/// when dropped.
+pub struct Broker {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Broker {
+    /// Writes `config` (the whole mosquitto.conf: listeners, TLS files, authentication)
+    /// into `dir/mosquitto.conf`, starts the broker and waits until `port` accepts TCP
+    /// connections.
+    ///
+    /// # Errors
+    /// No broker binary, it exited (its log is in the error), or `port` did not open
+    /// within `timeout`.
+    pub async fn start(dir: &Path, config: &str, port: u16, timeout: Duration) -> anyhow::Result<Broker> {
+        let bin = broker_binary()?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let conf = dir.join("mosquitto.conf");
+        std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
+        let log = dir.join("mosquitto.log");
+        let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .arg("-v")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting mosquitto")?;
+        let mut broker = Broker { child, port, log };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = broker.child.try_wait()? {
+                bail!("mosquitto exited with {status}: {}", broker.log_text());
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                return Ok(broker);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!("mosquitto did not listen on port {port} within {timeout:?}: {}", broker.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The port it was started for.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its log so far (`-v`: connections, refusals, subscriptions).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops it (SIGKILL).
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
     }

@@ -1,11 +1,12 @@
 //! fleet-sim: every printer and card machine of a device registry, on one MQTT broker.
 //!
-//! `fleet-sim --devices fixtures/cdc/devices.jsonl --mqtt HOST:PORT --out DIR`; on Ctrl-C the
-//! devices go offline cleanly and `DIR/effects.json` gets the [`simulators::fleet::FleetReport`].
+//! `fleet-sim --devices fixtures/cdc/devices.jsonl --mqtt HOST:PORT --out DIR
+//! [--mqtt-ca CA.crt (--mqtt-cert-dir DIR | --mqtt-secrets FILE)]`; on Ctrl-C the devices go
+//! offline cleanly and `DIR/effects.json` gets the [`simulators::fleet::FleetReport`].
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use simulators::cli::{init_tracing, parse_host_port, shutdown_signal};
+use simulators::cli::{init_tracing, parse_host_port, shutdown_signal, MqttSecurityArgs};
 use simulators::fleet::{start_with, FleetConfig};
 use simulators::registry::devices_from_jsonl;
 use std::path::PathBuf;
@@ -29,6 +30,9 @@ struct Cli {
     /// How long to wait for every device to connect before warning.
     #[arg(long, default_value_t = 30)]
     connect_timeout_s: u64,
+    /// Plain TCP, or TLS with each device's certificate or secret (the same for all).
+    #[command(flatten)]
+    security: MqttSecurityArgs,
 }
 
 #[tokio::main]
@@ -38,8 +42,12 @@ async fn main() -> Result<()> {
     let (mqtt_host, mqtt_port) = parse_host_port(&cli.mqtt)?;
     let devices = devices_from_jsonl(&cli.devices)?;
     tracing::info!(devices = devices.len(), "starting fleet");
-    let fleet =
-        start_with(FleetConfig { mqtt_host, mqtt_port, out_dir: cli.out.clone(), devices }, !cli.ignore_expiry).await?;
+    let security = cli.security.security()?;
+    let fleet = start_with(
+        FleetConfig { mqtt_host, mqtt_port, out_dir: cli.out.clone(), devices, security },
+        !cli.ignore_expiry,
+    )
+    .await?;
     let signal = shutdown_signal();
     tokio::pin!(signal);
     tokio::select! {

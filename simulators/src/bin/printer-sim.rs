@@ -2,8 +2,10 @@
 //!
 //! - `printer-sim decode FILE.bin --png OUT.png --text OUT.txt [--width-dots 576] [--code-page CP437] [--model NAME]`
 //!   decodes a raw ESC/POS stream offline.
-//! - `printer-sim run --id ID --mqtt HOST:PORT --out DIR [--paper 80] [--code-page CP860]`
-//!   joins the broker as device `ID` until Ctrl-C.
+//! - `printer-sim run --id ID --mqtt HOST:PORT --out DIR [--paper 80] [--code-page CP860]
+//!   [--mqtt-ca CA.crt (--mqtt-cert-dir DIR | --mqtt-secrets FILE)]` joins the broker as
+//!   device `ID` until Ctrl-C (over TLS with a client certificate or a secret when
+//!   `--mqtt-ca` is given).
 //! - `printer-sim listen (--tcp 127.0.0.1:9100 | --pty) --out DIR [--paper-out] [--paper-near-end]
 //!   [--cover-open] [--state-file FILE]` is a printer on a raw byte transport that answers
 //!   `DLE EOT` (`simulators::raw_printer`) until killed. It prints `listening tcp ADDR` or
@@ -50,7 +52,8 @@ enum Cmd {
         #[arg(long, default_value = "generic")]
         model: String,
     },
-    /// Be device ID on the MQTT broker until Ctrl-C.
+    /// Be device ID on the MQTT broker until Ctrl-C (plain TCP, or TLS with --mqtt-ca and
+    /// --mqtt-cert-dir or --mqtt-secrets).
     Run {
         #[command(flatten)]
         device: DeviceArgs,

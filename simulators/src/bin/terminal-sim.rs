@@ -1,6 +1,7 @@
 //! terminal-sim: a simulated card machine showing pixgate screens.
 //!
-//! `terminal-sim run --id ID --mqtt HOST:PORT --out DIR [--width 720 --height 1280 --locale pt-BR]`
+//! `terminal-sim run --id ID --mqtt HOST:PORT --out DIR [--width 720 --height 1280 --locale pt-BR]
+//! [--mqtt-ca CA.crt (--mqtt-cert-dir DIR | --mqtt-secrets FILE)]`
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -16,7 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Be device ID on the MQTT broker until Ctrl-C.
+    /// Be device ID on the MQTT broker until Ctrl-C (plain TCP, or TLS with --mqtt-ca and
+    /// --mqtt-cert-dir or --mqtt-secrets).
     Run {
         #[command(flatten)]
         device: DeviceArgs,
