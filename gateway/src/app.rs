@@ -9,7 +9,7 @@
 //!              └──────────────────────────────────── store (outbox: redb) ──► dead letters
 //!                                                              │ Command::Enqueue
 //!                                                              ▼
-//!                         deliver (dispatcher ──► transport: embedded MQTT) ◄──► devices
+//!              deliver (dispatcher ──► transport: MQTT router ◄── device listener) ◄──TLS── devices
 //! ```
 
 use crate::clock::Clock;
@@ -17,7 +17,8 @@ use crate::config::Config;
 use crate::deliver::deadletter::Publisher as DeadLetterPublisher;
 use crate::deliver::{self, Dispatcher};
 use crate::ingest::consumer;
-use crate::model::Command;
+use crate::ingest::plan::Planner;
+use crate::model::{Command, Directory};
 use crate::ops::{http, probe};
 use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
@@ -45,13 +46,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // consumer against each other (each waits on the other's full channel).
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
-    let publisher = deliver::mqtt::start(&cfg.mqtt, incoming_tx).context("starting the embedded MQTT broker")?;
-    tracing::info!(listen = %cfg.mqtt.listen, "embedded MQTT broker listening");
 
     let outbox = Arc::new(
         Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes)
             .with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
     );
+    // The registry is restored before devices may connect: at a restart the whole fleet
+    // reconnects at once, and each is checked against it.
+    let directory = Arc::new(Directory::default());
+    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone())?;
+    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx)
+        .await
+        .context("starting the device listener")?;
+
     let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();
     for s in &pending {
@@ -111,6 +118,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock,
         outbox,
         outbox_jobs: per_device,
+        planner,
         commands: commands_tx,
         finished: finished_rx,
         replays: replays_rx,

@@ -4,7 +4,7 @@
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The default page cache of the outbox, bytes (`outbox.cache_bytes`).
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
@@ -173,16 +173,42 @@ impl Default for KafkaConfig {
     }
 }
 
-/// The embedded rumqttd broker.
+/// The device listener and the embedded broker behind it (rumqttd's router).
+///
+/// Devices connect over TLS (`tls`), and prove who they are with a client certificate
+/// signed by `tls.client_ca` (device id = the certificate's subject CN) or with the secret
+/// issued to them (`credentials`) as their MQTT password. Plain TCP only when `plain` is
+/// set (a loopback demo or test), and devices without credentials only when `anonymous`
+/// is set too; both are warned about at start.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct MqttConfig {
     /// Listen address for devices (MQTT 3.1.1).
     pub listen: String,
-    /// Largest MQTT payload accepted, bytes (a raster-QR receipt is ~20 KiB of base64).
+    /// Plain TCP instead of TLS. Refused unless set: no fleet should run without TLS.
+    pub plain: bool,
+    /// With `plain` only: a device is who its client id says (`dev-{id}`), without
+    /// credentials. The access rules still hold: it reaches only that id's topics.
+    pub anonymous: bool,
+    /// TLS settings (required unless `plain`).
+    pub tls: Option<TlsConfig>,
+    /// Device secrets (`pixgate devices credentials issue`), kept as keyed hashes; the key
+    /// is `{file}.key`. Re-read when the file changes.
+    pub credentials: Option<PathBuf>,
+    /// Refuse (and disconnect) devices that the registry does not know or has disabled.
+    pub require_registered: bool,
+    /// Largest MQTT packet accepted from a device, bytes (a raster-QR receipt is ~20 KiB
+    /// of base64; acks and status are tiny).
     pub max_payload_bytes: usize,
-    /// Most MQTT connections.
+    /// Most devices connected at once; the next gets CONNACK 3 (server unavailable).
     pub max_connections: usize,
+    /// Most TLS handshakes and CONNECTs in progress at once; a socket beyond it is closed
+    /// (the device retries), so a storm of reconnects cannot exhaust memory.
+    pub max_handshakes: usize,
+    /// Most connections from one source address (a shop behind NAT has several devices).
+    pub max_per_address: usize,
+    /// Time a socket has to finish the TLS handshake and send CONNECT, ms.
+    pub connect_timeout_ms: u64,
     /// rumqttd keeps what is published on each topic in an in-memory commit log: the
     /// active segment plus `segment_count` full ones, a segment closing once it holds
     /// `segment_bytes` or more (at least 1024, rumqttd's minimum). The last message
@@ -206,14 +232,47 @@ pub struct MqttConfig {
 impl Default for MqttConfig {
     fn default() -> Self {
         MqttConfig {
-            listen: "127.0.0.1:1883".into(),
+            listen: "127.0.0.1:8883".into(),
+            plain: false,
+            anonymous: false,
+            tls: None,
+            credentials: None,
+            require_registered: true,
             max_payload_bytes: 1 << 20,
             max_connections: 10_000,
+            max_handshakes: 256,
+            max_per_address: 256,
+            connect_timeout_ms: 10_000,
             segment_bytes: 64 << 10,
             segment_count: 1,
             gateway_segment_bytes: 4 << 20,
         }
     }
+}
+
+/// TLS for the device listener (rustls; TLS 1.2 and 1.3 only). The files are PEM and are
+/// re-read when they change (checked every `reload_ms`), so certificates and revocation
+/// lists are replaced without a restart.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TlsConfig {
+    /// The server's certificate chain.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+    /// The fleet CA that signs device certificates; without it devices authenticate with
+    /// secrets only.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// Certificate revocation lists of the fleet CA.
+    #[serde(default)]
+    pub crls: Vec<PathBuf>,
+    /// How often the files are checked for changes, ms.
+    #[serde(default = "default_tls_reload_ms")]
+    pub reload_ms: u64,
+}
+
+fn default_tls_reload_ms() -> u64 {
+    5_000
 }
 
 /// Health/readiness/stats endpoint.

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use gateway::cli::brcode::{self, BrcodeCmd};
+use gateway::cli::credentials::{self, CredentialsCmd};
 use gateway::cli::inspect::{self, DeadLetterCmd, Inspection, OutboxCmd};
 use gateway::config::Config;
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 ///
 /// Configuration: built-in defaults, then `--config FILE` (TOML), then environment
 /// variables `PIXGATE_<SECTION>__<KEY>`, e.g. `PIXGATE_KAFKA__BROKERS=127.0.0.1:9092`,
-/// `PIXGATE_MQTT__LISTEN=0.0.0.0:1883`, `PIXGATE_HTTP__LISTEN=127.0.0.1:8080`.
+/// `PIXGATE_MQTT__LISTEN=0.0.0.0:8883`, `PIXGATE_HTTP__LISTEN=127.0.0.1:8080`.
 /// `pixgate config` prints the result.
 #[derive(Parser)]
 #[command(version, about, long_about)]
@@ -47,6 +48,16 @@ enum Cmd {
     /// Decode and validate a Pix BR Code, or encode one (no configuration, Kafka or broker needed).
     #[command(subcommand)]
     Brcode(BrcodeCmd),
+    /// Device credentials: a fleet CA, certificates and secrets, revocation.
+    #[command(subcommand)]
+    Devices(DevicesCmd),
+}
+
+#[derive(Subcommand)]
+enum DevicesCmd {
+    /// Issue and revoke the credentials devices connect with (see `docs/operations.md`).
+    #[command(subcommand)]
+    Credentials(CredentialsCmd),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: info; rumqttd and librdkafka at warn).
@@ -88,5 +99,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(gateway::app::run(cfg)),
         Cmd::Outbox(cmd) => inspect::command(&cfg, Inspection::Outbox(cmd)),
         Cmd::Deadletter(cmd) => inspect::command(&cfg, Inspection::DeadLetter(cmd)),
+        Cmd::Devices(DevicesCmd::Credentials(cmd)) => credentials::run(&cmd, cfg.mqtt.credentials.as_deref()),
     }
 }

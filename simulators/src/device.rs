@@ -7,9 +7,8 @@
 //! - the **poll task** drives the `EventLoop` continuously. After every ConnAck it publishes
 //!   the retained status `{"v":1,"online":true,"printer":"ready"}` (no `printer` field for a
 //!   card machine; a printer reports its current [`PrinterState`], see
-//!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic and its own
-//!   status topic at QoS 1 (the status echo tells the device when the broker has routed a
-//!   status change to every subscriber). It subscribes after every ConnAck, also when the
+//!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic at QoS 1 (the
+//!   only topic a device may subscribe to). It subscribes after every ConnAck, also when the
 //!   broker resumed the session: a connection dropped right after its ConnAck leaves a
 //!   resumed session without the subscription its SUBSCRIBE never delivered (rumqttd keeps
 //!   the cursor of a filter the session already has, so nothing is sent twice). It is ready
@@ -59,7 +58,7 @@ use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::{Ack, Job, PrinterState, ScreenKind, Status, Topic};
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish, QoS,
-    SubscribeFilter, TlsConfiguration, Transport,
+    TlsConfiguration, Transport,
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -376,7 +375,6 @@ pub struct DeviceHandle {
     poll: JoinHandle<()>,
     is_printer: bool,
     printer_state: Arc<watch::Sender<PrinterState>>,
-    status_echo: watch::Receiver<Option<Status>>,
     counters: Arc<DeviceCounters>,
     link: Arc<LinkState>,
 }
@@ -386,6 +384,34 @@ pub struct DeviceHandle {
 struct LinkState {
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// QoS 1 publishes requested, counted before each request enters the client's queue
+    /// ([`LinkState::publish`]).
+    requested: AtomicU64,
+    /// PUBACKs received.
+    pubacks: AtomicU64,
+    puback_seen: tokio::sync::Notify,
+}
+
+impl LinkState {
+    /// Requests a QoS 1 publish, counted first: once `pubacks` reaches the count read after
+    /// the request returned, the broker has accepted this publish and every one queued
+    /// before it (one PUBACK each, in order).
+    async fn publish(&self, client: &AsyncClient, topic: String, retain: bool, payload: Vec<u8>) -> Result<u64> {
+        self.requested.fetch_add(1, Ordering::SeqCst);
+        client.publish(topic, QoS::AtLeastOnce, retain, payload).await?;
+        Ok(self.requested.load(Ordering::SeqCst))
+    }
+
+    /// Waits until `n` PUBACKs have been received.
+    async fn pubacked(&self, n: u64) {
+        loop {
+            let seen = self.puback_seen.notified();
+            if self.pubacks.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            seen.await;
+        }
+    }
 }
 
 impl DeviceHandle {
@@ -437,23 +463,20 @@ impl DeviceHandle {
     /// from now on the device reports `state` in its retained status
     /// `{"v":1,"online":true,"printer":state}` (also after every reconnect) and refuses jobs
     /// while `state` cannot print. Publishes the status and returns once the broker has
-    /// routed it, seen as the echo on the device's own subscription to its status topic
-    /// (so the gateway's subscription has it too).
+    /// accepted it (its PUBACK: the broker routes a publish to its subscribers, the
+    /// gateway among them, before the next one it accepts from the device).
     ///
     /// # Errors
-    /// Not a printer, the publish request failed, or no echo within 10 s (not connected).
+    /// Not a printer, the publish request failed, or no PUBACK within 10 s (not connected).
     pub async fn set_printer_state(&self, state: PrinterState) -> Result<()> {
         anyhow::ensure!(self.is_printer, "device {} is a card machine, not a printer", self.id);
         self.printer_state.send_replace(state);
         let status = Status { v: 1, online: true, printer: Some(state) };
         let payload = serde_json::to_vec(&status).expect("status serialises");
-        let mut echo = self.status_echo.clone();
-        echo.mark_unchanged();
-        self.client.publish(Topic::Status(self.id.clone()).path(), QoS::AtLeastOnce, true, payload).await?;
-        tokio::time::timeout(Duration::from_secs(10), echo.wait_for(|s| s.as_ref() == Some(&status)))
+        let n = self.link.publish(&self.client, Topic::Status(self.id.clone()).path(), true, payload).await?;
+        tokio::time::timeout(Duration::from_secs(10), self.link.pubacked(n))
             .await
-            .map_err(|_| anyhow::anyhow!("device {}: no echo of status {state:?} within 10 s", self.id))?
-            .map_err(|_| anyhow::anyhow!("device {} stopped", self.id))?;
+            .map_err(|_| anyhow::anyhow!("device {}: status {state:?} not acknowledged within 10 s", self.id))?;
         Ok(())
     }
 
@@ -472,7 +495,7 @@ impl DeviceHandle {
         if connected {
             let _ = tokio::time::timeout(
                 Duration::from_secs(2),
-                self.client.publish(status_topic, QoS::AtLeastOnce, true, offline),
+                self.link.publish(&self.client, status_topic, true, offline),
             )
             .await;
             let _ = tokio::time::timeout(Duration::from_secs(2), self.client.disconnect()).await;
@@ -559,7 +582,6 @@ pub fn spawn_device_with(
     let (stop_worker, stop_worker_rx) = watch::channel(false);
     let (stop_poll, stop_poll_rx) = watch::channel(false);
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<(Publish, u64)>();
-    let (echo_tx, echo_rx) = watch::channel(None);
     let printer_state = Arc::new(watch::channel(PrinterState::Ready).0);
     let counters = Arc::new(DeviceCounters::default());
     let generation = Arc::new(AtomicU64::new(0));
@@ -581,6 +603,7 @@ pub fn spawn_device_with(
             done: HashSet::new(),
             attempted: HashMap::new(),
             last_seq: None,
+            link: link.clone(),
         }
         .run(jobs_rx, stop_worker_rx),
     );
@@ -591,7 +614,6 @@ pub fn spawn_device_with(
             client: client.clone(),
             jobs_tx,
             ready: ready_tx,
-            echo: echo_tx,
             printer_state: printer_state.subscribe(),
             generation,
             link: link.clone(),
@@ -609,7 +631,6 @@ pub fn spawn_device_with(
         poll,
         is_printer,
         printer_state,
-        status_echo: echo_rx,
         counters,
         link,
     })
@@ -639,15 +660,13 @@ struct PollContext {
     client: AsyncClient,
     jobs_tx: mpsc::UnboundedSender<(Publish, u64)>,
     ready: watch::Sender<bool>,
-    /// The device's own status as the broker routed it back.
-    echo: watch::Sender<Option<Status>>,
     printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
     link: Arc<LinkState>,
 }
 
 async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::Receiver<bool>) {
-    let PollContext { id, is_printer, client, jobs_tx, ready, echo, printer_state, generation, link } = ctx;
+    let PollContext { id, is_printer, client, jobs_tx, ready, printer_state, generation, link } = ctx;
     let jobs_topic = Topic::Jobs(id.clone()).path();
     let status_topic = Topic::Status(id.clone()).path();
     let mut failures: u32 = 0;
@@ -666,18 +685,13 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                 failures = 0;
                 let gen = generation.fetch_add(1, Ordering::SeqCst) + 1;
                 tracing::info!(device = %id, session_present = ack.session_present, gen, "connected");
-                let (c, jt, st) = (client.clone(), jobs_topic.clone(), status_topic.clone());
+                let (c, jt, st, l) = (client.clone(), jobs_topic.clone(), status_topic.clone(), link.clone());
                 let online = status_payload_with(true, is_printer.then(|| *printer_state.borrow()));
                 tokio::spawn(async move {
-                    // One SUBSCRIBE, one SUBACK: ready means both filters are in place.
-                    let filters = vec![
-                        SubscribeFilter::new(jt, QoS::AtLeastOnce),
-                        SubscribeFilter::new(st.clone(), QoS::AtLeastOnce),
-                    ];
-                    if let Err(e) = c.subscribe_many(filters).await {
+                    if let Err(e) = c.subscribe(jt, QoS::AtLeastOnce).await {
                         tracing::warn!("subscribe request failed: {e}");
                     }
-                    if let Err(e) = c.publish(st, QoS::AtLeastOnce, true, online).await {
+                    if let Err(e) = l.publish(&c, st, true, online).await {
                         tracing::warn!("status request failed: {e}");
                     }
                 });
@@ -689,15 +703,13 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                 if p.topic == jobs_topic {
                     let _ = jobs_tx.send((p, generation.load(Ordering::SeqCst)));
                 } else {
-                    if p.topic == status_topic {
-                        if let Ok(s) = serde_json::from_slice::<Status>(&p.payload) {
-                            echo.send_replace(Some(s));
-                        }
-                    } else {
-                        tracing::debug!(device = %id, topic = %p.topic, "ignoring publish");
-                    }
+                    tracing::debug!(device = %id, topic = %p.topic, "ignoring publish");
                     let _ = client.try_ack(&p);
                 }
+            }
+            Ok(Event::Incoming(Packet::PubAck(_))) => {
+                link.pubacks.fetch_add(1, Ordering::SeqCst);
+                link.puback_seen.notify_waiters();
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => {
                 tracing::info!(device = %id, "disconnected");
@@ -724,6 +736,8 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
 
 struct Worker {
     id: String,
+    /// Counts the QoS 1 publishes (acks) for [`DeviceHandle::set_printer_state`].
+    link: Arc<LinkState>,
     client: AsyncClient,
     effector: Effector,
     rendering: Rendering,
@@ -764,7 +778,7 @@ impl Worker {
     async fn send_ack(&self, ack: &Ack) {
         let topic = Topic::Acks(self.id.clone()).path();
         let payload = serde_json::to_vec(ack).expect("ack serialises");
-        if let Err(e) = self.client.publish(topic, QoS::AtLeastOnce, false, payload).await {
+        if let Err(e) = self.link.publish(&self.client, topic, false, payload).await {
             tracing::warn!(device = %self.id, "ack publish: {e}");
         }
     }

@@ -85,6 +85,11 @@ impl GatewayProcess {
             .env("PIXGATE_KAFKA__GROUP_ID", &settings.group_id)
             .env("PIXGATE_KAFKA__INSTANCE_ID", format!("{}-1", settings.group_id))
             .env("PIXGATE_MQTT__LISTEN", format!("127.0.0.1:{}", settings.mqtt_port))
+            // Loopback without TLS or credentials unless `env` says otherwise (the device
+            // security tests do); the access rules hold either way.
+            .env("PIXGATE_MQTT__PLAIN", "true")
+            .env("PIXGATE_MQTT__ANONYMOUS", "true")
+            .env("PIXGATE_MQTT__REQUIRE_REGISTERED", "false")
             .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{}", settings.http_port))
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)

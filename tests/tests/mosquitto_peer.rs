@@ -1,7 +1,8 @@
 //! A card machine that is not our code: Debian's `mosquitto-clients` play the device against
 //! pixgate's embedded MQTT broker, as `device-protocol/README.md` describes it.
 //! `mosquitto_sub -q 1 -c -i dev-{id}` takes the jobs (a persistent session, QoS 1),
-//! `mosquitto_pub -r` sets the retained online status, `mosquitto_pub -q 1` sends the acks,
+//! `mosquitto_pub -r -i dev-{id}.status` sets the retained online status, `mosquitto_pub -q 1
+//! -i dev-{id}.acks` sends the acks (second connections of the same device),
 //! built from `device_protocol::Ack`.
 //!
 //! Checked: each job is a `device_protocol::Job` for its charge event (version, per-device
@@ -86,18 +87,13 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
         .await;
 
     // The device comes up as the protocol says: a persistent session as dev-{id} subscribed
-    // to its jobs at QoS 1, then its status, retained (a second client: one client id per
-    // connection, or the broker would drop the subscriber).
+    // to its jobs at QoS 1, then its status, retained, from a second connection of the
+    // same device (`dev-{id}.status`: mosquitto_sub cannot publish, and a second client
+    // with the same id would take the subscriber's session).
     let mut device =
         Subscriber::start(port, &format!("dev-{TERMINAL}"), &jobs, 1, true, Duration::from_secs(30)).await.unwrap();
     let online = serde_json::to_string(&Status { v: 1, online: true, printer: None }).unwrap();
-    mosquitto::publish(port, &format!("dev-{TERMINAL}-status"), &status, &online, 1, true).await.unwrap();
-    let kept = mosquitto::retained(port, &status, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(
-        serde_json::from_str::<Status>(&kept).unwrap(),
-        Status { v: 1, online: true, printer: None },
-        "the broker keeps the retained status"
-    );
+    mosquitto::publish(port, &format!("dev-{TERMINAL}.status"), &status, &online, 1, true).await.unwrap();
 
     // A first charge: its QR job reaches the device.
     let tpl = template(&fixtures);
@@ -149,7 +145,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
 
     // The `done` ack: the effect is recorded, and only now the second job goes out.
     let ack = |job: &Job| serde_json::to_string(&Ack::done(&job.message_id, job.seq, false)).unwrap();
-    mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job1), 1, false).await.unwrap();
+    mosquitto::publish(port, &format!("dev-{TERMINAL}.acks"), &acks, &ack(&job1), 1, false).await.unwrap();
     rig.wait_stats(Duration::from_secs(30), |s| count(&s.counters.effects_done, "display_qr") == 1).await;
     let job2 = loop {
         let line = device.next_message(JOB_TIMEOUT).await.unwrap().expect("the second job after the ack");
@@ -160,7 +156,7 @@ async fn a_mosquitto_clients_card_machine_gets_one_job_at_a_time_until_it_acks()
         }
         break check_job(&line, &second, 2);
     };
-    mosquitto::publish(port, &format!("dev-{TERMINAL}-ack"), &acks, &ack(&job2), 1, false).await.unwrap();
+    mosquitto::publish(port, &format!("dev-{TERMINAL}.acks"), &acks, &ack(&job2), 1, false).await.unwrap();
     rig.wait_stats(Duration::from_secs(30), |s| {
         count(&s.counters.effects_done, "display_qr") == 2 && s.counters.outbox_jobs == 0 && s.counters.queued_jobs == 0
     })

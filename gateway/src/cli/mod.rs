@@ -1,5 +1,6 @@
 //! `pixgate`'s commands besides running the gateway: outbox and dead-letter inspection
-//! ([`inspect`]) and the BR Code tool ([`brcode`]).
+//! ([`inspect`]), the BR Code tool ([`brcode`]) and device credentials ([`credentials`]).
 
 pub mod brcode;
+pub mod credentials;
 pub mod inspect;

@@ -59,6 +59,8 @@ pub struct Services {
     pub outbox: Arc<Outbox>,
     /// The jobs the outbox holds at start, per device (they count against the bounds).
     pub outbox_jobs: HashMap<String, usize>,
+    /// Plans records, its device registry restored from the outbox ([`Planner::restore`]).
+    pub planner: Planner,
     /// Where stored jobs go: the dispatcher.
     pub commands: mpsc::Sender<Command>,
     /// Jobs that left their device's queue, from the dispatcher.
@@ -130,6 +132,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         clock,
         outbox,
         outbox_jobs,
+        planner,
         commands,
         mut finished,
         mut replays,
@@ -138,7 +141,6 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     } = services;
     let consumer = create(&cfg, &health)?;
     consumer.subscribe(&[&cfg.kafka.device_topic, &cfg.kafka.charge_topic]).context("subscribing")?;
-    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox)?;
     let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
     let (registry, mut answers) = RegistryHold::new(&cfg, health.clone());

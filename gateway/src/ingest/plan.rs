@@ -17,7 +17,7 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::ingest::registry_wait::Deferred;
-use crate::model::{DeadLetter, DeadLetterReason, IgnoreReason, SourceRef};
+use crate::model::{DeadLetter, DeadLetterReason, Directory, IgnoreReason, SourceRef};
 use crate::route::registry::{Applied, Registry};
 use crate::route::render as jobs;
 use crate::route::router::{Decision, Router};
@@ -67,7 +67,8 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// A planner for `cfg`'s topics, with the device registry restored from `outbox` and a
+    /// A planner for `cfg`'s topics, with the device registry restored from `outbox` (and
+    /// told to `directory`) and a
     /// router that reads charge states back from it (cached: `outbox.charge_cache_entries`,
     /// at least four batches' worth).
     ///
@@ -78,8 +79,9 @@ impl Planner {
         stats: Arc<Stats>,
         clock: Clock,
         outbox: &Arc<Outbox>,
+        directory: Arc<Directory>,
     ) -> Result<Planner, OutboxError> {
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_directory(directory);
         for (id, at, doc) in outbox.devices()? {
             match doc.as_ref().map(cdc::decode_device).transpose() {
                 Ok(device) => {
@@ -243,7 +245,9 @@ mod tests {
 
     fn planner(name: &str) -> (crate::test_fixtures::TempDir, Planner) {
         let (dir, outbox) = temp_outbox(name);
-        let planner = Planner::restore(&Config::default(), Arc::default(), Clock::with_offset(0), &outbox).unwrap();
+        let planner =
+            Planner::restore(&Config::default(), Arc::default(), Clock::with_offset(0), &outbox, Arc::default())
+                .unwrap();
         (dir, planner)
     }
 

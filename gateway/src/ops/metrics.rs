@@ -173,6 +173,7 @@ impl prometheus_client::collector::Collector for Exposition {
             )?;
         }
         gauge(e, "consumer_running", "1 while the consumer loop runs.", flag(s.consumer_running))?;
+        gauge(e, "mqtt_connected", "Devices connected to the MQTT listener.", s.mqtt_connected as f64)?;
         gauge(
             e,
             "consumer_idle_seconds",
@@ -185,6 +186,12 @@ impl prometheus_client::collector::Collector for Exposition {
             "effects_done",
             "Effects acknowledged as done by their device, by kind.",
             by("kind", &s.effects_done),
+        )?;
+        counters(
+            e,
+            "mqtt_refusals",
+            "Sockets, CONNECTs and packets the device listener refused, by rule.",
+            by("rule", &s.mqtt_refusals),
         )?;
         counters(
             e,

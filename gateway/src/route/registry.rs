@@ -2,13 +2,17 @@
 //! `device.upserted` events. An event older (by oplog position) than what is already applied
 //! for that device is ignored, so a redelivered old event cannot undo a newer change.
 
+use crate::model::Directory;
 use cdc::{Device, DeviceKind};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Devices by id, with the oplog position each entry was applied at.
 #[derive(Debug, Default)]
 pub struct Registry {
     devices: HashMap<String, (u64, Option<Device>)>,
+    /// Told of every change, for the device listener.
+    directory: Option<Arc<Directory>>,
 }
 
 /// What applying a device event did.
@@ -23,6 +27,11 @@ pub enum Applied {
 }
 
 impl Registry {
+    /// An empty registry that tells `directory` of every change.
+    pub fn with_directory(directory: Arc<Directory>) -> Registry {
+        Registry { devices: HashMap::new(), directory: Some(directory) }
+    }
+
     /// Applies an upsert (`Some(device)`) or a delete (`None`) of `id` at oplog position
     /// `cluster_time`. A delete leaves a tombstone so an older upsert cannot resurrect it.
     pub fn apply(&mut self, id: &str, cluster_time: u64, device: Option<Device>) -> Applied {
@@ -32,6 +41,9 @@ impl Registry {
             }
         }
         let removed = device.is_none();
+        if let Some(dir) = &self.directory {
+            dir.set(id, device.as_ref().map(|d| d.enabled));
+        }
         self.devices.insert(id.to_string(), (cluster_time, device));
         if removed {
             Applied::Removed

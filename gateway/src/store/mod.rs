@@ -1,6 +1,8 @@
 //! The durable per-device outbox ([`outbox`]): every device's job queue, the dedupe window,
-//! charge states, the device registry and parked dead letters, in one redb file.
+//! charge states, the device registry and parked dead letters, in one redb file; and the
+//! devices' secrets ([`credentials`]), kept as keyed hashes.
 
+pub mod credentials;
 pub mod outbox;
 
 pub use outbox::{

@@ -58,6 +58,11 @@ pub struct Snapshot {
     pub consumer_idle_ms: u64,
     /// Whether the consumer loop is running.
     pub consumer_running: bool,
+    /// Devices connected to the MQTT listener now.
+    pub mqtt_connected: u64,
+    /// Sockets, CONNECTs and packets the MQTT listener refused, by rule
+    /// (`deliver::mqtt::access::Rule`).
+    pub mqtt_refusals: BTreeMap<String, u64>,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.
@@ -81,6 +86,11 @@ impl Stats {
     /// Applies `f` to the counters.
     pub fn update(&self, f: impl FnOnce(&mut Snapshot)) {
         f(&mut self.inner.lock().expect("stats lock"));
+    }
+
+    /// The MQTT listener refused something by `rule`.
+    pub fn mqtt_refused(&self, rule: &str) {
+        self.update(|s| bump(&mut s.mqtt_refusals, rule));
     }
 
     /// A record was ignored for `reason`.

@@ -1,0 +1,259 @@
+//! `pixgate devices credentials`: a fleet CA, device certificates and secrets, revocation.
+//!
+//! A fleet CA folder (`--ca DIR`) holds:
+//!
+//! | file | what |
+//! |---|---|
+//! | `ca.crt`, `ca.key` | the fleet CA (ECDSA P-256); `mqtt.tls.client_ca` points at `ca.crt` |
+//! | `server.crt`, `server.key` | the device listener's certificate (`mqtt.tls.cert`, `.key`) |
+//! | `crl.pem` | the CA's revocation list (`mqtt.tls.crls`), re-signed at each revocation |
+//! | `revoked.json` | what `crl.pem` lists: serial (hex) → device id and time |
+//! | `devices/{id}.crt`, `devices/{id}.key` | a device's certificate (subject CN = id) and key |
+//!
+//! A secret (no `--ca`) is 256 random bits shown once; only its keyed hash is kept, in
+//! `mqtt.credentials` (`store::credentials`). The gateway re-reads both the revocation
+//! list and the secrets when they change: no restart.
+
+use crate::deliver::mqtt::access;
+use crate::store::credentials::Credentials;
+use anyhow::{bail, Context};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams, SerialNumber,
+};
+use ring::rand::{SecureRandom, SystemRandom};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use time::{Duration, OffsetDateTime};
+
+/// `pixgate devices credentials …`.
+#[derive(Debug, clap::Subcommand)]
+pub enum CredentialsCmd {
+    /// Create a fleet CA in DIR with a server certificate for the device listener and an
+    /// empty revocation list (a throwaway one for a demo, or the start of a real fleet's).
+    Ca {
+        /// The folder (created; an existing CA in it is kept unless --force).
+        dir: PathBuf,
+        /// DNS names and IP addresses devices use to reach pixgate (server certificate SANs).
+        #[arg(long = "server-name", default_values = ["localhost", "127.0.0.1"])]
+        server_names: Vec<String>,
+        /// Replace an existing CA (every certificate it signed stops working).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue credentials to device ID: with --ca, a certificate and key signed by the fleet
+    /// CA (written to DIR/devices/); without, a new secret (printed once; its hash is kept
+    /// in `mqtt.credentials`, replacing an earlier secret).
+    Issue {
+        /// The device's registry id.
+        id: String,
+        /// The fleet CA folder.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = 825)]
+        days: i64,
+    },
+    /// Revoke device ID: with --ca, its certificate goes on the CA's revocation list;
+    /// without, its secret is removed from `mqtt.credentials`. A connected device is
+    /// refused at its next connection.
+    Revoke {
+        /// The device's registry id.
+        id: String,
+        /// The fleet CA folder.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+    },
+}
+
+/// Runs `cmd`; `credentials` is `mqtt.credentials` from the configuration.
+///
+/// # Errors
+/// A file cannot be read or written, the id is not a valid device id, or (for secrets)
+/// `mqtt.credentials` is not configured.
+pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<()> {
+    match cmd {
+        CredentialsCmd::Ca { dir, server_names, force } => {
+            create_ca(dir, server_names, *force)?;
+            println!("fleet CA in {}: ca.crt, server.crt/.key, crl.pem", dir.display());
+        }
+        CredentialsCmd::Issue { id, ca: Some(dir), days } => {
+            let (cert, key) = issue_certificate(dir, id, *days)?;
+            println!("{}\n{}", cert.display(), key.display());
+        }
+        CredentialsCmd::Issue { id, ca: None, .. } => {
+            check_id(id)?;
+            let path = credentials.context("mqtt.credentials is not configured: where would the secret's hash go?")?;
+            let secret = Credentials::load(path, true)?.issue(id)?;
+            eprintln!("secret for {id} (shown once; MQTT username {id}, client id dev-{id}):");
+            println!("{secret}");
+        }
+        CredentialsCmd::Revoke { id, ca: Some(dir) } => {
+            revoke_certificate(dir, id)?;
+            println!("{id}'s certificate is on {}", dir.join("crl.pem").display());
+        }
+        CredentialsCmd::Revoke { id, ca: None } => {
+            let path = credentials.context("mqtt.credentials is not configured")?;
+            if !Credentials::load(path, false)?.revoke(id)? {
+                bail!("{id} has no secret in {}", path.display());
+            }
+            println!("{id}'s secret is revoked");
+        }
+    }
+    Ok(())
+}
+
+fn check_id(id: &str) -> anyhow::Result<()> {
+    if !access::valid_id(id) {
+        bail!("`{id}` is not a device id (1 to {} letters, digits, - or _)", access::MAX_ID_LEN);
+    }
+    Ok(())
+}
+
+fn random_serial() -> anyhow::Result<SerialNumber> {
+    let mut b = [0u8; 16];
+    SystemRandom::new().fill(&mut b).map_err(|_| anyhow::anyhow!("no randomness available"))?;
+    b[0] &= 0x7f; // positive (RFC 5280 §4.1.2.2)
+    Ok(SerialNumber::from(b.to_vec()))
+}
+
+fn write(path: &Path, text: &str, private: bool) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    if private {
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    let mut f = opts.open(path).with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
+}
+
+fn read(path: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The CA of `dir` as an issuer.
+fn issuer(dir: &Path) -> anyhow::Result<Issuer<'static, KeyPair>> {
+    let key = KeyPair::from_pem(&read(&dir.join("ca.key"))?).context("ca.key")?;
+    Issuer::from_ca_cert_pem(&read(&dir.join("ca.crt"))?, key).context("ca.crt")
+}
+
+/// Creates the fleet CA, the server certificate for `server_names` (DNS names or IP
+/// addresses) and an empty revocation list in `dir`.
+///
+/// # Errors
+/// A CA exists already (without `force`), or a file cannot be written.
+pub fn create_ca(dir: &Path, server_names: &[String], force: bool) -> anyhow::Result<()> {
+    if dir.join("ca.key").exists() && !force {
+        bail!("{} already holds a CA (ca.key); --force replaces it", dir.display());
+    }
+    std::fs::create_dir_all(dir.join("devices")).with_context(|| format!("creating {}", dir.display()))?;
+    let now = OffsetDateTime::now_utc();
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, "pixgate fleet CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    ca.not_before = now - Duration::hours(1);
+    ca.not_after = now + Duration::days(3650);
+    ca.serial_number = Some(random_serial()?);
+    let ca_cert = ca.self_signed(&ca_key)?;
+    write(&dir.join("ca.crt"), &ca_cert.pem(), false)?;
+    write(&dir.join("ca.key"), &ca_key.serialize_pem(), true)?;
+    let issuer = Issuer::new(ca, ca_key);
+
+    let server_key = KeyPair::generate()?;
+    let mut server = CertificateParams::new(server_names.to_vec())?;
+    server.distinguished_name.push(DnType::CommonName, server_names.first().map_or("pixgate", String::as_str));
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    server.not_before = now - Duration::hours(1);
+    server.not_after = now + Duration::days(825);
+    server.serial_number = Some(random_serial()?);
+    let server_cert = server.signed_by(&server_key, &issuer)?;
+    write(&dir.join("server.crt"), &server_cert.pem(), false)?;
+    write(&dir.join("server.key"), &server_key.serialize_pem(), true)?;
+    write_crl(dir, &issuer, &BTreeMap::new())
+}
+
+/// Issues `id` a certificate (subject CN = id, client authentication) signed by the CA in
+/// `dir`, valid `days`; returns the certificate's and the key's paths.
+///
+/// # Errors
+/// Not a device id, no CA in `dir`, or a file cannot be written.
+pub fn issue_certificate(dir: &Path, id: &str, days: i64) -> anyhow::Result<(PathBuf, PathBuf)> {
+    check_id(id)?;
+    let issuer = issuer(dir)?;
+    let now = OffsetDateTime::now_utc();
+    let key = KeyPair::generate()?;
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    p.distinguished_name.push(DnType::CommonName, id);
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.not_before = now - Duration::hours(1);
+    p.not_after = now + Duration::days(days);
+    p.serial_number = Some(random_serial()?);
+    let cert = p.signed_by(&key, &issuer)?;
+    let devices = dir.join("devices");
+    std::fs::create_dir_all(&devices).with_context(|| format!("creating {}", devices.display()))?;
+    let (cp, kp) = (devices.join(format!("{id}.crt")), devices.join(format!("{id}.key")));
+    write(&cp, &cert.pem(), false)?;
+    write(&kp, &key.serialize_pem(), true)?;
+    Ok((cp, kp))
+}
+
+/// Puts `id`'s certificate (`dir/devices/{id}.crt`) on the CA's revocation list.
+///
+/// # Errors
+/// No such certificate or CA, or a file cannot be written.
+pub fn revoke_certificate(dir: &Path, id: &str) -> anyhow::Result<()> {
+    check_id(id)?;
+    let pem = read(&dir.join("devices").join(format!("{id}.crt")))?;
+    let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes())
+        .map(|c: rustls::pki_types::CertificateDer<'_>| c.to_vec())
+        .map_err(|e| anyhow::anyhow!("{id}.crt: {e:?}"))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| anyhow::anyhow!("{id}.crt: {e}"))?;
+    let serial = hex::encode(cert.raw_serial());
+    let mut revoked = read_revoked(dir)?;
+    revoked.insert(serial, (id.to_string(), OffsetDateTime::now_utc().unix_timestamp()));
+    write_crl(dir, &issuer(dir)?, &revoked)
+}
+
+type Revoked = BTreeMap<String, (String, i64)>;
+
+fn read_revoked(dir: &Path) -> anyhow::Result<Revoked> {
+    match std::fs::read(dir.join("revoked.json")) {
+        Ok(b) => serde_json::from_slice(&b).context("revoked.json"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Revoked::new()),
+        Err(e) => Err(e).context("revoked.json"),
+    }
+}
+
+/// Writes `revoked.json` and `crl.pem` (numbered by how many it lists, signed by the CA).
+fn write_crl(dir: &Path, issuer: &Issuer<'_, KeyPair>, revoked: &Revoked) -> anyhow::Result<()> {
+    let now = OffsetDateTime::now_utc();
+    let mut revoked_certs = Vec::new();
+    for (serial, (_, at)) in revoked {
+        revoked_certs.push(RevokedCertParams {
+            serial_number: SerialNumber::from(hex::decode(serial).context("revoked.json serial")?),
+            revocation_time: OffsetDateTime::from_unix_timestamp(*at).unwrap_or(now),
+            reason_code: None,
+            invalidity_date: None,
+        });
+    }
+    let crl = CertificateRevocationListParams {
+        this_update: now - Duration::minutes(5),
+        next_update: now + Duration::days(3650),
+        crl_number: SerialNumber::from(revoked.len() as u64 + 1),
+        issuing_distribution_point: None,
+        revoked_certs,
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(issuer)?;
+    write(&dir.join("revoked.json"), &serde_json::to_string_pretty(revoked)?, false)?;
+    // Written aside and renamed: the gateway may read it at any moment.
+    let tmp = dir.join("crl.pem.tmp");
+    write(&tmp, &crl.pem()?, false)?;
+    std::fs::rename(&tmp, dir.join("crl.pem")).context("crl.pem")
+}

@@ -1,0 +1,169 @@
+//! Who is connecting: the CONNECT checked against the TLS client certificate, the device
+//! secrets and the registry, before the device gets a link to the broker.
+
+use super::access::{self, Rule};
+use crate::model::{Directory, Standing};
+use crate::store::credentials::{key_path, Credentials};
+use rumqttd::protocol::{ConnectReturnCode, Login};
+use std::path::PathBuf;
+use std::sync::RwLock;
+use std::time::SystemTime;
+
+/// What the socket says of the peer before its CONNECT.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// Its address.
+    pub addr: std::net::SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+    /// The device id its verified client certificate names, if it presented one.
+    pub certificate: Option<String>,
+}
+
+/// A refusal: the rule broken and the CONNACK code to answer with.
+pub type Refusal = (Rule, ConnectReturnCode);
+
+/// The device secrets file, re-read when it or its key changes (checked at each CONNECT
+/// that uses a secret: one `stat` of two files).
+#[derive(Debug)]
+pub struct Secrets {
+    path: PathBuf,
+    /// The files' modification times when loaded, and what loaded.
+    loaded: RwLock<(Option<Stamp>, Option<Credentials>)>,
+}
+
+/// Modification times of the secrets file and of its key.
+type Stamp = (Option<SystemTime>, Option<SystemTime>);
+
+impl Secrets {
+    /// The secrets in `path` (read on first use).
+    pub fn new(path: PathBuf) -> Secrets {
+        Secrets { path, loaded: RwLock::new((None, None)) }
+    }
+
+    fn stamp(&self) -> Stamp {
+        let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        (m(&self.path), m(&key_path(&self.path)))
+    }
+
+    /// Whether `secret` is `id`'s. A file that does not load verifies nothing (logged).
+    pub fn verify(&self, id: &str, secret: &[u8]) -> bool {
+        let stamp = self.stamp();
+        {
+            let loaded = self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if loaded.0 == Some(stamp) {
+                return loaded.1.as_ref().is_some_and(|c| c.verify(id, secret));
+            }
+        }
+        let mut loaded = self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let creds = Credentials::load(&self.path, false)
+            .map_err(|e| tracing::error!(error = %e, "device secrets do not load; no secret verifies until they do"))
+            .ok();
+        *loaded = (Some(stamp), creds);
+        loaded.1.as_ref().is_some_and(|c| c.verify(id, secret))
+    }
+}
+
+/// How CONNECTs are judged.
+#[derive(Debug)]
+pub struct Authenticator {
+    /// Device secrets, if configured.
+    pub secrets: Option<Secrets>,
+    /// Plain TCP, no credentials: the client id is the identity (`mqtt.anonymous`).
+    pub anonymous: bool,
+    /// Only devices the registry has enabled (`mqtt.require_registered`).
+    pub require_registered: bool,
+}
+
+impl Authenticator {
+    /// The device that `client_id` with `login` from `peer` is, or why it is refused.
+    /// Identity comes from the certificate when there is one, else from the secret (TLS
+    /// only), else from the client id when anonymous access is on; the client id must name
+    /// that same device; then the registry must have it enabled.
+    pub fn authenticate(
+        &self,
+        client_id: &str,
+        login: Option<&Login>,
+        peer: &Peer,
+        directory: &Directory,
+    ) -> Result<String, Refusal> {
+        use ConnectReturnCode::{ClientIdentifierNotValid, NotAuthorized};
+        let Some(device) = access::device_of_client_id(client_id) else {
+            return Err((Rule::ClientId, ClientIdentifierNotValid));
+        };
+        if let Some(cert) = &peer.certificate {
+            if cert != device {
+                return Err((Rule::IdentityMismatch, NotAuthorized));
+            }
+        } else if let Some(login) = login.filter(|l| !l.password.is_empty()) {
+            // A secret never travels in clear: refused even when it would verify.
+            let Some(secrets) = self.secrets.as_ref().filter(|_| peer.tls) else {
+                return Err((Rule::BadCredentials, NotAuthorized));
+            };
+            if login.username != device {
+                return Err((Rule::IdentityMismatch, NotAuthorized));
+            }
+            if !secrets.verify(device, login.password.as_bytes()) {
+                return Err((Rule::BadCredentials, NotAuthorized));
+            }
+        } else if !self.anonymous || peer.tls {
+            return Err((Rule::NoCredentials, NotAuthorized));
+        }
+        if self.require_registered {
+            match directory.standing(device) {
+                Standing::Enabled => {}
+                Standing::Disabled => return Err((Rule::DisabledDevice, NotAuthorized)),
+                Standing::Unknown => return Err((Rule::UnknownDevice, NotAuthorized)),
+            }
+        }
+        Ok(device.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(tls: bool, certificate: Option<&str>) -> Peer {
+        Peer { addr: "127.0.0.1:5000".parse().unwrap(), tls, certificate: certificate.map(String::from) }
+    }
+
+    fn login(user: &str, pass: &str) -> Login {
+        Login { username: user.into(), password: pass.into() }
+    }
+
+    #[test]
+    fn identity_comes_from_the_certificate_or_the_secret_and_the_client_id_must_match() {
+        let dir = std::env::temp_dir().join(format!("pixgate-auth-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("credentials.json");
+        let secret = Credentials::load(&path, true).unwrap().issue("a").unwrap();
+        let directory = Directory::default();
+        directory.set("a", Some(true));
+        directory.set("b", Some(true));
+        directory.set("off", Some(false));
+        let auth = Authenticator { secrets: Some(Secrets::new(path)), anonymous: false, require_registered: true };
+        let check = |id: &str, l: Option<&Login>, p: &Peer| auth.authenticate(id, l, p, &directory).map_err(|e| e.0);
+
+        assert_eq!(check("dev-a", None, &peer(true, Some("a"))), Ok("a".into()));
+        assert_eq!(check("dev-b", None, &peer(true, Some("a"))), Err(Rule::IdentityMismatch));
+        assert_eq!(check("pixgate-gateway", None, &peer(true, Some("a"))), Err(Rule::ClientId));
+        assert_eq!(check("dev-a", Some(&login("a", &secret)), &peer(true, None)), Ok("a".into()));
+        assert_eq!(check("dev-a", Some(&login("a", "guess")), &peer(true, None)), Err(Rule::BadCredentials));
+        assert_eq!(check("dev-b", Some(&login("a", &secret)), &peer(true, None)), Err(Rule::IdentityMismatch));
+        assert_eq!(check("dev-a", Some(&login("a", &secret)), &peer(false, None)), Err(Rule::BadCredentials));
+        assert_eq!(check("dev-a", None, &peer(true, None)), Err(Rule::NoCredentials));
+        assert_eq!(check("dev-a", None, &peer(false, None)), Err(Rule::NoCredentials), "not anonymous");
+        assert_eq!(check("dev-off", None, &peer(true, Some("off"))), Err(Rule::DisabledDevice));
+        assert_eq!(check("dev-gone", None, &peer(true, Some("gone"))), Err(Rule::UnknownDevice));
+
+        let open = Authenticator { secrets: None, anonymous: true, require_registered: false };
+        assert_eq!(open.authenticate("dev-x", None, &peer(false, None), &directory).map_err(|e| e.0), Ok("x".into()));
+        assert_eq!(
+            open.authenticate("dev-x", None, &peer(true, None), &directory).map_err(|e| e.0),
+            Err(Rule::NoCredentials),
+            "anonymous is for plain TCP only"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

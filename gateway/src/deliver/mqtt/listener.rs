@@ -1,0 +1,188 @@
+//! The device listener: accepts sockets, sets up TLS off the accept loop with a deadline,
+//! and holds the limits (connections, handshakes in progress, connections per address).
+//!
+//! Nothing a socket does can hold up another: the accept loop only counts and spawns; the
+//! TLS handshake and the CONNECT run in the connection's own task under
+//! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` of them at once (a socket
+//! beyond that is closed at once, and its device retries), so a reconnect storm after a
+//! restart is served at the rate the machine can, without queueing unbounded work.
+
+use super::access::Rule;
+use super::auth::{Authenticator, Peer};
+use super::session;
+use super::tls::{certificate_identity, Tls};
+use crate::config::MqttConfig;
+use crate::model::{Directory, Standing};
+use crate::telemetry::Stats;
+use rumqttd::local::{LinkError, LinkRx, LinkTx};
+use rumqttd::Notification;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// Builds a device's link to the router: `(client id, clean session)` → the link and the
+/// router's CONNACK. Blocks until the router answers (call it off the async threads).
+pub type LinkFactory =
+    Arc<dyn Fn(&str, bool) -> Result<(LinkTx, LinkRx, Notification), Box<LinkError>> + Send + Sync + 'static>;
+
+/// What every connection shares.
+pub struct Shared {
+    /// Limits and timeouts.
+    pub cfg: MqttConfig,
+    /// TLS, unless plain TCP.
+    pub tls: Option<Arc<Tls>>,
+    /// Judges CONNECTs.
+    pub auth: Authenticator,
+    /// The registry's view of who may connect.
+    pub directory: Arc<Directory>,
+    /// `mqtt_connected` and `mqtt_refusals` on `/stats` and `/metrics`.
+    pub stats: Arc<Stats>,
+    /// Links to the router.
+    pub links: LinkFactory,
+    connected: AtomicUsize,
+    per_address: Mutex<HashMap<IpAddr, usize>>,
+    handshakes: Arc<Semaphore>,
+}
+
+impl Shared {
+    /// Everything a connection needs; no device connected yet.
+    pub fn new(
+        cfg: MqttConfig,
+        tls: Option<Arc<Tls>>,
+        auth: Authenticator,
+        directory: Arc<Directory>,
+        stats: Arc<Stats>,
+        links: LinkFactory,
+    ) -> Shared {
+        let handshakes = Arc::new(Semaphore::new(cfg.max_handshakes.max(1)));
+        Shared {
+            cfg,
+            tls,
+            auth,
+            directory,
+            stats,
+            links,
+            connected: AtomicUsize::new(0),
+            per_address: Mutex::default(),
+            handshakes,
+        }
+    }
+
+    /// Logs and counts a refusal (`rule`) of `peer` (and `device`, if known).
+    pub fn refuse(&self, rule: Rule, peer: &Peer, device: Option<&str>, why: &str) {
+        tracing::warn!(rule = rule.as_str(), device = device.unwrap_or("-"), addr = %peer.addr, why, "device refused");
+        self.stats.mqtt_refused(rule.as_str());
+    }
+
+    /// Whether an authenticated `device` may stay connected after a registry change.
+    pub fn still_allowed(&self, device: &str) -> Result<(), (Rule, ())> {
+        if !self.auth.require_registered {
+            return Ok(());
+        }
+        match self.directory.standing(device) {
+            Standing::Enabled => Ok(()),
+            Standing::Disabled => Err((Rule::DisabledDevice, ())),
+            Standing::Unknown => Err((Rule::UnknownDevice, ())),
+        }
+    }
+
+    /// A connected-device slot, if fewer than `mqtt.max_connections` are taken; freed on
+    /// drop.
+    pub fn connection_slot(&self) -> Option<Slot<'_>> {
+        let max = self.cfg.max_connections;
+        self.connected.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        self.stats.update(|s| s.mqtt_connected += 1);
+        Some(Slot { shared: self })
+    }
+
+    fn address_slot(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
+        let mut map = self.per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(ip).or_default();
+        if *n >= self.cfg.max_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(AddressSlot { shared: self.clone(), ip })
+    }
+}
+
+/// A connected device, counted until dropped.
+pub struct Slot<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.shared.connected.fetch_sub(1, Ordering::AcqRel);
+        self.shared.stats.update(|s| s.mqtt_connected = s.mqtt_connected.saturating_sub(1));
+    }
+}
+
+struct AddressSlot {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let mut map = self.shared.per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Accepts devices on `listener` until the process ends.
+pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let (socket, addr) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors, mostly: wait a little rather than spin.
+                tracing::error!(error = %e, "accepting a device connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let peer = Peer { addr, tls: shared.tls.is_some(), certificate: None };
+        let Some(address) = shared.address_slot(addr.ip()) else {
+            shared.refuse(Rule::PerAddress, &peer, None, "at mqtt.max_per_address");
+            continue;
+        };
+        let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
+            shared.refuse(Rule::HandshakesBusy, &peer, None, "at mqtt.max_handshakes");
+            continue;
+        };
+        let _ = socket.set_nodelay(true);
+        tokio::spawn(connection(socket, addr, shared.clone(), permit, address));
+    }
+}
+
+async fn connection(
+    socket: TcpStream,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    _address: AddressSlot,
+) {
+    let mut peer = Peer { addr, tls: shared.tls.is_some(), certificate: None };
+    let Some(tls) = shared.tls.clone() else {
+        return session::serve(socket, peer, shared.clone(), permit).await;
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+    let deadline = Duration::from_millis(shared.cfg.connect_timeout_ms);
+    let stream = match tokio::time::timeout(deadline, acceptor.accept(socket)).await {
+        Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no TLS handshake in time"),
+        Ok(Err(e)) => return shared.refuse(Rule::TlsHandshake, &peer, None, &e.to_string()),
+        Ok(Ok(s)) => s,
+    };
+    peer.certificate = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(certificate_identity);
+    session::serve(stream, peer, shared, permit).await;
+}

@@ -1,0 +1,225 @@
+//! Device secrets, kept only as keyed hashes.
+//!
+//! A device that does not present a client certificate proves who it is, over TLS, with a
+//! random secret of 256 bits issued once (`pixgate devices credentials issue ID`) and sent as
+//! its MQTT password. pixgate keeps `HMAC-SHA256(key, secret)` only, in a JSON file
+//! (`mqtt.credentials`), with the key in a second file beside it (`{file}.key`, 32 random
+//! bytes, mode 0600): the hashes alone do not let anyone test guesses offline. A fast keyed
+//! hash suits a random secret (no dictionary to slow down); a slow password hash would make
+//! a fleet of 10,000 devices reconnecting after a restart cost minutes of CPU. Verification
+//! compares in constant time (`ring::hmac::verify`).
+//!
+//! File shape: `{"devices": {"<id>": {"hmac_sha256": "<64 hex>", "issued_at": "<RFC 3339>"}}}`.
+
+use base64::Engine;
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Bytes of a secret (256 bits; the issue asks at least 128).
+pub const SECRET_BYTES: usize = 32;
+
+/// What can go wrong reading or writing the credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The file or its key cannot be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not the expected JSON.
+    #[error("{path}: {source}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// The key file does not hold 32 bytes.
+    #[error("{0}: the key must be 32 bytes")]
+    BadKey(PathBuf),
+    /// The system random generator failed.
+    #[error("no randomness available")]
+    Random,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    devices: BTreeMap<String, Entry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Entry {
+    hmac_sha256: String,
+    issued_at: String,
+}
+
+/// The secrets of a fleet, loaded from `path` and its key.
+#[derive(Debug)]
+pub struct Credentials {
+    path: PathBuf,
+    key: hmac::Key,
+    devices: BTreeMap<String, Vec<u8>>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CredentialsError + '_ {
+    move |source| CredentialsError::Io { path: path.to_path_buf(), source }
+}
+
+/// The key file of the credentials `path`: `{path}.key`.
+pub fn key_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".key");
+    PathBuf::from(p)
+}
+
+impl Credentials {
+    /// Loads `path` (absent: no device has a secret yet) and its key (absent: created when
+    /// `create_key`, for issuing; otherwise no secret can verify).
+    ///
+    /// # Errors
+    /// A file cannot be read or parsed, or the key cannot be created.
+    pub fn load(path: &Path, create_key: bool) -> Result<Credentials, CredentialsError> {
+        let kp = key_path(path);
+        let key = match std::fs::read(&kp) {
+            Ok(k) if k.len() == 32 => k,
+            Ok(_) => return Err(CredentialsError::BadKey(kp)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_key => {
+                let mut k = vec![0u8; 32];
+                SystemRandom::new().fill(&mut k).map_err(|_| CredentialsError::Random)?;
+                write_private(&kp, &k)?;
+                k
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(&kp)(e)),
+        };
+        let file: File = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| CredentialsError::Json { path: path.to_path_buf(), source })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+            Err(e) => return Err(io(path)(e)),
+        };
+        let devices =
+            file.devices.into_iter().filter_map(|(id, e)| Some((id, hex::decode(e.hmac_sha256).ok()?))).collect();
+        Ok(Credentials { path: path.to_path_buf(), key: hmac::Key::new(hmac::HMAC_SHA256, &key), devices })
+    }
+
+    /// Whether `secret` is the one issued to `id` (constant time in the secret).
+    pub fn verify(&self, id: &str, secret: &[u8]) -> bool {
+        self.devices.get(id).is_some_and(|tag| hmac::verify(&self.key, secret, tag).is_ok())
+    }
+
+    /// Whether `id` has a secret.
+    pub fn has(&self, id: &str) -> bool {
+        self.devices.contains_key(id)
+    }
+
+    /// Issues a new secret to `id` (replacing any earlier one), saves the file and returns
+    /// the secret (base64url, 43 characters) to show once.
+    ///
+    /// # Errors
+    /// No randomness, or the file cannot be written.
+    pub fn issue(&mut self, id: &str) -> Result<String, CredentialsError> {
+        let mut raw = [0u8; SECRET_BYTES];
+        SystemRandom::new().fill(&mut raw).map_err(|_| CredentialsError::Random)?;
+        let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+        let tag = hmac::sign(&self.key, secret.as_bytes());
+        self.devices.insert(id.to_string(), tag.as_ref().to_vec());
+        self.save()?;
+        Ok(secret)
+    }
+
+    /// Removes `id`'s secret and saves; returns whether it had one.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn revoke(&mut self, id: &str) -> Result<bool, CredentialsError> {
+        let had = self.devices.remove(id).is_some();
+        if had {
+            self.save()?;
+        }
+        Ok(had)
+    }
+
+    fn save(&self) -> Result<(), CredentialsError> {
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let previous: File =
+            std::fs::read(&self.path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+        let devices = self
+            .devices
+            .iter()
+            .map(|(id, tag)| {
+                let hash = hex::encode(tag);
+                let issued_at = previous
+                    .devices
+                    .get(id)
+                    .filter(|e| e.hmac_sha256 == hash)
+                    .map_or_else(|| now.clone(), |e| e.issued_at.clone());
+                (id.clone(), Entry { hmac_sha256: hash, issued_at })
+            })
+            .collect();
+        let json = serde_json::to_vec_pretty(&File { devices })
+            .map_err(|source| CredentialsError::Json { path: self.path.clone(), source })?;
+        write_private(&self.path, &json)
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file renamed over it (a reader never sees
+/// half a file), readable by the owner only.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CredentialsError> {
+    use std::io::Write;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_secrets_verify_wrong_ones_do_not_and_revoked_ones_stop() {
+        let dir = std::env::temp_dir().join(format!("pixgate-credentials-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("credentials.json");
+        let mut c = Credentials::load(&path, true).unwrap();
+        let a = c.issue("a").unwrap();
+        let b = c.issue("b").unwrap();
+        assert_eq!(a.len(), 43);
+        assert_ne!(a, b);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&a) && !text.contains(&b), "only hashes are stored: {text}");
+        let c = Credentials::load(&path, false).unwrap();
+        assert!(c.verify("a", a.as_bytes()));
+        assert!(!c.verify("a", b.as_bytes()), "b's secret is not a's");
+        assert!(!c.verify("c", a.as_bytes()), "no secret issued");
+        let mut c = Credentials::load(&path, false).unwrap();
+        assert!(c.revoke("a").unwrap());
+        assert!(!Credentials::load(&path, false).unwrap().verify("a", a.as_bytes()));
+        assert!(Credentials::load(&path, false).unwrap().verify("b", b.as_bytes()));
+        // Another key (the file copied elsewhere without it): nothing verifies.
+        std::fs::remove_file(key_path(&path)).unwrap();
+        assert!(!Credentials::load(&path, false).unwrap().verify("b", b.as_bytes()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
