@@ -55,6 +55,22 @@ impl ClientAuth {
         ClientAuth { args }
     }
 
+    /// TLS with the server checked against `ca` and no credential: `--cafile CA`.
+    pub fn server_only(ca: &Path) -> ClientAuth {
+        ClientAuth { args: vec!["--cafile".into(), ca.display().to_string()] }
+    }
+
+    /// These and `extra` arguments (e.g. `--will-topic T --will-payload P`).
+    pub fn with_args(mut self, extra: &[&str]) -> ClientAuth {
+        self.args.extend(extra.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// The command-line arguments for `mosquitto_pub`/`mosquitto_sub`.
+    pub fn args(&self) -> &[String] {
+        &self.args
+    }
+
     /// TLS with a username and password: `--cafile CA -u USER -P PASSWORD`.
     pub fn password(ca: &Path, user: &str, password: &str) -> ClientAuth {
         let args =
@@ -179,24 +195,37 @@ impl Subscriber {
         persistent: bool,
         timeout: Duration,
     ) -> anyhow::Result<Subscriber> {
+        let (sub, granted) =
+            Subscriber::start_granted(port, auth, client_id, &[topic], qos, persistent, timeout).await?;
+        anyhow::ensure!(granted == [qos], "subscription to {topic} not granted at QoS {qos}: SUBACK {granted:?}");
+        Ok(sub)
+    }
+
+    /// [`Subscriber::start_as`] on several `topics` (one SUBSCRIBE), returning the SUBACK's
+    /// return codes whatever they are (the granted QoS, or 128 for a refused filter) with
+    /// the subscriber. `mosquitto_sub` exits when every filter is refused.
+    ///
+    /// # Errors
+    /// It could not start, or exited (a refused CONNECT) before a SUBACK within `timeout`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_granted(
+        port: u16,
+        auth: &ClientAuth,
+        client_id: &str,
+        topics: &[&str],
+        qos: u8,
+        persistent: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<(Subscriber, Vec<u8>)> {
         // Line-buffered (coreutils `stdbuf`): into a pipe, mosquitto_sub's stdio would hold
         // its debug lines and payloads in a 4 KiB buffer.
         let mut cmd = Command::new("stdbuf");
         cmd.args(["-oL", "mosquitto_sub"]);
         cmd.args(&auth.args);
-        cmd.args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-i",
-            client_id,
-            "-q",
-            &qos.to_string(),
-            "-t",
-            topic,
-            "-d",
-        ]);
+        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-i", client_id, "-q", &qos.to_string(), "-d"]);
+        for t in topics {
+            cmd.args(["-t", t]);
+        }
         if persistent {
             cmd.arg("-c");
         }
@@ -221,11 +250,10 @@ impl Subscriber {
         })
         .await
         .with_context(|| format!("mosquitto_sub -i {client_id}: no SUBACK within {timeout:?}"))??;
-        anyhow::ensure!(
-            granted.ends_with(&format!(": {qos}")),
-            "subscription to {topic} not granted at QoS {qos}: {granted:?}"
-        );
-        Ok(sub)
+        // `Subscribed (mid: 1): 1, 128`
+        let codes = granted.split_once("): ").map(|(_, c)| c.split(", ").map(|c| c.trim().parse()).collect());
+        let codes = codes.and_then(Result::ok).with_context(|| format!("unreadable SUBACK line {granted:?}"))?;
+        Ok((sub, codes))
     }
 
     /// The next message payload, or `None` if none arrives within `timeout`.

@@ -1,0 +1,363 @@
+//! Devices prove who they are and reach only their own jobs: pixgate's device listener over
+//! TLS, against outside clients (Debian's `mosquitto_sub`/`mosquitto_pub` with `--cafile`,
+//! `--cert`, `--key`), with credentials made by pixgate's own `pixgate devices credentials`
+//! (a fleet CA, device certificates, a secret, a revocation).
+//!
+//! Card machine A is played by the mosquitto clients; card machine B is a simulated device
+//! (rumqttc over TLS with its certificate) that takes and acks its jobs by itself. Checked,
+//! numbered as in the issue:
+//! 1. A receives its own jobs at QoS 1 and acks them.
+//! 2. A subscribing to `#`, `pixgate/#`, `pixgate/v1/devices/+/jobs` or B's jobs gets SUBACK
+//!    128, and none of B's jobs.
+//! 3. A publishing an ack for B's job is disconnected; B's job is done by B.
+//! 4. A with a will on B's status is refused; A killed (its own will) leaves B working.
+//! 5. No certificate, another CA's certificate, a revoked one, a wrong secret, a client id
+//!    that is not the certificate's device: refused with the right code.
+//! 6. A client using the gateway's link id: refused, and delivery to B goes on.
+//! 7. An idle TCP socket on the TLS port does not delay a real device; it is closed at the
+//!    handshake deadline.
+//! 8. One device over the limit gets CONNACK 3, and gets in once another leaves.
+//! 9. A device removed from the registry is disconnected and refused.
+//!
+//! Each refusal is also checked on `/stats` (`mqtt_refusals` by rule: logged and counted).
+//! Every wait polls under a generous deadline; nothing is timed.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use device_protocol::{Ack, Job, Topic};
+use pixgate_tests::charges::{charge_record, template};
+use pixgate_tests::gateway::StatsReport;
+use pixgate_tests::harness::{protocol_devices, Rig};
+use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
+use simulators::capture::{self, CaptureRecord};
+use simulators::device::{DeviceIdentity, MqttSecurity};
+use simulators::fleet::{self, FleetConfig, FleetHandle};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// Card machine A (the mosquitto clients), company of the charge template.
+const A: &str = "724caf4941d4072014b3ce10";
+/// Card machine B (simulated), same company.
+const B: &str = "7f80e222f828767efc2f9162";
+/// A printer whose certificate is revoked during the test.
+const C: &str = "c967a64cb14028d512c9791e";
+/// A printer that authenticates with a secret.
+const S: &str = "8baa7196b50ac2f86702824c";
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// `pixgate ARGS` with `env`; panics with its output unless it succeeds. Returns stdout.
+fn pixgate(bin: &Path, args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(args).env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    assert!(out.status.success(), "pixgate {args:?}: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The credentials of the test: a fleet CA in `dir/ca` (certificates for A, B and C), one in
+/// `dir/other` (a certificate for A from another CA), a secret for S.
+struct Pki {
+    ca: PathBuf,
+    other: PathBuf,
+    secrets: PathBuf,
+    secret: String,
+}
+
+impl Pki {
+    fn create(bin: &Path, dir: &Path) -> Pki {
+        let (ca, other, secrets) = (dir.join("ca"), dir.join("other"), dir.join("credentials.json"));
+        let (cas, others) = (ca.to_str().unwrap(), other.to_str().unwrap());
+        pixgate(bin, &["devices", "credentials", "ca", cas], &[]);
+        pixgate(bin, &["devices", "credentials", "ca", others], &[]);
+        for id in [A, B, C] {
+            pixgate(bin, &["devices", "credentials", "issue", id, "--ca", cas], &[]);
+        }
+        pixgate(bin, &["devices", "credentials", "issue", A, "--ca", others], &[]);
+        let secret = pixgate(bin, &["devices", "credentials", "issue", S], &[("PIXGATE_MQTT__CREDENTIALS", &secrets)])
+            .trim()
+            .to_string();
+        assert_eq!(secret.len(), 43, "a 256-bit secret, base64url: {secret:?}");
+        Pki { ca, other, secrets, secret }
+    }
+
+    fn cert(&self, id: &str) -> ClientAuth {
+        self.cert_from(&self.ca, id)
+    }
+
+    fn cert_from(&self, dir: &Path, id: &str) -> ClientAuth {
+        let devices = dir.join("devices");
+        ClientAuth::certificate(
+            &self.ca.join("ca.crt"),
+            &devices.join(format!("{id}.crt")),
+            &devices.join(format!("{id}.key")),
+        )
+    }
+
+    /// The gateway's settings for TLS with this CA, its revocation list and the secrets.
+    fn env(&self, connect_timeout_ms: u64, max_connections: usize) -> Vec<(&'static str, String)> {
+        let p = |f: &str| self.ca.join(f).display().to_string();
+        vec![
+            ("PIXGATE_MQTT__PLAIN", "false".into()),
+            ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
+            ("PIXGATE_MQTT__REQUIRE_REGISTERED", "true".into()),
+            ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
+            ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
+            ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
+            ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
+            ("PIXGATE_MQTT__TLS__RELOAD_MS", "200".into()),
+            ("PIXGATE_MQTT__CREDENTIALS", self.secrets.display().to_string()),
+            ("PIXGATE_MQTT__CONNECT_TIMEOUT_MS", connect_timeout_ms.to_string()),
+            ("PIXGATE_MQTT__MAX_CONNECTIONS", max_connections.to_string()),
+        ]
+    }
+}
+
+fn refusals(s: &StatsReport, rule: &str) -> u64 {
+    s.counters.mqtt_refusals.get(rule).copied().unwrap_or(0)
+}
+
+/// Publishes once with `mosquitto_pub` (QoS 1, acknowledged before it exits) and any
+/// `extra` flags; `Err` carries its stderr (e.g. `Connection Refused: not authorised.`).
+async fn mosquitto_pub(
+    port: u16,
+    auth: &ClientAuth,
+    client_id: &str,
+    topic: &str,
+    extra: &[&str],
+) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new("mosquitto_pub");
+    cmd.args(auth.args()).args(["-h", "127.0.0.1", "-p", &port.to_string(), "-i", client_id, "-q", "1", "-t", topic]);
+    cmd.args(["-m", r#"{"v":1,"online":true}"#]).args(extra);
+    let out = tokio::time::timeout(WAIT, cmd.stdin(Stdio::null()).kill_on_drop(true).output()).await.unwrap().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{} {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// A charge for `terminal` (new id from `n`), published; returns the record.
+async fn charge(rig: &Rig, terminal: &str, n: u64) -> CaptureRecord {
+    let tpl = template(&pixgate_tests::demo::default_fixtures());
+    let t = chrono::Utc::now().timestamp() as u64;
+    let rec = charge_record(&tpl, terminal, &format!("{n:024x}"), "ACTIVE", 0, 60, t);
+    capture::publish_records(&rig.producer(), std::slice::from_ref(&rec)).await.unwrap();
+    rec
+}
+
+/// Waits until simulated B has carried out the charge of `rec`.
+async fn done_by_b(fleet: &FleetHandle, rec: &CaptureRecord) {
+    let charge = rec.key.clone().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !fleet.effects().iter().any(|e| e.device == B && e.charge == charge) {
+        assert!(Instant::now() < deadline, "B never carried out charge {charge}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Starts simulated card machine B over TLS with its certificate.
+async fn start_b(rig: &Rig, pki: &Pki) -> FleetHandle {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let cfg = FleetConfig {
+        security: MqttSecurity::Tls {
+            ca: pki.ca.join("ca.crt"),
+            identity: DeviceIdentity::Certificate { dir: pki.ca.join("devices") },
+        },
+        ..rig.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, B)])
+    };
+    let fleet = fleet::start_with_options(cfg, protocol_devices()).await.unwrap();
+    fleet.wait_connected(WAIT).await.unwrap();
+    fleet
+}
+
+/// The registry's delete event for `id` (a capture of `devices.jsonl`'s record, later).
+fn delete_record(id: &str) -> CaptureRecord {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let line = std::fs::read_to_string(fixtures.join("devices.jsonl"))
+        .unwrap()
+        .lines()
+        .find(|l| l.contains(&format!("\"key\": \"{id}\"")))
+        .unwrap()
+        .to_string();
+    let mut v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let value = &mut v["value"];
+    value["operationType"] = "delete".into();
+    value.as_object_mut().unwrap().remove("fullDocument");
+    let t = value["clusterTime"]["$timestamp"]["t"].as_u64().unwrap() + 86_400;
+    value["clusterTime"]["$timestamp"]["t"] = t.into();
+    value["eventId"] = format!("Device:{id}:{}", t << 32 | 1).into();
+    capture::parse_line(&v.to_string()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let scratch = std::env::temp_dir().join(format!("pixgate-device-security-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let pki = Pki::create(&bin, &scratch);
+    let rig = Rig::builder("device-security").envs(pki.env(10_000, 100)).start().await;
+    let port = rig.settings().mqtt_port;
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+    let fleet = start_b(&rig, &pki).await;
+    let stats = || rig.gateway().stats().unwrap();
+
+    // 1. A takes its own job at QoS 1 (a persistent session as dev-{A}) and acks it.
+    let (a_jobs, b_jobs) = (Topic::Jobs(A.into()).path(), Topic::Jobs(B.into()).path());
+    let mut a = Subscriber::start_as(port, &pki.cert(A), &format!("dev-{A}"), &a_jobs, 1, true, WAIT).await.unwrap();
+    let rec = charge(&rig, A, 1).await;
+    let job: Job = serde_json::from_str(&a.next_message(WAIT).await.unwrap().expect("A's job")).unwrap();
+    let value: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
+    assert_eq!(job.event_id, value["eventId"].as_str().unwrap());
+    let ack = serde_json::to_string(&Ack::done(&job.message_id, job.seq, false)).unwrap();
+    let acks = Topic::Acks(A.into()).path();
+    mosquitto::publish_as(port, &pki.cert(A), &format!("dev-{A}.acks"), &acks, &ack, 1, false).await.unwrap();
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("display_qr").copied().unwrap_or(0) >= 1).await;
+
+    // 2. Wildcards and B's jobs: SUBACK 128 (mosquitto_sub exits when all are refused).
+    // A spy that also asks for its own jobs stays connected, and must get nothing of B's.
+    let before = refusals(&stats(), "subscribe");
+    for (i, filter) in ["#", "pixgate/#", "pixgate/v1/devices/+/jobs", b_jobs.as_str()].into_iter().enumerate() {
+        let id = format!("dev-{A}.spy{i}");
+        let (spy, codes) = Subscriber::start_granted(port, &pki.cert(A), &id, &[filter], 1, false, WAIT).await.unwrap();
+        assert_eq!(codes, [128], "SUBACK for {filter}");
+        spy.stop().await;
+    }
+    let filters = [a_jobs.as_str(), "#", "pixgate/v1/devices/+/jobs", b_jobs.as_str()];
+    let (mut spy, codes) =
+        Subscriber::start_granted(port, &pki.cert(A), &format!("dev-{A}.spy"), &filters, 1, false, WAIT).await.unwrap();
+    assert_eq!(codes, [1, 128, 128, 128], "only A's own jobs are granted");
+    assert_eq!(refusals(&stats(), "subscribe"), before + 7);
+
+    // 3. A acks B's next job: A is disconnected, and B's job is done by B.
+    let rec = charge(&rig, B, 2).await;
+    let forged = serde_json::to_string(&Ack::done(&format!("forged-{}", rec.key.clone().unwrap()), 1, false)).unwrap();
+    let b_acks = Topic::Acks(B.into()).path();
+    let err = mosquitto::publish_as(port, &pki.cert(A), &format!("dev-{A}.forge"), &b_acks, &forged, 1, false).await;
+    assert!(err.is_err(), "publishing on B's acks must fail: the connection is closed");
+    done_by_b(&fleet, &rec).await;
+    assert!(refusals(&stats(), "publish") >= 1);
+    assert_eq!(spy.next_message(Duration::from_millis(500)).await.unwrap(), None, "B's job reached A's spy");
+
+    // 4. A will on B's status: CONNACK 5. A's own will, A killed: B keeps working.
+    let b_status = Topic::Status(B.into()).path();
+    let a_status = Topic::Status(A.into()).path();
+    let will = ["--will-topic", b_status.as_str(), "--will-payload", r#"{"v":1,"online":false}"#, "--will-retain"];
+    let e = mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.will"), &a_status, &will).await.unwrap_err();
+    assert!(e.contains("not authorised"), "{e}");
+    assert!(refusals(&stats(), "will") >= 1);
+    let offline = r#"{"v":1,"online":false}"#;
+    let own_will = pki.cert(A).with_args(&["--will-topic", &a_status, "--will-payload", offline, "--will-retain"]);
+    let killed = Subscriber::start_as(port, &own_will, &format!("dev-{A}.w"), &a_jobs, 1, false, WAIT).await;
+    killed.unwrap().stop().await; // SIGKILL: the will is published, on A's status only
+    let rec = charge(&rig, B, 3).await;
+    done_by_b(&fleet, &rec).await;
+
+    // 5. Who may not connect.
+    let ca_only = ClientAuth::server_only(&pki.ca.join("ca.crt"));
+    let e = mosquitto_pub(port, &ca_only, &format!("dev-{A}.x"), &a_status, &[]).await.unwrap_err();
+    assert!(e.contains("not authorised"), "no credentials: {e}");
+    assert!(refusals(&stats(), "no_credentials") >= 1);
+    let tls_before = refusals(&stats(), "tls_handshake");
+    let e =
+        mosquitto_pub(port, &pki.cert_from(&pki.other, A), &format!("dev-{A}.x"), &a_status, &[]).await.unwrap_err();
+    assert!(!e.is_empty(), "another CA's certificate");
+    rig.wait_stats(WAIT, |s| refusals(s, "tls_handshake") > tls_before).await;
+    let e = mosquitto_pub(port, &pki.cert(A), &format!("dev-{B}"), &b_status, &[]).await.unwrap_err();
+    assert!(e.contains("not authorised"), "A's certificate as dev-B: {e}");
+    assert!(refusals(&stats(), "identity_mismatch") >= 1);
+    let s_status = Topic::Status(S.into()).path();
+    let right = ClientAuth::password(&pki.ca.join("ca.crt"), S, &pki.secret);
+    mosquitto_pub(port, &right, &format!("dev-{S}"), &s_status, &[]).await.unwrap();
+    let wrong = ClientAuth::password(&pki.ca.join("ca.crt"), S, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let e = mosquitto_pub(port, &wrong, &format!("dev-{S}"), &s_status, &[]).await.unwrap_err();
+    assert!(e.contains("not authorised"), "wrong secret: {e}");
+    assert!(refusals(&stats(), "bad_credentials") >= 1);
+    // C connects, is revoked, and no longer can (the revocation list is re-read live).
+    let c_status = Topic::Status(C.into()).path();
+    mosquitto_pub(port, &pki.cert(C), &format!("dev-{C}"), &c_status, &[]).await.unwrap();
+    pixgate(&bin, &["devices", "credentials", "revoke", C, "--ca", pki.ca.to_str().unwrap()], &[]);
+    let tls_before = refusals(&stats(), "tls_handshake");
+    let deadline = Instant::now() + WAIT;
+    while mosquitto_pub(port, &pki.cert(C), &format!("dev-{C}"), &c_status, &[]).await.is_ok() {
+        assert!(Instant::now() < deadline, "C's revoked certificate still works");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(refusals(&stats(), "tls_handshake") > tls_before);
+
+    // 6. The gateway's link id: CONNACK 2, and delivery goes on.
+    let e = mosquitto_pub(port, &pki.cert(A), "pixgate-gateway", &a_status, &[]).await.unwrap_err();
+    assert!(e.contains("identifier rejected"), "{e}");
+    assert!(refusals(&stats(), "client_id") >= 1);
+    let rec = charge(&rig, B, 4).await;
+    done_by_b(&fleet, &rec).await;
+
+    // 9. B removed from the registry: disconnected now, refused from then on.
+    let unknown_before = refusals(&stats(), "unknown_device");
+    capture::publish_records(&rig.producer(), &[delete_record(B)]).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while fleet.device(B).unwrap().is_ready() {
+        assert!(Instant::now() < deadline, "B is still connected after its removal");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.wait_stats(WAIT, |s| refusals(s, "unknown_device") >= unknown_before + 2).await;
+    assert!(!fleet.device(B).unwrap().is_ready(), "B got back in");
+
+    println!("refusals by rule: {:?}", stats().counters.mqtt_refusals);
+    a.stop().await;
+    spy.stop().await;
+    fleet.shutdown().await;
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_socket_holds_up_nobody_and_the_limit_answers_connack_3() {
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let scratch = std::env::temp_dir().join(format!("pixgate-device-limits-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let pki = Pki::create(&bin, &scratch);
+    let rig = Rig::builder("device-limits").envs(pki.env(3_000, 2)).start().await;
+    let port = rig.settings().mqtt_port;
+    rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
+    let stats = || rig.gateway().stats().unwrap();
+    let a_status = Topic::Status(A.into()).path();
+
+    // 7. A socket that never starts TLS; a real device connects and publishes meanwhile.
+    let idle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let opened = Instant::now();
+    mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &[]).await.unwrap();
+    let served_in = opened.elapsed();
+    idle.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = [0u8; 16];
+    let closed = std::io::Read::read(&mut &idle, &mut buf);
+    assert!(matches!(closed, Ok(0) | Err(_)), "the idle socket is closed by pixgate: {closed:?}");
+    let idle_for = opened.elapsed();
+    println!("a device served {served_in:?} after an idle socket opened; the idle socket closed after {idle_for:?}");
+    assert!(served_in < idle_for, "the device was served before the idle socket's deadline");
+    rig.wait_stats(WAIT, |s| refusals(s, "connect_timeout") >= 1).await;
+
+    // 8. Two connected (the limit), a third gets CONNACK 3, and gets in once one leaves.
+    let a_jobs = Topic::Jobs(A.into()).path();
+    let first = Subscriber::start_as(port, &pki.cert(A), &format!("dev-{A}"), &a_jobs, 1, true, WAIT).await.unwrap();
+    let b_jobs = Topic::Jobs(B.into()).path();
+    let second = Subscriber::start_as(port, &pki.cert(B), &format!("dev-{B}"), &b_jobs, 1, true, WAIT).await.unwrap();
+    rig.wait_stats(WAIT, |s| s.counters.mqtt_connected == 2).await;
+    let e = mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.third"), &a_status, &[]).await.unwrap_err();
+    assert!(e.contains("unavailable"), "over the limit: {e}");
+    assert!(refusals(&stats(), "capacity") >= 1);
+    second.stop().await;
+    rig.wait_stats(WAIT, |s| s.counters.mqtt_connected == 1).await;
+    mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.third"), &a_status, &[]).await.unwrap();
+    first.stop().await;
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
