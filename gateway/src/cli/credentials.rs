@@ -42,8 +42,9 @@ pub enum CredentialsCmd {
         force: bool,
     },
     /// Issue credentials to device ID: with --ca, a certificate and key signed by the fleet
-    /// CA (written to DIR/devices/); without, a new secret (printed once; its hash is kept
-    /// in `mqtt.credentials`, replacing an earlier secret).
+    /// CA (written to DIR/devices/; a certificate issued earlier to ID is revoked); without,
+    /// a new secret (printed once; its hash is kept in `mqtt.credentials`, replacing an
+    /// earlier secret).
     Issue {
         /// The device's registry id.
         id: String,
@@ -117,18 +118,23 @@ fn random_serial() -> anyhow::Result<SerialNumber> {
     Ok(SerialNumber::from(b.to_vec()))
 }
 
+/// Writes `text` to `path` through a temporary file renamed over it (the gateway may read
+/// the file at any moment); a `private` file (a key) is readable by its owner only.
 fn write(path: &Path, text: &str, private: bool) -> anyhow::Result<()> {
     use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
-    if private {
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    }
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, if private { 0o600 } else { 0o644 });
     #[cfg(not(unix))]
     let _ = private;
-    let mut f = opts.open(path).with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))
+    let mut f = opts.open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
@@ -198,6 +204,10 @@ pub fn issue_certificate(dir: &Path, id: &str, days: i64) -> anyhow::Result<(Pat
     let devices = dir.join("devices");
     std::fs::create_dir_all(&devices).with_context(|| format!("creating {}", devices.display()))?;
     let (cp, kp) = (devices.join(format!("{id}.crt")), devices.join(format!("{id}.key")));
+    // A device has one certificate: the one it replaces stops working.
+    if cp.exists() {
+        revoke_certificate(dir, id)?;
+    }
     write(&cp, &cert.pem(), false)?;
     write(&kp, &key.serialize_pem(), true)?;
     Ok((cp, kp))
@@ -210,14 +220,19 @@ pub fn issue_certificate(dir: &Path, id: &str, days: i64) -> anyhow::Result<(Pat
 pub fn revoke_certificate(dir: &Path, id: &str) -> anyhow::Result<()> {
     check_id(id)?;
     let pem = read(&dir.join("devices").join(format!("{id}.crt")))?;
+    let serial = serial_of(&pem, id)?;
+    let mut revoked = read_revoked(dir)?;
+    revoked.insert(serial, (id.to_string(), OffsetDateTime::now_utc().unix_timestamp()));
+    write_crl(dir, &issuer(dir)?, &revoked)
+}
+
+/// The serial (hex) of the certificate `pem` of `id`.
+fn serial_of(pem: &str, id: &str) -> anyhow::Result<String> {
     let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes())
         .map(|c: rustls::pki_types::CertificateDer<'_>| c.to_vec())
         .map_err(|e| anyhow::anyhow!("{id}.crt: {e:?}"))?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| anyhow::anyhow!("{id}.crt: {e}"))?;
-    let serial = hex::encode(cert.raw_serial());
-    let mut revoked = read_revoked(dir)?;
-    revoked.insert(serial, (id.to_string(), OffsetDateTime::now_utc().unix_timestamp()));
-    write_crl(dir, &issuer(dir)?, &revoked)
+    Ok(hex::encode(cert.raw_serial()))
 }
 
 type Revoked = BTreeMap<String, (String, i64)>;
@@ -230,7 +245,8 @@ fn read_revoked(dir: &Path) -> anyhow::Result<Revoked> {
     }
 }
 
-/// Writes `revoked.json` and `crl.pem` (numbered by how many it lists, signed by the CA).
+/// Writes `revoked.json` and `crl.pem` (signed by the CA, numbered by the time it is made:
+/// each new list has a larger number than the one before, RFC 5280 §5.2.3).
 fn write_crl(dir: &Path, issuer: &Issuer<'_, KeyPair>, revoked: &Revoked) -> anyhow::Result<()> {
     let now = OffsetDateTime::now_utc();
     let mut revoked_certs = Vec::new();
@@ -245,15 +261,66 @@ fn write_crl(dir: &Path, issuer: &Issuer<'_, KeyPair>, revoked: &Revoked) -> any
     let crl = CertificateRevocationListParams {
         this_update: now - Duration::minutes(5),
         next_update: now + Duration::days(3650),
-        crl_number: SerialNumber::from(revoked.len() as u64 + 1),
+        crl_number: SerialNumber::from(u64::try_from(now.unix_timestamp_nanos() / 1_000).unwrap_or(u64::MAX)),
         issuing_distribution_point: None,
         revoked_certs,
         key_identifier_method: KeyIdMethod::Sha256,
     }
     .signed_by(issuer)?;
     write(&dir.join("revoked.json"), &serde_json::to_string_pretty(revoked)?, false)?;
-    // Written aside and renamed: the gateway may read it at any moment.
-    let tmp = dir.join("crl.pem.tmp");
-    write(&tmp, &crl.pem()?, false)?;
-    std::fs::rename(&tmp, dir.join("crl.pem")).context("crl.pem")
+    write(&dir.join("crl.pem"), &crl.pem()?, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TlsConfig;
+
+    fn crl_serials(dir: &Path) -> Vec<String> {
+        let pem = read(&dir.join("crl.pem")).unwrap();
+        let der: rustls::pki_types::CertificateRevocationListDer<'_> =
+            rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes()).unwrap();
+        let (_, crl) = x509_parser::parse_x509_crl(der.as_ref()).unwrap();
+        crl.iter_revoked_certificates().map(|r| hex::encode(r.raw_serial())).collect()
+    }
+
+    #[test]
+    fn a_fleet_ca_issues_reissues_and_revokes() {
+        let dir = std::env::temp_dir().join(format!("pixgate-ca-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        create_ca(&dir, &["localhost".into(), "127.0.0.1".into()], false).unwrap();
+        assert!(create_ca(&dir, &[], false).is_err(), "an existing CA is kept");
+        assert!(crl_serials(&dir).is_empty());
+        let tls = TlsConfig {
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+            client_ca: Some(dir.join("ca.crt")),
+            crls: vec![dir.join("crl.pem")],
+            reload_ms: 1000,
+        };
+        crate::deliver::mqtt::tls::server_config(&tls).expect("the listener takes what the CA wrote");
+
+        let (cert, _) = issue_certificate(&dir, "a", 30).unwrap();
+        let first = serial_of(&read(&cert).unwrap(), "a").unwrap();
+        let der: rustls::pki_types::CertificateDer<'_> =
+            rustls::pki_types::pem::PemObject::from_pem_slice(read(&cert).unwrap().as_bytes()).unwrap();
+        assert_eq!(crate::deliver::mqtt::tls::certificate_identity(&der).as_deref(), Some("a"));
+        issue_certificate(&dir, "a", 30).unwrap();
+        assert_eq!(crl_serials(&dir), std::slice::from_ref(&first), "re-issuing revokes the certificate it replaces");
+        let second = serial_of(&read(&cert).unwrap(), "a").unwrap();
+        revoke_certificate(&dir, "a").unwrap();
+        let mut both = vec![first, second];
+        both.sort();
+        let mut listed = crl_serials(&dir);
+        listed.sort();
+        assert_eq!(listed, both);
+        assert!(issue_certificate(&dir, "a/b", 30).is_err(), "not a device id");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join("ca.key")).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

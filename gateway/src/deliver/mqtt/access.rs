@@ -66,7 +66,9 @@ pub enum Rule {
     Malformed,
     /// No CONNECT (or no TLS handshake) within `mqtt.connect_timeout_ms`.
     ConnectTimeout,
-    /// The TLS handshake failed: no or a bad certificate (another CA, revoked, expired).
+    /// The TLS handshake failed: a certificate the fleet CA did not sign, revoked or
+    /// expired, or no TLS at all. (No certificate is not a failure: the device may use its
+    /// secret; without one it is refused at CONNECT, [`Rule::NoCredentials`].)
     TlsHandshake,
     /// `mqtt.max_handshakes` sockets were already being set up.
     HandshakesBusy,
@@ -78,7 +80,7 @@ pub enum Rule {
     ClientId,
     /// No credential: neither a client certificate nor a password (CONNACK 5).
     NoCredentials,
-    /// A wrong secret, or a secret over plain TCP: CONNACK 4.
+    /// A wrong secret, or a secret over plain TCP: CONNACK 5.
     BadCredentials,
     /// The client id names another device than the certificate or username: CONNACK 5.
     IdentityMismatch,

@@ -173,16 +173,17 @@ async fn connection(
     _address: AddressSlot,
 ) {
     let mut peer = Peer { addr, tls: shared.tls.is_some(), certificate: None };
+    // One deadline for the TLS handshake and the CONNECT together.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(shared.cfg.connect_timeout_ms);
     let Some(tls) = shared.tls.clone() else {
-        return session::serve(socket, peer, shared.clone(), permit).await;
+        return session::serve(socket, peer, shared.clone(), permit, deadline).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
-    let deadline = Duration::from_millis(shared.cfg.connect_timeout_ms);
-    let stream = match tokio::time::timeout(deadline, acceptor.accept(socket)).await {
+    let stream = match tokio::time::timeout_at(deadline, acceptor.accept(socket)).await {
         Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no TLS handshake in time"),
         Ok(Err(e)) => return shared.refuse(Rule::TlsHandshake, &peer, None, &e.to_string()),
         Ok(Ok(s)) => s,
     };
     peer.certificate = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(certificate_identity);
-    session::serve(stream, peer, shared, permit).await;
+    session::serve(stream, peer, shared, permit, deadline).await;
 }

@@ -104,6 +104,10 @@ pub async fn start(
     if cfg.anonymous && !cfg.plain {
         bail!("mqtt.anonymous is only for plain TCP (mqtt.plain = true)");
     }
+    if cfg.plain && !cfg.anonymous {
+        // Certificates need TLS and secrets never travel in clear.
+        bail!("mqtt.plain without mqtt.anonymous: no device could authenticate over plain TCP");
+    }
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .with_context(|| format!("binding mqtt.listen `{}`", cfg.listen))?;

@@ -65,13 +65,23 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     }
 }
 
+/// Longest a write to a device may take: a device that stops reading (its TCP window
+/// full) must not hold its session, its keep-alive and its disconnection forever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: Vec<Packet>) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     for p in packets {
         V4.write(p, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     }
-    io.write_all(&out).await?;
-    io.flush().await
+    let written = async {
+        io.write_all(&out).await?;
+        io.flush().await
+    };
+    match tokio::time::timeout(WRITE_TIMEOUT, written).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "device not reading")),
+    }
 }
 
 fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
@@ -79,15 +89,23 @@ fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
-/// `handshake` is the listener's handshake permit, released once the CONNECT is in.
-pub async fn serve<S>(io: S, peer: Peer, shared: Arc<Shared>, handshake: tokio::sync::OwnedSemaphorePermit)
-where
+/// `handshake` is the listener's handshake permit, released once the CONNECT is in; the
+/// CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms` after the socket was
+/// accepted, the TLS handshake included).
+pub async fn serve<S>(
+    io: S,
+    peer: Peer,
+    shared: Arc<Shared>,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+    deadline: tokio::time::Instant,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(io);
     let mut reader = Reader { io: rd, buf: BytesMut::with_capacity(4096), max: shared.cfg.max_payload_bytes };
-    let timeout = Duration::from_millis(shared.cfg.connect_timeout_ms);
-    let first = match tokio::time::timeout(timeout, reader.next()).await {
+    // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
+    let standing = shared.directory.changes();
+    let first = match tokio::time::timeout_at(deadline, reader.next()).await {
         Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no CONNECT in time"),
         Ok(Err((rule, why))) => {
             return match rule {
@@ -155,7 +173,7 @@ where
     };
     let mut link =
         Link { device: device.clone(), peer: &peer, shared: &shared, tx: link_tx, pending_subacks: HashMap::new() };
-    let end = link.pump(&mut reader, &mut wr, link_rx, keep_alive).await;
+    let end = link.pump(&mut reader, &mut wr, link_rx, keep_alive, standing).await;
     match &end {
         End::Lost(why) => tracing::debug!(device = %device, addr = %peer.addr, %why, "device connection lost"),
         other => tracing::debug!(device = %device, addr = %peer.addr, end = ?other, "device disconnected"),
@@ -196,16 +214,22 @@ impl Link<'_> {
         wr: &mut W,
         mut rx: LinkRx,
         keep_alive: Option<Duration>,
+        mut standing: tokio::sync::watch::Receiver<u64>,
     ) -> End
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut standing = self.shared.directory.changes();
+        if let Err((rule, _)) = self.shared.still_allowed(&self.device) {
+            self.shared.refuse(rule, self.peer, Some(&self.device), "registry change while connecting");
+            return End::Refused;
+        }
+        // Only what the device sends counts as its sign of life, not what it is sent.
+        let mut heard = tokio::time::Instant::now();
         loop {
             let idle = async {
                 match keep_alive {
-                    Some(d) => tokio::time::sleep(d).await,
+                    Some(d) => tokio::time::sleep_until(heard + d).await,
                     None => std::future::pending().await,
                 }
             };
@@ -219,6 +243,7 @@ impl Link<'_> {
                         }
                         Err((None, why)) => return End::Lost(why),
                     };
+                    heard = tokio::time::Instant::now();
                     match self.on_device_packet(packet, wr).await {
                         Ok(None) => {}
                         Ok(Some(end)) => return end,
