@@ -1,11 +1,14 @@
 //! The main job, end to end on a fixtures folder:
 //!
 //! 1. start a Kafka-protocol broker and create the topics;
-//! 2. start `pixgate` (with its embedded MQTT broker) and wait until it is ready;
-//! 3. start one simulated device per registry entry (printers and card machines) and wait
-//!    until all are connected;
-//! 4. publish `devices.jsonl` and wait until pixgate has read it all, then `charges.jsonl`
-//!    and `edge-cases.jsonl`;
+//! 2. create a throwaway fleet CA with a certificate per device (`pki/`, as
+//!    `pixgate devices credentials` does), start `pixgate` with its device listener on TLS
+//!    requiring those certificates, and wait until it is ready;
+//! 3. publish `devices.jsonl` and wait until pixgate has read it all (a device the
+//!    registry does not know is refused);
+//! 4. start one simulated device per registry entry (printers and card machines), each
+//!    over TLS with its certificate, and wait until all are connected; then publish
+//!    `charges.jsonl` and `edge-cases.jsonl`;
 //! 5. wait until every record is finished (no pending record, no queued job);
 //! 6. write `summary.json`, stop everything it started (also on Ctrl-C or error).
 //!
@@ -103,16 +106,25 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     };
     progress(format!("starting pixgate: MQTT 127.0.0.1:{}, HTTP 127.0.0.1:{}", settings.mqtt_port, settings.http_port));
     // The fixtures were recorded days ago: replay them with pixgate's clock at that time.
-    let clock = crate::replay_clock_env(&cfg.fixtures);
+    let mut env = crate::replay_clock_env(&cfg.fixtures);
+    let pki = out.join("pki");
+    env.extend(device_tls(&pki, &devices)?);
     let mut gateway = GatewayProcess::spawn_with_env(
         &cfg.pixgate_bin,
         settings.clone(),
-        &clock,
+        &env,
         &out.join("pixgate.log"),
         Duration::from_secs(60),
     )?;
 
-    progress(format!("starting {} simulated devices", devices.len()));
+    let deadline = Instant::now() + cfg.timeout;
+    let producer = capture::producer(&brokers)?;
+    let registry = capture::read_records(&devices_file)?;
+    let registry_records = capture::publish_records(&producer, &registry).await? as u64;
+    progress(format!("published {registry_records} device events; waiting for pixgate to read the registry"));
+    wait_until(&gateway, deadline, |s| idle(s, registry_records)).await?;
+
+    progress(format!("starting {} simulated devices over TLS, each with its certificate", devices.len()));
     // Devices keep the real clock: pixgate enforces the time to live by the replay clock.
     let fleet = fleet::start_with(
         fleet::FleetConfig {
@@ -120,14 +132,17 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
             mqtt_port: settings.mqtt_port,
             out_dir: out.join("devices"),
             devices,
-            security: simulators::device::MqttSecurity::Plain,
+            security: simulators::device::MqttSecurity::Tls {
+                ca: pki.join("ca.crt"),
+                identity: simulators::device::DeviceIdentity::Certificate { dir: pki.join("devices") },
+            },
         },
         false,
     )
     .await?;
     fleet.wait_connected(Duration::from_secs(30)).await?;
 
-    let result = feed_and_wait(cfg, &brokers, &gateway).await;
+    let result = feed_and_wait(cfg, &producer, registry_records, deadline, &gateway).await;
     let report = fleet.shutdown().await;
     let stats = gateway.stats().context("reading pixgate /stats after the run");
     let dead_letters = match (&result, &stats) {
@@ -168,15 +183,36 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     Ok(summary)
 }
 
-/// Publishes the fixtures in contract order and waits until pixgate finished them all.
-/// Returns how many records were published.
-async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess) -> anyhow::Result<u64> {
-    let deadline = Instant::now() + cfg.timeout;
-    let producer = capture::producer(brokers)?;
-    let devices = capture::read_records(&cfg.fixtures.join("devices.jsonl"))?;
-    let mut published = capture::publish_records(&producer, &devices).await? as u64;
-    progress(format!("published {published} device events; waiting for pixgate to read the registry"));
-    wait_until(gateway, deadline, |s| idle(s, published)).await?;
+/// A throwaway fleet CA in `pki` with a certificate for each of `devices`, and the
+/// `PIXGATE_MQTT__*` settings for a listener on TLS that requires them.
+fn device_tls(pki: &Path, devices: &[registry::DeviceSpec]) -> anyhow::Result<Vec<(&'static str, String)>> {
+    use gateway::cli::credentials;
+    let _ = std::fs::remove_dir_all(pki);
+    credentials::create_ca(pki, &["localhost".into(), "127.0.0.1".into()], true)?;
+    for d in devices {
+        credentials::issue_certificate(pki, d.id(), 30)?;
+    }
+    let p = |f: &str| pki.join(f).display().to_string();
+    Ok(vec![
+        ("PIXGATE_MQTT__PLAIN", "false".into()),
+        ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
+        ("PIXGATE_MQTT__REQUIRE_REGISTERED", "true".into()),
+        ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
+        ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
+        ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
+        ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
+    ])
+}
+
+/// Publishes the charge fixtures (the registry's `published` records are in already) and
+/// waits until pixgate finished them all. Returns how many records were published.
+async fn feed_and_wait(
+    cfg: &DemoConfig,
+    producer: &rdkafka::producer::FutureProducer,
+    mut published: u64,
+    deadline: Instant,
+    gateway: &GatewayProcess,
+) -> anyhow::Result<u64> {
     for name in ["charges.jsonl", "edge-cases.jsonl"] {
         let path = cfg.fixtures.join(name);
         if !path.exists() {
@@ -189,7 +225,7 @@ async fn feed_and_wait(cfg: &DemoConfig, brokers: &str, gateway: &GatewayProcess
         };
         progress(format!("publishing {name} in {} batch(es)", batches.len()));
         for batch in batches {
-            published += capture::publish_records(&producer, &batch).await? as u64;
+            published += capture::publish_records(producer, &batch).await? as u64;
             wait_until(gateway, deadline, |s| idle(s, published)).await?;
         }
     }
