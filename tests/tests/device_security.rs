@@ -12,7 +12,8 @@
 //! 3. A publishing an ack for B's job is disconnected; B's job is done by B.
 //! 4. A with a will on B's status is refused; A killed (its own will) leaves B working.
 //! 5. No certificate, another CA's certificate, a revoked one, a wrong secret, a client id
-//!    that is not the certificate's device: refused with the right code.
+//!    that is not the certificate's device: refused with the right code. A device connected
+//!    when its certificate or secret is revoked is disconnected.
 //! 6. A client using the gateway's link id: refused, and delivery to B goes on.
 //! 7. An idle TCP socket on the TLS port does not delay a real device; it is closed at the
 //!    handshake deadline.
@@ -280,17 +281,27 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     let e = mosquitto_pub(port, &wrong, &format!("dev-{S}"), &s_status, &[]).await.unwrap_err();
     assert!(e.contains("not authorised"), "wrong secret: {e}");
     assert!(refusals(&stats(), "bad_credentials") >= 1);
-    // C connects, is revoked, and no longer can (the revocation list is re-read live).
+    // C and S stay connected; revoked (C's certificate on the revocation list, S's secret
+    // removed), both are disconnected, and C no longer gets through the TLS handshake.
     let c_status = Topic::Status(C.into()).path();
-    mosquitto_pub(port, &pki.cert(C), &format!("dev-{C}"), &c_status, &[]).await.unwrap();
+    let c_jobs = Topic::Jobs(C.into()).path();
+    let c_sub = Subscriber::start_as(port, &pki.cert(C), &format!("dev-{C}"), &c_jobs, 1, false, WAIT).await.unwrap();
+    let s_jobs = Topic::Jobs(S.into()).path();
+    let s_sub = Subscriber::start_as(port, &right, &format!("dev-{S}"), &s_jobs, 1, false, WAIT).await.unwrap();
+    rig.wait_stats(WAIT, |s| s.counters.mqtt_connected >= 4).await; // B, A, C, S
+    let revoked_before = refusals(&stats(), "revoked");
     pixgate(&bin, &["devices", "credentials", "revoke", C, "--ca", pki.ca.to_str().unwrap()], &[]);
+    rig.wait_stats(WAIT, |s| refusals(s, "revoked") > revoked_before).await;
+    pixgate(&bin, &["devices", "credentials", "revoke", S], &[("PIXGATE_MQTT__CREDENTIALS", &pki.secrets)]);
+    rig.wait_stats(WAIT, |s| refusals(s, "revoked") > revoked_before + 1).await;
     let tls_before = refusals(&stats(), "tls_handshake");
-    let deadline = Instant::now() + WAIT;
-    while mosquitto_pub(port, &pki.cert(C), &format!("dev-{C}"), &c_status, &[]).await.is_ok() {
-        assert!(Instant::now() < deadline, "C's revoked certificate still works");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(refusals(&stats(), "tls_handshake") > tls_before);
+    let e = mosquitto_pub(port, &pki.cert(C), &format!("dev-{C}.x"), &c_status, &[]).await.unwrap_err();
+    assert!(!e.is_empty(), "C's revoked certificate");
+    rig.wait_stats(WAIT, |s| refusals(s, "tls_handshake") > tls_before).await;
+    let e = mosquitto_pub(port, &right, &format!("dev-{S}.x"), &s_status, &[]).await.unwrap_err();
+    assert!(e.contains("not authorised"), "S's revoked secret: {e}");
+    c_sub.stop().await;
+    s_sub.stop().await;
 
     // 6. The gateway's link id: CONNACK 2, and delivery goes on.
     let e = mosquitto_pub(port, &pki.cert(A), "pixgate-gateway", &a_status, &[]).await.unwrap_err();

@@ -97,13 +97,16 @@ pub enum Rule {
     Publish,
     /// A packet larger than `mqtt.max_payload_bytes`: connection closed.
     TooLarge,
+    /// The certificate or secret a connected device proved itself with was revoked:
+    /// disconnected.
+    Revoked,
 }
 
 impl Rule {
     /// The label: `malformed`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
     /// `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
     /// `identity_mismatch`, `unknown_device`, `disabled_device`, `will`, `subscribe`,
-    /// `publish`, `too_large`.
+    /// `publish`, `too_large`, `revoked`.
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::Malformed => "malformed",
@@ -122,6 +125,7 @@ impl Rule {
             Rule::Subscribe => "subscribe",
             Rule::Publish => "publish",
             Rule::TooLarge => "too_large",
+            Rule::Revoked => "revoked",
         }
     }
 }

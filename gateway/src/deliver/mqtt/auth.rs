@@ -18,6 +18,30 @@ pub struct Peer {
     pub tls: bool,
     /// The device id its verified client certificate names, if it presented one.
     pub certificate: Option<String>,
+    /// That certificate's serial number.
+    pub serial: Option<Vec<u8>>,
+}
+
+/// What a device proved its identity with, kept for as long as it is connected so that a
+/// revocation reaches connections already up.
+#[derive(Clone)]
+pub enum Credential {
+    /// A client certificate with this serial number.
+    Certificate(Vec<u8>),
+    /// The secret it sent as its password.
+    Secret(String),
+    /// None (`mqtt.anonymous`).
+    Anonymous,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Certificate(serial) => write!(f, "Certificate({})", hex::encode(serial)),
+            Credential::Secret(_) => write!(f, "Secret(…)"),
+            Credential::Anonymous => write!(f, "Anonymous"),
+        }
+    }
 }
 
 /// A refusal: the rule broken and the CONNACK code to answer with.
@@ -44,6 +68,13 @@ impl Secrets {
     fn stamp(&self) -> Stamp {
         let m = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         (m(&self.path), m(&key_path(&self.path)))
+    }
+
+    /// Whether the files changed since they were last read (the next [`Secrets::verify`]
+    /// reads them again).
+    pub fn changed(&self) -> bool {
+        let stamp = self.stamp();
+        self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner).0 != Some(stamp)
     }
 
     /// Whether `secret` is `id`'s. A file that does not load verifies nothing (logged).
@@ -86,15 +117,17 @@ impl Authenticator {
         login: Option<&Login>,
         peer: &Peer,
         directory: &Directory,
-    ) -> Result<String, Refusal> {
+    ) -> Result<(String, Credential), Refusal> {
         use ConnectReturnCode::{ClientIdentifierNotValid, NotAuthorized};
         let Some(device) = access::device_of_client_id(client_id) else {
             return Err((Rule::ClientId, ClientIdentifierNotValid));
         };
+        let credential;
         if let Some(cert) = &peer.certificate {
             if cert != device {
                 return Err((Rule::IdentityMismatch, NotAuthorized));
             }
+            credential = Credential::Certificate(peer.serial.clone().unwrap_or_default());
         } else if let Some(login) = login.filter(|l| !l.password.is_empty()) {
             // A secret never travels in clear: refused even when it would verify.
             let Some(secrets) = self.secrets.as_ref().filter(|_| peer.tls) else {
@@ -106,8 +139,11 @@ impl Authenticator {
             if !secrets.verify(device, login.password.as_bytes()) {
                 return Err((Rule::BadCredentials, NotAuthorized));
             }
+            credential = Credential::Secret(login.password.clone());
         } else if !self.anonymous || peer.tls {
             return Err((Rule::NoCredentials, NotAuthorized));
+        } else {
+            credential = Credential::Anonymous;
         }
         if self.require_registered {
             match directory.standing(device) {
@@ -116,7 +152,17 @@ impl Authenticator {
                 Standing::Unknown => return Err((Rule::UnknownDevice, NotAuthorized)),
             }
         }
-        Ok(device.to_string())
+        Ok((device.to_string(), credential))
+    }
+
+    /// Whether `credential` still proves `device`: its certificate is not on `tls`'s
+    /// revocation lists, its secret still verifies.
+    pub fn still_valid(&self, device: &str, credential: &Credential, tls: Option<&super::tls::Tls>) -> bool {
+        match credential {
+            Credential::Certificate(serial) => !tls.is_some_and(|t| t.is_revoked(serial)),
+            Credential::Secret(secret) => self.secrets.as_ref().is_some_and(|s| s.verify(device, secret.as_bytes())),
+            Credential::Anonymous => true,
+        }
     }
 }
 
@@ -125,7 +171,7 @@ mod tests {
     use super::*;
 
     fn peer(tls: bool, certificate: Option<&str>) -> Peer {
-        Peer { addr: "127.0.0.1:5000".parse().unwrap(), tls, certificate: certificate.map(String::from) }
+        Peer { addr: "127.0.0.1:5000".parse().unwrap(), tls, certificate: certificate.map(String::from), serial: None }
     }
 
     fn login(user: &str, pass: &str) -> Login {
@@ -143,7 +189,9 @@ mod tests {
         directory.set("b", Some(true));
         directory.set("off", Some(false));
         let auth = Authenticator { secrets: Some(Secrets::new(path)), anonymous: false, require_registered: true };
-        let check = |id: &str, l: Option<&Login>, p: &Peer| auth.authenticate(id, l, p, &directory).map_err(|e| e.0);
+        let check = |id: &str, l: Option<&Login>, p: &Peer| {
+            auth.authenticate(id, l, p, &directory).map(|d| d.0).map_err(|e| e.0)
+        };
 
         assert_eq!(check("dev-a", None, &peer(true, Some("a"))), Ok("a".into()));
         assert_eq!(check("dev-b", None, &peer(true, Some("a"))), Err(Rule::IdentityMismatch));
@@ -158,9 +206,12 @@ mod tests {
         assert_eq!(check("dev-gone", None, &peer(true, Some("gone"))), Err(Rule::UnknownDevice));
 
         let open = Authenticator { secrets: None, anonymous: true, require_registered: false };
-        assert_eq!(open.authenticate("dev-x", None, &peer(false, None), &directory).map_err(|e| e.0), Ok("x".into()));
         assert_eq!(
-            open.authenticate("dev-x", None, &peer(true, None), &directory).map_err(|e| e.0),
+            open.authenticate("dev-x", None, &peer(false, None), &directory).map(|d| d.0).map_err(|e| e.0),
+            Ok("x".into())
+        );
+        assert_eq!(
+            open.authenticate("dev-x", None, &peer(true, None), &directory).map(|d| d.0).map_err(|e| e.0),
             Err(Rule::NoCredentials),
             "anonymous is for plain TCP only"
         );

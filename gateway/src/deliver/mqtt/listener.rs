@@ -46,6 +46,9 @@ pub struct Shared {
     connected: AtomicUsize,
     per_address: Mutex<HashMap<IpAddr, usize>>,
     handshakes: Arc<Semaphore>,
+    /// Bumped when the TLS files or the secrets change: connected devices check that what
+    /// they proved themselves with still holds.
+    credentials: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
@@ -69,7 +72,35 @@ impl Shared {
             connected: AtomicUsize::new(0),
             per_address: Mutex::default(),
             handshakes,
+            credentials: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// Changes of the credentials (TLS files, revocation lists, secrets).
+    pub fn credentials_changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.credentials.subscribe()
+    }
+
+    /// Checks the TLS files and the secrets every `mqtt.tls.reload_ms` (5 s without TLS)
+    /// until the process ends; a change reloads them and tells the connected devices.
+    pub fn watch_credentials(self: Arc<Self>) {
+        let period = self.tls.as_ref().map_or(Duration::from_secs(5), |t| t.reload_every());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let shared = self.clone();
+                let changed = tokio::task::spawn_blocking(move || {
+                    let tls = shared.tls.as_ref().is_some_and(|t| t.reload_if_changed());
+                    let secrets = shared.auth.secrets.as_ref().is_some_and(|s| s.changed());
+                    tls || secrets
+                })
+                .await
+                .unwrap_or(false);
+                if changed {
+                    self.credentials.send_modify(|n| *n += 1);
+                }
+            }
+        });
     }
 
     /// Logs and counts a refusal (`rule`) of `peer` (and `device`, if known).
@@ -151,7 +182,7 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
-        let peer = Peer { addr, tls: shared.tls.is_some(), certificate: None };
+        let peer = Peer { addr, tls: shared.tls.is_some(), certificate: None, serial: None };
         let Some(address) = shared.address_slot(addr.ip()) else {
             shared.refuse(Rule::PerAddress, &peer, None, "at mqtt.max_per_address");
             continue;
@@ -172,7 +203,7 @@ async fn connection(
     permit: tokio::sync::OwnedSemaphorePermit,
     _address: AddressSlot,
 ) {
-    let mut peer = Peer { addr, tls: shared.tls.is_some(), certificate: None };
+    let mut peer = Peer { addr, tls: shared.tls.is_some(), certificate: None, serial: None };
     // One deadline for the TLS handshake and the CONNECT together.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(shared.cfg.connect_timeout_ms);
     let Some(tls) = shared.tls.clone() else {
@@ -184,6 +215,11 @@ async fn connection(
         Ok(Err(e)) => return shared.refuse(Rule::TlsHandshake, &peer, None, &e.to_string()),
         Ok(Ok(s)) => s,
     };
-    peer.certificate = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(certificate_identity);
+    if let Some((id, serial)) =
+        stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(certificate_identity)
+    {
+        peer.certificate = Some(id);
+        peer.serial = Some(serial);
+    }
     session::serve(stream, peer, shared, permit, deadline).await;
 }

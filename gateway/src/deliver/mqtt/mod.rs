@@ -124,9 +124,6 @@ pub async fn start(
         .context("gateway link")?
         .context("gateway link")?;
     let publisher = publisher::attach(link_tx, link_rx, incoming)?;
-    if let Some(t) = &tls {
-        t.clone().watch();
-    }
     let auth = auth::Authenticator {
         secrets: cfg.credentials.clone().map(auth::Secrets::new),
         anonymous: cfg.anonymous,
@@ -134,6 +131,7 @@ pub async fn start(
     };
     tracing::info!(listen = %cfg.listen, tls = tls.is_some(), "device listener up");
     let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, links));
+    shared.clone().watch_credentials();
     tokio::spawn(listener::run(listener, shared));
     Ok(publisher)
 }

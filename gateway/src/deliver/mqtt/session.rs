@@ -8,7 +8,7 @@
 //! the socket closes without DISCONNECT.
 
 use super::access::{self, Rule};
-use super::auth::{Peer, Refusal};
+use super::auth::{Credential, Peer, Refusal};
 use super::listener::Shared;
 use bytes::BytesMut;
 use rumqttd::local::{LinkRx, LinkTx};
@@ -105,6 +105,7 @@ pub async fn serve<S>(
     let mut reader = Reader { io: rd, buf: BytesMut::with_capacity(4096), max: shared.cfg.max_payload_bytes };
     // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
     let standing = shared.directory.changes();
+    let credentials = shared.credentials_changed();
     let first = match tokio::time::timeout_at(deadline, reader.next()).await {
         Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no CONNECT in time"),
         Ok(Err((rule, why))) => {
@@ -123,14 +124,15 @@ pub async fn serve<S>(
         shared.refuse(rule, &peer, device.or(Some(&connect.client_id)), why);
         code
     };
-    let device = match shared.auth.authenticate(&connect.client_id, login.as_ref(), &peer, &shared.directory) {
-        Ok(d) => d,
-        Err(r) => {
-            let code = refused(r, None, "CONNECT refused");
-            let _ = write(&mut wr, vec![connack(code, false)]).await;
-            return;
-        }
-    };
+    let (device, credential) =
+        match shared.auth.authenticate(&connect.client_id, login.as_ref(), &peer, &shared.directory) {
+            Ok(d) => d,
+            Err(r) => {
+                let code = refused(r, None, "CONNECT refused");
+                let _ = write(&mut wr, vec![connack(code, false)]).await;
+                return;
+            }
+        };
     if let Some(w) = will.as_ref().filter(|w| !access::may_will(&device, &w.topic)) {
         let why = format!("will on {}", String::from_utf8_lossy(&w.topic));
         let code = refused((Rule::Will, ConnectReturnCode::NotAuthorized), Some(&device), &why);
@@ -171,9 +173,15 @@ pub async fn serve<S>(
         // MQTT 3.1.1 §3.1.2.10: one and a half keep-alive periods without a packet.
         s => Some(Duration::from_millis(u64::from(s) * 1_500)),
     };
-    let mut link =
-        Link { device: device.clone(), peer: &peer, shared: &shared, tx: link_tx, pending_subacks: HashMap::new() };
-    let end = link.pump(&mut reader, &mut wr, link_rx, keep_alive, standing).await;
+    let mut link = Link {
+        device: device.clone(),
+        credential,
+        peer: &peer,
+        shared: &shared,
+        tx: link_tx,
+        pending_subacks: HashMap::new(),
+    };
+    let end = link.pump(&mut reader, &mut wr, link_rx, keep_alive, standing, credentials).await;
     match &end {
         End::Lost(why) => tracing::debug!(device = %device, addr = %peer.addr, %why, "device connection lost"),
         other => tracing::debug!(device = %device, addr = %peer.addr, end = ?other, "device disconnected"),
@@ -200,6 +208,8 @@ async fn publish_will(tx: &mut LinkTx, will: LastWill) {
 /// for the router's SUBACK to be merged in.
 struct Link<'a> {
     device: String,
+    /// What it proved itself with (checked again when credentials change).
+    credential: Credential,
     peer: &'a Peer,
     shared: &'a Shared,
     tx: LinkTx,
@@ -215,6 +225,7 @@ impl Link<'_> {
         mut rx: LinkRx,
         keep_alive: Option<Duration>,
         mut standing: tokio::sync::watch::Receiver<u64>,
+        mut credentials: tokio::sync::watch::Receiver<u64>,
     ) -> End
     where
         R: AsyncRead + Unpin,
@@ -286,6 +297,16 @@ impl Link<'_> {
                     }
                 }
                 () = idle => return End::Lost("keep-alive passed without a packet".into()),
+                c = credentials.changed() => {
+                    if c.is_err() {
+                        return End::Router;
+                    }
+                    if !self.shared.auth.still_valid(&self.device, &self.credential, self.shared.tls.as_deref()) {
+                        let why = format!("{:?} revoked: disconnected", self.credential);
+                        self.shared.refuse(Rule::Revoked, self.peer, Some(&self.device), &why);
+                        return End::Refused;
+                    }
+                }
                 c = standing.changed() => {
                     if c.is_err() {
                         return End::Router;

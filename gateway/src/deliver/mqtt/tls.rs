@@ -8,15 +8,24 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// The current server configuration, replaced when the files change.
 #[derive(Debug)]
 pub struct Tls {
     files: TlsConfig,
-    current: RwLock<(Arc<ServerConfig>, Vec<Option<SystemTime>>)>,
+    current: RwLock<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    config: Arc<ServerConfig>,
+    stamps: Vec<Option<SystemTime>>,
+    /// Serial numbers on the revocation lists, for connections already up.
+    revoked: HashSet<Vec<u8>>,
 }
 
 impl Tls {
@@ -26,48 +35,65 @@ impl Tls {
     /// A file is missing or is not PEM of the right kind, the key does not match, or the
     /// CA is not a usable trust anchor.
     pub fn load(cfg: &TlsConfig) -> anyhow::Result<Tls> {
-        let config = server_config(cfg)?;
         let stamps = stamps(cfg);
-        Ok(Tls { files: cfg.clone(), current: RwLock::new((config, stamps)) })
+        let config = server_config(cfg)?;
+        let revoked = revoked_serials(cfg)?;
+        Ok(Tls { files: cfg.clone(), current: RwLock::new(Loaded { config, stamps, revoked }) })
     }
 
     /// The configuration for the next handshake.
     pub fn config(&self) -> Arc<ServerConfig> {
-        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).0.clone()
+        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).config.clone()
     }
 
-    /// Re-reads the files if any changed since the last load. A change that does not load
-    /// (a half-written file, a key that does not match) keeps the previous configuration
-    /// and is logged; it is tried again at the next change.
-    pub fn reload_if_changed(&self) {
+    /// Whether a certificate serial number is on the revocation lists as last loaded.
+    pub fn is_revoked(&self, serial: &[u8]) -> bool {
+        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).revoked.contains(serial)
+    }
+
+    /// How often the files are checked (`mqtt.tls.reload_ms`).
+    pub fn reload_every(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.files.reload_ms.max(100))
+    }
+
+    /// Re-reads the files if any changed since the last load; returns whether a new
+    /// configuration is in use. A change that does not load (a half-written file, a key
+    /// that does not match) keeps the previous configuration and is logged; it is tried
+    /// again at the next change.
+    pub fn reload_if_changed(&self) -> bool {
         let now = stamps(&self.files);
         let mut current = self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if now == current.1 {
-            return;
+        if now == current.stamps {
+            return false;
         }
-        match server_config(&self.files) {
-            Ok(config) => {
-                tracing::info!(cert = %self.files.cert.display(), crls = self.files.crls.len(), "device TLS files reloaded");
-                *current = (config, now);
+        current.stamps = now;
+        match server_config(&self.files).and_then(|c| Ok((c, revoked_serials(&self.files)?))) {
+            Ok((config, revoked)) => {
+                tracing::info!(cert = %self.files.cert.display(), revoked = revoked.len(), "device TLS files reloaded");
+                current.config = config;
+                current.revoked = revoked;
+                true
             }
             Err(e) => {
                 tracing::error!(error = %format!("{e:#}"), "device TLS files changed but do not load; keeping the previous ones");
-                current.1 = now;
+                false
             }
         }
     }
+}
 
-    /// Checks the files every `reload_ms` until the process ends.
-    pub fn watch(self: Arc<Self>) {
-        let period = Duration::from_millis(self.files.reload_ms.max(100));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                let tls = self.clone();
-                let _ = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await;
-            }
-        });
+/// The serial numbers on `cfg`'s revocation lists.
+fn revoked_serials(cfg: &TlsConfig) -> anyhow::Result<HashSet<Vec<u8>>> {
+    let mut serials = HashSet::new();
+    for path in &cfg.crls {
+        for crl in CertificateRevocationListDer::pem_slice_iter(&read(path)?) {
+            let crl = crl.with_context(|| format!("{}: not a PEM CRL", path.display()))?;
+            let (_, parsed) = x509_parser::parse_x509_crl(crl.as_ref())
+                .map_err(|e| anyhow::anyhow!("{}: not a CRL: {e}", path.display()))?;
+            serials.extend(parsed.iter_revoked_certificates().map(|r| r.raw_serial().to_vec()));
+        }
     }
+    Ok(serials)
 }
 
 fn files(cfg: &TlsConfig) -> Vec<&PathBuf> {
@@ -138,17 +164,18 @@ pub fn server_config(cfg: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
     Ok(Arc::new(config))
 }
 
-/// The device id a client certificate names: its subject's first CN, else its first DNS
-/// subject alternative name. `None` when it has neither or does not parse (rustls already
-/// checked its signature, validity and revocation).
-pub fn certificate_identity(cert: &CertificateDer<'_>) -> Option<String> {
+/// The device id a client certificate names (its subject's first CN, else its first DNS
+/// subject alternative name) and its serial number. `None` when it names none or does not
+/// parse (rustls already checked its signature, validity and revocation).
+pub fn certificate_identity(cert: &CertificateDer<'_>) -> Option<(String, Vec<u8>)> {
     let (_, cert) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let serial = cert.raw_serial().to_vec();
     if let Some(cn) = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()) {
-        return Some(cn.to_string());
+        return Some((cn.to_string(), serial));
     }
     let san = cert.subject_alternative_name().ok()??;
     san.value.general_names.iter().find_map(|n| match n {
-        x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+        x509_parser::extensions::GeneralName::DNSName(d) => Some((d.to_string(), serial.clone())),
         _ => None,
     })
 }
