@@ -235,4 +235,58 @@ mod tests {
             assert!(got.payload.iter().all(|&b| b == b'a' + i), "job {i} arrives intact");
         }
     }
+
+    /// A device that goes silent past one and a half keep-alive periods is disconnected,
+    /// and its will (its own status, offline) reaches the gateway; one that sends
+    /// DISCONNECT leaves no will. A raw MQTT client over TCP, speaking rumqttd's codec.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silence_past_the_keep_alive_ends_the_session_and_publishes_the_will() {
+        use rumqttd::protocol::v4::V4;
+        use rumqttd::protocol::{Connect, LastWill, Packet, Protocol, QoS as Q};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let cfg = open(format!("127.0.0.1:{}", free_port()));
+        let (tx, mut rx) = mpsc::channel(16);
+        let _publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let offline = serde_json::to_vec(&device_protocol::Status { v: 1, online: false, printer: None }).unwrap();
+        let connect = |id: &str| {
+            let will = LastWill {
+                topic: Topic::Status(id.into()).path().into(),
+                message: offline.clone().into(),
+                qos: Q::AtLeastOnce,
+                retain: true,
+            };
+            let c = Connect { keep_alive: 1, client_id: format!("dev-{id}"), clean_session: true };
+            let mut out = bytes::BytesMut::new();
+            V4.write(Packet::Connect(c, None, Some(will), None, None), &mut out).unwrap();
+            out
+        };
+
+        for (id, disconnect) in [("silent", false), ("polite", true)] {
+            let mut socket = tokio::net::TcpStream::connect(&cfg.listen).await.unwrap();
+            socket.write_all(&connect(id)).await.unwrap();
+            let mut connack = [0u8; 4];
+            socket.read_exact(&mut connack).await.unwrap();
+            assert_eq!(connack, [0x20, 2, 0, 0], "CONNACK accepted");
+            if disconnect {
+                socket.write_all(&[0xe0, 0]).await.unwrap();
+            }
+            let started = std::time::Instant::now();
+            let mut rest = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest)).await;
+            assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{id}: the connection ends: {read:?}");
+            if !disconnect {
+                assert!(started.elapsed() >= Duration::from_millis(1_400), "not before 1.5 keep-alive periods");
+            }
+        }
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+        match got {
+            Incoming::Status { device, status } => {
+                assert_eq!((device.as_str(), status.online), ("silent", false));
+            }
+            other => panic!("expected the silent device's will, got {other:?}"),
+        }
+        let more = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+        assert!(more.is_err(), "the device that sent DISCONNECT left no will: {more:?}");
+    }
 }
