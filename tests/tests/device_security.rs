@@ -322,6 +322,10 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     assert!(!fleet.device(B).unwrap().is_ready(), "B got back in");
 
     println!("refusals by rule: {:?}", stats().counters.mqtt_refusals);
+    let (code, metrics) = rig.gateway().get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    let subscribe = metrics.lines().find(|l| l.starts_with("pixgate_mqtt_refusals_total{rule=\"subscribe\"}"));
+    assert_eq!(subscribe.and_then(|l| l.rsplit(' ').next()), Some("7"), "refusals on /metrics:\n{metrics}");
     a.stop().await;
     spy.stop().await;
     fleet.shutdown().await;
