@@ -108,7 +108,9 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     // The fixtures were recorded days ago: replay them with pixgate's clock at that time.
     let mut env = crate::replay_clock_env(&cfg.fixtures);
     let pki = out.join("pki");
-    env.extend(device_tls(&pki, &devices)?);
+    let _ = std::fs::remove_dir_all(&pki);
+    let ids: Vec<&str> = devices.iter().map(registry::DeviceSpec::id).collect();
+    env.extend(crate::pki::Fleet::create_without_other(&pki, &ids)?.gateway_env());
     let mut gateway = GatewayProcess::spawn_with_env(
         &cfg.pixgate_bin,
         settings.clone(),
@@ -181,27 +183,6 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
     std::fs::write(out.join("summary.json"), serde_json::to_string_pretty(&summary)?)?;
     progress(format!("done: {} effects carried out; summary in {}", effects.len(), out.join("summary.json").display()));
     Ok(summary)
-}
-
-/// A throwaway fleet CA in `pki` with a certificate for each of `devices`, and the
-/// `PIXGATE_MQTT__*` settings for a listener on TLS that requires them.
-fn device_tls(pki: &Path, devices: &[registry::DeviceSpec]) -> anyhow::Result<Vec<(&'static str, String)>> {
-    use gateway::cli::credentials;
-    let _ = std::fs::remove_dir_all(pki);
-    credentials::create_ca(pki, &["localhost".into(), "127.0.0.1".into()], true)?;
-    for d in devices {
-        credentials::issue_certificate(pki, d.id(), 30)?;
-    }
-    let p = |f: &str| pki.join(f).display().to_string();
-    Ok(vec![
-        ("PIXGATE_MQTT__PLAIN", "false".into()),
-        ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
-        ("PIXGATE_MQTT__REQUIRE_REGISTERED", "true".into()),
-        ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
-        ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
-        ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
-        ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
-    ])
 }
 
 /// Publishes the charge fixtures (the registry's `published` records are in already) and

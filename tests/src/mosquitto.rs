@@ -337,8 +337,8 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Writes `config` (the whole mosquitto.conf: listeners, TLS files, authentication)
-    /// into `dir/mosquitto.conf`, starts the broker and waits until `port` accepts TCP
+    /// Writes `config` (the whole mosquitto.conf: listeners, TLS files, authentication;
+    /// `user root` is put first) into `dir/mosquitto.conf`, starts the broker and waits until `port` accepts TCP
     /// connections.
     ///
     /// # Errors
@@ -348,6 +348,10 @@ impl Broker {
         let bin = broker_binary()?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let conf = dir.join("mosquitto.conf");
+        // Started as root, mosquitto would switch to the `mosquitto` user and could not read
+        // the test's keys (owner-only, as pixgate writes them); as another user this is
+        // ignored.
+        let config = format!("user root\n{config}");
         std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
         let log = dir.join("mosquitto.log");
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;

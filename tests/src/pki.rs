@@ -1,24 +1,19 @@
-//! Throwaway certificates for TLS tests, made with rcgen (ECDSA P-256, ring) into one folder:
+//! Throwaway certificates for TLS tests, made by pixgate's own provisioning
+//! (`gateway::cli::credentials`, what `pixgate devices credentials` runs), into one folder:
 //!
-//! - `ca.crt`, `ca.key`: the fleet CA;
-//! - `server.crt`, `server.key`: the broker, for `localhost` and IP `127.0.0.1`, signed by
-//!   the fleet CA (extended key usage: server authentication);
-//! - `{id}.crt`, `{id}.key` per device id: a client certificate with subject CN = id,
-//!   signed by the fleet CA (extended key usage: client authentication);
-//! - `other-ca/`: a second, unrelated CA (`ca.crt`, `ca.key`) and the same device
-//!   certificates (`{id}.crt`, `{id}.key`) signed by it, for "a certificate from another CA"
-//!   tests.
+//! - `ca.crt`, `ca.key`, `crl.pem`: the fleet CA and its (empty) revocation list;
+//! - `server.crt`, `server.key`: the broker, for `localhost` and IP `127.0.0.1`;
+//! - `devices/{id}.crt`, `devices/{id}.key` per device id: a client certificate with
+//!   subject CN = id;
+//! - `other-ca/`: a second, unrelated CA with the same layout and the same device ids, for
+//!   "a certificate from another CA" tests.
 //!
-//! The folder is laid out as `simulators::device::DeviceIdentity::Certificate` expects
-//! (`{dir}/{id}.crt`, `{dir}/{id}.key`): [`Fleet::dir`] for the good certificates,
-//! [`Fleet::other_ca_dir`] for the foreign ones. Keys are PKCS#8 PEM, which OpenSSL
-//! (mosquitto) and rustls both read. Nothing here is fit for production.
+//! [`Fleet::devices_dir`] is laid out as `simulators::device::DeviceIdentity::Certificate`
+//! expects (`{dir}/{id}.crt`, `{dir}/{id}.key`). Keys are PKCS#8 PEM, which OpenSSL
+//! (mosquitto) and rustls both read.
 
-use anyhow::{Context, Result};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use anyhow::Result;
+use gateway::cli::credentials::{create_ca, issue_certificate};
 use std::path::{Path, PathBuf};
 
 /// A generated PKI in a folder (see the module documentation for its files).
@@ -29,45 +24,43 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Creates `dir` (and `dir/other-ca/`) and writes the fleet CA, the server certificate
-    /// and one client certificate per id of `devices`, from each CA. Files already there are
-    /// overwritten.
+    /// Creates `dir` (and `dir/other-ca/`), replacing any CA there, and writes the fleet
+    /// CA, the server certificate and one client certificate per id of `devices`, from
+    /// each CA.
     ///
     /// # Errors
-    /// An id that cannot be a file name, a folder or file that cannot be written, or rcgen
-    /// failing.
+    /// An id that is not a device id, or a file that cannot be written.
     pub fn create(dir: &Path, devices: &[&str]) -> Result<Fleet> {
-        for id in devices {
-            anyhow::ensure!(
-                !id.is_empty() && !id.contains(['/', '\\']) && *id != "." && *id != "..",
-                "device id {id:?} cannot be a file name"
-            );
-            anyhow::ensure!(!["ca", "server"].contains(id), "device id {id:?} would overwrite {id}.crt");
-        }
-        let other = dir.join("other-ca");
-        std::fs::create_dir_all(&other).with_context(|| format!("creating {}", other.display()))?;
+        let fleet = Fleet::create_without_other(dir, devices)?;
+        Fleet::create_without_other(&dir.join("other-ca"), devices)?;
+        Ok(fleet)
+    }
 
-        let ca = new_ca("pixgate test fleet CA")?;
-        write_pair(dir, "ca", &ca.pem(), ca.key())?;
-        let server = leaf(&ca, "localhost", &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)?;
-        write_pair(dir, "server", &server.0, &server.1)?;
+    /// [`Fleet::create`] without `other-ca/`.
+    ///
+    /// # Errors
+    /// As [`Fleet::create`].
+    pub fn create_without_other(dir: &Path, devices: &[&str]) -> Result<Fleet> {
+        create_ca(dir, &["localhost".to_string(), "127.0.0.1".to_string()], true)?;
         for id in devices {
-            let (crt, key) = leaf(&ca, id, &[], ExtendedKeyUsagePurpose::ClientAuth)?;
-            write_pair(dir, id, &crt, &key)?;
-        }
-
-        let foreign = new_ca("unrelated CA")?;
-        write_pair(&other, "ca", &foreign.pem(), foreign.key())?;
-        for id in devices {
-            let (crt, key) = leaf(&foreign, id, &[], ExtendedKeyUsagePurpose::ClientAuth)?;
-            write_pair(&other, id, &crt, &key)?;
+            issue_certificate(dir, id, 30)?;
         }
         Ok(Fleet { dir: dir.to_path_buf(), devices: devices.iter().map(|d| d.to_string()).collect() })
     }
 
-    /// The folder: `ca.*`, `server.*` and the fleet CA's `{id}.crt`/`{id}.key`.
+    /// A fleet CA folder made elsewhere (e.g. by `pixgate devices credentials ca DIR`).
+    pub fn open(dir: &Path) -> Fleet {
+        Fleet { dir: dir.to_path_buf(), devices: Vec::new() }
+    }
+
+    /// The folder.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The fleet CA's device certificates and keys: `{id}.crt`, `{id}.key`.
+    pub fn devices_dir(&self) -> PathBuf {
+        self.dir.join("devices")
     }
 
     /// The device ids that have certificates.
@@ -97,61 +90,33 @@ impl Fleet {
 
     /// Device `id`'s certificate from the fleet CA (PEM, subject CN = `id`).
     pub fn device_cert(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.crt"))
+        self.devices_dir().join(format!("{id}.crt"))
     }
 
     /// Device `id`'s private key (PEM).
     pub fn device_key(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.key"))
+        self.devices_dir().join(format!("{id}.key"))
     }
 
-    /// The unrelated CA's folder: its `ca.crt`/`ca.key` and a `{id}.crt`/`{id}.key` per
-    /// device, signed by it (CN = id too): certificates the fleet CA does not vouch for.
+    /// The unrelated CA's device certificates and keys (`{id}.crt`, `{id}.key`, CN = id):
+    /// certificates the fleet CA does not vouch for.
     pub fn other_ca_dir(&self) -> PathBuf {
-        self.dir.join("other-ca")
+        self.dir.join("other-ca").join("devices")
     }
-}
 
-/// A self-signed CA certificate named `name`.
-fn new_ca(name: &str) -> Result<CertifiedIssuer<'static, KeyPair>> {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = common_name(name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-    let key = KeyPair::generate().context("generating a CA key")?;
-    CertifiedIssuer::self_signed(params, key).with_context(|| format!("self-signing {name}"))
-}
-
-/// An end-entity certificate with subject CN `cn` and the given SANs (DNS names or IPs),
-/// signed by `ca`; returns its PEM and its key's PEM.
-fn leaf(
-    ca: &CertifiedIssuer<'static, KeyPair>,
-    cn: &str,
-    sans: &[&str],
-    usage: ExtendedKeyUsagePurpose,
-) -> Result<(String, KeyPair)> {
-    let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .with_context(|| format!("certificate parameters for {cn}"))?;
-    params.distinguished_name = common_name(cn);
-    params.is_ca = IsCa::ExplicitNoCa;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![usage];
-    params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().context("generating a key")?;
-    let cert = params.signed_by(&key, &**ca).with_context(|| format!("signing the certificate of {cn}"))?;
-    Ok((cert.pem(), key))
-}
-
-fn common_name(cn: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, cn);
-    dn
-}
-
-/// Writes `{dir}/{name}.crt` and `{dir}/{name}.key`.
-fn write_pair(dir: &Path, name: &str, cert_pem: &str, key: &KeyPair) -> Result<()> {
-    let (crt, key_path) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
-    std::fs::write(&crt, cert_pem).with_context(|| format!("writing {}", crt.display()))?;
-    std::fs::write(&key_path, key.serialize_pem()).with_context(|| format!("writing {}", key_path.display()))?;
-    Ok(())
+    /// The `PIXGATE_MQTT__*` settings for pixgate's device listener on TLS with this
+    /// fleet: its server certificate, client certificates from the fleet CA, the CA's
+    /// revocation list, and only devices the registry has enabled.
+    pub fn gateway_env(&self) -> Vec<(&'static str, String)> {
+        let p = |f: &str| self.dir.join(f).display().to_string();
+        vec![
+            ("PIXGATE_MQTT__PLAIN", "false".into()),
+            ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
+            ("PIXGATE_MQTT__REQUIRE_REGISTERED", "true".into()),
+            ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
+            ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
+            ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
+            ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
+        ]
+    }
 }

@@ -102,20 +102,14 @@ impl Pki {
 
     /// The gateway's settings for TLS with this CA, its revocation list and the secrets.
     fn env(&self, connect_timeout_ms: u64, max_connections: usize) -> Vec<(&'static str, String)> {
-        let p = |f: &str| self.ca.join(f).display().to_string();
-        vec![
-            ("PIXGATE_MQTT__PLAIN", "false".into()),
-            ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
-            ("PIXGATE_MQTT__REQUIRE_REGISTERED", "true".into()),
-            ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
-            ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
-            ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
-            ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
+        let mut env = pixgate_tests::pki::Fleet::open(&self.ca).gateway_env();
+        env.extend([
             ("PIXGATE_MQTT__TLS__RELOAD_MS", "200".into()),
             ("PIXGATE_MQTT__CREDENTIALS", self.secrets.display().to_string()),
             ("PIXGATE_MQTT__CONNECT_TIMEOUT_MS", connect_timeout_ms.to_string()),
             ("PIXGATE_MQTT__MAX_CONNECTIONS", max_connections.to_string()),
-        ]
+        ]);
+        env
     }
 }
 

@@ -186,10 +186,8 @@ async fn a_printer_with_a_client_certificate_takes_a_job_over_tls() {
         .unwrap_or_else(|e| panic!("{e:#}\n{}", broker.log_text()));
 
     let stats = Arc::new(Stats::default());
-    let security = MqttSecurity::Tls {
-        ca: fleet.ca_cert(),
-        identity: DeviceIdentity::Certificate { dir: fleet.dir().to_path_buf() },
-    };
+    let security =
+        MqttSecurity::Tls { ca: fleet.ca_cert(), identity: DeviceIdentity::Certificate { dir: fleet.devices_dir() } };
     let device =
         spawn_device(&printer_spec(PRINTER), &device_options(port, &dir.0.join("out"), security), stats.clone())
             .unwrap();
@@ -289,10 +287,8 @@ async fn a_printer_whose_certificate_is_from_another_ca_never_connects() {
     let intruder =
         spawn_device(&printer_spec(PRINTER), &device_options(port, &out, foreign), Arc::new(Stats::default())).unwrap();
     // A fleet printer on the same broker connects: the broker and its CA are fine.
-    let good = MqttSecurity::Tls {
-        ca: fleet.ca_cert(),
-        identity: DeviceIdentity::Certificate { dir: fleet.dir().to_path_buf() },
-    };
+    let good =
+        MqttSecurity::Tls { ca: fleet.ca_cert(), identity: DeviceIdentity::Certificate { dir: fleet.devices_dir() } };
     let device =
         spawn_device(&printer_spec(PRINTER2), &device_options(port, &out, good), Arc::new(Stats::default())).unwrap();
     wait_ready(&device, &broker).await;
