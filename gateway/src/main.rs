@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use gateway::cli::brcode::{self, BrcodeCmd};
 use gateway::cli::credentials::{self, CredentialsCmd};
 use gateway::cli::inspect::{self, DeadLetterCmd, Inspection, OutboxCmd};
+use gateway::cli::print::{self, PrintCmd};
 use gateway::config::Config;
 use std::path::PathBuf;
 
@@ -48,6 +49,9 @@ enum Cmd {
     /// Decode and validate a Pix BR Code, or encode one (no configuration, Kafka or broker needed).
     #[command(subcommand)]
     Brcode(BrcodeCmd),
+    /// Send a raw ESC/POS stream to a printer over TCP 9100, serial or USB, and print the
+    /// status it answered (`DLE EOT`), before and after (no configuration needed).
+    Print(PrintCmd),
     /// Device credentials: a fleet CA, certificates and secrets, revocation.
     #[command(subcommand)]
     Devices(DevicesCmd),
@@ -88,6 +92,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(Cmd::Brcode(cmd)) = &cli.command {
         std::process::exit(brcode::run(cmd));
     }
+    if let Some(Cmd::Print(cmd)) = &cli.command {
+        std::process::exit(print::run(cmd));
+    }
     init_logs();
     let cfg = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     match cli.command.unwrap_or(Cmd::Run) {
@@ -95,7 +102,7 @@ fn main() -> anyhow::Result<()> {
             print!("{}", toml::to_string_pretty(&cfg)?);
             Ok(())
         }
-        Cmd::Brcode(_) => unreachable!("brcode runs before the configuration is loaded"),
+        Cmd::Brcode(_) | Cmd::Print(_) => unreachable!("brcode and print run before the configuration is loaded"),
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(gateway::app::run(cfg)),
         Cmd::Outbox(cmd) => inspect::command(&cfg, Inspection::Outbox(cmd)),
         Cmd::Deadletter(cmd) => inspect::command(&cfg, Inspection::DeadLetter(cmd)),

@@ -1,0 +1,202 @@
+//! An open connection to a direct printer: bytes written in chunks under a deadline, and
+//! the `DLE EOT` status asked and read back.
+//!
+//! Blocking I/O (a serial line is a file descriptor; `serialport` is blocking): call it
+//! from a thread of its own or `spawn_blocking`.
+
+use super::endpoint::{Endpoint, SerialSettings};
+use super::status::{PrinterStatus, QUERIES};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+/// Bytes written at a time: small enough that a printer's flow control (RTS/CTS, XON/XOFF,
+/// a full TCP window) stops the next write rather than a megabyte already in the kernel.
+pub const CHUNK_BYTES: usize = 4096;
+
+/// What went wrong talking to a printer.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// It could not be opened (refused, unreachable, no such device, busy).
+    #[error("opening {endpoint}: {source}")]
+    Open {
+        /// Where.
+        endpoint: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A write failed (the connection dropped, the device was unplugged).
+    #[error("writing to {endpoint}: {source}")]
+    Write {
+        /// Where.
+        endpoint: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A write made no progress for the write timeout (flow control held, printer busy).
+    #[error("writing to {endpoint}: stalled for {waited_ms} ms with {left} bytes left")]
+    Stalled {
+        /// Where.
+        endpoint: String,
+        /// How long, ms.
+        waited_ms: u64,
+        /// Bytes not written.
+        left: usize,
+    },
+}
+
+/// A connection to one printer.
+pub struct Link {
+    endpoint: Endpoint,
+    io: Box<dyn ReadWrite>,
+}
+
+/// Read and write (a `TcpStream`, a serial port, a device file).
+pub trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
+
+/// A USB line printer is written only: reading gives nothing.
+struct WriteOnly(std::fs::File);
+
+impl Read for WriteOnly {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "a USB line printer is written only"))
+    }
+}
+
+impl Write for WriteOnly {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+fn serial(s: &SerialSettings, timeout: Duration) -> serialport::Result<Box<dyn serialport::SerialPort>> {
+    use serialport::{DataBits, FlowControl, Parity, StopBits};
+    let data_bits = match s.data_bits {
+        5 => DataBits::Five,
+        6 => DataBits::Six,
+        7 => DataBits::Seven,
+        _ => DataBits::Eight,
+    };
+    let parity = match s.parity.as_str() {
+        "odd" => Parity::Odd,
+        "even" => Parity::Even,
+        _ => Parity::None,
+    };
+    let stop_bits = if s.stop_bits == 2 { StopBits::Two } else { StopBits::One };
+    let flow = match s.flow.as_str() {
+        "rtscts" => FlowControl::Hardware,
+        "xonxoff" => FlowControl::Software,
+        _ => FlowControl::None,
+    };
+    serialport::new(&s.path, s.baud)
+        .data_bits(data_bits)
+        .parity(parity)
+        .stop_bits(stop_bits)
+        .flow_control(flow)
+        .timeout(timeout)
+        .open()
+}
+
+impl Link {
+    /// Opens `endpoint`; reads and writes each wait at most `timeout`.
+    ///
+    /// # Errors
+    /// [`LinkError::Open`].
+    pub fn open(endpoint: &Endpoint, timeout: Duration) -> Result<Link, LinkError> {
+        let err = |source| LinkError::Open { endpoint: endpoint.to_string(), source };
+        let io: Box<dyn ReadWrite> = match endpoint {
+            Endpoint::Tcp { host, port } => {
+                use std::net::ToSocketAddrs;
+                let addr =
+                    (host.as_str(), *port).to_socket_addrs().map_err(err)?.next().ok_or_else(|| {
+                        err(std::io::Error::new(std::io::ErrorKind::NotFound, "the host has no address"))
+                    })?;
+                let s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(err)?;
+                s.set_read_timeout(Some(timeout)).map_err(err)?;
+                s.set_write_timeout(Some(timeout)).map_err(err)?;
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
+            Endpoint::Serial(s) => Box::new(serial(s, timeout).map_err(|e| err(e.into()))?),
+            Endpoint::Usb { path } => {
+                Box::new(WriteOnly(std::fs::OpenOptions::new().write(true).open(path).map_err(err)?))
+            }
+        };
+        Ok(Link { endpoint: endpoint.clone(), io })
+    }
+
+    /// Where it is connected.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Asks `DLE EOT` n = 1..4, one at a time, each reply waited for up to the link's
+    /// timeout. `None` for a transport that cannot answer (USB). Stale bytes waiting
+    /// before the first query are dropped.
+    ///
+    /// # Errors
+    /// A write failed: the printer is gone.
+    pub fn status(&mut self) -> Result<Option<PrinterStatus>, LinkError> {
+        if !self.endpoint.answers_status() {
+            return Ok(None);
+        }
+        let mut replies = [None; 4];
+        for (i, n) in QUERIES.into_iter().enumerate() {
+            self.io
+                .write_all(&[0x10, 0x04, n])
+                .and_then(|()| self.io.flush())
+                .map_err(|source| LinkError::Write { endpoint: self.endpoint.to_string(), source })?;
+            let mut b = [0u8; 1];
+            // A read error or timeout is "no reply": the printer has no such sensor, or is
+            // switched off; the caller decides from the whole status.
+            replies[i] = match self.io.read(&mut b) {
+                Ok(1) => Some(b[0]),
+                _ => None,
+            };
+        }
+        Ok(Some(PrinterStatus::decode(replies)))
+    }
+
+    /// Writes `bytes` in chunks of [`CHUNK_BYTES`]; gives up when no byte could be written
+    /// for `stall` (the printer's flow control held the line).
+    ///
+    /// # Errors
+    /// [`LinkError::Write`] (gone), [`LinkError::Stalled`].
+    pub fn write_job(&mut self, bytes: &[u8], stall: Duration) -> Result<(), LinkError> {
+        let mut at = 0;
+        let mut progress = Instant::now();
+        while at < bytes.len() {
+            let end = (at + CHUNK_BYTES).min(bytes.len());
+            match self.io.write(&bytes[at..end]) {
+                Ok(0) => {
+                    let source = std::io::Error::new(std::io::ErrorKind::WriteZero, "the printer took nothing");
+                    return Err(LinkError::Write { endpoint: self.endpoint.to_string(), source });
+                }
+                Ok(n) => {
+                    at += n;
+                    progress = Instant::now();
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if progress.elapsed() >= stall {
+                        let waited_ms = progress.elapsed().as_millis() as u64;
+                        return Err(LinkError::Stalled {
+                            endpoint: self.endpoint.to_string(),
+                            waited_ms,
+                            left: bytes.len() - at,
+                        });
+                    }
+                }
+                Err(source) => return Err(LinkError::Write { endpoint: self.endpoint.to_string(), source }),
+            }
+        }
+        self.io.flush().map_err(|source| LinkError::Write { endpoint: self.endpoint.to_string(), source })
+    }
+}

@@ -1,0 +1,177 @@
+//! `pixgate print`: a receipt as pixgate renders it, sent by hand to a printer on raw TCP
+//! (port 9100) and on a serial line, with the printer's `DLE EOT` status read back. The
+//! printer is `printer-sim listen` (`--tcp`, `--pty`: a real pseudo-terminal), switched
+//! through its state file; what it printed is read back from its transcript.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use render::codepage::CodePage;
+use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
+use render::Locale;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const GUARD: Duration = Duration::from_secs(60);
+
+/// A running `printer-sim listen` and the lines it prints.
+struct Sim {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    out: PathBuf,
+}
+
+impl Sim {
+    fn start(name: &str, transport: &[&str]) -> Sim {
+        let out = std::env::temp_dir().join(format!("pixgate-direct-print-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("state"), "ready").unwrap();
+        let bin = pixgate_tests::gateway::find_binary().unwrap().with_file_name("printer-sim");
+        let mut child = Command::new(bin)
+            .arg("listen")
+            .args(transport)
+            .args(["--out", out.to_str().unwrap(), "--state-file", out.join("state").to_str().unwrap()])
+            .args(["--model", "Epson TM-T20X", "--paper", "80", "--idle-ms", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("printer-sim starts (cargo build --workspace --bins)");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Sim { child, lines, out }
+    }
+
+    fn line(&self, prefix: &str) -> String {
+        loop {
+            let l = self.lines.recv_timeout(GUARD).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    fn transcript(&self) -> String {
+        std::fs::read_to_string(self.out.join("transcript.txt")).unwrap_or_default()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.out);
+        }
+    }
+}
+
+/// A paid receipt as pixgate renders it, written to `dir/receipt.bin`.
+fn receipt(dir: &Path, payer: &str) -> PathBuf {
+    let receipt = Receipt {
+        kind: ReceiptKind::Paid,
+        merchant_name: "Padaria São João".into(),
+        merchant_city: "Recife".into(),
+        amount_cents: 1990,
+        items: vec![("Pão de queijo".into(), "3x".into())],
+        comment: None,
+        payer_name: Some(payer.into()),
+        paid_at: Some(chrono::Utc::now()),
+        time_zone: "America/Recife".parse().unwrap(),
+        end_to_end_id: Some("E25328704202611271201yxv2kgafrfw".into()),
+        charge_id: "a".repeat(24),
+        txid: Some("TX123".into()),
+        brcode: None,
+        locale: Locale::PtBr,
+    };
+    let profile = PrinterProfile { paper_width_mm: 80, code_page: CodePage::Cp860, native_qr: true };
+    let path = dir.join(format!("{payer}.bin"));
+    std::fs::write(&path, render_receipt(&receipt, &profile).unwrap()).unwrap();
+    path
+}
+
+/// `pixgate print ARGS`: exit code and the JSON it printed.
+fn print(args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(pixgate_tests::gateway::find_binary().unwrap())
+        .arg("print")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_receipt_by_hand_over_tcp_9100_with_the_printers_status() {
+    let sim = Sim::start("tcp", &["--tcp", "127.0.0.1:0"]);
+    let to = format!("tcp://{}", sim.line("listening tcp"));
+
+    let file = receipt(&sim.out, "Maria Souza");
+    let (code, json, err) = print(&["--to", &to, file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{json} {err}");
+    assert_eq!(json["before"]["summary"], "ready");
+    assert_eq!(json["before"]["replies"], serde_json::json!(["0x12", "0x12", "0x12", "0x12"]));
+    assert_eq!(json["written"], std::fs::metadata(&file).unwrap().len());
+    let png = sim.line("printed");
+    assert!(Path::new(&png).is_file(), "{png}");
+    assert!(sim.transcript().contains("Maria Souza"), "the receipt came out:\n{}", sim.transcript());
+
+    // Paper out: nothing is written, exit 2, and the status says why.
+    std::fs::write(sim.out.join("state"), "paper-out").unwrap();
+    let other = receipt(&sim.out, "Joao Lima");
+    let (code, json, err) = print(&["--to", &to, other.to_str().unwrap()]);
+    assert_eq!(code, 2, "{json} {err}");
+    assert_eq!((json["before"]["summary"].as_str(), json["written"].as_u64()), (Some("paper_out"), Some(0)));
+    assert!(err.contains("paper_out"), "{err}");
+    let (code, json, _) = print(&["--to", &to, "--status"]);
+    assert_eq!((code, json["before"]["paper_out"].as_bool()), (0, Some(true)));
+    std::fs::write(sim.out.join("state"), "cover-open").unwrap();
+    let (_, json, _) = print(&["--to", &to, "--status"]);
+    assert_eq!(json["before"]["summary"], "cover_open");
+    std::fs::write(sim.out.join("state"), "ready near-end").unwrap();
+    let (code, json, _) = print(&["--to", &to, other.to_str().unwrap()]);
+    assert_eq!((code, json["before"]["summary"].as_str()), (0, Some("paper_near_end")), "near end still prints");
+    sim.line("printed");
+    assert!(sim.transcript().contains("Joao Lima"));
+}
+
+#[test]
+fn a_receipt_by_hand_over_a_serial_line() {
+    let sim = Sim::start("pty", &["--pty"]);
+    let path = sim.line("listening pty");
+    let file = receipt(&sim.out, "Ana Costa");
+    let to = format!("serial://{path}?baud=115200");
+    let (code, json, err) = print(&["--to", &to, file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{json} {err}");
+    assert_eq!(json["before"]["summary"], "ready");
+    assert_eq!(json["after"]["summary"], "ready");
+    sim.line("printed");
+    assert!(sim.transcript().contains("Ana Costa"), "{}", sim.transcript());
+}
+
+#[test]
+fn a_printer_that_is_not_there_is_a_clear_error() {
+    let port = pixgate_tests::net::free_port();
+    let dir = std::env::temp_dir();
+    let file = receipt(&dir, &format!("nobody-{}", std::process::id()));
+    let (code, _, err) =
+        print(&["--to", &format!("tcp://127.0.0.1:{port}"), "--timeout-ms", "2000", file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("opening tcp://127.0.0.1") && err.contains("refused"), "{err}");
+    let (code, _, err) = print(&["--to", "lpt://x", file.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(err.contains("unknown scheme"), "{err}");
+    let _ = std::fs::remove_file(file);
+}
