@@ -205,7 +205,9 @@ pub struct MqttConfig {
     /// Most TLS handshakes and CONNECTs in progress at once; a socket beyond it is closed
     /// (the device retries), so a storm of reconnects cannot exhaust memory.
     pub max_handshakes: usize,
-    /// Most connections from one source address (a shop behind NAT has several devices).
+    /// Most connections from one source address. Generous by default: a shop behind NAT
+    /// is one address, and card machines on a mobile network may share a carrier's NAT
+    /// address by the hundred.
     pub max_per_address: usize,
     /// Time a socket has to finish the TLS handshake and send CONNECT, ms.
     pub connect_timeout_ms: u64,
@@ -241,7 +243,7 @@ impl Default for MqttConfig {
             max_payload_bytes: 1 << 20,
             max_connections: 10_000,
             max_handshakes: 256,
-            max_per_address: 256,
+            max_per_address: 1_000,
             connect_timeout_ms: 10_000,
             segment_bytes: 64 << 10,
             segment_count: 1,
