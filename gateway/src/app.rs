@@ -19,6 +19,7 @@ use crate::deliver::{self, Dispatcher};
 use crate::ingest::consumer;
 use crate::ingest::plan::Planner;
 use crate::model::{Command, Directory};
+use crate::ops::admin::AdminAccess;
 use crate::ops::{http, probe};
 use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
@@ -38,7 +39,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
     }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let admin_token = cfg.http.admin_token()?;
     let http_listener = http::bind(&cfg.http.listen).await?;
+    let admin = Arc::new(AdminAccess::new(admin_token.as_deref(), http_listener.local_addr()?)?);
+    if admin.closed() {
+        tracing::warn!(listen = %cfg.http.listen, "no http.admin_token and http.listen is not a loopback address: the outbox, dead-letter and clock endpoints refuse every request");
+    }
 
     let (commands_tx, commands_rx) = mpsc::channel(1024);
     // Unbounded in type only: one message per job that leaves the outbox, and the outbox
@@ -89,6 +95,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock: clock.clone(),
         clock_control: cfg.clock.control,
         replays: replays_tx,
+        admin,
     };
     let http_task = tokio::spawn(http::serve(http_listener, state, async move {
         let _ = http_shutdown.changed().await;

@@ -22,8 +22,10 @@ pub struct Config {
     pub kafka: KafkaConfig,
     /// Embedded MQTT broker settings.
     pub mqtt: MqttConfig,
-    /// Health and stats HTTP endpoint.
+    /// Health and stats HTTP endpoint, and the admin endpoints behind a token.
     pub http: HttpConfig,
+    /// How log lines are written.
+    pub log: LogConfig,
     /// Delivery to devices.
     pub delivery: DeliveryConfig,
     /// The durable outbox.
@@ -44,6 +46,7 @@ impl Default for Config {
             kafka: KafkaConfig::default(),
             mqtt: MqttConfig::default(),
             http: HttpConfig::default(),
+            log: LogConfig::default(),
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
             clock: ClockConfig::default(),
@@ -277,18 +280,75 @@ fn default_tls_reload_ms() -> u64 {
     5_000
 }
 
-/// Health/readiness/stats endpoint.
+/// The HTTP endpoint: `/healthz`, `/readyz`, `/stats` and `/metrics`, open to anyone who
+/// reaches `listen`; and the admin endpoints (the outbox and dead letters, which hold
+/// payers' names and receipts, replay, the test clock), which need the admin token
+/// ([`crate::ops::admin`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct HttpConfig {
-    /// Listen address for `/healthz`, `/readyz`, `/stats`.
+    /// Listen address, `HOST:PORT`.
     pub listen: String,
+    /// The token the admin endpoints require (`Authorization: Bearer TOKEN`). Without one
+    /// (and without `admin_token_file`), the admin endpoints answer only when `listen` is
+    /// a loopback address. Never printed by `pixgate config`: it is a secret.
+    #[serde(skip_serializing)]
+    pub admin_token: Option<String>,
+    /// A file holding the admin token (what a secrets manager mounts); surrounding white
+    /// space is trimmed. Read once, at start. Exclusive with `admin_token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { listen: "127.0.0.1:8080".into() }
+        HttpConfig { listen: "127.0.0.1:8080".into(), admin_token: None, admin_token_file: None }
     }
+}
+
+impl HttpConfig {
+    /// The admin token: `admin_token`, or the contents of `admin_token_file`, trimmed;
+    /// `None` when neither is set.
+    ///
+    /// # Errors
+    /// Both are set, the file cannot be read, or the token is empty.
+    pub fn admin_token(&self) -> anyhow::Result<Option<String>> {
+        let token = match (&self.admin_token, &self.admin_token_file) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                anyhow::bail!("http.admin_token and http.admin_token_file are both set: give one")
+            }
+            (Some(t), None) => t.trim().to_string(),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .map_err(|e| anyhow::anyhow!("reading http.admin_token_file {}: {e}", f.display()))?
+                .trim()
+                .to_string(),
+        };
+        if token.is_empty() {
+            anyhow::bail!("the admin token (http.admin_token or http.admin_token_file) is empty");
+        }
+        Ok(Some(token))
+    }
+}
+
+/// Logging. The filter comes from `RUST_LOG`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LogConfig {
+    /// `plain` (human-readable lines) or `json` (one JSON object per line, the fields at
+    /// the top level).
+    pub format: LogFormat,
+}
+
+/// How a log line is written (`log.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `2024-05-01T12:00:00Z  INFO gateway::…: message field=value`.
+    #[default]
+    Plain,
+    /// `{"timestamp":…,"level":"INFO","message":…,"field":value,…,"target":…}`.
+    Json,
 }
 
 /// Readiness rules and the per-topic throughput expectations ([`crate::ops::readiness`]). A
@@ -463,6 +523,31 @@ mod tests {
             jail.create_file("printed.toml", &printed)?;
             let again = Config::load(Some(Path::new("printed.toml"))).map_err(|e| e.to_string())?;
             assert_eq!(again.health.topics, c.health.topics);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn admin_token_from_env_or_file_never_printed() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("PIXGATE_HTTP__ADMIN_TOKEN", "s3cret");
+            jail.set_env("PIXGATE_LOG__FORMAT", "json");
+            let c = Config::load(None).map_err(|e| e.to_string())?;
+            assert_eq!(c.http.admin_token().map_err(|e| e.to_string())?.as_deref(), Some("s3cret"));
+            assert_eq!(c.log.format, LogFormat::Json);
+            let printed = toml::to_string_pretty(&c).map_err(|e| e.to_string())?;
+            assert!(!printed.contains("s3cret"), "{printed}");
+            assert!(printed.contains("format = \"json\""), "{printed}");
+
+            jail.create_file("token", "from-file\n")?;
+            let mut c = Config::load(None).map_err(|e| e.to_string())?;
+            c.http.admin_token_file = Some("token".into());
+            assert!(c.http.admin_token().is_err(), "both set is refused");
+            c.http.admin_token = None;
+            assert_eq!(c.http.admin_token().map_err(|e| e.to_string())?.as_deref(), Some("from-file"));
+            c.http.admin_token = Some("  ".into());
+            c.http.admin_token_file = None;
+            assert!(c.http.admin_token().is_err(), "an empty token is refused");
             Ok(())
         });
     }

@@ -141,6 +141,15 @@ impl GatewayProcess {
         crate::net::http_post(&format!("127.0.0.1:{}", self.settings.http_port), path)
     }
 
+    /// `method path` (empty body) with the extra `headers`, e.g.
+    /// `[("Authorization", "Bearer TOKEN")]` for an admin endpoint.
+    ///
+    /// # Errors
+    /// Connection failure.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> anyhow::Result<(u16, String)> {
+        crate::net::http_request_with(&format!("127.0.0.1:{}", self.settings.http_port), method, path, headers)
+    }
+
     /// The gateway's `/stats`, read into the gateway's own type: the compiler checks every
     /// field a test looks at, and a body that does not match fails here instead of reading
     /// as 0 or null.

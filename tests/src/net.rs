@@ -43,9 +43,24 @@ pub fn http_post(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
 }
 
 fn http_request(addr: &str, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    http_request_with(addr, method, path, &[])
+}
+
+/// `method path` with an empty body and the extra `headers` (name, value) on `addr`, e.g.
+/// `("Authorization", "Bearer …")`; as [`http_get`].
+///
+/// # Errors
+/// As [`http_get`].
+pub fn http_request_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n")?;
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\n\r\n")?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let Some((head, body)) = resp.split_once("\r\n\r\n") else { bail!("malformed HTTP response") };

@@ -2,7 +2,9 @@
 //!
 //! A redb file is open in one process at a time, so while the gateway runs these commands
 //! ask it over HTTP (at `http.listen`); when it does not run they open the outbox file
-//! themselves. Both paths print the same JSON ([`crate::ops::inspect`]).
+//! themselves. Both paths print the same JSON ([`crate::ops::inspect`]). Over HTTP they
+//! send the configured admin token (`http.admin_token` or `http.admin_token_file`,
+//! [`crate::ops::admin`]).
 
 use crate::clock::Clock;
 use crate::config::Config;
@@ -50,22 +52,36 @@ pub enum DeadLetterCmd {
     },
 }
 
-/// Runs an inspection: over HTTP against the running gateway at `http_listen`, or, when
-/// nothing answers there, on the outbox file at `path`. Prints JSON; returns whether it
-/// succeeded (exit status 1 otherwise, with the error on stderr).
+/// Where an inspection asks: the running gateway's HTTP listener, with the admin token
+/// if one is configured, and the outbox file for when no gateway answers.
+pub struct Target<'a> {
+    /// `http.listen`.
+    pub http_listen: &'a str,
+    /// The admin token sent as `Authorization: Bearer …`.
+    pub admin_token: Option<&'a str>,
+    /// `outbox.path`.
+    pub path: &'a std::path::Path,
+}
+
+/// Runs an inspection: over HTTP against the running gateway at `target.http_listen`, or,
+/// when nothing answers there, on the outbox file at `target.path`. Prints JSON; returns
+/// whether it succeeded (exit status 1 otherwise, with the error on stderr).
 ///
 /// # Errors
 /// Neither the gateway nor the outbox file could be reached.
 pub async fn run(
-    http_listen: &str,
-    path: &std::path::Path,
+    target: &Target<'_>,
     http_path: String,
     method_post: bool,
     local: impl FnOnce(&Outbox) -> Result<Value, InspectError>,
 ) -> anyhow::Result<bool> {
+    let (http_listen, path) = (target.http_listen, target.path);
     let url = format!("http://{http_listen}{http_path}");
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
-    let req = if method_post { client.post(&url) } else { client.get(&url) };
+    let mut req = if method_post { client.post(&url) } else { client.get(&url) };
+    if let Some(token) = target.admin_token {
+        req = req.bearer_auth(token);
+    }
     match req.send().await {
         Ok(resp) => {
             let ok = resp.status().is_success();
@@ -118,29 +134,30 @@ pub enum Inspection {
 /// Neither the gateway nor the outbox file could be reached.
 pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let (listen, path) = (cfg.http.listen.as_str(), cfg.outbox.path.as_path());
+    let token = cfg.http.admin_token()?;
+    let target = Target { http_listen: &cfg.http.listen, admin_token: token.as_deref(), path: &cfg.outbox.path };
+    let t = &target;
     let ok = rt.block_on(async {
         match cmd {
             Inspection::Outbox(OutboxCmd::List { device: None }) => {
-                run(listen, path, "/outbox".into(), false, inspect::outbox_devices).await
+                run(t, "/outbox".into(), false, inspect::outbox_devices).await
             }
             Inspection::Outbox(OutboxCmd::List { device: Some(d) }) => {
-                run(listen, path, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
+                run(t, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
             }
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
-                run(listen, path, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq))
-                    .await
+                run(t, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
             }
             Inspection::DeadLetter(DeadLetterCmd::List) => {
-                run(listen, path, "/deadletters".into(), false, inspect::deadletter_list).await
+                run(t, "/deadletters".into(), false, inspect::deadletter_list).await
             }
             Inspection::DeadLetter(DeadLetterCmd::Show { id }) => {
-                run(listen, path, format!("/deadletters/{id}"), false, |o| inspect::deadletter_show(o, id)).await
+                run(t, format!("/deadletters/{id}"), false, |o| inspect::deadletter_show(o, id)).await
             }
             Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
                 let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
                 let ttl = &cfg.delivery.ttl;
-                run(listen, path, format!("/deadletters/{id}/replay"), true, |o| {
+                run(t, format!("/deadletters/{id}/replay"), true, |o| {
                     Ok(inspect::replayed(&Replayed::Job(o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?)))
                 })
                 .await

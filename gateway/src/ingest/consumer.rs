@@ -440,7 +440,8 @@ impl Pipeline {
         let result = self.handoff.replay(r.id, &self.ttl);
         match &result {
             Ok(stored) => {
-                tracing::info!(id = r.id, device = %stored.device, seq = stored.job.seq, "dead letter replayed");
+                let job = &stored.job;
+                tracing::info!(id = r.id, event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "dead letter replayed");
                 self.queue_replayed(consumer, Queued::from_stored(stored.clone())).await;
             }
             Err(e) => tracing::warn!(id = r.id, error = %e, "replay refused"),
@@ -496,7 +497,8 @@ impl Pipeline {
         let (reason, detail) = match f.outcome {
             Outcome::Done | Outcome::Superseded => {
                 if f.outcome == Outcome::Superseded {
-                    tracing::info!(device = %stored.device, charge = %stored.job.charge_id, "display_qr superseded before delivery");
+                    let job = &stored.job;
+                    tracing::info!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "display_qr superseded before delivery");
                     self.stats.update(|s| s.superseded += 1);
                 }
                 // Removed with the next write (within `batch_max_delay_ms`).
@@ -521,7 +523,8 @@ impl Pipeline {
                 self.stats.dead_effect(&reason);
             }
             let dl = DeadLetter::for_job(reason, detail, &stored);
-            tracing::warn!(device = %stored.device, reason = %dl.reason, detail = %dl.detail, "job dead-lettered");
+            let job = &stored.job;
+            tracing::warn!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, reason = %dl.reason, detail = %dl.detail, "job dead-lettered");
             let (outbox, clock) = (&self.outbox, &self.clock);
             // Given up at shutdown: the job stays in the outbox and is reloaded (and
             // expired or delivered) at the next start.

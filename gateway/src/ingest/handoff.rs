@@ -171,6 +171,8 @@ impl Handoff {
                 }
             }
             for q in queued {
+                let (device, job) = (&q.stored.device, &q.stored.job);
+                tracing::debug!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "job queued");
                 self.enqueue(q).await;
             }
         }

@@ -171,7 +171,7 @@ impl Planner {
                 if defer(&reason) {
                     return Err(Deferred { reason, detail });
                 }
-                let dead = self.dead_record(src, reason, detail);
+                let dead = self.dead_record_of(src, Some(&event_id), reason, detail);
                 accept.deadletters = dead.deadletters;
             }
             Decision::Effects { charge, effects, unroutable } => {
@@ -187,7 +187,7 @@ impl Planner {
                         src.value,
                     );
                     dl.effect = Some(kind.as_str().to_string());
-                    self.dead_effect(&dl);
+                    self.dead_effect(&dl, &event_id, &charge.id);
                     accept.deadletters.push(dl);
                 }
                 let now = self.clock.now();
@@ -211,7 +211,7 @@ impl Planner {
                             dl.effect = Some(effect.kind.as_str().to_string());
                             dl.message_id =
                                 Some(device_protocol::message_id(&event_id, &effect.device.id, effect.kind));
-                            self.dead_effect(&dl);
+                            self.dead_effect(&dl, &event_id, &charge.id);
                             accept.deadletters.push(dl);
                         }
                     }
@@ -224,15 +224,36 @@ impl Planner {
     /// Dead-letters the whole record (it had no effects planned): the returned [`Accept`]
     /// parks it.
     fn dead_record(&mut self, src: &Source<'_>, reason: DeadLetterReason, detail: String) -> Accept {
-        tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, %reason, %detail, "dead letter");
+        self.dead_record_of(src, None, reason, detail)
+    }
+
+    /// [`Planner::dead_record`] of a record whose event id is known.
+    fn dead_record_of(
+        &mut self,
+        src: &Source<'_>,
+        event_id: Option<&str>,
+        reason: DeadLetterReason,
+        detail: String,
+    ) -> Accept {
+        let event_id = event_id.unwrap_or("-");
+        tracing::warn!(topic = src.topic, partition = src.partition, offset = src.offset, event_id, %reason, %detail, "dead letter");
         self.stats.dead_record(&reason);
         let dl = DeadLetter::new(reason, detail, src.topic, src.partition, src.offset, src.key, src.value);
         Accept { deadletters: vec![dl], ..Accept::default() }
     }
 
-    /// Counts and logs one dead-lettered effect of a record.
-    fn dead_effect(&self, dl: &DeadLetter) {
-        tracing::warn!(reason = %dl.reason, detail = %dl.detail, device = ?dl.device, "effect dead-lettered");
+    /// Counts and logs one dead-lettered effect of event `event_id` on charge `charge`.
+    fn dead_effect(&self, dl: &DeadLetter, event_id: &str, charge: &str) {
+        tracing::warn!(
+            event_id,
+            message_id = dl.message_id.as_deref().unwrap_or("-"),
+            device = dl.device.as_deref().unwrap_or("-"),
+            charge,
+            kind = dl.effect.as_deref().unwrap_or("-"),
+            reason = %dl.reason,
+            detail = %dl.detail,
+            "effect dead-lettered"
+        );
         self.stats.dead_effect(&dl.reason);
     }
 }

@@ -13,9 +13,13 @@
 //!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::ops::inspect`]).
 //! - `POST /clock/advance?ms=N`: only with `clock.control = true` (tests): moves the
 //!   gateway's clock forward ([`crate::clock`]).
+//!
+//! The outbox, dead-letter and clock routes are admin routes: they need the admin token,
+//! or a loopback listener when none is configured ([`crate::ops::admin`]).
 
 use crate::clock::Clock;
 use crate::ingest::replay::Replay;
+use crate::ops::admin::{self, AdminAccess};
 use crate::ops::inspect;
 use crate::ops::{metrics, report};
 use crate::store::Outbox;
@@ -45,6 +49,8 @@ pub struct AppState {
     /// The consumer, which carries out replays between its batch writes
     /// ([`Replay`]).
     pub replays: mpsc::Sender<Replay>,
+    /// Who may use the admin routes.
+    pub admin: Arc<AdminAccess>,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -56,13 +62,15 @@ fn reply(r: Result<Value, inspect::InspectError>) -> Reply {
     }
 }
 
-/// The HTTP routes.
+/// The HTTP routes: the open ones, and the admin ones behind [`admin::require_admin`].
 pub fn routes(state: AppState) -> Router {
-    Router::new()
+    let guard = admin::Guard { access: state.admin.clone(), stats: state.stats.clone() };
+    let open = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/stats", get(|State(s): State<AppState>| async move { Json(report::report(&s.stats, &s.health).0) }))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let admin_routes = Router::new()
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
         .route(
             "/outbox/{device}",
@@ -88,7 +96,8 @@ pub fn routes(state: AppState) -> Router {
         )
         .route("/deadletters/{id}/replay", post(replay))
         .route("/clock/advance", post(advance_clock))
-        .with_state(state)
+        .route_layer(axum::middleware::from_fn_with_state(guard, admin::require_admin));
+    open.merge(admin_routes).with_state(state)
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
@@ -175,6 +184,9 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    axum::serve(listener, routes(state)).with_graceful_shutdown(shutdown).await?;
+    // The peer's address goes into the log line of a refused admin request.
+    axum::serve(listener, routes(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }

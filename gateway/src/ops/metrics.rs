@@ -226,6 +226,12 @@ impl prometheus_client::collector::Collector for Exposition {
             s.superseded,
         )?;
         counter(e, "deadletters_published", "Dead letters Kafka acknowledged.", s.deadletters_published)?;
+        counter(
+            e,
+            "http_unauthorized",
+            "Requests to an admin endpoint refused with 401 (missing or wrong admin token).",
+            s.http_unauthorized,
+        )?;
         gauge(e, "deadletters_parked", "Dead letters waiting in the outbox for Kafka.", s.deadletters_parked as f64)?;
         gauge(
             e,
@@ -349,6 +355,7 @@ mod tests {
             s.events_read.insert("charge.upserted".into(), 9);
             s.effects_done.insert("print_receipt".into(), 3);
             s.job_redeliveries = 2;
+            s.http_unauthorized = 3;
             s.outbox_jobs = 4;
             s.paused_partitions = 1;
         });
@@ -374,6 +381,7 @@ mod tests {
         assert_eq!(value(&samples, "pixgate_kafka_brokers_up", &[]), Some(1.0));
         assert_eq!(value(&samples, "pixgate_effects_done_total", &[("kind", "print_receipt")]), Some(3.0));
         assert_eq!(value(&samples, "pixgate_job_redeliveries_total", &[]), Some(2.0));
+        assert_eq!(value(&samples, "pixgate_http_unauthorized_total", &[]), Some(3.0));
         assert_eq!(value(&samples, "pixgate_outbox_jobs", &[]), Some(4.0));
         assert_eq!(value(&samples, "pixgate_paused_partitions", &[]), Some(1.0));
         // device.upserted has no known offsets yet: no lag sample rather than a made-up one.

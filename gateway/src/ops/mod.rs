@@ -1,7 +1,9 @@
 //! Operating the gateway: readiness rules ([`readiness`]), the `/stats` report
 //! ([`report`]), `/metrics` ([`metrics`]), outbox and dead-letter inspection
-//! ([`inspect`]), the HTTP server ([`http`]) and the health watch ([`probe`]).
+//! ([`inspect`]), the HTTP server ([`http`]) with its admin access rule ([`admin`]), and
+//! the health watch ([`probe`]).
 
+pub mod admin;
 pub mod http;
 pub mod inspect;
 pub mod metrics;

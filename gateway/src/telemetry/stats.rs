@@ -63,6 +63,9 @@ pub struct Snapshot {
     /// Sockets, CONNECTs and packets the MQTT listener refused, by rule
     /// (`deliver::mqtt::access::Rule`).
     pub mqtt_refusals: BTreeMap<String, u64>,
+    /// Requests to an admin endpoint refused with 401 (no token, a wrong one, or no token
+    /// configured on a listener that is not loopback; [`crate::ops::admin`]).
+    pub http_unauthorized: u64,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.

@@ -135,7 +135,8 @@ impl<T: Transport> Dispatcher<T> {
                 }
                 Action::Finish(f) => self.finish(f),
                 Action::Vanished(stored) => {
-                    tracing::error!(device = %stored.device, seq = stored.job.seq, message_id = %stored.job.message_id, "queued job is no longer in the outbox; dropped");
+                    let job = &stored.job;
+                    tracing::error!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "queued job is no longer in the outbox; dropped");
                     // Reported finished, so the consumer's outbox bounds count it out.
                     let _ = self.finished.send(Finished { stored, outcome: Outcome::Done });
                 }
@@ -170,11 +171,14 @@ impl<T: Transport> Dispatcher<T> {
 
     /// Reports a job that left its queue to the consumer, counting it.
     fn finish(&self, f: Finished) {
-        let job = &f.stored.job;
+        let (job, device) = (&f.stored.job, &f.stored.device);
         match f.outcome {
-            Outcome::Done => self.stats.effect_done(job.kind.as_str()),
+            Outcome::Done => {
+                tracing::info!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "job done");
+                self.stats.effect_done(job.kind.as_str());
+            }
             Outcome::Expired => {
-                tracing::info!(device = %f.stored.device, kind = job.kind.as_str(), charge = %job.charge_id, expires_at = ?job.expires_at, "job expired before delivery");
+                tracing::info!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, expires_at = ?job.expires_at, "job expired before delivery");
                 self.stats.expired(job.kind.as_str());
             }
             Outcome::Superseded | Outcome::Failed(_) => {}

@@ -1,0 +1,162 @@
+//! Who may use the admin endpoints: the outbox and dead letters (they hold payers' names
+//! and receipts), replay, and the test clock. `/healthz`, `/readyz`, `/stats` and
+//! `/metrics` stay open.
+//!
+//! The rule:
+//! - with an admin token (`http.admin_token` or `http.admin_token_file`), a request needs
+//!   `Authorization: Bearer TOKEN`, whatever address it comes from;
+//! - without one, the admin endpoints answer only when the HTTP listener is bound to a
+//!   loopback address (whoever reaches it is on the machine, as with the outbox file); on
+//!   any other address they refuse every request, and the gateway warns at start.
+//!
+//! A refused request gets 401 with `WWW-Authenticate: Bearer`, is logged at warn with its
+//! path and peer address (never the token it sent), and is counted
+//! (`http_unauthorized`).
+
+use crate::telemetry::Stats;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ring::hmac;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Why a request was refused, as logged (`why=…`) and answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization: Bearer …` header.
+    MissingToken,
+    /// A bearer token that is not the admin token.
+    WrongToken,
+    /// No admin token is configured and the listener is not on a loopback address.
+    NoTokenConfigured,
+}
+
+impl Refusal {
+    /// The reason, in words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::MissingToken => "missing admin token (Authorization: Bearer …)",
+            Refusal::WrongToken => "wrong admin token",
+            Refusal::NoTokenConfigured => {
+                "no admin token is configured (http.admin_token) and http.listen is not a loopback address"
+            }
+        }
+    }
+}
+
+/// The admin access rule of one HTTP listener.
+pub struct AdminAccess {
+    /// The token's HMAC under a key made at start: [`hmac::verify`] then compares a
+    /// presented token in constant time, whatever its length.
+    token: Option<(hmac::Key, hmac::Tag)>,
+    loopback: bool,
+}
+
+impl AdminAccess {
+    /// The rule for a listener bound to `listen`, with the admin `token` if one is set.
+    ///
+    /// # Errors
+    /// The system's random source fails (for the key of the token's HMAC).
+    pub fn new(token: Option<&str>, listen: SocketAddr) -> anyhow::Result<AdminAccess> {
+        let token = match token {
+            Some(t) => {
+                let rng = ring::rand::SystemRandom::new();
+                let key = hmac::Key::generate(hmac::HMAC_SHA256, &rng)
+                    .map_err(|_| anyhow::anyhow!("the system's random source failed"))?;
+                let tag = hmac::sign(&key, t.as_bytes());
+                Some((key, tag))
+            }
+            None => None,
+        };
+        Ok(AdminAccess { token, loopback: listen.ip().is_loopback() })
+    }
+
+    /// Whether the admin endpoints are closed to everyone: no token and a listener that is
+    /// not loopback.
+    pub fn closed(&self) -> bool {
+        self.token.is_none() && !self.loopback
+    }
+
+    /// Judges a request by its `Authorization` header value.
+    ///
+    /// # Errors
+    /// Why it is refused.
+    pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), Refusal> {
+        let Some((key, tag)) = &self.token else {
+            return if self.loopback { Ok(()) } else { Err(Refusal::NoTokenConfigured) };
+        };
+        let Some(value) = authorization else { return Err(Refusal::MissingToken) };
+        // The scheme is case-insensitive (RFC 9110, 11.1).
+        let presented = match value.get(..7) {
+            Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => &value[7..],
+            _ => return Err(Refusal::MissingToken),
+        };
+        hmac::verify(key, presented, tag.as_ref()).map_err(|_| Refusal::WrongToken)
+    }
+}
+
+/// What [`require_admin`] needs.
+#[derive(Clone)]
+pub struct Guard {
+    /// The rule.
+    pub access: Arc<AdminAccess>,
+    /// Where refusals are counted.
+    pub stats: Arc<Stats>,
+}
+
+/// Middleware in front of the admin routes: passes the request on, or answers 401.
+pub async fn require_admin(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    let authorization = req.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    match guard.access.check(authorization) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            let peer = req
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map_or_else(|| "-".to_string(), |ConnectInfo(a)| a.to_string());
+            tracing::warn!(path = %req.uri().path(), method = %req.method(), peer = %peer, why = refusal.as_str(), "HTTP request refused");
+            guard.stats.update(|s| s.http_unauthorized += 1);
+            let body = Json(serde_json::json!({ "error": format!("unauthorized: {}", refusal.as_str()) }));
+            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().expect("address")
+    }
+
+    #[test]
+    fn a_token_is_required_once_configured_even_on_loopback() {
+        let a = AdminAccess::new(Some("s3cret"), addr("127.0.0.1:8080")).expect("access");
+        assert_eq!(a.check(None), Err(Refusal::MissingToken));
+        assert_eq!(a.check(Some(b"Basic czNjcmV0")), Err(Refusal::MissingToken));
+        assert_eq!(a.check(Some(b"Bearer s3cre")), Err(Refusal::WrongToken));
+        assert_eq!(a.check(Some(b"Bearer s3cret2")), Err(Refusal::WrongToken));
+        assert_eq!(a.check(Some(b"Bearer ")), Err(Refusal::WrongToken));
+        assert_eq!(a.check(Some(b"Bearer s3cret")), Ok(()));
+        assert_eq!(a.check(Some(b"bearer s3cret")), Ok(()));
+        assert!(!a.closed());
+    }
+
+    #[test]
+    fn without_a_token_only_a_loopback_listener_answers() {
+        let local = AdminAccess::new(None, addr("127.0.0.1:8080")).expect("access");
+        assert_eq!(local.check(None), Ok(()));
+        let local6 = AdminAccess::new(None, addr("[::1]:8080")).expect("access");
+        assert_eq!(local6.check(Some(b"Bearer anything")), Ok(()));
+        let open = AdminAccess::new(None, addr("0.0.0.0:8080")).expect("access");
+        assert!(open.closed());
+        assert_eq!(open.check(None), Err(Refusal::NoTokenConfigured));
+        assert_eq!(open.check(Some(b"Bearer anything")), Err(Refusal::NoTokenConfigured));
+        let tokened = AdminAccess::new(Some("t"), addr("0.0.0.0:8080")).expect("access");
+        assert_eq!(tokened.check(Some(b"Bearer t")), Ok(()));
+    }
+}

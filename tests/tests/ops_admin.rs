@@ -1,0 +1,170 @@
+//! Operating a running gateway: the admin endpoints behind `http.admin_token`, and JSON
+//! log lines that follow one payment from its record to the devices' acks.
+//!
+//! Real parts: tansu, the `pixgate` binary and its CLI, MQTT devices.
+
+// Helpers of a test are test steps too: a panic is a failed test (clippy.toml's
+// allow-unwrap-in-tests covers only the #[test] fns themselves).
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::gateway::count;
+use pixgate_tests::harness::{protocol_devices, Rig};
+use serde_json::Value;
+use simulators::capture;
+use std::path::Path;
+use std::time::Duration;
+
+const TOKEN: &str = "admin-token-7c1f0e2d";
+const WRONG: &str = "not-the-admin-token";
+const TERMINAL: &str = "7f80e222f828767efc2f9162";
+const PRINTER: &str = "8baa7196b50ac2f86702824c";
+
+/// The `pixgate` CLI against the rig's gateway with `env`: (success, stdout, stderr).
+fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = std::process::Command::new(bin)
+        .args(args)
+        .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {
+    let rig = Rig::builder("admin")
+        .env("PIXGATE_HTTP__ADMIN_TOKEN", TOKEN)
+        .env("PIXGATE_CLOCK__CONTROL", "true")
+        .start()
+        .await;
+    let gw = rig.gateway();
+    let bearer = |t: &str| format!("Bearer {t}");
+
+    // Open to anyone: liveness, readiness, counters.
+    for path in ["/healthz", "/readyz", "/stats", "/metrics"] {
+        let (status, body) = gw.get(path).unwrap();
+        assert_eq!(status, 200, "{path}: {body}");
+    }
+
+    // Device data, replay and the clock: 401 without the token and with a wrong one.
+    let admin = [
+        ("GET", "/outbox"),
+        ("GET", &format!("/outbox/{TERMINAL}")),
+        ("GET", "/deadletters"),
+        ("GET", "/deadletters/1"),
+        ("POST", "/deadletters/1/replay"),
+        ("POST", "/clock/advance?ms=1000"),
+    ];
+    for (method, path) in admin {
+        let (status, body) = gw.request(method, path, &[]).unwrap();
+        assert_eq!(status, 401, "{method} {path} without a token: {body}");
+        assert!(body.contains("missing admin token"), "{body}");
+        let (status, body) = gw.request(method, path, &[("Authorization", &bearer(WRONG))]).unwrap();
+        assert_eq!(status, 401, "{method} {path} with a wrong token: {body}");
+        assert!(body.contains("wrong admin token"), "{body}");
+    }
+    // With the token: served (a dead letter that does not exist is the handler's answer).
+    let auth = bearer(TOKEN);
+    let with_token = |method: &str, path: &str| gw.request(method, path, &[("Authorization", &auth)]).unwrap();
+    let (status, body) = with_token("GET", "/outbox");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = with_token("GET", "/deadletters");
+    assert_eq!(status, 200, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["deadletters"].is_array(), "{body}");
+    let (status, body) = with_token("POST", "/clock/advance?ms=1000");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = with_token("POST", "/deadletters/1/replay");
+    assert!(status != 401 && !body.contains("unauthorized"), "{status} {body}");
+
+    // The CLI sends the configured token, from the setting or from a file.
+    let (bin, port) = (rig.bin(), rig.settings().http_port);
+    let (ok, _, err) = pixgate_cli(bin, port, &["outbox", "list"], &[]);
+    assert!(!ok && err.contains("unauthorized"), "without a token the CLI is refused: {err}");
+    let (ok, out, err) = pixgate_cli(bin, port, &["deadletter", "list"], &[("PIXGATE_HTTP__ADMIN_TOKEN", TOKEN)]);
+    assert!(ok, "{err}");
+    assert!(serde_json::from_str::<Value>(&out).unwrap()["deadletters"].is_array(), "{out}");
+    let token_file = rig.dir().join("admin-token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let file_env = [("PIXGATE_HTTP__ADMIN_TOKEN_FILE", token_file.to_str().unwrap())];
+    let (ok, out, err) = pixgate_cli(bin, port, &["outbox", "list"], &file_env);
+    assert!(ok, "{err}");
+    assert!(serde_json::from_str::<Value>(&out).is_ok(), "{out}");
+
+    // Counted: two refusals per admin request above, and the CLI's.
+    let refused = 2 * admin.len() as u64 + 1;
+    assert_eq!(gw.stats().unwrap().counters.http_unauthorized, refused);
+    let (_, metrics) = gw.get("/metrics").unwrap();
+    assert!(metrics.lines().any(|l| l == format!("pixgate_http_unauthorized_total {refused}")), "{metrics}");
+
+    // Logged at warn with the path and the peer; never the token presented.
+    let log = std::fs::read_to_string(gw.log()).unwrap();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("HTTP request refused")).collect();
+    assert_eq!(refusals.len() as u64, refused, "{log}");
+    assert!(refusals.iter().all(|l| l.contains("WARN") && l.contains("peer=127.0.0.1:")), "{refusals:#?}");
+    assert!(refusals.iter().any(|l| l.contains("path=/deadletters/1/replay") && l.contains("wrong admin token")));
+    assert!(!log.contains(WRONG) && !log.contains(TOKEN), "a token in the log: {log}");
+    rig.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_follow_one_payment_with_its_ids() {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let rig = Rig::builder("jsonlog")
+        .env("PIXGATE_LOG__FORMAT", "json")
+        // "job queued" is a debug line.
+        .env("RUST_LOG", "info,rumqttd=warn,librdkafka=info,gateway::ingest::handoff=debug")
+        .start()
+        .await;
+    let devices = [TERMINAL, PRINTER].map(|id| pixgate_tests::fixture_device(&fixtures, id)).to_vec();
+    let fleet = rig.start_fleet(devices, protocol_devices()).await;
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+
+    // One payment: the QR, then "paid" on the card machine and the receipt on its printer.
+    let charge = "abcdefabcdefabcdefabcdef";
+    let template = pixgate_tests::charges::template(&fixtures);
+    let t = chrono::Utc::now().timestamp() as u64;
+    let producer = rig.producer();
+    let record =
+        |status: &str, v: i64| pixgate_tests::charges::charge_record(&template, TERMINAL, charge, status, v, 60, t);
+    capture::publish_records(&producer, &[record("ACTIVE", 0)]).await.unwrap();
+    rig.wait_stats(Duration::from_secs(60), |s| count(&s.counters.effects_done, "display_qr") == 1).await;
+    capture::publish_records(&producer, &[record("COMPLETED", 1)]).await.unwrap();
+    rig.wait_stats(Duration::from_secs(60), |s| {
+        count(&s.counters.effects_done, "payment_confirmed") == 1
+            && count(&s.counters.effects_done, "print_receipt") == 1
+    })
+    .await;
+    let effects = fleet.effects();
+    assert_eq!(effects.len(), 3, "{effects:?}");
+
+    // Every line of the gateway's log is one JSON object.
+    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.iter().all(|l| l["timestamp"].is_string() && l["level"].is_string() && l["message"].is_string()));
+
+    // Each delivered job: queued and done, both lines with the same ids, found by charge.
+    let of_charge: Vec<&Value> = lines.iter().filter(|l| l["charge"] == charge).collect();
+    for e in &effects {
+        for message in ["job queued", "job done"] {
+            let line = of_charge
+                .iter()
+                .find(|l| l["message"] == message && l["message_id"] == e.message_id.as_str())
+                .unwrap_or_else(|| panic!("no {message:?} line for {e:?} in {of_charge:#?}"));
+            assert_eq!(line["device"], e.device.as_str(), "{line}");
+            assert_eq!(line["kind"], e.kind.as_str(), "{line}");
+            assert_eq!(line["seq"], e.seq, "{line}");
+            let event = line["event_id"].as_str().unwrap_or_else(|| panic!("no event_id: {line}"));
+            assert!(event.starts_with(&format!("Charge:{charge}:")), "{line}");
+        }
+    }
+    fleet.shutdown().await;
+    rig.shutdown();
+}
