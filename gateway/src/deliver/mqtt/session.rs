@@ -79,7 +79,12 @@ fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
-/// `handshake` is the listener's handshake permit, released once the CONNECT is in.
+/// `handshake` is the listener's handshake permit, released once the device has its
+/// CONNACK: the whole admission (TLS, CONNECT, authentication and the router's answer for
+/// the device's link) counts against `mqtt.max_handshakes`. Releasing it at the CONNECT let
+/// a restart storm of 10,000 devices pile thousands of link builds up behind the router,
+/// answered after the devices' own connect timeouts: they gave up and reconnected, and few
+/// got in (2,248 of 10,000 after 37 s in the load harness).
 pub async fn serve<S>(io: S, peer: Peer, shared: Arc<Shared>, handshake: tokio::sync::OwnedSemaphorePermit)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -97,7 +102,6 @@ where
         }
         Ok(Ok(p)) => p,
     };
-    drop(handshake);
     let Packet::Connect(connect, _, will, _, login) = first else {
         return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
     };
@@ -147,6 +151,7 @@ where
         let _ = link_tx.send(disconnect()).await;
         return;
     }
+    drop(handshake);
     tracing::debug!(device = %device, addr = %peer.addr, tls = peer.tls, "device connected");
     let keep_alive = match connect.keep_alive {
         0 => None,
