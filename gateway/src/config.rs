@@ -205,8 +205,9 @@ pub struct MqttConfig {
     pub max_payload_bytes: usize,
     /// Most devices connected at once; the next gets CONNACK 3 (server unavailable).
     pub max_connections: usize,
-    /// Most TLS handshakes and CONNECTs in progress at once; a socket beyond it is closed
-    /// (the device retries), so a storm of reconnects cannot exhaust memory.
+    /// Most connections being admitted at once (TLS handshake, CONNECT, authentication, up
+    /// to the CONNACK); a socket beyond it is closed (the device retries), so a storm of
+    /// reconnects cannot exhaust memory, and those admitted are answered in time.
     pub max_handshakes: usize,
     /// Most connections from one source address. Generous by default: a shop behind NAT
     /// is one address, and card machines on a mobile network may share a carrier's NAT

@@ -149,44 +149,81 @@ impl DeviceIdentity {
     }
 }
 
-/// The rumqttc transport and credentials of device `id` under `security`.
-fn apply_security(mo: &mut MqttOptions, id: &str, security: &MqttSecurity) -> Result<()> {
-    let MqttSecurity::Tls { ca, identity } = security else { return Ok(()) };
-    let config = tls_client_config(id, ca, identity)?;
-    mo.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(Arc::new(config))));
-    if let DeviceIdentity::Secret { secrets } = identity {
+/// The TLS client side of a fleet, built once for all its devices: the CA file parsed once,
+/// and for [`DeviceIdentity::Secret`] one rustls configuration shared by every device (a
+/// configuration per device cost 10,000 CA parses and configurations for a fleet of 10,000).
+/// The shared configuration resumes no sessions, so no device resumes another's, and every
+/// handshake is a full one, as after a broker restart.
+#[derive(Clone)]
+pub struct ClientTls {
+    ca: PathBuf,
+    roots: Arc<rustls::RootCertStore>,
+    identity: DeviceIdentity,
+    shared: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl ClientTls {
+    /// The TLS material for `security`; `None` for plain TCP.
+    ///
+    /// # Errors
+    /// The CA file cannot be read or holds no usable certificate.
+    pub fn new(security: &MqttSecurity) -> Result<Option<ClientTls>> {
+        let MqttSecurity::Tls { ca, identity } = security else { return Ok(None) };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading CA file {}", ca.display()))? {
+            let cert = cert.with_context(|| format!("CA file {}", ca.display()))?;
+            roots.add(cert).with_context(|| format!("CA file {}: unusable certificate", ca.display()))?;
+        }
+        anyhow::ensure!(!roots.is_empty(), "CA file {} holds no certificate", ca.display());
+        let mut tls = ClientTls { ca: ca.clone(), roots: Arc::new(roots), identity: identity.clone(), shared: None };
+        if let DeviceIdentity::Secret { .. } = identity {
+            let mut config = tls.builder()?.with_no_client_auth();
+            config.resumption = rustls::client::Resumption::disabled();
+            tls.shared = Some(Arc::new(config));
+        }
+        Ok(Some(tls))
+    }
+
+    fn builder(&self) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>> {
+        Ok(rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_root_certificates(self.roots.clone()))
+    }
+
+    /// The configuration device `id` connects with: the shared one, or one with the
+    /// device's client certificate for [`DeviceIdentity::Certificate`].
+    fn config_for(&self, id: &str) -> Result<Arc<rustls::ClientConfig>> {
+        if let Some(shared) = &self.shared {
+            return Ok(shared.clone());
+        }
+        let DeviceIdentity::Certificate { dir } = &self.identity else {
+            anyhow::bail!("device {id}: no TLS identity (CA {})", self.ca.display())
+        };
+        let (crt, key) = (dir.join(format!("{id}.crt")), dir.join(format!("{id}.key")));
+        let chain = CertificateDer::pem_file_iter(&crt)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .with_context(|| format!("device {id}: reading certificate {}", crt.display()))?;
+        anyhow::ensure!(!chain.is_empty(), "device {id}: {} holds no certificate", crt.display());
+        let key = PrivateKeyDer::from_pem_file(&key)
+            .with_context(|| format!("device {id}: reading private key {}", key.display()))?;
+        Ok(Arc::new(
+            self.builder()?
+                .with_client_auth_cert(chain, key)
+                .with_context(|| format!("device {id}: client certificate"))?,
+        ))
+    }
+}
+
+/// The rumqttc transport and credentials of device `id` under `tls` (`None`: plain TCP).
+fn apply_security(mo: &mut MqttOptions, id: &str, tls: Option<&ClientTls>) -> Result<()> {
+    let Some(tls) = tls else { return Ok(()) };
+    mo.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(tls.config_for(id)?)));
+    if let DeviceIdentity::Secret { secrets } = &tls.identity {
         let secret = secrets.get(id).with_context(|| format!("device {id}: no secret for it in the secrets"))?;
         mo.set_credentials(id, secret.as_str());
     }
     Ok(())
-}
-
-/// A rustls client configuration (ring provider) trusting the CAs of `ca`, with the client
-/// certificate of `id` for [`DeviceIdentity::Certificate`].
-fn tls_client_config(id: &str, ca: &Path, identity: &DeviceIdentity) -> Result<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading CA file {}", ca.display()))? {
-        let cert = cert.with_context(|| format!("CA file {}", ca.display()))?;
-        roots.add(cert).with_context(|| format!("CA file {}: unusable certificate", ca.display()))?;
-    }
-    anyhow::ensure!(!roots.is_empty(), "CA file {} holds no certificate", ca.display());
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
-    Ok(match identity {
-        DeviceIdentity::Certificate { dir } => {
-            let (crt, key) = (dir.join(format!("{id}.crt")), dir.join(format!("{id}.key")));
-            let chain = CertificateDer::pem_file_iter(&crt)
-                .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-                .with_context(|| format!("device {id}: reading certificate {}", crt.display()))?;
-            anyhow::ensure!(!chain.is_empty(), "device {id}: {} holds no certificate", crt.display());
-            let key = PrivateKeyDer::from_pem_file(&key)
-                .with_context(|| format!("device {id}: reading private key {}", key.display()))?;
-            builder.with_client_auth_cert(chain, key).with_context(|| format!("device {id}: client certificate"))?
-        }
-        DeviceIdentity::Secret { .. } => builder.with_no_client_auth(),
-    })
 }
 
 /// How much a device does with a job it carries out.
@@ -383,6 +420,8 @@ pub struct DeviceHandle {
 #[derive(Debug, Default)]
 struct LinkState {
     failures: AtomicU64,
+    /// Accepted CONNECTs (successful ConnAcks), the first one included.
+    connects: AtomicU64,
     last_error: Mutex<Option<String>>,
     /// QoS 1 publishes requested, counted before each request enters the client's queue
     /// ([`LinkState::publish`]).
@@ -429,6 +468,11 @@ impl DeviceHandle {
     /// TLS handshakes, refused CONNECTs, dropped connections.
     pub fn connection_failures(&self) -> u64 {
         self.link.failures.load(Ordering::Relaxed)
+    }
+
+    /// Connections the broker accepted so far (successful ConnAcks, reconnects included).
+    pub fn connects(&self) -> u64 {
+        self.link.connects.load(Ordering::Relaxed)
     }
 
     /// The last connection error, as rumqttc put it (e.g. a TLS alert from the broker).
@@ -552,6 +596,21 @@ pub fn spawn_device_with(
     rendering: Rendering,
     stats: Arc<Stats>,
 ) -> Result<DeviceHandle> {
+    spawn_device_sharing(spec, opts, rendering, stats, ClientTls::new(&opts.security)?.as_ref())
+}
+
+/// [`spawn_device_with`] with the fleet's TLS material built once ([`ClientTls::new`] of
+/// `opts.security`; `None` for plain TCP).
+///
+/// # Errors
+/// As [`spawn_device`].
+pub fn spawn_device_sharing(
+    spec: &DeviceSpec,
+    opts: &DeviceOptions,
+    rendering: Rendering,
+    stats: Arc<Stats>,
+    tls: Option<&ClientTls>,
+) -> Result<DeviceHandle> {
     let id = spec.id().to_string();
     let effector = match spec {
         DeviceSpec::Printer { paper_width_mm, code_page, model, .. } => {
@@ -572,7 +631,7 @@ pub fn spawn_device_with(
         .set_last_will(LastWill::new(status_topic, status_payload(false, false), QoS::AtLeastOnce, true))
         .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
         .set_manual_acks(true);
-    apply_security(&mut mo, &id, &opts.security)?;
+    apply_security(&mut mo, &id, tls)?;
     let (client, mut eventloop) = AsyncClient::new(mo, 64);
     let mut net = eventloop.network_options();
     net.set_connection_timeout(5);
@@ -683,6 +742,7 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                     continue;
                 }
                 failures = 0;
+                link.connects.fetch_add(1, Ordering::Relaxed);
                 let gen = generation.fetch_add(1, Ordering::SeqCst) + 1;
                 tracing::info!(device = %id, session_present = ack.session_present, gen, "connected");
                 let (c, jt, st, l) = (client.clone(), jobs_topic.clone(), status_topic.clone(), link.clone());

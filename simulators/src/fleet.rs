@@ -1,7 +1,9 @@
 //! A fleet of simulated devices (every printer and card machine of a registry) sharing one
 //! set of counters and one effect list, started and stopped together.
 
-use crate::device::{spawn_device_with, DeviceHandle, DeviceOptions, MqttSecurity, Rendering, Stats, StatsSnapshot};
+use crate::device::{
+    spawn_device_sharing, ClientTls, DeviceHandle, DeviceOptions, MqttSecurity, Rendering, Stats, StatsSnapshot,
+};
 use crate::effect::EffectRecord;
 use crate::registry::DeviceSpec;
 use anyhow::Result;
@@ -92,9 +94,10 @@ pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Resu
         honor_expiry,
         security: cfg.security.clone(),
     };
+    let tls = ClientTls::new(&opts.security)?;
     let mut devices = Vec::with_capacity(cfg.devices.len());
     for spec in &cfg.devices {
-        match spawn_device_with(spec, &opts, rendering, stats.clone()) {
+        match spawn_device_sharing(spec, &opts, rendering, stats.clone(), tls.as_ref()) {
             Ok(d) => devices.push(d),
             Err(e) => {
                 for d in devices {
@@ -127,6 +130,31 @@ impl FleetHandle {
             }
         }
         Ok(())
+    }
+
+    /// Devices connected and subscribed right now.
+    pub fn connected(&self) -> usize {
+        self.devices.iter().filter(|d| d.is_ready()).count()
+    }
+
+    /// Connections the broker accepted, summed over the devices (reconnects included).
+    pub fn connects(&self) -> u64 {
+        self.devices.iter().map(DeviceHandle::connects).sum()
+    }
+
+    /// Connection attempts or connections that ended in an error, summed over the devices.
+    pub fn connection_failures(&self) -> u64 {
+        self.devices.iter().map(DeviceHandle::connection_failures).sum()
+    }
+
+    /// The last connection error of up to `n` devices that are not connected now.
+    pub fn last_errors(&self, n: usize) -> Vec<(String, String)> {
+        self.devices
+            .iter()
+            .filter(|d| !d.is_ready())
+            .filter_map(|d| Some((d.id().to_string(), d.last_connection_error()?)))
+            .take(n)
+            .collect()
     }
 
     /// Ids of the simulated devices.

@@ -25,7 +25,7 @@ use anyhow::{bail, Context};
 use device_protocol::EffectKind;
 use simulators::capture::generate::{Scenario, ScenarioConfig};
 use simulators::capture::{self, publish_records_at, CaptureRecord};
-use simulators::device::{Carried, Rendering, Stats};
+use simulators::device::{Carried, DeviceIdentity, MqttSecurity, Rendering, Stats};
 use simulators::expected::Model;
 use simulators::fleet::{self, FleetConfig, FleetOptions};
 use simulators::registry::devices_from_records;
@@ -58,6 +58,53 @@ pub struct LoadConfig {
     pub timeout: Duration,
     /// Extra `PIXGATE_*` settings for pixgate.
     pub env: Vec<(String, String)>,
+    /// How the fleet connects: plain TCP, or TLS with per-device credentials.
+    pub fleet_tls: FleetTls,
+    /// Longest wait for the whole fleet to connect when the drain starts.
+    pub connect_timeout: Duration,
+}
+
+/// How the simulated fleet reaches pixgate (`--tls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FleetTls {
+    /// Plain TCP, anonymous (the client id is the identity).
+    #[default]
+    Plain,
+    /// TLS, each device with its own secret as MQTT password (issued in-process).
+    Secret,
+    /// TLS, each device with its own client certificate (issued in-process).
+    Cert,
+}
+
+/// The fleet's connection to pixgate at the start of the drain ([`LoadReport::connect`]).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectReport {
+    /// Setting up the throwaway CA and the devices' credentials.
+    pub credentials_setup: Duration,
+    /// From pixgate's start (fleet started right after) to every device connected and
+    /// subscribed.
+    pub all_connected: Duration,
+    /// Every 5 s: (t s, devices connected per the fleet, pixgate's `mqtt_connected`,
+    /// connections accepted per second over the 5 s, connection failures so far, RSS KiB).
+    pub timeline: Vec<(f64, usize, u64, f64, u64, u64)>,
+    /// Connections accepted (ConnAcks) and failed attempts seen by the devices until all
+    /// were connected.
+    pub connects: u64,
+    /// See [`ConnectReport::connects`].
+    pub failures: u64,
+    /// pixgate's refusals by rule until all were connected.
+    pub refusals: std::collections::BTreeMap<String, u64>,
+    /// pixgate's RSS once every device was connected, KiB.
+    pub rss_kib: u64,
+    /// pixgate's CPU time from its start to every device connected.
+    pub pixgate_cpu: Option<Duration>,
+    /// The fewest devices pixgate held connected over the drain, and connects and
+    /// failures the devices saw over the drain and live phase (reconnects).
+    pub min_held: u64,
+    /// See [`ConnectReport::min_held`].
+    pub later_connects: u64,
+    /// See [`ConnectReport::min_held`].
+    pub later_failures: u64,
 }
 
 /// One sample of pixgate during the drain.
@@ -109,6 +156,8 @@ pub struct LoadReport {
     /// CPU used over the drain (pixgate's start to the last ack): pixgate, this process
     /// (the fleet of devices, mostly) and the whole machine; `None` without `/proc`.
     pub drain_cpu: Option<DrainCpu>,
+    /// The fleet connecting.
+    pub connect: ConnectReport,
 }
 
 /// CPU time over the drain ([`LoadReport::drain_cpu`]).
@@ -161,6 +210,23 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     // drain stalled (seen with `kafka.debug = cgrp`). Dynamic membership also joins in
     // about 2 s instead of 13. `--pixgate-env PIXGATE_KAFKA__INSTANCE_ID=…` overrides it.
     let mut env: Vec<(&str, String)> = vec![("PIXGATE_KAFKA__INSTANCE_ID", String::new())];
+    // Every simulated device comes from 127.0.0.1: room for the whole fleet.
+    let room = (cfg.devices + 64).max(256).to_string();
+    env.push(("PIXGATE_MQTT__MAX_CONNECTIONS", room.clone()));
+    env.push(("PIXGATE_MQTT__MAX_PER_ADDRESS", room));
+    let setup = Instant::now();
+    let ids: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
+    let (security, tls_env) = fleet_security(cfg.fleet_tls, &cfg.work.join("pki"), &ids)?;
+    report.connect.credentials_setup = setup.elapsed();
+    if cfg.fleet_tls != FleetTls::Plain {
+        say(format!(
+            "tls: throwaway CA and {} device {} in {:.1} s",
+            ids.len(),
+            if cfg.fleet_tls == FleetTls::Cert { "certificates" } else { "secrets" },
+            setup.elapsed().as_secs_f64()
+        ));
+    }
+    env.extend(tls_env);
     env.extend(cfg.env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let spawn = |n: usize| {
         GatewayProcess::spawn_with_env(
@@ -253,17 +319,14 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             mqtt_port: settings.mqtt_port,
             out_dir: cfg.work.join("devices"),
             devices,
-            security: simulators::device::MqttSecurity::Plain,
+            security,
         },
         FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
     )
     .await?;
-    fleet.wait_connected(Duration::from_secs(60)).await?;
-    say(format!(
-        "drain: pixgate ready and {} devices connected after {:.1} s",
-        fleet.device_ids().len(),
-        t0.elapsed().as_secs_f64()
-    ));
+    connect_phase(&gw, &fleet, cfg, t0, &mut report.connect).await?;
+    let (connects_at_drain, failures_at_drain) = (fleet.connects(), fleet.connection_failures());
+    report.connect.min_held = u64::MAX;
     let deadline = Instant::now() + cfg.timeout;
     let mut next_sample = Instant::now();
     let mut last_print = Instant::now();
@@ -275,6 +338,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let accepted = read.saturating_sub(c.pending_records);
         let delivered = total(&c.effects_done);
         let idle = c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0;
+        report.connect.min_held = report.connect.min_held.min(c.mqtt_connected);
         if report.first_accept.is_zero() && accepted > 0 {
             report.first_accept = t0.elapsed();
         }
@@ -319,10 +383,11 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             last_print = Instant::now();
             let rss = report.samples.last().map_or(0, |x| x.rss_kib);
             say(format!(
-                "drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB",
+                "drain: t={:.0} s accepted {accepted}/{produced} delivered {delivered} outbox {} rss {} MiB; devices connected {}",
                 t0.elapsed().as_secs_f64(),
                 c.outbox_jobs,
-                rss / 1024
+                rss / 1024,
+                c.mqtt_connected
             ));
         }
         if Instant::now() > deadline {
@@ -408,6 +473,8 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     if let Ok((_, hwm)) = gw.memory_kib() {
         report.peak_rss_kib = report.peak_rss_kib.max(hwm);
     }
+    report.connect.later_connects = fleet.connects() - connects_at_drain;
+    report.connect.later_failures = fleet.connection_failures() - failures_at_drain;
     let fleet_report = fleet.shutdown().await;
     report.raw_jobs = (fleet_report.stats.raw_jobs, fleet_report.stats.effects);
     let mut gw = gw;
@@ -420,6 +487,102 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let _ = std::fs::remove_dir_all(&cfg.work);
     }
     Ok(report)
+}
+
+/// The fleet's security and pixgate's matching settings: for TLS, a throwaway CA in `dir`
+/// (server certificate for 127.0.0.1) and a secret or certificate for each of `ids`.
+fn fleet_security(
+    tls: FleetTls,
+    dir: &std::path::Path,
+    ids: &[String],
+) -> anyhow::Result<(MqttSecurity, Vec<(&'static str, String)>)> {
+    if tls == FleetTls::Plain {
+        return Ok((MqttSecurity::Plain, Vec::new()));
+    }
+    gateway::cli::credentials::create_ca(dir, &["localhost".into(), "127.0.0.1".into()], true)?;
+    let p = |f: &str| dir.join(f).display().to_string();
+    let secrets_file = dir.join("credentials.json");
+    let identity = if tls == FleetTls::Secret {
+        let mut creds = gateway::store::credentials::Credentials::load(&secrets_file, true)?;
+        let issued = creds.issue_many(ids.iter().map(String::as_str))?;
+        DeviceIdentity::Secret { secrets: Arc::new(issued.into_iter().collect()) }
+    } else {
+        for id in ids {
+            gateway::cli::credentials::issue_certificate(dir, id, 30)?;
+        }
+        DeviceIdentity::Certificate { dir: dir.join("devices") }
+    };
+    let env = vec![
+        ("PIXGATE_MQTT__PLAIN", "false".into()),
+        ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
+        // As in plain runs, the registry's disabled devices connect too (and get no jobs):
+        // the whole fleet authenticates, which is what is measured.
+        ("PIXGATE_MQTT__REQUIRE_REGISTERED", "false".into()),
+        ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
+        ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
+        ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
+        ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
+        ("PIXGATE_MQTT__CREDENTIALS", secrets_file.display().to_string()),
+    ];
+    Ok((MqttSecurity::Tls { ca: dir.join("ca.crt"), identity }, env))
+}
+
+/// Waits for the whole fleet to connect, printing every 5 s: devices connected, pixgate's
+/// count, connections accepted per second, failures, pixgate's RSS.
+async fn connect_phase(
+    gw: &GatewayProcess,
+    fleet: &fleet::FleetHandle,
+    cfg: &LoadConfig,
+    t0: Instant,
+    out: &mut ConnectReport,
+) -> anyhow::Result<()> {
+    let n = fleet.device_ids().len();
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let mut last = (Instant::now(), 0u64);
+    let mut next_print = Instant::now() + Duration::from_secs(5);
+    loop {
+        let connected = fleet.connected();
+        let done = connected == n;
+        if done || Instant::now() >= next_print || Instant::now() > deadline {
+            next_print += Duration::from_secs(5);
+            let connects = fleet.connects();
+            let rate = (connects - last.1) as f64 / last.0.elapsed().as_secs_f64().max(1e-3);
+            last = (Instant::now(), connects);
+            let s = gw.stats()?;
+            let rss = gw.memory_kib().map_or(0, |m| m.0);
+            let failures = fleet.connection_failures();
+            let t = t0.elapsed().as_secs_f64();
+            out.timeline.push((t, connected, s.counters.mqtt_connected, rate, failures, rss));
+            say(format!(
+                "connect: t={t:.0} s devices connected {connected}/{n} (pixgate: {}), {rate:.0} connections/s, {failures} failed attempts, pixgate rss {} MiB",
+                s.counters.mqtt_connected,
+                rss / 1024
+            ));
+            if done || Instant::now() > deadline {
+                out.all_connected = t0.elapsed();
+                out.connects = connects;
+                out.failures = failures;
+                out.refusals = s.counters.mqtt_refusals.clone();
+                out.rss_kib = rss;
+                out.pixgate_cpu = crate::cpu::process(gw.pid());
+                say(format!(
+                    "connect: {connected} of {n} devices connected after {:.1} s; {connects} connections accepted, {failures} failed attempts; pixgate refusals {:?}",
+                    out.all_connected.as_secs_f64(),
+                    out.refusals
+                ));
+                if !done {
+                    bail!(
+                        "{} of {n} devices not connected after {:?}; last errors: {:?}",
+                        n - connected,
+                        cfg.connect_timeout,
+                        fleet.last_errors(5)
+                    );
+                }
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -482,6 +645,25 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
         r.pixgate_redeliveries
     ));
     t.push_str(&format!("| pixgate peak RSS (VmHWM) | {:.1} MiB |\n", r.peak_rss_kib as f64 / 1024.0));
+    let c = &r.connect;
+    let rates = c.timeline.iter().map(|x| x.3).fold(0.0, f64::max);
+    t.push_str(&format!(
+        "| fleet connect ({:?}) | {} devices connected {:.1} s after pixgate started ({:.0} connections/s on average, peak 5 s {:.0}/s); {} connections accepted, {} failed attempts; pixgate refusals {:?}; pixgate RSS then {:.0} MiB, CPU {} |\n",
+        cfg.fleet_tls,
+        cfg.devices,
+        secs(c.all_connected),
+        c.connects as f64 / secs(c.all_connected),
+        rates,
+        c.connects,
+        c.failures,
+        c.refusals,
+        c.rss_kib as f64 / 1024.0,
+        c.pixgate_cpu.map_or("-".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+    ));
+    t.push_str(&format!(
+        "| connections held over the drain | at least {} of {} at pixgate; {} reconnects and {} failed attempts at the devices after all had connected |\n",
+        c.min_held, cfg.devices, c.later_connects, c.later_failures
+    ));
     let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
     if let Some(b) = r.bare_broker_cpu {
         t.push_str(&format!("| broker CPU per record while the bare consumer read | {:.0} µs |\n", per_record(b)));
@@ -504,6 +686,24 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
         let mib = last.job_bytes as f64 / (1024.0 * 1024.0);
         t.push_str(&format!("| RSS growth over the drain vs job bytes sent over MQTT | +{grew:.0} MiB RSS for {mib:.0} MiB of job payloads ({:.2} MiB RSS per MiB sent) |\n", grew / mib.max(1e-9)));
     }
+    // One line for scripts/fleet-bench.sh. CPU per message: pixgate's CPU after the whole
+    // fleet had connected, per effect acked in the drain.
+    let cpu_msg = r.drain_cpu.zip(c.pixgate_cpu).map_or(f64::NAN, |(d, at_connect)| {
+        d.pixgate.saturating_sub(at_connect).as_secs_f64() * 1e6 / r.drained_effects.max(1) as f64
+    });
+    t.push_str(&format!(
+        "\nFLEET broker=pixgate tls={:?} devices={} held={} connect_s={:.1} handshakes_per_s={:.0} peak_handshakes_per_s={:.0} failed_attempts={} rss_connected_mib={:.0} rss_peak_mib={:.0} messages={} messages_per_s={delivery_rate:.0} cpu_us_per_msg={cpu_msg:.0}\n",
+        cfg.fleet_tls,
+        cfg.devices,
+        c.min_held,
+        secs(c.all_connected),
+        c.connects as f64 / secs(c.all_connected),
+        rates,
+        c.failures,
+        c.rss_kib as f64 / 1024.0,
+        r.peak_rss_kib as f64 / 1024.0,
+        r.drained_effects,
+    ));
     t.push_str("\nRSS over the drain (t s: RSS MiB, records accepted, effects acked, outbox jobs, job MiB sent):\n");
     let step = (r.samples.len() / 20).max(1);
     for s in r.samples.iter().step_by(step).chain(r.samples.last()) {

@@ -39,6 +39,13 @@ struct Args {
     /// Extra pixgate setting, e.g. `--pixgate-env PIXGATE_OUTBOX__MAX_JOBS=50000` (repeatable).
     #[arg(long, value_parser = load::parse_env)]
     pixgate_env: Vec<(String, String)>,
+    /// How the fleet connects: plain TCP (anonymous), or TLS with a throwaway CA and a
+    /// secret or a client certificate per device.
+    #[arg(long, value_enum, default_value_t = load::FleetTls::Plain)]
+    tls: load::FleetTls,
+    /// Longest wait for the whole fleet to connect, seconds.
+    #[arg(long, default_value_t = 600)]
+    connect_timeout_s: u64,
 }
 
 #[tokio::main]
@@ -59,6 +66,8 @@ async fn main() -> anyhow::Result<()> {
         keep: a.keep,
         timeout: Duration::from_secs(a.timeout_s),
         env: a.pixgate_env,
+        fleet_tls: a.tls,
+        connect_timeout: Duration::from_secs(a.connect_timeout_s),
     };
     println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
     // Ctrl-C or SIGTERM: dropping the run stops the broker and pixgate it started (a

@@ -3,8 +3,9 @@
 //!
 //! Nothing a socket does can hold up another: the accept loop only counts and spawns; the
 //! TLS handshake and the CONNECT run in the connection's own task under
-//! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` of them at once (a socket
-//! beyond that is closed at once, and its device retries), so a reconnect storm after a
+//! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` connections are being admitted
+//! at once, up to their CONNACK (a socket beyond that is closed at once, and its device
+//! retries), so a reconnect storm after a
 //! restart is served at the rate the machine can, without queueing unbounded work.
 
 use super::access::Rule;

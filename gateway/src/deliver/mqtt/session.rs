@@ -89,7 +89,10 @@ fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
-/// `handshake` is the listener's handshake permit, released once the CONNECT is in; the
+/// `handshake` is the listener's handshake permit, released once the device has its
+/// CONNACK: the whole admission (TLS, CONNECT, authentication and the router's answer for
+/// the device's link) counts against `mqtt.max_handshakes`, so that a restart storm cannot
+/// pile link builds up behind the router past the devices' own connect timeouts. The
 /// CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms` after the socket was
 /// accepted, the TLS handshake included).
 pub async fn serve<S>(
@@ -116,7 +119,6 @@ pub async fn serve<S>(
         }
         Ok(Ok(p)) => p,
     };
-    drop(handshake);
     let Packet::Connect(connect, _, will, _, login) = first else {
         return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
     };
@@ -167,6 +169,7 @@ pub async fn serve<S>(
         let _ = link_tx.send(disconnect()).await;
         return;
     }
+    drop(handshake);
     tracing::debug!(device = %device, addr = %peer.addr, tls = peer.tls, "device connected");
     let keep_alive = match connect.keep_alive {
         0 => None,
