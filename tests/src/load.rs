@@ -499,8 +499,7 @@ fn fleet_security(
     if tls == FleetTls::Plain {
         return Ok((MqttSecurity::Plain, Vec::new()));
     }
-    gateway::cli::credentials::create_ca(dir, &["localhost".into(), "127.0.0.1".into()], true)?;
-    let p = |f: &str| dir.join(f).display().to_string();
+    let fleet = crate::pki::Fleet::create_without_other(dir, &[])?;
     let secrets_file = dir.join("credentials.json");
     let identity = if tls == FleetTls::Secret {
         let mut creds = gateway::store::credentials::Credentials::load(&secrets_file, true)?;
@@ -510,21 +509,16 @@ fn fleet_security(
         for id in ids {
             gateway::cli::credentials::issue_certificate(dir, id, 30)?;
         }
-        DeviceIdentity::Certificate { dir: dir.join("devices") }
+        DeviceIdentity::Certificate { dir: fleet.devices_dir() }
     };
-    let env = vec![
-        ("PIXGATE_MQTT__PLAIN", "false".into()),
-        ("PIXGATE_MQTT__ANONYMOUS", "false".into()),
+    let mut env = fleet.gateway_env();
+    env.extend([
         // As in plain runs, the registry's disabled devices connect too (and get no jobs):
-        // the whole fleet authenticates, which is what is measured.
+        // the whole fleet authenticates, which is what is measured. Later settings win.
         ("PIXGATE_MQTT__REQUIRE_REGISTERED", "false".into()),
-        ("PIXGATE_MQTT__TLS__CERT", p("server.crt")),
-        ("PIXGATE_MQTT__TLS__KEY", p("server.key")),
-        ("PIXGATE_MQTT__TLS__CLIENT_CA", p("ca.crt")),
-        ("PIXGATE_MQTT__TLS__CRLS", format!("[\"{}\"]", p("crl.pem"))),
         ("PIXGATE_MQTT__CREDENTIALS", secrets_file.display().to_string()),
-    ];
-    Ok((MqttSecurity::Tls { ca: dir.join("ca.crt"), identity }, env))
+    ]);
+    Ok((MqttSecurity::Tls { ca: fleet.ca_cert(), identity }, env))
 }
 
 /// Waits for the whole fleet to connect, printing every 5 s: devices connected, pixgate's

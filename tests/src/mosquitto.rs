@@ -345,6 +345,21 @@ impl Broker {
     /// No broker binary, it exited (its log is in the error), or `port` did not open
     /// within `timeout`.
     pub async fn start(dir: &Path, config: &str, port: u16, timeout: Duration) -> anyhow::Result<Broker> {
+        Broker::start_logging(dir, config, port, timeout, true).await
+    }
+
+    /// [`Broker::start`], logging everything (`-v`) only when `verbose`: a benchmark keeps
+    /// to the `log_type` lines of its `config`.
+    ///
+    /// # Errors
+    /// As [`Broker::start`].
+    pub async fn start_logging(
+        dir: &Path,
+        config: &str,
+        port: u16,
+        timeout: Duration,
+        verbose: bool,
+    ) -> anyhow::Result<Broker> {
         let bin = broker_binary()?;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let conf = dir.join("mosquitto.conf");
@@ -355,10 +370,12 @@ impl Broker {
         std::fs::write(&conf, config).with_context(|| format!("writing {}", conf.display()))?;
         let log = dir.join("mosquitto.log");
         let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-v")
+        let mut cmd = Command::new(bin);
+        cmd.arg("-c").arg(&conf);
+        if verbose {
+            cmd.arg("-v");
+        }
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -389,6 +406,11 @@ impl Broker {
     /// Its log so far (`-v`: connections, refusals, subscriptions).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its process id (for its memory and CPU).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     /// Stops it (SIGKILL).

@@ -189,31 +189,11 @@ async fn run(a: &Args, work: &Path) -> anyhow::Result<()> {
         p("server.crt"),
         p("server.key"),
     );
-    let conf_path = work.join("mosquitto.conf");
-    std::fs::write(&conf_path, conf)?;
-    let log = std::fs::File::create(work.join("mosquitto.log"))?;
-    let mut broker = tokio::process::Command::new(pixgate_tests::mosquitto::broker_binary()?)
-        .arg("-c")
-        .arg(&conf_path)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting mosquitto")?;
-    let pid = broker.id().context("mosquitto pid")?;
-    let started = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        if started.elapsed() > Duration::from_secs(10) {
-            bail!(
-                "mosquitto did not listen: {}",
-                std::fs::read_to_string(work.join("mosquitto.log")).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let broker =
+        pixgate_tests::mosquitto::Broker::start_logging(work, &conf, port, Duration::from_secs(10), false).await?;
+    let pid = broker.pid().context("mosquitto pid")?;
     let result = drive(a, work, port, pid, devices, secrets, &gateway_secret).await;
-    let _ = broker.kill().await;
+    broker.stop().await;
     result
 }
 

@@ -145,14 +145,23 @@ impl Authenticator {
         } else {
             credential = Credential::Anonymous;
         }
-        if self.require_registered {
-            match directory.standing(device) {
-                Standing::Enabled => {}
-                Standing::Disabled => return Err((Rule::DisabledDevice, NotAuthorized)),
-                Standing::Unknown => return Err((Rule::UnknownDevice, NotAuthorized)),
-            }
+        if let Some(rule) = self.registry_refusal(device, directory) {
+            return Err((rule, NotAuthorized));
         }
         Ok((device.to_string(), credential))
+    }
+
+    /// Why the registry keeps `device` out (with `mqtt.require_registered`): unknown or
+    /// disabled. Asked at CONNECT and again whenever the registry changes.
+    pub fn registry_refusal(&self, device: &str, directory: &Directory) -> Option<Rule> {
+        if !self.require_registered {
+            return None;
+        }
+        match directory.standing(device) {
+            Standing::Enabled => None,
+            Standing::Disabled => Some(Rule::DisabledDevice),
+            Standing::Unknown => Some(Rule::UnknownDevice),
+        }
     }
 
     /// Whether `credential` still proves `device`: its certificate is not on `tls`'s

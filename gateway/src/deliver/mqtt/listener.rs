@@ -13,7 +13,7 @@ use super::auth::{Authenticator, Peer};
 use super::session;
 use super::tls::{certificate_identity, Tls};
 use crate::config::MqttConfig;
-use crate::model::{Directory, Standing};
+use crate::model::Directory;
 use crate::telemetry::Stats;
 use rumqttd::local::{LinkError, LinkRx, LinkTx};
 use rumqttd::Notification;
@@ -108,18 +108,6 @@ impl Shared {
     pub fn refuse(&self, rule: Rule, peer: &Peer, device: Option<&str>, why: &str) {
         tracing::warn!(rule = rule.as_str(), device = device.unwrap_or("-"), addr = %peer.addr, why, "device refused");
         self.stats.mqtt_refused(rule.as_str());
-    }
-
-    /// Whether an authenticated `device` may stay connected after a registry change.
-    pub fn still_allowed(&self, device: &str) -> Result<(), (Rule, ())> {
-        if !self.auth.require_registered {
-            return Ok(());
-        }
-        match self.directory.standing(device) {
-            Standing::Enabled => Ok(()),
-            Standing::Disabled => Err((Rule::DisabledDevice, ())),
-            Standing::Unknown => Err((Rule::UnknownDevice, ())),
-        }
     }
 
     /// A connected-device slot, if fewer than `mqtt.max_connections` are taken; freed on

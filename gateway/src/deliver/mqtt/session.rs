@@ -234,7 +234,7 @@ impl Link<'_> {
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        if let Err((rule, _)) = self.shared.still_allowed(&self.device) {
+        if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
             self.shared.refuse(rule, self.peer, Some(&self.device), "registry change while connecting");
             return End::Refused;
         }
@@ -314,7 +314,7 @@ impl Link<'_> {
                     if c.is_err() {
                         return End::Router;
                     }
-                    if let Err((rule, _)) = self.shared.still_allowed(&self.device) {
+                    if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
                         self.shared.refuse(rule, self.peer, Some(&self.device), "registry change: disconnected");
                         return End::Refused;
                     }
