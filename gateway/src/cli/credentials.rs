@@ -15,7 +15,7 @@
 //! list and the secrets when they change: no restart.
 
 use crate::deliver::mqtt::access;
-use crate::store::credentials::Credentials;
+use crate::store::credentials::{write_atomic, Credentials};
 use anyhow::{bail, Context};
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -118,23 +118,10 @@ fn random_serial() -> anyhow::Result<SerialNumber> {
     Ok(SerialNumber::from(b.to_vec()))
 }
 
-/// Writes `text` to `path` through a temporary file renamed over it (the gateway may read
-/// the file at any moment); a `private` file (a key) is readable by its owner only.
+/// Writes `text` to `path` aside and renamed ([`write_atomic`]); a `private` file (a key)
+/// is readable by its owner only.
 fn write(path: &Path, text: &str, private: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, if private { 0o600 } else { 0o644 });
-    #[cfg(not(unix))]
-    let _ = private;
-    let mut f = opts.open(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    Ok(write_atomic(path, text.as_bytes(), private)?)
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {

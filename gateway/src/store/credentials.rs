@@ -92,7 +92,7 @@ impl Credentials {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create_key => {
                 let mut k = vec![0u8; 32];
                 SystemRandom::new().fill(&mut k).map_err(|_| CredentialsError::Random)?;
-                write_private(&kp, &k)?;
+                write_atomic(&kp, &k, true)?;
                 k
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -188,13 +188,17 @@ impl Credentials {
             .collect();
         let json = serde_json::to_vec_pretty(&File { devices })
             .map_err(|source| CredentialsError::Json { path: self.path.clone(), source })?;
-        write_private(&self.path, &json)
+        write_atomic(&self.path, &json, true)
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file renamed over it (a reader never sees
-/// half a file), readable by the owner only.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CredentialsError> {
+/// Writes `bytes` to `path` through a temporary file renamed over it (a reader, the
+/// gateway among them, never sees half a file), creating the folder if needed. A `private`
+/// file (a key, the secrets) is readable by its owner only, whatever stood there before.
+///
+/// # Errors
+/// [`CredentialsError::Io`] naming the file that could not be written.
+pub fn write_atomic(path: &Path, bytes: &[u8], private: bool) -> Result<(), CredentialsError> {
     use std::io::Write;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -202,10 +206,13 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CredentialsError> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, if private { 0o600 } else { 0o644 });
+    #[cfg(not(unix))]
+    let _ = private;
     let mut f = opts.open(&tmp).map_err(io(&tmp))?;
     f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io(&tmp))?;
     std::fs::rename(&tmp, path).map_err(io(path))

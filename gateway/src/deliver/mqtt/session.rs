@@ -341,7 +341,7 @@ impl Link<'_> {
             Packet::Subscribe(s, props) => {
                 let refused: Vec<bool> =
                     s.filters.iter().map(|f| !access::may_subscribe(&self.device, &f.path)).collect();
-                for f in s.filters.iter().filter(|f| !access::may_subscribe(&self.device, &f.path)) {
+                for (f, _) in s.filters.iter().zip(&refused).filter(|(_, r)| **r) {
                     let why = format!("subscribe to {}", f.path);
                     self.shared.refuse(Rule::Subscribe, self.peer, Some(&self.device), &why);
                 }
