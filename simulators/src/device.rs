@@ -10,8 +10,8 @@
 //!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic at QoS 1 (the
 //!   only topic a device may subscribe to). It subscribes after every ConnAck, also when the
 //!   broker resumed the session: a connection dropped right after its ConnAck leaves a
-//!   resumed session without the subscription its SUBSCRIBE never delivered (rumqttd keeps
-//!   the cursor of a filter the session already has, so nothing is sent twice). It is ready
+//!   resumed session without the subscription its SUBSCRIBE never delivered (a session has
+//!   one subscription per filter, so subscribing again sends nothing twice). It is ready
 //!   at the SUBACK. On a connection error it waits with exponential backoff and jitter
 //!   (200 ms doubling to 5 s) and reconnects, forever, until shutdown. It never publishes
 //!   itself (it spawns for that), so it cannot deadlock on rumqttc's request channel.
@@ -23,7 +23,7 @@
 //!   seq; violations are counted and logged. The MQTT PUBACK is sent only after the ack was
 //!   published (manual acks), and only while the connection the job arrived on is still up,
 //!   so a job that was received but not carried out is redelivered by the broker, and a
-//!   PUBACK is never sent on a later connection (rumqttd drops a connection that acks a
+//!   PUBACK is never sent on a later connection (a broker may drop a connection that acks a
 //!   packet id it did not send, e.g. after the gateway restarted).
 //! - A printer whose state cannot print (`paper_out`, `cover_open`) refuses every job with
 //!   `failed`, `permanent: false`, reason `paper_out`/`cover_open`, as a real printer's
