@@ -429,6 +429,10 @@ struct LinkState {
     /// PUBACKs received.
     pubacks: AtomicU64,
     puback_seen: tokio::sync::Notify,
+    /// Asks the poll task to cut the connection ([`DeviceHandle::drop_connection`]).
+    cut: tokio::sync::Notify,
+    /// Connections cut on request.
+    cuts: AtomicU64,
 }
 
 impl LinkState {
@@ -473,6 +477,18 @@ impl DeviceHandle {
     /// Connections the broker accepted so far (successful ConnAcks, reconnects included).
     pub fn connects(&self) -> u64 {
         self.link.connects.load(Ordering::Relaxed)
+    }
+
+    /// Cuts the connection as a network failure would (no DISCONNECT: the broker sees the
+    /// socket close and publishes the will); the device reconnects after a random 0.5–3 s,
+    /// resuming its session. For churn in load runs ([`crate::fleet::FleetHandle::churn`]).
+    pub fn drop_connection(&self) {
+        self.link.cut.notify_one();
+    }
+
+    /// Connections cut by [`DeviceHandle::drop_connection`] so far.
+    pub fn dropped_connections(&self) -> u64 {
+        self.link.cuts.load(Ordering::Relaxed)
     }
 
     /// The last connection error, as rumqttc put it (e.g. a TLS alert from the broker).
@@ -734,6 +750,19 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
         let ev = tokio::select! {
             _ = stopped(&mut stop) => break,
             ev = eventloop.poll() => ev,
+            () = link.cut.notified() => {
+                // Dropping the socket without DISCONNECT; the next poll connects again.
+                eventloop.network = None;
+                let _ = ready.send(false);
+                link.cuts.fetch_add(1, Ordering::Relaxed);
+                let wait = 500 + jitter(&mut seed, 2_500);
+                tracing::info!(device = %id, "connection cut; reconnecting in {wait} ms");
+                tokio::select! {
+                    _ = stopped(&mut stop) => break,
+                    _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                }
+                continue;
+            }
         };
         match ev {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {

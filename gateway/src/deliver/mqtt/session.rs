@@ -129,14 +129,11 @@ pub async fn serve<S>(
     let authenticated = shared.auth.authenticate(&connect.client_id, connect.login.as_ref(), &peer, &shared.directory);
     let refusal = match &authenticated {
         Err(r) => Some(refuse(*r, None, "CONNECT refused")),
-        Ok((device, _)) => match connect.last_will.as_ref().filter(|w| !access::may_will(device, w.topic.as_bytes())) {
-            Some(w) => Some(refuse(
-                (Rule::Will, ConnectReturnCode::NotAuthorized),
-                Some(device),
-                &format!("will on {}", w.topic),
-            )),
-            None => None,
-        },
+        Ok((device, _)) => {
+            connect.last_will.as_ref().filter(|w| !access::may_will(device, w.topic.as_bytes())).map(|w| {
+                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {}", w.topic))
+            })
+        }
     };
     if let Some(answer) = refusal {
         let _ = write(&mut wr, &[answer]).await;
@@ -351,7 +348,7 @@ impl Conn<'_> {
                 return Ok(None);
             }
             Packet::Unsubscribe(u) => {
-                if u.topics.iter().any(|t| *t == self.topic) {
+                if u.topics.contains(&self.topic) {
                     self.granted = None;
                     self.hub.unsubscribe(&self.client_id, self.session);
                 }
