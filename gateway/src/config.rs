@@ -176,7 +176,7 @@ impl Default for KafkaConfig {
     }
 }
 
-/// The device listener and the embedded broker behind it (rumqttd's router).
+/// The device listener (MQTT 3.1.1, pixgate's own: `deliver::mqtt`).
 ///
 /// Devices connect over TLS (`tls`), and prove who they are with a client certificate
 /// signed by `tls.client_ca` (device id = the certificate's subject CN) or with the secret
@@ -215,24 +215,6 @@ pub struct MqttConfig {
     pub max_per_address: usize,
     /// Time a socket has to finish the TLS handshake and send CONNECT, ms.
     pub connect_timeout_ms: u64,
-    /// rumqttd keeps what is published on each topic in an in-memory commit log: the
-    /// active segment plus `segment_count` full ones, a segment closing once it holds
-    /// `segment_bytes` or more (at least 1024, rumqttd's minimum). The last message
-    /// published always stays in the active segment, so a device sent one job at a time
-    /// never misses it; the broker's memory per device topic stays under
-    /// `(segment_count + 1) × (segment_bytes + max_payload_bytes)` whatever the traffic.
-    /// pixgate keeps nothing in the broker it needs: the outbox is the record, and a job
-    /// rotated out before its device read it is sent again by the dispatcher.
-    pub segment_bytes: usize,
-    /// Full segments kept per topic besides the active one (see `segment_bytes`).
-    pub segment_count: usize,
-    /// The same for the gateway's own two subscriptions, to every device's acks and to
-    /// every device's status: rumqttd keeps one commit log per subscription filter, so
-    /// these two carry the whole fleet's traffic. Two full segments of this size are kept
-    /// besides the active one; should the gateway fall further behind than that (it reads
-    /// them continuously), the acks it missed are made good by resends after
-    /// `delivery.ack_timeout_ms`.
-    pub gateway_segment_bytes: usize,
 }
 
 impl Default for MqttConfig {
@@ -249,9 +231,6 @@ impl Default for MqttConfig {
             max_handshakes: 256,
             max_per_address: 1_000,
             connect_timeout_ms: 10_000,
-            segment_bytes: 64 << 10,
-            segment_count: 1,
-            gateway_segment_bytes: 4 << 20,
         }
     }
 }
