@@ -24,12 +24,13 @@ pub struct RawSim {
 
 impl RawSim {
     /// Starts `printer-sim listen TRANSPORT…` (e.g. `["--tcp", "127.0.0.1:0"]`, `["--pty"]`)
-    /// writing into `out` (created), an Epson TM-T20X with `paper_mm` paper (58 or 80), in
-    /// `state` (the state file's words, e.g. `ready`, `paper-out`, `slow`).
+    /// writing into `out` (created), a printer of `model` (e.g. `Epson TM-T20X`: its
+    /// `ESC t` numbering) with `paper_mm` paper (58 or 80), in `state` (the state file's
+    /// words, e.g. `ready`, `paper-out`, `slow`).
     ///
     /// # Panics
     /// The binary is not built (`cargo build --workspace --bins`) or cannot start.
-    pub fn start(out: &Path, transport: &[&str], paper_mm: u8, state: &str) -> RawSim {
+    pub fn start(out: &Path, transport: &[&str], model: &str, paper_mm: u8, state: &str) -> RawSim {
         std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
         std::fs::write(out.join("state"), state).expect("state file");
         let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
@@ -40,7 +41,7 @@ impl RawSim {
             .arg(out)
             .arg("--state-file")
             .arg(out.join("state"))
-            .args(["--model", "Epson TM-T20X", "--paper", &paper_mm.to_string(), "--idle-ms", "0"])
+            .args(["--model", model, "--paper", &paper_mm.to_string(), "--idle-ms", "0"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -102,29 +103,30 @@ impl Drop for RawSim {
     }
 }
 
-/// Writes `devices.jsonl` of `fixtures` to `to` with printer `device` driven directly:
-/// `printer.transport` = `transport`, `printer.endpoint` = `endpoint` (the pixgate
-/// extension), and `extra` merged into its `printer` sub-document.
+/// Writes `devices.jsonl` of `fixtures` to `to` with each printer of `direct`, given as
+/// `(device, transport, endpoint)`, driven directly: `printer.transport` and the pixgate
+/// extension `printer.endpoint` set in its document.
 ///
 /// # Panics
-/// The fixture is unreadable, has no such printer, or `to` cannot be written.
-pub fn registry_with_direct_printer(fixtures: &Path, to: &Path, device: &str, transport: &str, endpoint: &str) {
+/// The fixture is unreadable, a device is not one of its printers, or `to` cannot be
+/// written.
+pub fn registry_with_direct_printers(fixtures: &Path, to: &Path, direct: &[(&str, &str, &str)]) {
     let text = std::fs::read_to_string(fixtures.join("devices.jsonl")).expect("devices.jsonl");
-    let mut found = false;
+    let mut found = 0;
     let lines: Vec<String> = text
         .lines()
         .map(|l| {
             let mut rec: Value = serde_json::from_str(l).expect("JSON line");
-            if rec["key"] == device {
+            if let Some((_, transport, endpoint)) = direct.iter().find(|(d, _, _)| rec["key"] == *d) {
                 let p = &mut rec["value"]["fullDocument"]["printer"];
-                assert!(p.is_object(), "{device} is not a printer");
-                p["transport"] = transport.into();
-                p["endpoint"] = endpoint.into();
-                found = true;
+                assert!(p.is_object(), "{} is not a printer", rec["key"]);
+                p["transport"] = (*transport).into();
+                p["endpoint"] = (*endpoint).into();
+                found += 1;
             }
             rec.to_string()
         })
         .collect();
-    assert!(found, "no device {device} in the fixtures");
+    assert_eq!(found, direct.len(), "every direct printer is a fixture device record");
     std::fs::write(to, lines.join("\n") + "\n").expect("registry file");
 }
