@@ -152,6 +152,11 @@ impl RawPrinter {
         !self.scanner.is_empty()
     }
 
+    /// Whether a job has begun arriving: more than status requests since the last job.
+    pub fn job_started(&self) -> bool {
+        self.scanner.has_content()
+    }
+
     /// Prints held jobs if the printer can print now.
     ///
     /// # Errors
@@ -258,9 +263,9 @@ pub fn serve<T: Read + Write>(
             Ok(0) => break,
             Ok(n) => {
                 last_byte = Instant::now();
-                let fresh = !printer.has_partial_job();
+                let fresh = !printer.job_started();
                 let (replies, printed) = printer.receive(&buf[..n], source)?;
-                if fresh && (printer.has_partial_job() || !printed.is_empty()) {
+                if fresh && (printer.job_started() || !printed.is_empty()) {
                     report.receiving(source);
                 }
                 if slow {
