@@ -75,6 +75,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         printers,
         outbox: outbox.clone(),
         incoming: incoming_tx,
+        clock: clock.clone(),
     };
     let transport = deliver::direct::Routed::new(shared, publisher);
 

@@ -19,7 +19,9 @@
 //!    with that reason), ask `DLE EOT` again (an answer after the job means every byte of
 //!    it reached the printer), record it written whole, and acknowledge it `done`; a
 //!    transport that cannot answer (USB) counts a job done once it is written;
-//! 5. a job cut short (found being written at start-up, or the connection lost while
+//! 5. a job whose `expires_at` passed while the printer was held is not printed (the
+//!    dispatcher expires it);
+//! 6. a job cut short (found being written at start-up, or the connection lost while
 //!    writing it) may have printed: `reprint` prints it again under the reprint header
 //!    ([`super::reprint`]); `hold` hands it to an operator as a dead letter
 //!    (`device_rejected: interrupted…`) instead of printing it again, and the queue goes on.
@@ -27,6 +29,7 @@
 use super::link::{Link, LinkError};
 use super::reprint;
 use super::status::PrinterStatus;
+use crate::clock::Clock;
 use crate::config::DirectConfig;
 use crate::model::{DirectPrinters, Incoming};
 use crate::store::{DirectMark, Outbox};
@@ -49,6 +52,8 @@ pub struct Shared {
     pub outbox: Arc<Outbox>,
     /// Acks and status to the dispatcher.
     pub incoming: mpsc::Sender<Incoming>,
+    /// The wall clock jobs' `expires_at` is read on (the dispatcher's).
+    pub clock: Clock,
 }
 
 /// One printer's task state.
@@ -163,6 +168,13 @@ impl Printer {
             tracing::warn!(device = %self.device, seq = job.seq, message_id = %job.message_id, "a job cut short while being written is handed to an operator (interruptedJob = hold)");
             let why = "interrupted while being written: it may have printed; held for an operator (printer.interruptedJob = hold)";
             self.ack(Ack::failed(&job.message_id, job.seq, why, true));
+            return Attempt::Answered;
+        }
+        if job.expires_at.is_some_and(|at| at <= self.shared.clock.now()) {
+            // Held past its time to live (paper out for hours): the dispatcher has expired
+            // it, or will; a stale receipt is not printed.
+            tracing::info!(device = %self.device, seq = job.seq, message_id = %job.message_id, "job expired while the printer was held; not printed");
+            self.ack(Ack::failed(&job.message_id, job.seq, "expired before it could be printed", true));
             return Attempt::Answered;
         }
         let reprint_bytes;
@@ -342,7 +354,7 @@ mod tests {
             reconnect_max_ms: 100,
             ..DirectConfig::default()
         };
-        let shared = Shared { cfg, printers, outbox: outbox.clone(), incoming: incoming_tx };
+        let shared = Shared { cfg, printers, outbox: outbox.clone(), incoming: incoming_tx, clock: Clock::default() };
         let (jobs, rx) = mpsc::channel(8);
         spawn("p".into(), shared, rx).unwrap();
         Rig { _dir: dir, outbox, jobs, incoming }
@@ -412,6 +424,19 @@ mod tests {
         assert_eq!(r.ack(&mut statuses).await.result, AckResult::Done);
         assert_eq!(statuses.last().and_then(|s| s.printer), Some(PrinterState::Ready));
         assert_eq!(printer.paper().matches("held receipt").count(), 1);
+    }
+
+    /// A job whose time to live passed (held behind paper out) is not printed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_expired_job_is_not_printed() {
+        let printer = FakePrinter::start();
+        let mut r = rig("direct-expired", &format!("tcp://{}", printer.addr), Interrupted::Reprint);
+        let mut job: Job = serde_json::from_slice(&wire("m1", 1, "stale receipt")).unwrap();
+        job.expires_at = Some(chrono::Utc::now() - chrono::Duration::minutes(1));
+        r.jobs.send(Bytes::from(job.to_json())).await.unwrap();
+        let ack = r.ack(&mut Vec::new()).await;
+        assert_eq!((ack.result, ack.permanent), (AckResult::Failed, true));
+        assert!(!printer.paper().contains("stale receipt"));
     }
 
     /// A job found being written (a crash mid-job) is printed again under the reprint
