@@ -30,6 +30,8 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// The durable outbox.
     pub outbox: OutboxConfig,
+    /// Printers pixgate drives itself (raw TCP, serial, USB).
+    pub direct: DirectConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
     /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
@@ -49,9 +51,45 @@ impl Default for Config {
             log: LogConfig::default(),
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
+            direct: DirectConfig::default(),
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
             shutdown_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Printers pixgate drives itself ([`crate::deliver::direct`]): where the ones the registry
+/// does not describe are, and the timings of their connections.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DirectConfig {
+    /// The local printers file (TOML, `[printers.<device id>] endpoint = "tcp://…"`,
+    /// [`crate::model::DirectPrinters::load_file`]): printers whose registry document
+    /// names no direct transport. A bad file stops pixgate at start-up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub printers_file: Option<PathBuf>,
+    /// Opening a connection and waiting for each `DLE EOT` reply, ms.
+    pub io_timeout_ms: u64,
+    /// A write that makes no progress for this long holds the printer's queue, ms.
+    pub stall_timeout_ms: u64,
+    /// How often a held printer's status is asked again (paper out, cover open), ms.
+    pub poll_ms: u64,
+    /// Reconnect delay after the first failure, doubling, ms.
+    pub reconnect_initial_ms: u64,
+    /// Reconnect delay cap, ms.
+    pub reconnect_max_ms: u64,
+}
+
+impl Default for DirectConfig {
+    fn default() -> Self {
+        DirectConfig {
+            printers_file: None,
+            io_timeout_ms: 2_000,
+            stall_timeout_ms: 10_000,
+            poll_ms: 1_000,
+            reconnect_initial_ms: 500,
+            reconnect_max_ms: 30_000,
         }
     }
 }

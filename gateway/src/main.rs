@@ -100,7 +100,8 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(brcode::run(cmd));
     }
     if let Some(Cmd::Print(cmd)) = &cli.command {
-        std::process::exit(print::run(cmd));
+        let config = || Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"));
+        std::process::exit(print::run(cmd, config));
     }
     // The configuration first: it says how to log. Nothing logs while it loads, and an
     // error in it is printed on stderr as `Error: configuration: …`.

@@ -6,5 +6,5 @@ pub mod credentials;
 pub mod outbox;
 
 pub use outbox::{
-    Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written,
+    Accept, ChargeState, DeviceEntry, DirectMark, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written,
 };
