@@ -266,7 +266,12 @@ pub struct Stats {
     /// Keep every [`EffectRecord`] (off: count only, for very long runs).
     keep_effects: bool,
     sink: Option<mpsc::UnboundedSender<Carried>>,
+    /// The last [`ACK_LATENCIES_KEPT`] ack latencies, µs ([`Stats::ack_latency`]).
+    ack_latencies_us: Mutex<std::collections::VecDeque<u32>>,
 }
+
+/// Ack latencies kept for [`Stats::ack_latency`].
+const ACK_LATENCIES_KEPT: usize = 100_000;
 
 impl Default for Stats {
     fn default() -> Self {
@@ -281,6 +286,7 @@ impl Default for Stats {
             effects: Mutex::new(Vec::new()),
             keep_effects: true,
             sink: None,
+            ack_latencies_us: Mutex::default(),
         }
     }
 }
@@ -323,6 +329,27 @@ impl Stats {
         let all = self.effects.lock().expect("effects lock");
         all.get(from..).map(<[EffectRecord]>::to_vec).unwrap_or_default()
     }
+    /// Ack latency, the median and the 99th percentile over the last 100,000 acks: from
+    /// a device publishing its ack (QoS 1) to the broker's PUBACK for it, which pixgate
+    /// sends once the gateway has taken the ack. `None` before the first.
+    pub fn ack_latency(&self) -> Option<(Duration, Duration)> {
+        let mut v: Vec<u32> = self.ack_latencies_us.lock().expect("latency lock").iter().copied().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_unstable();
+        let at = |q: f64| Duration::from_micros(u64::from(v[((v.len() - 1) as f64 * q).round() as usize]));
+        Some((at(0.5), at(0.99)))
+    }
+
+    fn record_ack_latency(&self, d: Duration) {
+        let mut v = self.ack_latencies_us.lock().expect("latency lock");
+        if v.len() >= ACK_LATENCIES_KEPT {
+            v.pop_front();
+        }
+        v.push_back(u32::try_from(d.as_micros()).unwrap_or(u32::MAX));
+    }
+
     /// Jobs carried out so far.
     pub fn carried_out(&self) -> u64 {
         self.carried_out.load(Ordering::Relaxed)
@@ -751,8 +778,10 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
             _ = stopped(&mut stop) => break,
             ev = eventloop.poll() => ev,
             () = link.cut.notified() => {
-                // Dropping the socket without DISCONNECT; the next poll connects again.
-                eventloop.network = None;
+                // Dropping the socket without DISCONNECT, as a connection error does (what
+                // was in flight is sent again on the next connection); the next poll
+                // connects again.
+                eventloop.clean();
                 let _ = ready.send(false);
                 link.cuts.fetch_add(1, Ordering::Relaxed);
                 let wait = 500 + jitter(&mut seed, 2_500);
@@ -867,8 +896,18 @@ impl Worker {
     async fn send_ack(&self, ack: &Ack) {
         let topic = Topic::Acks(self.id.clone()).path();
         let payload = serde_json::to_vec(ack).expect("ack serialises");
-        if let Err(e) = self.link.publish(&self.client, topic, false, payload).await {
-            tracing::warn!(device = %self.id, "ack publish: {e}");
+        let sent = Instant::now();
+        match self.link.publish(&self.client, topic, false, payload).await {
+            Ok(n) => {
+                let (link, stats) = (self.link.clone(), self.stats.clone());
+                // Timed off the worker, so the next job does not wait for this PUBACK.
+                tokio::spawn(async move {
+                    if tokio::time::timeout(Duration::from_secs(60), link.pubacked(n)).await.is_ok() {
+                        stats.record_ack_latency(sent.elapsed());
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(device = %self.id, "ack publish: {e}"),
         }
     }
 

@@ -219,6 +219,12 @@ impl FleetHandle {
         self.stats.order_violations()
     }
 
+    /// The fleet's ack latency (median, 99th percentile): see
+    /// [`crate::device::Stats::ack_latency`].
+    pub fn ack_latency(&self) -> Option<(Duration, Duration)> {
+        self.stats.ack_latency()
+    }
+
     /// All counters now.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()

@@ -132,6 +132,8 @@ pub struct ConnectReport {
     pub later_failures: u64,
     /// Connections cut on purpose (`churn_per_minute`).
     pub cut: u64,
+    /// Ack latency at the devices, publish → PUBACK (median, 99th percentile).
+    pub ack_latency: Option<(Duration, Duration)>,
 }
 
 /// One sample of pixgate during the drain.
@@ -506,6 +508,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     }
     report.connect.later_connects = fleet.connects() - connects_at_drain;
     report.connect.cut = fleet.dropped_connections();
+    report.connect.ack_latency = fleet.ack_latency();
     report.connect.later_failures = fleet.connection_failures() - failures_at_drain;
     let fleet_report = fleet.shutdown().await;
     report.raw_jobs = (fleet_report.stats.raw_jobs, fleet_report.stats.effects);
@@ -696,6 +699,13 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
         "| connections held over the drain | at least {} of {} at pixgate; {} connections cut on purpose (churn); {} reconnects and {} failed attempts at the devices after all had connected |\n",
         c.min_held, cfg.devices, c.cut, c.later_connects, c.later_failures
     ));
+    if let Some((p50, p99)) = c.ack_latency {
+        t.push_str(&format!(
+            "| ack latency at the devices (ack publish → PUBACK, the last 100,000 acks) | p50 {:.1} ms, p99 {:.1} ms |\n",
+            p50.as_secs_f64() * 1e3,
+            p99.as_secs_f64() * 1e3
+        ));
+    }
     let per_record = |d: Duration| d.as_secs_f64() * 1e6 / r.produced.0.max(1) as f64;
     if let Some(b) = r.bare_broker_cpu {
         t.push_str(&format!("| broker CPU per record while the bare consumer read | {:.0} µs |\n", per_record(b)));

@@ -255,6 +255,16 @@ async fn a_printer_whose_connection_is_cut_comes_back_by_itself_and_takes_a_job(
 
     let (job, ack) = send_job_and_read_ack(port, &peer, PRINTER, &mut acks).await;
     assert_done(&job, &ack, &stats);
+    // The ack's PUBACK came back on the new connection: its latency is recorded.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (p50, p99) = loop {
+        if let Some(l) = stats.ack_latency() {
+            break l;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no ack latency recorded");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(p50 <= p99 && p99 < WAIT, "{p50:?} {p99:?}");
 
     device.shutdown().await;
     acks.stop().await;

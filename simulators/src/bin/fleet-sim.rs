@@ -61,11 +61,23 @@ async fn main() -> Result<()> {
     tokio::pin!(signal);
     let progress = run_until_signal(&fleet, &cli, &mut signal).await;
     tracing::info!("stopping fleet");
+    let secs = progress.started.elapsed().as_secs_f64().max(0.001);
+    let latency = fleet.ack_latency().map_or("no acks".into(), |(p50, p99)| {
+        format!("ack latency p50 {:.1} ms, p99 {:.1} ms", p50.as_secs_f64() * 1e3, p99.as_secs_f64() * 1e3)
+    });
+    let figures = format!(
+        "{} jobs in {secs:.0} s ({:.0} jobs/s); {latency}; {} connections cut, {} failed attempts",
+        fleet.carried_out(),
+        fleet.carried_out() as f64 / secs,
+        fleet.dropped_connections(),
+        fleet.connection_failures()
+    );
     let report = fleet.shutdown().await;
+    eprintln!("{progress}");
+    eprintln!("{figures}");
     let path = cli.out.join("effects.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("{progress}");
     eprintln!(
         "{} effects, {} raw jobs, {} duplicates, {} order violations -> {}",
         report.effects.len(),
@@ -149,8 +161,9 @@ async fn run_until_signal(
                 }
                 let width = 30;
                 let filled = (connected * width).checked_div(devices).unwrap_or(width);
+                let latency = fleet.ack_latency().map_or("-".into(), |(p50, p99)| format!("{}/{} ms", p50.as_millis(), p99.as_millis()));
                 let line = format!(
-                    "t={:>4}s [{}{}] {connected}/{devices} connected, {} connects/s, {jobs} jobs ({} /s), {} cut, {} failed attempts",
+                    "t={:>4}s [{}{}] {connected}/{devices} connected, {} connects/s, {jobs} jobs ({} /s), ack p50/p99 {latency}, {} cut, {} failed attempts",
                     p.started.elapsed().as_secs(),
                     "#".repeat(filled),
                     ".".repeat(width - filled),
