@@ -9,7 +9,7 @@
 //!
 //! Session state follows MQTT 3.1.1 §3.1.2.4: a client that connects with clean session 0
 //! keeps its subscription across connections, and jobs sent while it is away wait for it
-//! (at most [`PENDING_PER_CLIENT`], the oldest dropped first: the dispatcher has one job in
+//! (at most [`PENDING_PER_CLIENT`] different ones, the oldest dropped first: the dispatcher has one job in
 //! flight per device and sends it again after `delivery.ack_timeout_ms`, so nothing the
 //! outbox holds is lost). A client id that connects again takes its session over, and the
 //! older connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::mpsc;
 
-/// Jobs kept for a client with a persistent session while it is disconnected.
+/// Different jobs kept for a client with a persistent session while it is disconnected
+/// (a resend of one already kept is not kept again).
 pub const PENDING_PER_CLIENT: usize = 8;
 
 /// Jobs queued for a connected session's socket writer. The dispatcher has one job in flight
@@ -176,7 +177,8 @@ impl Hub {
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {}
                 },
-                None if c.persistent => {
+                // A resend of a job already waiting is not kept twice.
+                None if c.persistent && !c.pending.contains(&job) => {
                     if c.pending.len() >= PENDING_PER_CLIENT {
                         c.pending.pop_front();
                     }
@@ -283,12 +285,13 @@ mod tests {
         for n in 0..(PENDING_PER_CLIENT as u8 + 2) {
             assert_eq!(hub.send("a", job(n)), 0, "away");
         }
+        hub.send("a", job(PENDING_PER_CLIENT as u8 + 1)); // a resend of a job already waiting
         let mut second = hub.attach("dev-a", "a", false);
         assert!(second.session_present);
         assert_eq!(second.subscribed, Some(QoS::AtLeastOnce));
         let got: Vec<Bytes> = std::iter::from_fn(|| second.jobs.try_recv().ok()).collect();
         let want: Vec<Bytes> = (2..PENDING_PER_CLIENT as u8 + 2).map(job).collect();
-        assert_eq!(got, want, "the newest jobs, in order; the oldest dropped first");
+        assert_eq!(got, want, "the newest jobs, in order, each once; the oldest dropped first");
 
         // Clean session 1 drops all of it.
         hub.detach("dev-a", second.session);

@@ -112,6 +112,15 @@ mod tests {
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 
+    /// A device listener on a free loopback port (plain, anonymous): its port, the job
+    /// publisher and what devices send, through a channel of `capacity`.
+    async fn listener(capacity: usize) -> (u16, Publisher, mpsc::Receiver<Incoming>) {
+        let port = free_port();
+        let (tx, rx) = mpsc::channel(capacity);
+        let publisher = start(&open(format!("127.0.0.1:{port}")), Arc::default(), Arc::default(), tx).await.unwrap();
+        (port, publisher, rx)
+    }
+
     async fn until_suback(eventloop: &mut EventLoop) {
         loop {
             if let Event::Incoming(rumqttc::Packet::SubAck(_)) = eventloop.poll().await.unwrap() {
@@ -127,11 +136,8 @@ mod tests {
     async fn a_burst_of_acks_waits_for_a_slow_gateway_and_all_arrive_in_order() {
         const DEVICES: u64 = 20;
         const PER_DEVICE: u64 = 25;
-        let cfg = open(format!("127.0.0.1:{}", free_port()));
-        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
         // Capacity 1 and nobody reading yet.
-        let (tx, mut rx) = mpsc::channel(1);
-        let _publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let (port, _publisher, mut rx) = listener(1).await;
         for d in 0..DEVICES {
             let (client, mut eventloop) =
                 AsyncClient::new(MqttOptions::new(format!("dev-d{d}"), "127.0.0.1", port), 64);
@@ -165,10 +171,7 @@ mod tests {
     /// QoS 1 subscription whole and in order.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn large_jobs_arrive_whole_and_in_order_at_qos_1() {
-        let cfg = open(format!("127.0.0.1:{}", free_port()));
-        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
-        let (tx, _rx) = mpsc::channel(16);
-        let publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let (port, publisher, _rx) = listener(16).await;
 
         let mut opts = MqttOptions::new("dev-dev2", "127.0.0.1", port);
         opts.set_max_packet_size(1 << 20, 1 << 20);
@@ -200,10 +203,7 @@ mod tests {
     /// CONNACK's session-present flag set, without subscribing again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_persistent_session_gets_the_job_sent_while_it_was_away() {
-        let cfg = open(format!("127.0.0.1:{}", free_port()));
-        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
-        let (tx, _rx) = mpsc::channel(16);
-        let publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let (port, publisher, _rx) = listener(16).await;
         let options = || {
             let mut o = MqttOptions::new("dev-p1", "127.0.0.1", port);
             o.set_clean_session(false);
@@ -241,9 +241,7 @@ mod tests {
         use rumqttc::mqttbytes::v4::{Connect, LastWill, Packet};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        let cfg = open(format!("127.0.0.1:{}", free_port()));
-        let (tx, mut rx) = mpsc::channel(16);
-        let _publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let (port, _publisher, mut rx) = listener(16).await;
         let offline = serde_json::to_vec(&device_protocol::Status { v: 1, online: false, printer: None }).unwrap();
         let connect = |id: &str| {
             let mut c = Connect::new(format!("dev-{id}"));
@@ -256,7 +254,7 @@ mod tests {
         };
 
         for (id, disconnect) in [("silent", false), ("polite", true)] {
-            let mut socket = tokio::net::TcpStream::connect(&cfg.listen).await.unwrap();
+            let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             socket.write_all(&connect(id)).await.unwrap();
             let mut connack = [0u8; 4];
             socket.read_exact(&mut connack).await.unwrap();
