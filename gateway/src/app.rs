@@ -60,7 +60,12 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // The registry is restored before devices may connect: at a restart the whole fleet
     // reconnects at once, and each is checked against it.
     let directory = Arc::new(Directory::default());
-    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone())?;
+    let flags = Arc::new(crate::ops::flags::load(&outbox)?);
+    if let Some(line) = crate::ops::flags::readiness_line(&flags) {
+        tracing::warn!("{line}");
+    }
+    let planner =
+        Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone())?.with_flags(flags.clone());
     let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx)
         .await
         .context("starting the device listener")?;
@@ -96,6 +101,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock_control: cfg.clock.control,
         replays: replays_tx,
         admin,
+        flags,
+        reconcile: cfg.reconcile.clone(),
     };
     let http_task = tokio::spawn(http::serve(http_listener, state, async move {
         let _ = http_shutdown.changed().await;

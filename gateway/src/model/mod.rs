@@ -1,15 +1,17 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
 //! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), what passes between the consumer and the dispatcher ([`handoff`]),
-//! and a Kafka partition's name ([`Partition`]).
+//! the effect flags of a cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
 pub mod dead_letter;
 pub mod directory;
+pub mod flags;
 pub mod handoff;
 pub mod job;
 pub mod reason;
 
 pub use dead_letter::DeadLetter;
 pub use directory::{Directory, Standing};
+pub use flags::EffectFlags;
 pub use handoff::{Command, Finished, Incoming, Outcome};
 pub use job::{Queued, SourceRef, StoredJob};
 pub use reason::{DeadLetterReason, IgnoreReason};

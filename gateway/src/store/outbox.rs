@@ -31,6 +31,7 @@
 //! dead-letter id).
 
 use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
+use crate::store::reconcile::{self, RecordTally};
 use bytes::Bytes;
 use cdc::ChargeStatus;
 use device_protocol::Job;
@@ -200,6 +201,9 @@ pub struct Accept {
     /// The change event's `clusterTime` packed as `t << 32 | i` ([`cdc::Envelope`]);
     /// with the message id, the key of its jobs in the dedupe window. 0 when unknown.
     pub event_time: u64,
+    /// What the record adds to the reconciliation counts ([`crate::store::reconcile`]);
+    /// `None`: not counted.
+    pub tally: Option<RecordTally>,
 }
 
 /// A finished job (done or superseded) to remove from its device's queue; its message id
@@ -377,6 +381,13 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
                 parked.push(id);
             }
         }
+        if let (Some(tally), Some(src)) = (&a.tally, &a.source) {
+            let jobs: Vec<(&str, u64, &str)> = queued
+                .iter()
+                .map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str()))
+                .collect();
+            reconcile::count_record(tx, &src.topic, src.partition, src.offset, tally, &jobs)?;
+        }
         out.push((queued, parked));
     }
     Ok(out)
@@ -384,7 +395,8 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
 
 /// The outbox database.
 pub struct Outbox {
-    db: Database,
+    /// Also used by the other tables' files of [`crate::store`] (effect flags).
+    pub(super) db: Database,
 }
 
 impl Outbox {
@@ -446,6 +458,10 @@ impl Outbox {
             for r in removals {
                 table.remove((r.device.as_str(), r.seq)).map_err(err)?;
             }
+            drop(table);
+            for r in removals {
+                reconcile::count_removed(&tx, &r.device, r.seq, r.superseded)?;
+            }
         }
         let out = if batch.is_empty() { Vec::new() } else { write_records(&tx, batch, now_ms)? };
         tx.commit().map_err(err)?;
@@ -484,6 +500,7 @@ impl Outbox {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
         let mut dl = dl;
+        reconcile::count_failed(&tx, &stored.device, stored.job.seq, &dl.reason)?;
         let id = {
             let mut jobs = tx.open_table(JOBS).map_err(err)?;
             // The job as stored, payload included: the dispatcher's copy may have shed its
