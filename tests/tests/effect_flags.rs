@@ -111,12 +111,16 @@ async fn a_kind_switched_off_is_decided_counted_and_committed_but_never_delivere
     }
     assert_eq!(got, want, "the devices carried out exactly the kinds still on");
     let (_, metrics) = rig.gateway().get("/metrics").unwrap();
-    for line in [
-        "pixgate_effect_enabled{kind=\"display_qr\"} 0",
-        "pixgate_effect_enabled{kind=\"payment_confirmed\"} 1",
-        &format!("pixgate_skipped_by_flag_total{{kind=\"display_qr\"}} {}", skipped_want["display_qr"]),
+    for (sample, want) in [
+        ("pixgate_effect_enabled{kind=\"display_qr\"}", 0.0),
+        ("pixgate_effect_enabled{kind=\"payment_confirmed\"}", 1.0),
+        ("pixgate_skipped_by_flag_total{kind=\"display_qr\"}", skipped_want["display_qr"] as f64),
     ] {
-        assert!(metrics.lines().any(|l| l == line), "no `{line}` in {metrics}");
+        let value = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(sample)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no `{sample}` in {metrics}"));
+        assert_eq!(value, want, "{sample}");
     }
 
     // Offsets committed past every record, skipped effects or not (the final commit of a

@@ -1,5 +1,5 @@
 //! `pixgate kafka reposition` on the real broker: refused while pixgate is in its consumer
-//! group, a dry run allowed meanwhile; once the group is empty, moved to the end, to given
+//! group, a dry run allowed meanwhile; once pixgate has stopped, moved to the end, to given
 //! offsets and back to a point in time, each move's skipped and replayed records counted
 //! against what was produced, the commits read back from Kafka, and the restarted
 //! gateway reading exactly from the new position.
@@ -16,7 +16,7 @@ use pixgate_tests::gateway::count;
 use pixgate_tests::harness::Rig;
 use serde_json::Value;
 use simulators::capture;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TOPIC: &str = "charge.upserted";
 const KINDS: [&str; 4] = ["display_qr", "payment_confirmed", "print_receipt", "charge_expired"];
@@ -41,7 +41,9 @@ fn pixgate(rig: &Rig, args: &[&str]) -> (i32, String, String) {
 
 /// A reposition with `--json`: its answer, after checking it succeeded.
 fn reposition(rig: &Rig, args: &[&str]) -> Value {
-    let mut all = vec!["kafka", "reposition", "--json"];
+    // No consumer of the group runs here: said for brokers that cannot answer
+    // DescribeGroups (tansu 0.6.0); with one that can, the check still runs and must pass.
+    let mut all = vec!["kafka", "reposition", "--json", "--no-member-check"];
     all.extend_from_slice(args);
     let (code, out, err) = pixgate(rig, &all);
     assert_eq!(code, 0, "pixgate {all:?}: {err}");
@@ -89,10 +91,17 @@ async fn reposition_is_refused_while_the_group_runs_and_moves_it_once_empty() {
     .await;
     assert_eq!(rig.gateway().stats().unwrap().counters.outbox_jobs, 0, "every kind is off: nothing queued");
 
-    // While pixgate is a member: refused, naming the group; a dry run shows the plan.
+    // While pixgate is a member: refused. A broker that answers DescribeGroups names the
+    // live member; tansu 0.6.0 fails DescribeGroups for every existing group (its SQLite
+    // storage reads the group back as a JSON string and drops the connection), and an
+    // answer that cannot be had refuses too, unless the operator says every consumer is
+    // stopped (--no-member-check). A dry run goes ahead.
     let (code, out, err) = pixgate(&rig, &["kafka", "reposition", "--to", "end"]);
     assert_eq!(code, 1, "{out}{err}");
-    assert!(err.starts_with("refused: consumer group") && err.contains("live member"), "{err}");
+    let refusal = err.lines().find(|l| l.starts_with("refused: ")).unwrap_or_else(|| panic!("no refusal: {err}"));
+    assert!(refusal.contains("live member(s)") || refusal.contains("cannot tell whether consumer group"), "{refusal}");
+    assert!(refusal.contains(&format!("`{}`", rig.settings().group_id)), "{refusal}");
+    assert_eq!(committed(&rig).iter().sum::<i64>(), read_first as i64, "nothing moved");
     let (code, out, err) = pixgate(&rig, &["kafka", "reposition", "--to", "end", "--dry-run"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("dry run: nothing committed") && err.contains("would be refused"), "{out}{err}");
@@ -108,19 +117,11 @@ async fn reposition_is_refused_while_the_group_runs_and_moves_it_once_empty() {
         "{out}"
     );
 
-    // Stopped, pixgate commits its position at the end of what it read.
+    // Stopped, pixgate commits its position at the end of what it read (and, a dynamic
+    // member, leaves the group).
     assert!(rig.stop_gateway(Duration::from_secs(20)), "pixgate did not stop cleanly");
     let at_stop = committed(&rig);
     assert_eq!(at_stop.iter().sum::<i64>(), read_first as i64, "{at_stop:?}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = reposition(&rig, &["--to", "end", "--dry-run"]);
-        if v["members"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the group still has members a minute after pixgate stopped: {v}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 
     // Records produced while pixgate is away, after `since`.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -4,7 +4,7 @@
 //! skipped or replayed; refused while the group has live members ([`crate::ops::reposition`]).
 
 use crate::config::Config;
-use crate::ops::reposition::{self, Member, Move, Repositioner, Target};
+use crate::ops::reposition::{self, MemberCheck, Move, Repositioner, Target};
 use clap::{ArgGroup, Args, Subcommand};
 use std::path::PathBuf;
 
@@ -42,6 +42,11 @@ pub struct RepositionArgs {
     /// JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Commit although the broker cannot say whether the group has live members
+    /// (`DescribeGroups` failed): you have stopped every consumer of the group yourself.
+    /// Known live members refuse the commit anyway.
+    #[arg(long)]
+    no_member_check: bool,
 }
 
 /// Runs `pixgate kafka …`; exits 1 with the reason on stderr when refused.
@@ -70,25 +75,39 @@ pub fn command(cfg: &Config, cmd: KafkaCmd) -> anyhow::Result<()> {
         }
     }
     let r = Repositioner::new(&cfg.kafka.brokers, &group)?;
-    let members = r.members()?;
+    let check = r.members();
     let mut moves: Vec<Move> = Vec::new();
     for topic in &topics {
         moves.extend(reposition::plan(topic, &r.partitions(topic, &target)?, &target)?);
     }
-    if !members.is_empty() {
-        let why = live_members(&group, &members, cfg.kafka.session_timeout_ms);
-        if !args.dry_run {
-            eprintln!("refused: {why}");
+    match reposition::verdict(&check, &group, cfg.kafka.session_timeout_ms, args.dry_run, args.no_member_check) {
+        Ok(note) => {
+            if let Some(note) = note {
+                eprintln!("{note}");
+            }
+        }
+        Err(refusal) => {
+            eprintln!("{refusal}");
             std::process::exit(1);
         }
-        eprintln!("dry run: a reposition now would be refused: {why}");
     }
     if !args.dry_run {
         r.commit(&moves)?;
     }
     if args.json {
+        // `members` is null when the broker could not say (`member_check_error`).
+        let (members, member_check_error) = match &check {
+            MemberCheck::Empty => (serde_json::json!([]), None),
+            MemberCheck::Live(m) => (serde_json::json!(m), None),
+            MemberCheck::Unknown(e) => (serde_json::Value::Null, Some(e.as_str())),
+        };
         let v = serde_json::json!({
-            "group": group, "members": members, "dry_run": args.dry_run, "committed": !args.dry_run, "moves": moves,
+            "group": group,
+            "members": members,
+            "member_check_error": member_check_error,
+            "dry_run": args.dry_run,
+            "committed": !args.dry_run,
+            "moves": moves,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -100,16 +119,4 @@ pub fn command(cfg: &Config, cmd: KafkaCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Why a reposition is refused while `members` are in `group`.
-fn live_members(group: &str, members: &[Member], session_timeout_ms: u32) -> String {
-    let who: Vec<String> = members.iter().map(|m| format!("{} ({}{})", m.id, m.client_id, m.client_host)).collect();
-    format!(
-        "consumer group `{group}` has {} live member(s): {}. Stop its consumers (pixgate, or the other system's), \
-         wait until the group is empty (a static member stays up to its session timeout, pixgate's kafka.session_timeout_ms = {session_timeout_ms}), \
-         then run this again",
-        members.len(),
-        who.join(", ")
-    )
 }

@@ -147,6 +147,64 @@ pub struct Member {
     pub client_host: String,
 }
 
+/// What the broker says about the group's members.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberCheck {
+    /// No live member.
+    Empty,
+    /// These members are live.
+    Live(Vec<Member>),
+    /// `DescribeGroups` failed: unknown (tansu 0.6.0 fails it for every group that exists,
+    /// its SQLite storage reading the group back as a JSON string).
+    Unknown(String),
+}
+
+/// Whether a reposition may commit after `check`: `Ok` with a note to print (a dry run,
+/// a check skipped), or `Err` with the refusal. Live members always refuse a commit; an
+/// unknown answer refuses it unless the operator says every consumer is stopped
+/// (`no_member_check`).
+///
+/// # Errors
+/// The refusal, in words saying what to do.
+pub fn verdict(
+    check: &MemberCheck,
+    group: &str,
+    session_timeout_ms: u32,
+    dry_run: bool,
+    no_member_check: bool,
+) -> Result<Option<String>, String> {
+    let why = match check {
+        MemberCheck::Empty => return Ok(None),
+        MemberCheck::Live(members) => {
+            let who: Vec<String> =
+                members.iter().map(|m| format!("{} ({} {})", m.id, m.client_id, m.client_host)).collect();
+            format!(
+                "consumer group `{group}` has {} live member(s): {}. Stop its consumers (pixgate, or the other \
+                 system's), wait until the group is empty (a static member stays up to its session timeout, \
+                 pixgate's kafka.session_timeout_ms = {session_timeout_ms}), then run this again",
+                members.len(),
+                who.join(", ")
+            )
+        }
+        MemberCheck::Unknown(e) => {
+            if no_member_check && !dry_run {
+                return Ok(Some(format!(
+                    "member check skipped (--no-member-check): the broker did not answer DescribeGroups: {e}"
+                )));
+            }
+            format!(
+                "cannot tell whether consumer group `{group}` has live members: the broker did not answer \
+                 DescribeGroups: {e}. Stop every consumer of the group, then run this again with --no-member-check"
+            )
+        }
+    };
+    if dry_run {
+        Ok(Some(format!("dry run: a reposition now would be refused: {why}")))
+    } else {
+        Err(format!("refused: {why}"))
+    }
+}
+
 /// A Kafka client for repositioning `group` on `brokers` (not a member: it never joins).
 pub struct Repositioner {
     consumer: BaseConsumer,
@@ -169,16 +227,13 @@ impl Repositioner {
         Ok(Repositioner { consumer, group: group.to_string() })
     }
 
-    /// The group's live members (empty: no consumer of the group runs).
-    ///
-    /// # Errors
-    /// The broker did not answer `DescribeGroups`.
-    pub fn members(&self) -> anyhow::Result<Vec<Member>> {
-        let list = self
-            .consumer
-            .fetch_group_list(Some(&self.group), TIMEOUT)
-            .with_context(|| format!("describing consumer group `{}`", self.group))?;
-        Ok(list
+    /// The group's live members, as `DescribeGroups` answers.
+    pub fn members(&self) -> MemberCheck {
+        let list = match self.consumer.fetch_group_list(Some(&self.group), TIMEOUT) {
+            Ok(l) => l,
+            Err(e) => return MemberCheck::Unknown(e.to_string()),
+        };
+        let members: Vec<Member> = list
             .groups()
             .iter()
             .filter(|g| g.name() == self.group)
@@ -188,7 +243,12 @@ impl Repositioner {
                 client_id: m.client_id().to_string(),
                 client_host: m.client_host().to_string(),
             })
-            .collect())
+            .collect();
+        if members.is_empty() {
+            MemberCheck::Empty
+        } else {
+            MemberCheck::Live(members)
+        }
     }
 
     /// `topic`'s partitions now: watermarks, the group's committed offsets, and for a
@@ -290,6 +350,23 @@ mod tests {
             PartitionNow { partition: 0, low: 0, high: 100, committed: Some(40), at_time: Some(70) },
             PartitionNow { partition: 1, low: 10, high: 50, committed: None, at_time: None },
         ]
+    }
+
+    #[test]
+    fn live_members_refuse_a_commit_and_an_unknown_answer_needs_the_operators_word() {
+        let m = Member { id: "m-1".into(), client_id: "rdkafka".into(), client_host: "/10.0.0.5".into() };
+        let live = MemberCheck::Live(vec![m]);
+        let e = verdict(&live, "g", 10_000, false, true).unwrap_err();
+        assert!(e.starts_with("refused: consumer group `g` has 1 live member(s): m-1 (rdkafka /10.0.0.5)"), "{e}");
+        assert!(verdict(&live, "g", 10_000, true, false)
+            .unwrap()
+            .unwrap()
+            .starts_with("dry run: a reposition now would be refused"));
+        let unknown = MemberCheck::Unknown("BrokerTransportFailure".into());
+        let e = verdict(&unknown, "g", 10_000, false, false).unwrap_err();
+        assert!(e.contains("cannot tell") && e.contains("--no-member-check"), "{e}");
+        assert!(verdict(&unknown, "g", 10_000, false, true).unwrap().unwrap().contains("member check skipped"));
+        assert_eq!(verdict(&MemberCheck::Empty, "g", 10_000, false, false), Ok(None));
     }
 
     #[test]
