@@ -170,5 +170,15 @@ async fn reposition_is_refused_while_the_group_runs_and_moves_it_once_empty() {
     assert!(s.counters.outbox_jobs == 0 && !s.counters.skipped_by_flag.is_empty(), "{:?}", s.counters);
     assert!(rig.stop_gateway(Duration::from_secs(20)), "pixgate did not stop cleanly");
     assert_eq!(committed(&rig), end, "and commits the end again");
+
+    // A group that never ran (the cutover's first step, before the new consumer's first
+    // start) is moved to the end with the member check: it has no members.
+    let fresh = format!("{}-fresh", rig.settings().group_id);
+    let (code, out, err) = pixgate(&rig, &["kafka", "reposition", "--group", &fresh, "--to", "end", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["members"].clone(), sum(&v, "skipped")), (serde_json::json!([]), read_first as i64 + later), "{v}");
+    assert!(v["moves"].as_array().unwrap().iter().all(|m| m["current"].is_null()), "{v}");
+    assert_eq!(pixgate_tests::kafka::committed_offsets(rig.brokers(), &fresh, TOPIC, 3).unwrap(), end);
     rig.shutdown();
 }
