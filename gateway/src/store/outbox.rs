@@ -31,7 +31,7 @@
 //! dead-letter id).
 
 use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
-use crate::store::reconcile::{self, RecordTally};
+use crate::store::reconcile::{Counting, RecordTally};
 use bytes::Bytes;
 use cdc::ChargeStatus;
 use device_protocol::Job;
@@ -332,6 +332,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
     let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
     let mut meta = tx.open_table(META).map_err(err)?;
     let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
+    let mut counting = Counting::open(tx)?;
     for a in batch {
         if let Some((id, st)) = &a.charge {
             charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
@@ -386,10 +387,11 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
                 .iter()
                 .map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str()))
                 .collect();
-            reconcile::count_record(tx, &src.topic, src.partition, src.offset, tally, &jobs)?;
+            counting.record(&src.topic, src.partition, src.offset, tally, &jobs)?;
         }
         out.push((queued, parked));
     }
+    counting.finish(tx)?;
     Ok(out)
 }
 
@@ -459,9 +461,11 @@ impl Outbox {
                 table.remove((r.device.as_str(), r.seq)).map_err(err)?;
             }
             drop(table);
+            let mut counting = Counting::open(&tx)?;
             for r in removals {
-                reconcile::count_removed(&tx, &r.device, r.seq, r.superseded)?;
+                counting.removed(&r.device, r.seq, r.superseded)?;
             }
+            counting.finish(&tx)?;
         }
         let out = if batch.is_empty() { Vec::new() } else { write_records(&tx, batch, now_ms)? };
         tx.commit().map_err(err)?;
@@ -500,7 +504,11 @@ impl Outbox {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
         let mut dl = dl;
-        reconcile::count_failed(&tx, &stored.device, stored.job.seq, &dl.reason)?;
+        {
+            let mut counting = Counting::open(&tx)?;
+            counting.failed(&stored.device, stored.job.seq, &dl.reason)?;
+            counting.finish(&tx)?;
+        }
         let id = {
             let mut jobs = tx.open_table(JOBS).map_err(err)?;
             // The job as stored, payload included: the dispatcher's copy may have shed its

@@ -22,11 +22,12 @@ use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 const COUNTS: TableDefinition<(u64, &str, &str), u64> = TableDefinition::new("reconcile_counts");
-const MARKS: TableDefinition<(&str, i32), i64> = TableDefinition::new("reconcile_marks");
-const JOBS: TableDefinition<(&str, u64), (&str, u64, &str)> = TableDefinition::new("reconcile_jobs");
+const MARKS: TableDefinition<(&'static str, i32), i64> = TableDefinition::new("reconcile_marks");
+const JOBS: TableDefinition<(&'static str, u64), (&'static str, u64, &'static str)> =
+    TableDefinition::new("reconcile_jobs");
 
 /// The bucket the counts are kept in, seconds. A report's window is a multiple of it.
 pub const BUCKET_S: u64 = 60;
@@ -46,88 +47,103 @@ pub struct RecordTally {
     pub counters: Vec<String>,
 }
 
-fn bump(
-    counts: &mut redb::Table<(u64, &str, &str), u64>,
-    bucket: u64,
-    topic: &str,
-    counter: &str,
-) -> Result<(), OutboxError> {
-    let n = counts.get((bucket, topic, counter)).map_err(db)?.map_or(0, |v| v.value());
-    counts.insert((bucket, topic, counter), n + 1).map_err(db)?;
-    Ok(())
+/// The counting of one write transaction: increments added up in memory and written
+/// once per counter at [`Counting::finish`], the tables opened once (a batch's records
+/// mostly bump the same few counters of the same minute).
+pub(crate) struct Counting<'t> {
+    marks: redb::Table<'t, (&'static str, i32), i64>,
+    jobs: redb::Table<'t, (&'static str, u64), (&'static str, u64, &'static str)>,
+    /// Each partition's mark as this transaction has moved it.
+    seen: HashMap<(String, i32), i64>,
+    counts: BTreeMap<(u64, String, String), u64>,
 }
 
-/// Counts one record written in `tx`: `tally`'s counters, `read`, and `queued:KIND` with a
-/// `reconcile_jobs` row for each of `queued` (device, seq, kind); nothing when the record
-/// is behind its partition's mark (counted before).
-pub(crate) fn count_record(
-    tx: &WriteTransaction,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-    tally: &RecordTally,
-    queued: &[(&str, u64, &str)],
-) -> Result<(), OutboxError> {
-    let mut marks = tx.open_table(MARKS).map_err(db)?;
-    let mark = marks.get((topic, partition)).map_err(db)?.map_or(0, |v| v.value());
-    if offset < mark {
-        return Ok(());
+impl<'t> Counting<'t> {
+    /// Opens the tables in `tx`.
+    pub(crate) fn open(tx: &'t WriteTransaction) -> Result<Counting<'t>, OutboxError> {
+        Ok(Counting {
+            marks: tx.open_table(MARKS).map_err(db)?,
+            jobs: tx.open_table(JOBS).map_err(db)?,
+            seen: HashMap::new(),
+            counts: BTreeMap::new(),
+        })
     }
-    marks.insert((topic, partition), offset + 1).map_err(db)?;
-    let bucket = tally.event_time_s / BUCKET_S * BUCKET_S;
-    let mut counts = tx.open_table(COUNTS).map_err(db)?;
-    bump(&mut counts, bucket, topic, "read")?;
-    for c in &tally.counters {
-        bump(&mut counts, bucket, topic, c)?;
+
+    fn bump(&mut self, bucket: u64, topic: &str, counter: String) {
+        *self.counts.entry((bucket, topic.to_string(), counter)).or_default() += 1;
     }
-    if !queued.is_empty() {
-        let mut jobs = tx.open_table(JOBS).map_err(db)?;
-        for (device, seq, kind) in queued {
-            bump(&mut counts, bucket, topic, &format!("queued:{kind}"))?;
-            jobs.insert((*device, *seq), (topic, bucket, *kind)).map_err(db)?;
+
+    /// Counts one record: `tally`'s counters, `read`, and `queued:KIND` with a
+    /// `reconcile_jobs` row for each of `queued` (device, seq, kind); nothing when the
+    /// record is behind its partition's mark (counted before).
+    pub(crate) fn record(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        tally: &RecordTally,
+        queued: &[(&str, u64, &str)],
+    ) -> Result<(), OutboxError> {
+        let key = (topic.to_string(), partition);
+        let mark = match self.seen.get(&key) {
+            Some(m) => *m,
+            None => self.marks.get((topic, partition)).map_err(db)?.map_or(0, |v| v.value()),
+        };
+        if offset < mark {
+            return Ok(());
         }
+        self.seen.insert(key, offset + 1);
+        let bucket = tally.event_time_s / BUCKET_S * BUCKET_S;
+        self.bump(bucket, topic, "read".to_string());
+        for c in &tally.counters {
+            self.bump(bucket, topic, c.clone());
+        }
+        for (device, seq, kind) in queued {
+            self.bump(bucket, topic, format!("queued:{kind}"));
+            self.jobs.insert((*device, *seq), (topic, bucket, *kind)).map_err(db)?;
+        }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Counts a job leaving its queue in `tx`, by the bucket of its record: `superseded`, or
-/// `delivered:KIND`. A job with no `reconcile_jobs` row (replayed) is not counted.
-pub(crate) fn count_removed(
-    tx: &WriteTransaction,
-    device: &str,
-    seq: u64,
-    superseded: bool,
-) -> Result<(), OutboxError> {
-    count_left(tx, device, seq, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
-}
+    /// Counts a job leaving its queue, by the bucket of its record: `superseded`, or
+    /// `delivered:KIND`. A job with no `reconcile_jobs` row (replayed) is not counted.
+    pub(crate) fn removed(&mut self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
+        self.left(device, seq, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
+    }
 
-/// Counts a job dead-lettered in `tx` for `reason`: `expired:KIND`, or
-/// `dead_lettered:REASON`.
-pub(crate) fn count_failed(
-    tx: &WriteTransaction,
-    device: &str,
-    seq: u64,
-    reason: &DeadLetterReason,
-) -> Result<(), OutboxError> {
-    count_left(tx, device, seq, |kind| match reason {
-        DeadLetterReason::Expired => format!("expired:{kind}"),
-        other => format!("dead_lettered:{other}"),
-    })
-}
+    /// Counts a job dead-lettered for `reason`: `expired:KIND`, or `dead_lettered:REASON`.
+    pub(crate) fn failed(&mut self, device: &str, seq: u64, reason: &DeadLetterReason) -> Result<(), OutboxError> {
+        self.left(device, seq, |kind| match reason {
+            DeadLetterReason::Expired => format!("expired:{kind}"),
+            other => format!("dead_lettered:{other}"),
+        })
+    }
 
-fn count_left(
-    tx: &WriteTransaction,
-    device: &str,
-    seq: u64,
-    counter: impl Fn(&str) -> String,
-) -> Result<(), OutboxError> {
-    let mut jobs = tx.open_table(JOBS).map_err(db)?;
-    let Some(row) = jobs.remove((device, seq)).map_err(db)? else { return Ok(()) };
-    let (topic, bucket, kind) = row.value();
-    let (topic, name) = (topic.to_string(), counter(kind));
-    drop(row);
-    let mut counts = tx.open_table(COUNTS).map_err(db)?;
-    bump(&mut counts, bucket, &topic, &name)
+    fn left(&mut self, device: &str, seq: u64, counter: impl Fn(&str) -> String) -> Result<(), OutboxError> {
+        let Some(row) = self.jobs.remove((device, seq)).map_err(db)? else { return Ok(()) };
+        let (topic, bucket, kind) = row.value();
+        let (topic, name) = (topic.to_string(), counter(kind));
+        drop(row);
+        self.bump(bucket, &topic, name);
+        Ok(())
+    }
+
+    /// Writes the marks moved and the counts added up, in `tx`.
+    pub(crate) fn finish(mut self, tx: &WriteTransaction) -> Result<(), OutboxError> {
+        for ((topic, partition), mark) in &self.seen {
+            self.marks.insert((topic.as_str(), *partition), *mark).map_err(db)?;
+        }
+        if self.counts.is_empty() {
+            return Ok(());
+        }
+        let mut counts = tx.open_table(COUNTS).map_err(db)?;
+        for ((bucket, topic, counter), n) in &self.counts {
+            let key = (*bucket, topic.as_str(), counter.as_str());
+            let before = counts.get(key).map_err(db)?.map_or(0, |v| v.value());
+            counts.insert(key, before + n).map_err(db)?;
+        }
+        Ok(())
+    }
 }
 
 /// One window of one topic: what happened to the records whose event time falls in it.
