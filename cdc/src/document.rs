@@ -83,6 +83,42 @@ pub struct Charge {
     pub end_to_end_id: Option<String>,
 }
 
+/// A printer pixgate drives itself, over raw TCP, a serial line or a USB line-printer
+/// device: `printer.transport` `tcp`, `serial` or `usb`, with the pixgate extensions
+/// `printer.endpoint` and `printer.interruptedJob`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectPrinter {
+    /// `printer.endpoint`: a URL whose scheme is the transport, e.g. `tcp://10.0.0.5:9100`,
+    /// `serial:///dev/ttyUSB0?baud=19200&flow=rtscts`, `usb:///dev/usb/lp0`. Its settings
+    /// are checked by the gateway's endpoint parser.
+    pub endpoint: String,
+    /// `printer.interruptedJob`: what to do with a job whose writing was cut short.
+    pub interrupted: Interrupted,
+}
+
+/// What happens to a job a direct printer may or may not have printed (pixgate crashed, or
+/// the connection dropped, while writing it): a raw printer cannot dedupe, and nobody can
+/// tell whether the paper came out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Interrupted {
+    /// `reprint` (default): printed again under a "2ª VIA / REIMPRESSÃO" header, so a
+    /// second copy never passes for a second original.
+    #[default]
+    Reprint,
+    /// `hold`: the printer's queue is held until an operator decides.
+    Hold,
+}
+
+impl Interrupted {
+    /// `reprint` or `hold`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Interrupted::Reprint => "reprint",
+            Interrupted::Hold => "hold",
+        }
+    }
+}
+
 /// What kind of device a `Device` document describes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeviceKind {
@@ -99,6 +135,9 @@ pub enum DeviceKind {
         /// "pay with Pix" slip when the charge is `ACTIVE` and an expiry notice when it is
         /// `EXPIRED` (`router`).
         pix_slip: bool,
+        /// `printer.transport` other than `mqtt`: pixgate drives the printer itself
+        /// ([`DirectPrinter`]); `None` for an MQTT printer (the default).
+        direct: Option<DirectPrinter>,
     },
     /// A card machine.
     Terminal {

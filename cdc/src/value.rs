@@ -4,7 +4,7 @@
 //! unit test and by the fuzz target `fuzz/fuzz_targets/cdc_decode.rs`); device events and
 //! the fallback take these.
 
-use crate::document::{Charge, ChargeStatus, Device, DeviceKind, Envelope, Operation};
+use crate::document::{Charge, ChargeStatus, Device, DeviceKind, DirectPrinter, Envelope, Interrupted, Operation};
 use crate::error::DecodeError;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -101,7 +101,9 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 /// # Errors
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
 /// 80 mm, an unknown code page, a `printer.nativeQr` or `printer.printPixSlip` that is not
-/// a boolean.
+/// a boolean, a `printer.transport` other than `mqtt`, `tcp`, `serial`, `usb`, a direct
+/// transport without a `printer.endpoint` of its scheme (or an MQTT one with one), a
+/// `printer.interruptedJob` other than `reprint`, `hold`.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     let id = oid(req(&doc["_id"], "_id")?, "_id")?;
     let company = oid(req(&doc["company"], "company")?, "company")?;
@@ -126,7 +128,8 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
             // Absent `nativeQr` means a raster QR, which every printer prints.
             let native_qr = flag("nativeQr", "printer.nativeQr")?;
             let pix_slip = flag("printPixSlip", "printer.printPixSlip")?;
-            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr, pix_slip }
+            let direct = direct_printer(p)?;
+            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr, pix_slip, direct }
         }
         "terminal" => {
             let s = &doc["screen"];
@@ -152,6 +155,36 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
         enabled: doc["enabled"].as_bool().unwrap_or(true),
         default_for_company: doc["defaultForCompany"].as_bool().unwrap_or(false),
     })
+}
+
+/// `printer.transport` (`mqtt` when absent), `printer.endpoint` (required for the others,
+/// its scheme the transport's name) and `printer.interruptedJob` (`reprint` when absent).
+fn direct_printer(p: &Value) -> Result<Option<DirectPrinter>, DecodeError> {
+    let transport = match &p["transport"] {
+        Value::Null => "mqtt",
+        Value::String(t) if ["mqtt", "tcp", "serial", "usb"].contains(&t.as_str()) => t.as_str(),
+        other => return Err(invalid("printer.transport", format!("{other} is not mqtt, tcp, serial or usb"))),
+    };
+    let endpoint = match &p["endpoint"] {
+        Value::Null => None,
+        Value::String(e) => Some(e.as_str()),
+        other => return Err(invalid("printer.endpoint", format!("{other} is not a string"))),
+    };
+    let interrupted = match &p["interruptedJob"] {
+        Value::Null => Interrupted::Reprint,
+        Value::String(s) if s == "reprint" => Interrupted::Reprint,
+        Value::String(s) if s == "hold" => Interrupted::Hold,
+        other => return Err(invalid("printer.interruptedJob", format!("{other} is not reprint or hold"))),
+    };
+    match (transport, endpoint) {
+        ("mqtt", None) => Ok(None),
+        ("mqtt", Some(e)) => Err(invalid("printer.endpoint", format!("`{e}` is set but printer.transport is mqtt"))),
+        (t, None) => Err(invalid("printer.endpoint", format!("printer.transport {t} needs an endpoint {t}://…"))),
+        (t, Some(e)) if !e.starts_with(&format!("{t}://")) => {
+            Err(invalid("printer.endpoint", format!("`{e}` does not start with {t}:// (printer.transport)")))
+        }
+        (_, Some(e)) => Ok(Some(DirectPrinter { endpoint: e.to_string(), interrupted })),
+    }
 }
 
 fn invalid(field: &'static str, problem: String) -> DecodeError {
@@ -222,6 +255,41 @@ mod tests {
         let d = date(&json!({"$date": "2026-11-27T12:01:07.340Z"}), "d").unwrap();
         assert_eq!(d.timestamp_millis() % 1000, 340);
         assert_eq!(date(&json!({"$date": {"$numberLong": "1000"}}), "d").unwrap().timestamp(), 1);
+    }
+
+    /// `printer.transport`: absent or `mqtt` is an MQTT printer; `tcp`, `serial`, `usb` need
+    /// a `printer.endpoint` of that scheme; `printer.interruptedJob` is `reprint` by
+    /// default. Anything else names the field at fault.
+    #[test]
+    fn a_printers_transport_and_its_endpoint() {
+        let doc = |printer: Value| json!({"_id": "p1", "company": "c1", "kind": "printer", "printer": printer});
+        let direct = |printer: Value| match decode_device(&doc(printer)).map(|d| d.kind) {
+            Ok(DeviceKind::Printer { direct, .. }) => Ok(direct),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.reason() + " " + &e.to_string()),
+        };
+        assert_eq!(direct(json!({})), Ok(None));
+        assert_eq!(direct(json!({"transport": "mqtt"})), Ok(None));
+        assert_eq!(
+            direct(json!({"transport": "tcp", "endpoint": "tcp://10.0.0.5"})),
+            Ok(Some(DirectPrinter { endpoint: "tcp://10.0.0.5".into(), interrupted: Interrupted::Reprint }))
+        );
+        assert_eq!(
+            direct(json!({"transport": "serial", "endpoint": "serial:///dev/ttyS0", "interruptedJob": "hold"})),
+            Ok(Some(DirectPrinter { endpoint: "serial:///dev/ttyS0".into(), interrupted: Interrupted::Hold }))
+        );
+        for (printer, why) in [
+            (json!({"transport": "lpt"}), "invalid_field:printer.transport"),
+            (json!({"transport": 9100}), "invalid_field:printer.transport"),
+            (json!({"transport": "tcp"}), "invalid_field:printer.endpoint field `printer.endpoint`: printer.transport tcp needs an endpoint tcp://…"),
+            (json!({"transport": "usb", "endpoint": "tcp://h"}), "invalid_field:printer.endpoint field `printer.endpoint`: `tcp://h` does not start with usb://"),
+            (json!({"endpoint": "tcp://h"}), "invalid_field:printer.endpoint"),
+            (json!({"transport": "tcp", "endpoint": 1}), "invalid_field:printer.endpoint"),
+            (json!({"transport": "tcp", "endpoint": "tcp://h", "interruptedJob": "twice"}), "invalid_field:printer.interruptedJob"),
+        ] {
+            let got = direct(printer.clone()).unwrap_err();
+            assert!(got.starts_with(why), "{printer}: {got}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //!                                                              │ Command::Enqueue
 //!                                                              ▼
 //!              deliver (dispatcher ──► transport: MQTT router ◄── device listener) ◄──TLS── devices
+//!                                      └─► direct printers' tasks ──TCP 9100 / serial / USB──► printers
 //! ```
 
 use crate::clock::Clock;
@@ -18,7 +19,7 @@ use crate::deliver::deadletter::Publisher as DeadLetterPublisher;
 use crate::deliver::{self, Dispatcher};
 use crate::ingest::consumer;
 use crate::ingest::plan::Planner;
-use crate::model::{Command, Directory};
+use crate::model::{Command, DirectPrinters, Directory};
 use crate::ops::admin::AdminAccess;
 use crate::ops::{http, probe};
 use crate::store::Outbox;
@@ -64,11 +65,24 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(line) = crate::ops::flags::readiness_line(&flags) {
         tracing::warn!("{line}");
     }
-    let planner =
-        Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone())?.with_flags(flags.clone());
-    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx)
+    let local_printers = match &cfg.direct.printers_file {
+        Some(path) => DirectPrinters::load_file(path)?,
+        None => Default::default(),
+    };
+    let printers = Arc::new(DirectPrinters::with_local(local_printers));
+    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
+        .with_flags(flags.clone());
+    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone())
         .await
         .context("starting the device listener")?;
+    let shared = deliver::direct::printer::Shared {
+        cfg: cfg.direct.clone(),
+        printers,
+        outbox: outbox.clone(),
+        incoming: incoming_tx,
+        clock: clock.clone(),
+    };
+    let transport = deliver::direct::Routed::new(shared, publisher);
 
     let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();
@@ -77,7 +91,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
     let mut dispatcher =
-        Dispatcher::new(cfg.delivery.clone(), publisher, finished_tx, stats.clone(), health.clone(), clock.clone())
+        Dispatcher::new(cfg.delivery.clone(), transport, finished_tx, stats.clone(), health.clone(), clock.clone())
             .with_outbox(outbox.clone());
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));

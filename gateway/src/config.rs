@@ -30,6 +30,8 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     /// The durable outbox.
     pub outbox: OutboxConfig,
+    /// Printers pixgate drives itself (raw TCP, serial, USB).
+    pub direct: DirectConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
     /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
@@ -51,6 +53,7 @@ impl Default for Config {
             log: LogConfig::default(),
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
+            direct: DirectConfig::default(),
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
             reconcile: ReconcileConfig::default(),
@@ -75,6 +78,41 @@ pub struct ReconcileConfig {
 impl Default for ReconcileConfig {
     fn default() -> Self {
         ReconcileConfig { window_minutes: 10, stats_windows: 6, retention_hours: 168 }
+    }
+}
+
+/// Printers pixgate drives itself ([`crate::deliver::direct`]): where the ones the registry
+/// does not describe are, and the timings of their connections.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DirectConfig {
+    /// The local printers file (TOML, `[printers.<device id>] endpoint = "tcp://…"`,
+    /// [`crate::model::DirectPrinters::load_file`]): printers whose registry document
+    /// names no direct transport. A bad file stops pixgate at start-up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub printers_file: Option<PathBuf>,
+    /// Opening a connection and waiting for each `DLE EOT` reply, ms.
+    pub io_timeout_ms: u64,
+    /// A write that makes no progress for this long holds the printer's queue, ms.
+    pub stall_timeout_ms: u64,
+    /// How often a held printer's status is asked again (paper out, cover open), ms.
+    pub poll_ms: u64,
+    /// Reconnect delay after the first failure, doubling, ms.
+    pub reconnect_initial_ms: u64,
+    /// Reconnect delay cap, ms.
+    pub reconnect_max_ms: u64,
+}
+
+impl Default for DirectConfig {
+    fn default() -> Self {
+        DirectConfig {
+            printers_file: None,
+            io_timeout_ms: 2_000,
+            stall_timeout_ms: 10_000,
+            poll_ms: 1_000,
+            reconnect_initial_ms: 500,
+            reconnect_max_ms: 30_000,
+        }
     }
 }
 
@@ -198,7 +236,7 @@ impl Default for KafkaConfig {
     }
 }
 
-/// The device listener and the embedded broker behind it (rumqttd's router).
+/// The device listener (MQTT 3.1.1, pixgate's own: `deliver::mqtt`).
 ///
 /// Devices connect over TLS (`tls`), and prove who they are with a client certificate
 /// signed by `tls.client_ca` (device id = the certificate's subject CN) or with the secret
@@ -237,24 +275,6 @@ pub struct MqttConfig {
     pub max_per_address: usize,
     /// Time a socket has to finish the TLS handshake and send CONNECT, ms.
     pub connect_timeout_ms: u64,
-    /// rumqttd keeps what is published on each topic in an in-memory commit log: the
-    /// active segment plus `segment_count` full ones, a segment closing once it holds
-    /// `segment_bytes` or more (at least 1024, rumqttd's minimum). The last message
-    /// published always stays in the active segment, so a device sent one job at a time
-    /// never misses it; the broker's memory per device topic stays under
-    /// `(segment_count + 1) × (segment_bytes + max_payload_bytes)` whatever the traffic.
-    /// pixgate keeps nothing in the broker it needs: the outbox is the record, and a job
-    /// rotated out before its device read it is sent again by the dispatcher.
-    pub segment_bytes: usize,
-    /// Full segments kept per topic besides the active one (see `segment_bytes`).
-    pub segment_count: usize,
-    /// The same for the gateway's own two subscriptions, to every device's acks and to
-    /// every device's status: rumqttd keeps one commit log per subscription filter, so
-    /// these two carry the whole fleet's traffic. Two full segments of this size are kept
-    /// besides the active one; should the gateway fall further behind than that (it reads
-    /// them continuously), the acks it missed are made good by resends after
-    /// `delivery.ack_timeout_ms`.
-    pub gateway_segment_bytes: usize,
 }
 
 impl Default for MqttConfig {
@@ -271,9 +291,6 @@ impl Default for MqttConfig {
             max_handshakes: 256,
             max_per_address: 1_000,
             connect_timeout_ms: 10_000,
-            segment_bytes: 64 << 10,
-            segment_count: 1,
-            gateway_segment_bytes: 4 << 20,
         }
     }
 }

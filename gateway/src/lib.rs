@@ -2,8 +2,9 @@
 //!
 //! Reads the upstream capture job's change events from Kafka (`device.upserted`,
 //! `charge.upserted`), decides which device must show or print what, renders it, queues it
-//! durably in its device's outbox, and delivers it over the embedded MQTT broker one job at
-//! a time per device. A Kafka offset is stored only once every effect of its record is
+//! durably in its device's outbox, and delivers it over the embedded MQTT broker, or
+//! straight to a printer on raw TCP 9100, a serial line or USB, one job at a time per
+//! device. A Kafka offset is stored only once every effect of its record is
 //! durably accepted: in the outbox, or dead-lettered with a reason.
 //!
 //! The modules are layered; each imports only from the layers below it:

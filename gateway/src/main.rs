@@ -83,24 +83,13 @@ enum DevicesCmd {
     Credentials(CredentialsCmd),
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: info; rumqttd and librdkafka at warn),
-/// as plain lines or one JSON object per line (`log.format`).
-///
-/// rumqttd's spans are never recorded: its router opens one per message it routes (an
-/// error-level `publish` span with the topic debug-formatted, and more), and the log
-/// formatter renders each span's fields when it opens, log line or not: about 5% of the
-/// gateway's CPU in the load harness. rumqttd's warnings and errors still log, without
-/// that span context.
+/// Logs to stderr, filtered by `RUST_LOG` (default: info; librdkafka at warn), as plain
+/// lines or one JSON object per line (`log.format`).
 fn init_logs(format: LogFormat) {
     use tracing_subscriber::layer::{Layer, SubscriberExt};
     use tracing_subscriber::util::SubscriberInitExt;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=warn".into());
-    // Global filters, not per-layer ones: a global filter's verdict is cached per callsite,
-    // so a disabled rumqttd span costs nothing, where a per-layer filter is asked again at
-    // every span.
-    let broker_span = |meta: &tracing::Metadata<'_>| !(meta.is_span() && meta.target().starts_with("rumqttd"));
-    let no_broker_spans = tracing_subscriber::filter::filter_fn(broker_span);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,librdkafka=warn".into());
     let fmt = match format {
         LogFormat::Plain => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -117,7 +106,7 @@ fn init_logs(format: LogFormat) {
             .with_writer(std::io::stderr)
             .boxed(),
     };
-    tracing_subscriber::registry().with(no_broker_spans).with(filter).with(fmt).init();
+    tracing_subscriber::registry().with(filter).with(fmt).init();
 }
 
 fn main() -> anyhow::Result<()> {
@@ -126,7 +115,8 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(brcode::run(cmd));
     }
     if let Some(Cmd::Print(cmd)) = &cli.command {
-        std::process::exit(print::run(cmd));
+        let config = || Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"));
+        std::process::exit(print::run(cmd, config));
     }
     // The configuration first: it says how to log. Nothing logs while it loads, and an
     // error in it is printed on stderr as `Error: configuration: …`.

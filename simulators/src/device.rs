@@ -10,8 +10,8 @@
 //!   [`DeviceHandle::set_printer_state`]) and subscribes to its jobs topic at QoS 1 (the
 //!   only topic a device may subscribe to). It subscribes after every ConnAck, also when the
 //!   broker resumed the session: a connection dropped right after its ConnAck leaves a
-//!   resumed session without the subscription its SUBSCRIBE never delivered (rumqttd keeps
-//!   the cursor of a filter the session already has, so nothing is sent twice). It is ready
+//!   resumed session without the subscription its SUBSCRIBE never delivered (a session has
+//!   one subscription per filter, so subscribing again sends nothing twice). It is ready
 //!   at the SUBACK. On a connection error it waits with exponential backoff and jitter
 //!   (200 ms doubling to 5 s) and reconnects, forever, until shutdown. It never publishes
 //!   itself (it spawns for that), so it cannot deadlock on rumqttc's request channel.
@@ -23,7 +23,7 @@
 //!   seq; violations are counted and logged. The MQTT PUBACK is sent only after the ack was
 //!   published (manual acks), and only while the connection the job arrived on is still up,
 //!   so a job that was received but not carried out is redelivered by the broker, and a
-//!   PUBACK is never sent on a later connection (rumqttd drops a connection that acks a
+//!   PUBACK is never sent on a later connection (a broker may drop a connection that acks a
 //!   packet id it did not send, e.g. after the gateway restarted).
 //! - A printer whose state cannot print (`paper_out`, `cover_open`) refuses every job with
 //!   `failed`, `permanent: false`, reason `paper_out`/`cover_open`, as a real printer's
@@ -429,6 +429,10 @@ struct LinkState {
     /// PUBACKs received.
     pubacks: AtomicU64,
     puback_seen: tokio::sync::Notify,
+    /// Asks the poll task to cut the connection ([`DeviceHandle::drop_connection`]).
+    cut: tokio::sync::Notify,
+    /// Connections cut on request.
+    cuts: AtomicU64,
 }
 
 impl LinkState {
@@ -473,6 +477,18 @@ impl DeviceHandle {
     /// Connections the broker accepted so far (successful ConnAcks, reconnects included).
     pub fn connects(&self) -> u64 {
         self.link.connects.load(Ordering::Relaxed)
+    }
+
+    /// Cuts the connection as a network failure would (no DISCONNECT: the broker sees the
+    /// socket close and publishes the will); the device reconnects after a random 0.5–3 s,
+    /// resuming its session. For churn in load runs ([`crate::fleet::FleetHandle::churn`]).
+    pub fn drop_connection(&self) {
+        self.link.cut.notify_one();
+    }
+
+    /// Connections cut by [`DeviceHandle::drop_connection`] so far.
+    pub fn dropped_connections(&self) -> u64 {
+        self.link.cuts.load(Ordering::Relaxed)
     }
 
     /// The last connection error, as rumqttc put it (e.g. a TLS alert from the broker).
@@ -734,6 +750,19 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
         let ev = tokio::select! {
             _ = stopped(&mut stop) => break,
             ev = eventloop.poll() => ev,
+            () = link.cut.notified() => {
+                // Dropping the socket without DISCONNECT; the next poll connects again.
+                eventloop.network = None;
+                let _ = ready.send(false);
+                link.cuts.fetch_add(1, Ordering::Relaxed);
+                let wait = 500 + jitter(&mut seed, 2_500);
+                tracing::info!(device = %id, "connection cut; reconnecting in {wait} ms");
+                tokio::select! {
+                    _ = stopped(&mut stop) => break,
+                    _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                }
+                continue;
+            }
         };
         match ev {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {

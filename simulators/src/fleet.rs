@@ -157,6 +157,28 @@ impl FleetHandle {
             .collect()
     }
 
+    /// Cuts the connection of one connected device, picked with `seed` (an xorshift state,
+    /// advanced), as a network failure would; it reconnects by itself. Returns its id, or
+    /// `None` when no device is connected. Called at a steady rate, this is the churn of a
+    /// real fleet (`fleet-sim --churn-per-minute`, `pixgate-load --churn-per-minute`).
+    pub fn drop_random_connection(&self, seed: &mut u64) -> Option<&str> {
+        let connected: Vec<&DeviceHandle> = self.devices.iter().filter(|d| d.is_ready()).collect();
+        if connected.is_empty() {
+            return None;
+        }
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        let d = connected[(*seed % connected.len() as u64) as usize];
+        d.drop_connection();
+        Some(d.id())
+    }
+
+    /// Connections cut by [`FleetHandle::drop_random_connection`], summed over the devices.
+    pub fn dropped_connections(&self) -> u64 {
+        self.devices.iter().map(DeviceHandle::dropped_connections).sum()
+    }
+
     /// Ids of the simulated devices.
     pub fn device_ids(&self) -> Vec<String> {
         self.devices.iter().map(|d| d.id().to_string()).collect()

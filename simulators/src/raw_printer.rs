@@ -10,10 +10,17 @@
 //!
 //! The condition comes from the command line and, when a state file is given, from that
 //! file, read again whenever the printer needs it (each `DLE EOT`, each job, each idle
-//! tick): words `paper-out`, `paper-near-end` (or `near-end`), `cover-open`, separated by
-//! spaces, commas or lines; an empty file or `ready` is a ready printer; a missing file
-//! means the command-line condition. A job that ends while the printer cannot print (paper
-//! out, cover open) is held and printed, in order, once it can.
+//! tick): words `paper-out`, `paper-near-end` (or `near-end`), `cover-open`, `offline`,
+//! `slow`, separated by spaces, commas or lines; an empty file or `ready` is a ready
+//! printer; a missing file means the command-line condition. A job that ends while the
+//! printer cannot print (paper out, cover open, offline) is held and printed, in order,
+//! once it can. A `slow` printer reads [`SLOW_READ`] bytes every [`SLOW_PAUSE`]: the
+//! sender's flow control (a full TCP window, RTS/CTS or XON/XOFF on a serial line) holds
+//! it back, and nothing is lost.
+//!
+//! Nothing is deduplicated: a raw printer prints every byte it gets, so a test sees
+//! everything the sender wrote, repeats included. The first bytes of each job are reported
+//! (`receiving …` on stdout) so a test can cut a job short.
 
 use crate::effect::{append_transcript, write_file, JobError};
 use crate::escpos::status::{dle_eot_reply, PrinterCondition};
@@ -42,7 +49,7 @@ pub struct RawPrinterOptions {
 
 /// Why a state file's content was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("state file word {word:?} is not paper-out, paper-near-end, near-end, cover-open or ready")]
+#[error("state file word {word:?} is not paper-out, paper-near-end, near-end, cover-open, offline, slow or ready")]
 pub struct BadStateWord {
     /// The word that is not a condition.
     pub word: String,
@@ -59,6 +66,8 @@ pub fn parse_condition(text: &str) -> Result<PrinterCondition, BadStateWord> {
             "paper-out" => c.paper_out = true,
             "paper-near-end" | "near-end" => c.paper_near_end = true,
             "cover-open" => c.cover_open = true,
+            "offline" => c.offline = true,
+            "slow" => c.slow = true,
             "ready" => {}
             _ => return Err(BadStateWord { word: word.to_string() }),
         }
@@ -143,6 +152,11 @@ impl RawPrinter {
         !self.scanner.is_empty()
     }
 
+    /// Whether a job has begun arriving: more than status requests since the last job.
+    pub fn job_started(&self) -> bool {
+        self.scanner.has_content()
+    }
+
     /// Prints held jobs if the printer can print now.
     ///
     /// # Errors
@@ -200,19 +214,31 @@ struct Printed {
 pub trait Report {
     /// A PNG was written.
     fn printed(&mut self, path: &Path);
+    /// The first bytes of a new job arrived from `source`.
+    fn receiving(&mut self, source: &str);
 }
 
-/// Prints `printed <path>` on stdout for each job (one line each, for scripts and tests).
+/// Prints `printed <path>` and `receiving <source>` on stdout (one line each, for scripts
+/// and tests).
 pub struct StdoutReport;
 
 impl Report for StdoutReport {
     fn printed(&mut self, path: &Path) {
         println!("printed {}", path.display());
     }
+    fn receiving(&mut self, source: &str) {
+        println!("receiving {source}");
+    }
 }
 
 /// How long one read waits before the loop checks idle time and held jobs.
 const POLL: Duration = Duration::from_millis(100);
+
+/// Bytes a `slow` printer takes per read.
+pub const SLOW_READ: usize = 256;
+
+/// A `slow` printer's pause after each read.
+pub const SLOW_PAUSE: Duration = Duration::from_millis(20);
 
 /// Reads `io` until it ends (`Ok(0)`) or fails, answering status requests on it and
 /// printing jobs: the loop shared by TCP connections and the serial line. Read timeouts
@@ -231,11 +257,20 @@ pub fn serve<T: Read + Write>(
     let mut last_byte = Instant::now();
     let idle = Duration::from_millis(printer.opts.idle_ms);
     loop {
-        match io.read(&mut buf) {
+        let slow = printer.condition().slow;
+        let want = if slow { SLOW_READ } else { buf.len() };
+        match io.read(&mut buf[..want]) {
             Ok(0) => break,
             Ok(n) => {
                 last_byte = Instant::now();
+                let fresh = !printer.job_started();
                 let (replies, printed) = printer.receive(&buf[..n], source)?;
+                if fresh && (printer.job_started() || !printed.is_empty()) {
+                    report.receiving(source);
+                }
+                if slow {
+                    std::thread::sleep(SLOW_PAUSE);
+                }
                 if !replies.is_empty() {
                     io.write_all(&replies)?;
                     io.flush()?;

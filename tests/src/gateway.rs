@@ -96,10 +96,7 @@ impl GatewayProcess {
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)
             .env("NO_COLOR", "1")
-            .env(
-                "RUST_LOG",
-                std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,rumqttd=warn,librdkafka=info".into()),
-            );
+            .env("RUST_LOG", std::env::var("PIXGATE_TEST_LOG").unwrap_or_else(|_| "info,librdkafka=info".into()));
         for (k, v) in env {
             cmd.env(k, v);
         }

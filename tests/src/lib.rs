@@ -19,6 +19,7 @@ pub mod load;
 pub mod mosquitto;
 pub mod net;
 pub mod pki;
+pub mod printer_sim;
 pub mod scenario;
 
 use std::collections::BTreeMap;

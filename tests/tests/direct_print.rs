@@ -175,3 +175,76 @@ fn a_printer_that_is_not_there_is_a_clear_error() {
     assert!(err.contains("unknown scheme"), "{err}");
     let _ = std::fs::remove_file(file);
 }
+
+/// A tall raster job (`GS v 0`, 200 KB) over a serial line to a printer that takes its
+/// input slowly (`slow`: 256 bytes every 20 ms, so the line's buffer fills and the writer
+/// waits): every byte arrives, in order. Each raster row carries its own number in its
+/// first 16 dots, read back from the PNG the printer made.
+#[test]
+fn a_tall_raster_over_a_slow_serial_line_arrives_whole_and_in_order() {
+    let sim = Sim::start("slow-pty", &["--pty"]);
+    std::fs::write(sim.out.join("state"), "slow").unwrap();
+    let path = sim.line("listening pty");
+    let (width_bytes, rows) = (72usize, 2778usize);
+    let mut job =
+        vec![0x1B, 0x40, 0x1D, 0x76, 0x30, 0x00, width_bytes as u8, 0, (rows & 0xFF) as u8, (rows >> 8) as u8];
+    for r in 0..rows {
+        let mut row = vec![0u8; width_bytes];
+        row[..3].copy_from_slice(&[(r >> 8) as u8, r as u8, 0xFF]);
+        job.extend_from_slice(&row);
+    }
+    job.extend_from_slice(b"\n\x1dVA\x03");
+    assert!(job.len() > 200_000);
+    let file = sim.out.join("raster.bin");
+    std::fs::write(&file, &job).unwrap();
+    let to = format!("serial://{path}?baud=115200&flow=rtscts");
+    let (code, json, err) = print(&["--to", &to, "--timeout-ms", "10000", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{json} {err}");
+    assert_eq!(json["written"].as_u64(), Some(job.len() as u64));
+    let png = sim.line("printed");
+    // The printer counts the four `DLE EOT` queries asked before the job (3 bytes each)
+    // into the job's bytes.
+    assert!(sim.transcript().contains(&format!("({} bytes)", job.len() + 12)), "{}", sim.transcript());
+
+    let img = image::open(&png).unwrap().to_luma8();
+    let black = |x: u32, y: u32| img.get_pixel(x, y).0[0] < 128;
+    // The marker byte (dots 16 to 23) is black on every raster row: where it starts is row 0.
+    let y0 = (0..img.height()).find(|&y| (0..img.width()).any(|x| black(x, y))).expect("something printed");
+    let x0 = (0..img.width()).find(|&x| black(x, y0)).unwrap() - 16;
+    for r in 0..rows as u32 {
+        let n = (0..16).fold(0u32, |n, i| n << 1 | u32::from(black(x0 + i, y0 + r)));
+        assert_eq!(n, r, "raster row {r} at y {}", y0 + r);
+        assert!(black(x0 + 16, y0 + r), "row {r}'s marker");
+    }
+    assert!(!black(x0 + 16, y0 + rows as u32), "no row after the last");
+}
+
+/// `pixgate print --device ID` finds the printer where the gateway would: here in the
+/// local printers file (`direct.printers_file`), no outbox yet. A device it does not know
+/// is a clear error.
+#[test]
+fn a_receipt_by_device_id_from_the_printers_file() {
+    let sim = Sim::start("by-device", &["--tcp", "127.0.0.1:0"]);
+    let addr = sim.line("listening tcp");
+    let printers = sim.out.join("printers.toml");
+    std::fs::write(&printers, format!("[printers.p1]\nendpoint = \"tcp://{addr}\"\n")).unwrap();
+    let file = receipt(&sim.out, "Rita Alves");
+    let by_device = |device: &str| {
+        let out = Command::new(pixgate_tests::gateway::find_binary().unwrap())
+            .args(["print", "--device", device, file.to_str().unwrap()])
+            .env("PIXGATE_DIRECT__PRINTERS_FILE", &printers)
+            .env("PIXGATE_OUTBOX__PATH", sim.out.join("no-outbox.redb"))
+            .output()
+            .unwrap();
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), json, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, json, err) = by_device("p1");
+    assert_eq!(code, Some(0), "{json} {err}");
+    assert_eq!(json["endpoint"], format!("tcp://{addr}"));
+    sim.line("printed");
+    assert!(sim.transcript().contains("Rita Alves"), "{}", sim.transcript());
+    let (code, _, err) = by_device("p2");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("device p2 is not a direct printer"), "{err}");
+}

@@ -116,7 +116,7 @@ async fn json_logs_follow_one_payment_with_its_ids() {
     let rig = Rig::builder("jsonlog")
         .env("PIXGATE_LOG__FORMAT", "json")
         // "job queued" is a debug line.
-        .env("RUST_LOG", "info,rumqttd=warn,librdkafka=info,gateway::ingest::handoff=debug")
+        .env("RUST_LOG", "info,librdkafka=info,gateway::ingest::handoff=debug")
         .start()
         .await;
     let devices = [TERMINAL, PRINTER].map(|id| pixgate_tests::fixture_device(&fixtures, id)).to_vec();

@@ -8,6 +8,7 @@
 //! - A printer proving it with MQTT username = device id and password = its secret
 //!   (mosquitto `password_file` from `mosquitto_passwd -b`, server-only TLS) does the same;
 //!   one with a wrong secret is refused.
+//! - A printer whose connection is cut (churn) comes back by itself and takes a job.
 //! - A printer whose certificate comes from another CA never connects: its connection
 //!   attempts fail, and it never becomes ready, while a fleet-CA printer on the same broker
 //!   does.
@@ -201,6 +202,63 @@ async fn a_printer_with_a_client_certificate_takes_a_job_over_tls() {
 
     device.shutdown().await;
     acks.stop().await;
+    broker.stop().await;
+}
+
+/// Churn as load runs make it (`drop_connection`): the connection is cut without a
+/// DISCONNECT, so the broker publishes the device's will, and the device comes back by
+/// itself (a second CONNACK), subscribed again, and takes the next job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_printer_whose_connection_is_cut_comes_back_by_itself_and_takes_a_job() {
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
+    let dir = TempDir::new("cut");
+    let fleet = pki::Fleet::create(&dir.0.join("pki"), &[PRINTER, PEER]).unwrap();
+    let port = free_port();
+    let broker = start_broker(&dir.0, port, &tls_config(port, &fleet, CERT_AUTH)).await;
+    let peer = ClientAuth::certificate(&fleet.ca_cert(), &fleet.device_cert(PEER), &fleet.device_key(PEER));
+    let mut acks = Subscriber::start_as(port, &peer, "peer-acks", &Topic::Acks(PRINTER.into()).path(), 1, false, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", broker.log_text()));
+    let mut status =
+        Subscriber::start_as(port, &peer, "peer-status", &Topic::Status(PRINTER.into()).path(), 1, false, WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}\n{}", broker.log_text()));
+    let stats = Arc::new(Stats::default());
+    let security =
+        MqttSecurity::Tls { ca: fleet.ca_cert(), identity: DeviceIdentity::Certificate { dir: fleet.devices_dir() } };
+    let device =
+        spawn_device(&printer_spec(PRINTER), &device_options(port, &dir.0.join("out"), security), stats.clone())
+            .unwrap();
+    wait_ready(&device, &broker).await;
+    assert_eq!((device.connects(), device.dropped_connections()), (1, 0));
+
+    device.drop_connection();
+    // The will (offline) reaches the peer: the broker saw the socket die, not a DISCONNECT.
+    let offline = loop {
+        let line = status.next_message(WAIT).await.unwrap().unwrap_or_else(|| panic!("no will within {WAIT:?}"));
+        let s: device_protocol::Status = serde_json::from_str(&line).unwrap();
+        if !s.online {
+            break s;
+        }
+    };
+    assert!(!offline.online);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !(device.connects() == 2 && device.is_ready()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not back within {WAIT:?}: {:?}",
+            device.last_connection_error()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(device.dropped_connections(), 1);
+
+    let (job, ack) = send_job_and_read_ack(port, &peer, PRINTER, &mut acks).await;
+    assert_done(&job, &ack, &stats);
+
+    device.shutdown().await;
+    acks.stop().await;
+    status.stop().await;
     broker.stop().await;
 }
 

@@ -153,7 +153,7 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
                 run(t, "/outbox".into(), false, inspect::outbox_devices).await
             }
             Inspection::Outbox(OutboxCmd::List { device: Some(d) }) => {
-                run(t, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d)).await
+                run(t, format!("/outbox/{d}"), false, |o| inspect::outbox_list(o, &d, None)).await
             }
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
                 run(t, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await

@@ -1,5 +1,8 @@
 //! `pixgate print --to URL FILE`: a raw ESC/POS stream sent to a printer by hand, with the
 //! status the printer answered before and after (what a technician does first at a shop).
+//! `--device ID` instead of `--to` looks the printer up as the gateway would: its registry
+//! document in the outbox (`outbox.path`; the gateway must be stopped, it holds that file),
+//! else the local printers file (`direct.printers_file`).
 //!
 //! Prints one JSON object on stdout: `endpoint`, `before` and `after` (the decoded
 //! `DLE EOT` replies, `null` over USB, which cannot answer), `written` (bytes). Exit status:
@@ -7,7 +10,11 @@
 //! open, error, offline, no answer; `--anyway` writes regardless); 1 the file, the
 //! connection or the write failed (the error on stderr).
 
+use crate::config::Config;
 use crate::deliver::direct::{Endpoint, Link, PrinterStatus};
+use crate::model::{DirectPrinters, DirectSettings};
+use crate::store::Outbox;
+use anyhow::Context;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,8 +24,12 @@ use std::time::Duration;
 pub struct PrintCmd {
     /// The printer: tcp://HOST[:9100], serial:///dev/ttyUSB0?baud=19200&flow=rtscts, or
     /// usb:///dev/usb/lp0.
+    #[arg(long, required_unless_present = "device", conflicts_with = "device")]
+    pub to: Option<String>,
+    /// The printer by its device id, as the gateway reaches it (registry, then
+    /// `direct.printers_file`).
     #[arg(long)]
-    pub to: String,
+    pub device: Option<String>,
     /// The stream to send (e.g. a receipt as pixgate renders it); omitted with --status.
     pub file: Option<PathBuf>,
     /// Only ask the printer's status.
@@ -48,9 +59,10 @@ fn status_json(s: &Option<PrinterStatus>) -> serde_json::Value {
     }
 }
 
-/// Runs `cmd`; returns the exit status (see the module docs).
-pub fn run(cmd: &PrintCmd) -> i32 {
-    match print(cmd) {
+/// Runs `cmd`, loading the configuration with `config` only for `--device`; returns the
+/// exit status (see the module docs).
+pub fn run(cmd: &PrintCmd, config: impl FnOnce() -> anyhow::Result<Config>) -> i32 {
+    match print(cmd, config) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("pixgate print: {e:#}");
@@ -59,8 +71,38 @@ pub fn run(cmd: &PrintCmd) -> i32 {
     }
 }
 
-fn print(cmd: &PrintCmd) -> anyhow::Result<i32> {
-    let endpoint = Endpoint::parse(&cmd.to)?;
+/// Where the gateway reaches `device`: its registry document, else the local printers file.
+///
+/// # Errors
+/// The outbox cannot be opened (the gateway is running), the printers file is bad, or the
+/// device is not a direct printer.
+pub fn device_endpoint(cfg: &Config, device: &str) -> anyhow::Result<Endpoint> {
+    if cfg.outbox.path.exists() {
+        let outbox = Outbox::open(&cfg.outbox.path).with_context(|| {
+            format!("opening the outbox {} (stop pixgate first, or give --to)", cfg.outbox.path.display())
+        })?;
+        if let Some((_, _, doc)) = outbox.devices()?.into_iter().find(|(id, _, _)| id == device) {
+            let doc = doc.with_context(|| format!("device {device} was deleted from the registry"))?;
+            let d = cdc::decode_device(&doc)?;
+            if let Some(s) = DirectSettings::of_device(&d)? {
+                return Ok(s.endpoint);
+            }
+        }
+    }
+    if let Some(path) = &cfg.direct.printers_file {
+        if let Some(s) = DirectPrinters::load_file(path)?.remove(device) {
+            return Ok(s.endpoint);
+        }
+    }
+    anyhow::bail!("device {device} is not a direct printer (neither its registry document nor direct.printers_file give it an endpoint)")
+}
+
+fn print(cmd: &PrintCmd, config: impl FnOnce() -> anyhow::Result<Config>) -> anyhow::Result<i32> {
+    let endpoint = match (&cmd.to, &cmd.device) {
+        (Some(to), _) => Endpoint::parse(to)?,
+        (None, Some(device)) => device_endpoint(&config()?, device)?,
+        (None, None) => anyhow::bail!("give --to URL or --device ID"),
+    };
     let bytes = match (&cmd.file, cmd.status) {
         (_, true) => None,
         (Some(f), false) => Some(std::fs::read(f).map_err(|e| anyhow::anyhow!("reading {}: {e}", f.display()))?),

@@ -9,7 +9,9 @@
 //!   dispatcher as [`crate::model::Command::Device`]. A transport never calls the
 //!   dispatcher.
 //!
-//! Implemented by the embedded MQTT broker's [`crate::deliver::mqtt::Publisher`].
+//! Implemented by the embedded MQTT broker's [`crate::deliver::mqtt::Publisher`], and by
+//! [`crate::deliver::direct::Routed`]: printers pixgate drives itself, the rest through
+//! another transport.
 
 use bytes::Bytes;
 use std::future::Future;
@@ -23,6 +25,10 @@ pub enum TransportError {
     /// stopped); nothing sent through it reaches any device.
     #[error("the {0} link is gone")]
     Closed(&'static str),
+    /// The device's own queue in the transport is full (a direct printer still busy with
+    /// the job and its resends): this send is dropped, the job it repeats is still there.
+    #[error("{0}'s queue is full")]
+    Full(String),
 }
 
 /// A way to hand jobs to devices.

@@ -20,7 +20,9 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::ingest::registry_wait::Deferred;
-use crate::model::{DeadLetter, DeadLetterReason, Directory, EffectFlags, IgnoreReason, SourceRef};
+use crate::model::{
+    DeadLetter, DeadLetterReason, DirectPrinters, DirectSettings, Directory, EffectFlags, IgnoreReason, SourceRef,
+};
 use crate::route::registry::{Applied, Registry};
 use crate::route::render as jobs;
 use crate::route::router::{Decision, Router};
@@ -81,7 +83,7 @@ pub struct Planner {
 
 impl Planner {
     /// A planner for `cfg`'s topics, with the device registry restored from `outbox` (and
-    /// told to `directory`) and a
+    /// told to `directory`, its direct printers to `printers`) and a
     /// router that reads charge states back from it (cached: `outbox.charge_cache_entries`,
     /// at least four batches' worth).
     ///
@@ -93,8 +95,9 @@ impl Planner {
         clock: Clock,
         outbox: &Arc<Outbox>,
         directory: Arc<Directory>,
+        printers: Arc<DirectPrinters>,
     ) -> Result<Planner, OutboxError> {
-        let mut registry = Registry::with_directory(directory);
+        let mut registry = Registry::with_directory(directory).with_direct_printers(printers);
         for (id, at, doc) in outbox.devices()? {
             match doc.as_ref().map(cdc::decode_device).transpose() {
                 Ok(device) => {
@@ -189,6 +192,12 @@ impl Planner {
             Ok(d) => d,
             Err(e) => return (self.dead_record(src, DeadLetterReason::of_decode(&e), e.to_string()), at),
         };
+        // The endpoint's settings (port, baud, parity...) are checked here, where a bad
+        // one can still make the event a dead letter rather than a printer never reached.
+        if let Some(Err(e)) = device.as_ref().map(DirectSettings::of_device) {
+            let reason = DeadLetterReason::InvalidField("printer.endpoint".into());
+            return (self.dead_record(src, reason, format!("field `printer.endpoint`: {e}")), at);
+        }
         self.stats.update(|s| s.devices_applied += 1);
         if self.registry.apply(&env.document_id, env.cluster_time, device) == Applied::Stale {
             return (Accept::default(), at);
@@ -350,9 +359,15 @@ mod tests {
 
     fn planner(name: &str) -> (crate::test_fixtures::TempDir, Planner) {
         let (dir, outbox) = temp_outbox(name);
-        let planner =
-            Planner::restore(&Config::default(), Arc::default(), Clock::with_offset(0), &outbox, Arc::default())
-                .unwrap();
+        let planner = Planner::restore(
+            &Config::default(),
+            Arc::default(),
+            Clock::with_offset(0),
+            &outbox,
+            Arc::default(),
+            Arc::default(),
+        )
+        .unwrap();
         (dir, planner)
     }
 
@@ -368,6 +383,50 @@ mod tests {
         assert_eq!(a.deadletters.len(), 1);
         assert_eq!(a.deadletters[0].source_offset, 7);
         assert_eq!(a.source.as_ref().map(|s| (s.offset, s.key.as_deref())), Some((7, Some("k"))));
+    }
+
+    /// A printer's direct transport reaches the shared map once applied; an endpoint whose
+    /// settings do not parse makes the device event a dead letter that says why, and is
+    /// not applied.
+    #[test]
+    fn a_printers_endpoint_is_applied_or_the_event_is_a_dead_letter() {
+        let (_dir, outbox) = temp_outbox("plan-direct");
+        let printers = Arc::new(DirectPrinters::default());
+        let mut p = Planner::restore(
+            &Config::default(),
+            Arc::default(),
+            Clock::with_offset(0),
+            &outbox,
+            Arc::default(),
+            printers.clone(),
+        )
+        .unwrap();
+        let event = |t: u32, endpoint: &str| {
+            serde_json::json!({
+                "eventId": format!("Device:p1:{t}"), "operationType": "update",
+                "documentKey": {"_id": {"$oid": "p1"}}, "clusterTime": {"$timestamp": {"t": t, "i": 1}},
+                "fullDocument": {"_id": {"$oid": "p1"}, "company": {"$oid": "c1"}, "kind": "printer",
+                    "printer": {"transport": "serial", "endpoint": endpoint, "interruptedJob": "hold"}}
+            })
+            .to_string()
+        };
+        let ok = event(1, "serial:///dev/ttyUSB0?baud=19200&flow=rtscts");
+        let a = p.plan(&source("device.upserted", 1, ok.as_bytes()), |_| false).unwrap();
+        assert!(a.deadletters.is_empty() && a.device.is_some(), "{:?}", a.deadletters);
+        let got = printers.get("p1").expect("direct");
+        assert_eq!(
+            got.endpoint.to_string(),
+            "serial:///dev/ttyUSB0?baud=19200&data_bits=8&parity=none&stop_bits=1&flow=rtscts"
+        );
+        assert_eq!(got.interrupted, cdc::Interrupted::Hold);
+
+        let bad = event(2, "serial:///dev/ttyUSB0?baud=fast");
+        let a = p.plan(&source("device.upserted", 2, bad.as_bytes()), |_| false).unwrap();
+        assert!(a.device.is_none());
+        assert_eq!(a.deadletters.len(), 1);
+        assert_eq!(a.deadletters[0].reason.to_string(), "invalid_field:printer.endpoint");
+        assert!(a.deadletters[0].detail.contains("baud must be 50 to 4000000"), "{}", a.deadletters[0].detail);
+        assert_eq!(printers.get("p1"), Some(got), "the bad event changed nothing");
     }
 
     #[test]
@@ -419,9 +478,16 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let flags = Arc::new(EffectFlags::default());
         flags.set(EffectKind::DisplayQr, false);
-        let mut p = Planner::restore(&Config::default(), stats.clone(), Clock::with_offset(0), &outbox, Arc::default())
-            .unwrap()
-            .with_flags(flags);
+        let mut p = Planner::restore(
+            &Config::default(),
+            stats.clone(),
+            Clock::with_offset(0),
+            &outbox,
+            Arc::default(),
+            Arc::default(),
+        )
+        .unwrap()
+        .with_flags(flags);
         let mut kinds = std::collections::BTreeMap::<String, u64>::new();
         for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate()
         {
@@ -442,9 +508,15 @@ mod tests {
     fn the_fixtures_reconcile_in_windows_of_event_time() {
         use std::collections::BTreeMap;
         let (_dir, outbox) = temp_outbox("plan-reconcile");
-        let mut p =
-            Planner::restore(&Config::default(), Arc::default(), Clock::with_offset(0), &outbox, Arc::default())
-                .unwrap();
+        let mut p = Planner::restore(
+            &Config::default(),
+            Arc::default(),
+            Clock::with_offset(0),
+            &outbox,
+            Arc::default(),
+            Arc::default(),
+        )
+        .unwrap();
         // A record without a readable clusterTime is counted by its Kafka timestamp.
         let kafka_ts: i64 = 1_795_000_000_000;
         let window = 600u64;

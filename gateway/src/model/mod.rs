@@ -1,15 +1,18 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
-//! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), what passes between the consumer and the dispatcher ([`handoff`]),
+//! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), what passes between the consumer and the dispatcher ([`handoff`]),
 //! the effect flags of a cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
 pub mod dead_letter;
+pub mod direct_printers;
 pub mod directory;
+pub mod endpoint;
 pub mod flags;
 pub mod handoff;
 pub mod job;
 pub mod reason;
 
 pub use dead_letter::DeadLetter;
+pub use direct_printers::{DirectPrinters, DirectSettings};
 pub use directory::{Directory, Standing};
 pub use flags::EffectFlags;
 pub use handoff::{Command, Finished, Incoming, Outcome};

@@ -88,7 +88,7 @@ pub fn routes(state: AppState) -> Router {
         .route(
             "/outbox/{device}",
             get(|State(s): State<AppState>, Path(d): Path<String>| async move {
-                reply(inspect::outbox_list(&s.outbox, &d))
+                reply(inspect::outbox_list(&s.outbox, &d, s.stats.held(&d)))
             }),
         )
         .route(

@@ -74,13 +74,16 @@ pub fn outbox_devices(outbox: &Outbox) -> Result<Value, InspectError> {
     Ok(json!({ "devices": counts, "total": total }))
 }
 
-/// `{"device": id, "jobs": [summary, …]}` in delivery order (the first may be in flight).
+/// `{"device": id, "held": why, "jobs": [summary, …]}`, jobs in delivery order (the first
+/// may be in flight); `held` is why the running gateway holds the device's queue
+/// (`offline`, `paper_out`, `cover_open`; `null`: not held, or read from the outbox file
+/// with no gateway running).
 ///
 /// # Errors
 /// The outbox cannot be read.
-pub fn outbox_list(outbox: &Outbox, device: &str) -> Result<Value, InspectError> {
+pub fn outbox_list(outbox: &Outbox, device: &str, held: Option<&str>) -> Result<Value, InspectError> {
     let jobs: Vec<Value> = outbox.device_jobs(device)?.iter().map(job_summary).collect();
-    Ok(json!({ "device": device, "jobs": jobs }))
+    Ok(json!({ "device": device, "held": held, "jobs": jobs }))
 }
 
 /// One queued job in full: the job as the device will receive it, and its source record.
@@ -176,7 +179,7 @@ mod tests {
         let src = SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 7, key: Some("c".into()) };
         let q = o.accept(None, vec![("p1".into(), job)], &src, 1).unwrap();
         assert_eq!(outbox_devices(&o).unwrap()["devices"]["p1"], 1);
-        assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["payload_bytes"], 2);
+        assert_eq!(outbox_list(&o, "p1", None).unwrap()["jobs"][0]["payload_bytes"], 2);
         assert_eq!(outbox_show(&o, "p1", 1).unwrap()["job"]["message_id"], "m1");
         assert!(matches!(outbox_show(&o, "p1", 9), Err(InspectError::NotFound(_))));
 
@@ -200,7 +203,7 @@ mod tests {
             "a replayed receipt lives its TTL again"
         );
         assert_eq!((stored.job.seq, stored.job.message_id.as_str()), (2, "m1"), "new seq, same message id");
-        assert_eq!(outbox_list(&o, "p1").unwrap()["jobs"][0]["seq"], 2);
+        assert_eq!(outbox_list(&o, "p1", None).unwrap()["jobs"][0]["seq"], 2);
         assert!(matches!(o.replay(id, 4, |_| chrono::Duration::zero()), Err(ReplayError::AlreadyReplayed(_))));
         assert_eq!(deadletter_show(&o, id).unwrap()["state"], "replayed");
 

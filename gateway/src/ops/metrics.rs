@@ -267,6 +267,12 @@ impl prometheus_client::collector::Collector for Exposition {
             "Devices whose queue is at outbox.max_jobs_per_device.",
             s.devices_at_bound as f64,
         )?;
+        gauges(
+            e,
+            "held_devices",
+            "Devices whose queue is held by their status, by why (offline, paper_out, cover_open).",
+            s.held_devices.iter().map(|(k, v)| ([("reason", k.clone())], *v as f64)),
+        )?;
         Ok(())
     }
 }

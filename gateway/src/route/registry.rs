@@ -2,7 +2,7 @@
 //! `device.upserted` events. An event older (by oplog position) than what is already applied
 //! for that device is ignored, so a redelivered old event cannot undo a newer change.
 
-use crate::model::Directory;
+use crate::model::{DirectPrinters, DirectSettings, Directory};
 use cdc::{Device, DeviceKind};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +13,8 @@ pub struct Registry {
     devices: HashMap<String, (u64, Option<Device>)>,
     /// Told of every change, for the device listener.
     directory: Option<Arc<Directory>>,
+    /// Told of every printer's transport, for the delivery transport.
+    printers: Option<Arc<DirectPrinters>>,
 }
 
 /// What applying a device event did.
@@ -29,7 +31,13 @@ pub enum Applied {
 impl Registry {
     /// An empty registry that tells `directory` of every change.
     pub fn with_directory(directory: Arc<Directory>) -> Registry {
-        Registry { devices: HashMap::new(), directory: Some(directory) }
+        Registry { devices: HashMap::new(), directory: Some(directory), printers: None }
+    }
+
+    /// Also tells `printers` which printers are driven directly, and where they are.
+    pub fn with_direct_printers(mut self, printers: Arc<DirectPrinters>) -> Registry {
+        self.printers = Some(printers);
+        self
     }
 
     /// Applies an upsert (`Some(device)`) or a delete (`None`) of `id` at oplog position
@@ -43,6 +51,15 @@ impl Registry {
         let removed = device.is_none();
         if let Some(dir) = &self.directory {
             dir.set(id, device.as_ref().map(|d| d.enabled));
+        }
+        if let Some(printers) = &self.printers {
+            // The planner dead-letters a device event whose endpoint does not parse before it
+            // is applied; a stored entry that no longer parses is logged and counts as MQTT.
+            let direct = device.as_ref().map(DirectSettings::of_device).transpose().unwrap_or_else(|e| {
+                tracing::error!(device = id, error = %e, "registry entry's printer endpoint does not parse");
+                None
+            });
+            printers.set(id, direct.flatten());
         }
         self.devices.insert(id.to_string(), (cluster_time, device));
         if removed {

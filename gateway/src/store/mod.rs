@@ -9,5 +9,5 @@ pub mod outbox;
 pub mod reconcile;
 
 pub use outbox::{
-    Accept, ChargeState, DeviceEntry, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written,
+    Accept, ChargeState, DeviceEntry, DirectMark, Outbox, OutboxError, ParkedDeadLetter, Removal, ReplayError, Written,
 };

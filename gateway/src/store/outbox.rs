@@ -28,7 +28,8 @@
 //! `deadletters` id → JSON [`ParkedDeadLetter`]; `parked` the ids not yet published;
 //! `deadletters_by_source` (source topic, partition, offset, which) → id, so a record read
 //! again parks none of its dead letters twice; `meta` name → counter (the last
-//! dead-letter id).
+//! dead-letter id); `direct_writing` device → a direct printer's last job and whether it
+//! was written whole ([`Outbox::mark_direct`]).
 
 use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
 use crate::store::reconcile::{Counting, RecordTally};
@@ -63,6 +64,11 @@ const PARKED: TableDefinition<u64, ()> = TableDefinition::new("parked");
 /// letter at its retention ([`Outbox::prune_deadletters`]).
 const DL_BY_SOURCE: TableDefinition<(&str, i32, i64, &str), u64> = TableDefinition::new("deadletters_by_source");
 const LAST_DEADLETTER_ID: &str = "last_deadletter_id";
+/// Direct printers' last job: device → (seq, message id, done). Written, synced, before a
+/// job's bytes go to the printer (`done` false) and once they are all written (`done`
+/// true): a raw printer cannot dedupe, so this is what tells, after a crash, a job that
+/// may have printed (interrupted) from one that did (never printed again).
+const DIRECT_WRITING: TableDefinition<&str, (u64, &str, bool)> = TableDefinition::new("direct_writing");
 
 /// The `which` of [`DL_BY_SOURCE`]: the `index`-th dead letter of its record.
 fn which_of(index: usize, dl: &DeadLetter) -> String {
@@ -395,6 +401,17 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
     Ok(out)
 }
 
+/// A direct printer's last job as the outbox recorded it ([`Outbox::mark_direct`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectMark {
+    /// The job's seq.
+    pub seq: u64,
+    /// The job's message id.
+    pub message_id: String,
+    /// Written whole (`true`), or being written (`false`: cut short if found at start-up).
+    pub done: bool,
+}
+
 /// The outbox database.
 pub struct Outbox {
     /// Also used by the other tables' files of [`crate::store`] (effect flags).
@@ -432,6 +449,7 @@ impl Outbox {
             tx.open_table(META).map_err(err)?;
             tx.open_table(PARKED).map_err(err)?;
             tx.open_table(DL_BY_SOURCE).map_err(err)?;
+            tx.open_table(DIRECT_WRITING).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Outbox { db })
@@ -800,6 +818,36 @@ impl Outbox {
             out.push(f(decode_row(k.value().0, v.value())?));
         }
         Ok(out)
+    }
+
+    /// Records, durably (synced when it returns), that `device`'s job `seq`
+    /// (`message_id`) is being written to its direct printer (`done` false) or was written
+    /// whole (`done` true). One row per device: its jobs are written one at a time, in
+    /// `seq` order.
+    ///
+    /// # Errors
+    /// Disk or database failure: the caller must not write the job.
+    pub fn mark_direct(&self, device: &str, mark: &DirectMark) -> Result<(), OutboxError> {
+        let mut tx = self.db.begin_write().map_err(err)?;
+        tx.set_durability(Durability::Immediate).map_err(err)?;
+        {
+            let mut t = tx.open_table(DIRECT_WRITING).map_err(err)?;
+            t.insert(device, (mark.seq, mark.message_id.as_str(), mark.done)).map_err(err)?;
+        }
+        tx.commit().map_err(err)
+    }
+
+    /// `device`'s last [`Outbox::mark_direct`], if any.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn direct_mark(&self, device: &str) -> Result<Option<DirectMark>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let t = tx.open_table(DIRECT_WRITING).map_err(err)?;
+        Ok(t.get(device).map_err(err)?.map(|v| {
+            let (seq, message_id, done) = v.value();
+            DirectMark { seq, message_id: message_id.to_string(), done }
+        }))
     }
 
     /// The wire bytes of one queued job (its JSON, payload included, as published);

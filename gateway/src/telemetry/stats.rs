@@ -69,6 +69,9 @@ pub struct Snapshot {
     /// Requests to an admin endpoint refused with 401 (no token, a wrong one, or no token
     /// configured on a listener that is not loopback; [`crate::ops::admin`]).
     pub http_unauthorized: u64,
+    /// Devices whose queue is held by their last status, by why: `offline` (away,
+    /// unplugged, unreachable), `paper_out`, `cover_open`. Counted when served.
+    pub held_devices: BTreeMap<String, u64>,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.
@@ -76,11 +79,13 @@ pub struct Snapshot {
 pub struct Stats {
     inner: Mutex<Snapshot>,
     last_poll: Mutex<Instant>,
+    /// Device → why its queue is held ([`Stats::device_status`]).
+    held: Mutex<BTreeMap<String, &'static str>>,
 }
 
 impl Default for Stats {
     fn default() -> Self {
-        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()) }
+        Stats { inner: Mutex::new(Snapshot::default()), last_poll: Mutex::new(Instant::now()), held: Mutex::default() }
     }
 }
 
@@ -146,10 +151,28 @@ impl Stats {
         self.last_poll.lock().expect("poll lock").elapsed().as_millis() as u64
     }
 
+    /// A device's last status: `held` is why its queue is held (`offline`, `paper_out`,
+    /// `cover_open`), `None` when it can take jobs.
+    pub fn device_status(&self, device: &str, held: Option<&'static str>) {
+        let mut m = self.held.lock().expect("held lock");
+        match held {
+            Some(why) => m.insert(device.to_string(), why),
+            None => m.remove(device),
+        };
+    }
+
+    /// Why `device`'s queue is held, if it is.
+    pub fn held(&self, device: &str) -> Option<&'static str> {
+        self.held.lock().expect("held lock").get(device).copied()
+    }
+
     /// The current counters, `consumer_idle_ms` as of now.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.inner.lock().expect("stats lock").clone();
         s.consumer_idle_ms = self.idle_ms();
+        for why in self.held.lock().expect("held lock").values() {
+            bump(&mut s.held_devices, why);
+        }
         s
     }
 }

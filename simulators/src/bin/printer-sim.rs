@@ -101,7 +101,8 @@ enum Cmd {
         #[arg(long)]
         cover_open: bool,
         /// Read the condition from this file at run time (words `paper-out`,
-        /// `paper-near-end`, `cover-open`; empty or `ready`: ready; missing: the flags above).
+        /// `paper-near-end`, `cover-open`, `offline`, `slow`; empty or `ready`: ready;
+        /// missing: the flags above).
         #[arg(long)]
         state_file: Option<PathBuf>,
         /// Print what has arrived when the line has been quiet this long without a cut, ms (0: only at cuts and when a connection closes).
@@ -166,7 +167,7 @@ async fn main() -> Result<()> {
             let mut printer = RawPrinter::new(RawPrinterOptions {
                 settings: PrinterSettings::for_paper(paper, code_page(&cp)?).with_model(&model),
                 out,
-                condition: PrinterCondition { paper_out, paper_near_end, cover_open },
+                condition: PrinterCondition { paper_out, paper_near_end, cover_open, ..PrinterCondition::default() },
                 state_file,
                 idle_ms,
             });

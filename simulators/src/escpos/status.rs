@@ -31,12 +31,18 @@ pub struct PrinterCondition {
     pub paper_near_end: bool,
     /// The roll-paper cover is open: the printer goes offline.
     pub cover_open: bool,
+    /// Switched offline (the feed button held, a buffer-full or macro state): answers
+    /// `DLE EOT 1` offline and prints nothing until back.
+    pub offline: bool,
+    /// Busy: takes its input slowly (a small receive buffer, read a little at a time), so a
+    /// sender's flow control (a full TCP window, RTS/CTS, XON/XOFF) holds it back.
+    pub slow: bool,
 }
 
 impl PrinterCondition {
     /// Whether the printer prints what it receives (no paper-out, no open cover).
     pub fn can_print(&self) -> bool {
-        !self.paper_out && !self.cover_open
+        !self.paper_out && !self.cover_open && !self.offline
     }
 
     /// The same condition as the device protocol's printer state (the worst one wins:
@@ -75,7 +81,7 @@ mod tests {
     use super::*;
 
     fn cond(paper_out: bool, paper_near_end: bool, cover_open: bool) -> PrinterCondition {
-        PrinterCondition { paper_out, paper_near_end, cover_open }
+        PrinterCondition { paper_out, paper_near_end, cover_open, ..PrinterCondition::default() }
     }
 
     /// The reply bytes the notes list for each condition.

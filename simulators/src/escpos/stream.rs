@@ -33,6 +33,8 @@ pub struct StreamScanner {
     buf: Vec<u8>,
     /// Length of the prefix of `buf` that is whole commands.
     parsed: usize,
+    /// Whether a command other than a status request was parsed since the last job.
+    content: bool,
 }
 
 impl StreamScanner {
@@ -66,6 +68,7 @@ impl StreamScanner {
                 _ => None,
             };
             self.parsed += end;
+            self.content |= !matches!(action, Some(StreamEvent::StatusRequest(_)));
             match action {
                 Some(StreamEvent::Job(_)) => events.push(StreamEvent::Job(self.take_parsed())),
                 Some(e) => events.push(e),
@@ -82,7 +85,14 @@ impl StreamScanner {
     /// job, including an incomplete command at the end, which the decoder reports.
     pub fn finish(&mut self) -> Vec<u8> {
         self.parsed = 0;
+        self.content = false;
         std::mem::take(&mut self.buf)
+    }
+
+    /// Whether the current job has begun: a command other than a status request arrived
+    /// since the last job.
+    pub fn has_content(&self) -> bool {
+        self.content
     }
 
     /// Whether bytes since the last job are waiting.
@@ -93,6 +103,7 @@ impl StreamScanner {
     fn take_parsed(&mut self) -> Vec<u8> {
         let job: Vec<u8> = self.buf.drain(..self.parsed).collect();
         self.parsed = 0;
+        self.content = false;
         job
     }
 }
@@ -100,6 +111,22 @@ impl StreamScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Status requests alone do not begin a job; the first other command does, and the
+    /// job's end (a cut) or the stream's resets it.
+    #[test]
+    fn a_job_begins_with_its_first_command_that_is_not_a_status_request() {
+        let mut s = StreamScanner::new();
+        s.push(b"\x10\x04\x01\x10\x04\x04");
+        assert!(!s.has_content(), "queries only");
+        s.push(b"\x1b@Hello");
+        assert!(s.has_content());
+        s.push(b"\n\x1dVA\x03");
+        assert!(!s.has_content(), "cut: the job is over");
+        s.push(b"\x1b@");
+        s.finish();
+        assert!(!s.has_content(), "stream over");
+    }
 
     /// Everything, one byte at a time: the same events as all at once.
     fn bytewise(bytes: &[u8]) -> Vec<StreamEvent> {

@@ -46,6 +46,10 @@ struct Args {
     /// Longest wait for the whole fleet to connect, seconds.
     #[arg(long, default_value_t = 600)]
     connect_timeout_s: u64,
+    /// Device connections cut at random per minute over the drain and live phase, as a
+    /// real network drops them (0: none); each device reconnects by itself.
+    #[arg(long, default_value_t = 0.0)]
+    churn_per_minute: f64,
 }
 
 #[tokio::main]
@@ -68,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         env: a.pixgate_env,
         fleet_tls: a.tls,
         connect_timeout: Duration::from_secs(a.connect_timeout_s),
+        churn_per_minute: a.churn_per_minute,
     };
     println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
     // Ctrl-C or SIGTERM: dropping the run stops the broker and pixgate it started (a

@@ -4,8 +4,8 @@
 //! Blocking I/O (a serial line is a file descriptor; `serialport` is blocking): call it
 //! from a thread of its own or `spawn_blocking`.
 
-use super::endpoint::{Endpoint, SerialSettings};
 use super::status::{PrinterStatus, QUERIES};
+use crate::model::endpoint::{Endpoint, SerialSettings};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 

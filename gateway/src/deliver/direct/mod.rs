@@ -1,14 +1,19 @@
 //! Printers pixgate drives itself, without MQTT: a raw TCP socket (port 9100), a serial
-//! line or a USB line-printer device ([`endpoint`]), written in chunks under a stall
+//! line or a USB line-printer device ([`Endpoint`]), written in chunks under a stall
 //! deadline, with the real-time status asked before and after ([`link`], [`status`]).
 //!
-//! Today this serves `pixgate print` (a technician's first test at a shop); the dispatcher
-//! reaching such printers through the transport seam builds on it.
+//! The dispatcher reaches them through [`Routed`], the transport that hands a direct
+//! printer's jobs to its own task ([`printer`]) and every other device's to MQTT; a job
+//! cut short is printed again under a header ([`reprint`]). `pixgate print` uses the same
+//! link by hand.
 
-pub mod endpoint;
 pub mod link;
+pub mod printer;
+pub mod reprint;
+pub mod routed;
 pub mod status;
 
-pub use endpoint::Endpoint;
+pub use crate::model::endpoint::Endpoint;
 pub use link::Link;
+pub use routed::Routed;
 pub use status::PrinterStatus;

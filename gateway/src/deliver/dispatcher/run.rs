@@ -9,6 +9,7 @@ use crate::deliver::transport::Transport;
 use crate::model::{Command, Finished, Incoming, Outcome, StoredJob};
 use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
+use device_protocol::PrinterState;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,7 +116,16 @@ impl<T: Transport> Dispatcher<T> {
                 self.health.acked();
                 self.machine.ack(&device, ack, now, wall)
             }
-            Command::Device(Incoming::Status { device, status }) => self.machine.status(&device, status, now, wall),
+            Command::Device(Incoming::Status { device, status }) => {
+                let held = match status.printer {
+                    _ if !status.online => Some("offline"),
+                    Some(PrinterState::PaperOut) => Some("paper_out"),
+                    Some(PrinterState::CoverOpen) => Some("cover_open"),
+                    _ => None,
+                };
+                self.stats.device_status(&device, held);
+                self.machine.status(&device, status, now, wall)
+            }
         }
     }
 

@@ -1,10 +1,10 @@
 //! Who is connecting: the CONNECT checked against the TLS client certificate, the device
-//! secrets and the registry, before the device gets a link to the broker.
+//! secrets and the registry, before the device gets a session.
 
 use super::access::{self, Rule};
 use crate::model::{Directory, Standing};
 use crate::store::credentials::{key_path, Credentials};
-use rumqttd::protocol::{ConnectReturnCode, Login};
+use rumqttc::mqttbytes::v4::{ConnectReturnCode, Login};
 use std::path::PathBuf;
 use std::sync::RwLock;
 use std::time::SystemTime;
@@ -118,9 +118,9 @@ impl Authenticator {
         peer: &Peer,
         directory: &Directory,
     ) -> Result<(String, Credential), Refusal> {
-        use ConnectReturnCode::{ClientIdentifierNotValid, NotAuthorized};
+        use ConnectReturnCode::{BadClientId, NotAuthorized};
         let Some(device) = access::device_of_client_id(client_id) else {
-            return Err((Rule::ClientId, ClientIdentifierNotValid));
+            return Err((Rule::ClientId, BadClientId));
         };
         let credential;
         if let Some(cert) = &peer.certificate {

@@ -10,13 +10,12 @@
 
 use super::access::Rule;
 use super::auth::{Authenticator, Peer};
+use super::hub::Hub;
 use super::session;
 use super::tls::{certificate_identity, Tls};
 use crate::config::MqttConfig;
 use crate::model::Directory;
 use crate::telemetry::Stats;
-use rumqttd::local::{LinkError, LinkRx, LinkTx};
-use rumqttd::Notification;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,11 +23,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-
-/// Builds a device's link to the router: `(client id, clean session)` → the link and the
-/// router's CONNACK. Blocks until the router answers (call it off the async threads).
-pub type LinkFactory =
-    Arc<dyn Fn(&str, bool) -> Result<(LinkTx, LinkRx, Notification), Box<LinkError>> + Send + Sync + 'static>;
 
 /// What every connection shares.
 pub struct Shared {
@@ -42,8 +36,8 @@ pub struct Shared {
     pub directory: Arc<Directory>,
     /// `mqtt_connected` and `mqtt_refusals` on `/stats` and `/metrics`.
     pub stats: Arc<Stats>,
-    /// Links to the router.
-    pub links: LinkFactory,
+    /// Where sessions meet the gateway.
+    pub hub: Arc<Hub>,
     connected: AtomicUsize,
     per_address: Mutex<HashMap<IpAddr, usize>>,
     handshakes: Arc<Semaphore>,
@@ -60,7 +54,7 @@ impl Shared {
         auth: Authenticator,
         directory: Arc<Directory>,
         stats: Arc<Stats>,
-        links: LinkFactory,
+        hub: Arc<Hub>,
     ) -> Shared {
         let handshakes = Arc::new(Semaphore::new(cfg.max_handshakes.max(1)));
         Shared {
@@ -69,7 +63,7 @@ impl Shared {
             auth,
             directory,
             stats,
-            links,
+            hub,
             connected: AtomicUsize::new(0),
             per_address: Mutex::default(),
             handshakes,

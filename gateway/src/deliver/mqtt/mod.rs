@@ -1,20 +1,22 @@
-//! Devices over MQTT 3.1.1: pixgate's own device listener in front of rumqttd's router.
+//! Devices over MQTT 3.1.1: pixgate's own device listener, sessions and hub.
 //!
 //! ```text
 //! device ──TLS──► listener (limits, handshake deadline) ──► session (CONNECT, auth,
-//!                 access rules on every packet) ──local link dev-{id}──► rumqttd router
-//!                                                   gateway link ◄──────┘ (publisher)
+//!                 access rules on every packet) ◄──► hub (device id → its sessions)
+//!                                                     ▲ jobs (Publisher)   │ acks, status
+//!                                                     └──── dispatcher ◄───┘ (incoming)
 //! ```
 //!
-//! rumqttd's own listener is not used: it checks no topic at subscribe or publish time,
-//! lets any client take the gateway's link id, and awaits TLS handshakes inside its accept
-//! loop. Here every device authenticates ([`auth`]: a client certificate from the fleet CA,
-//! or its secret over TLS), reaches only its own topics ([`access`]), and no socket can
-//! hold up another ([`listener`]). The router still does what it is good at: sessions,
-//! QoS 1 delivery with PUBACK, retained status.
+//! Every device authenticates ([`auth`]: a client certificate from the fleet CA, or its
+//! secret over TLS), reaches only its own topics ([`access`]), and no socket can hold up
+//! another ([`listener`]). Because a device only ever talks with pixgate (its own jobs in,
+//! its own acks and status out), no general MQTT router is needed between them: the
+//! [`hub`] hands each job to the sessions of its device and each device message to the
+//! gateway, at a cost that does not grow with the fleet.
 
 pub mod access;
 pub mod auth;
+pub mod hub;
 pub mod listener;
 pub mod publisher;
 pub mod session;
@@ -26,54 +28,15 @@ use crate::config::MqttConfig;
 use crate::model::{Directory, Incoming};
 use crate::telemetry::Stats;
 use anyhow::{bail, Context};
-use device_protocol::topics;
-use listener::{LinkFactory, Shared};
-use rumqttd::local::LinkBuilder;
-use rumqttd::{Router, RouterConfig};
+use listener::Shared;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// The gateway's own client id on the router. No device can take it: devices are
-/// `dev-{id}` ([`access::device_of_client_id`]).
+/// The client id pixgate itself would have on a broker. No device can take it: devices
+/// are `dev-{id}` ([`access::device_of_client_id`]).
 pub const GATEWAY_CLIENT_ID: &str = "pixgate-gateway";
 
-/// The router's settings from `cfg` (segments bound its memory per topic).
-fn router_config(cfg: &MqttConfig) -> RouterConfig {
-    RouterConfig {
-        // The devices, the gateway's link, and room for sessions being replaced.
-        max_connections: cfg.max_connections + 16,
-        max_outgoing_packet_count: 200,
-        // Per-topic memory bound (rumqttd's commit log is in memory; 16 MiB × 4 per device
-        // topic grew RSS with every job sent in the load harness). rumqttd panics below
-        // 1024 bytes.
-        max_segment_size: cfg.segment_bytes.max(1024),
-        max_segment_count: cfg.segment_count.max(1),
-        custom_segment: Some(
-            [topics::ALL_ACKS, topics::ALL_STATUS]
-                .into_iter()
-                .map(|f| {
-                    let segment = rumqttd::SegmentConfig {
-                        max_segment_size: cfg.gateway_segment_bytes.max(1024),
-                        max_segment_count: 2,
-                    };
-                    (f.to_string(), segment)
-                })
-                .collect(),
-        ),
-        initialized_filters: None,
-        shared_subscriptions_strategy: Default::default(),
-    }
-}
-
-/// Starts the router on its own thread; returns a way to open links to it.
-fn spawn_router(cfg: &MqttConfig) -> LinkFactory {
-    let router_tx = Router::new(0, router_config(cfg)).spawn();
-    Arc::new(move |client_id: &str, clean: bool| {
-        LinkBuilder::new(client_id, router_tx.clone()).clean_session(clean).build().map_err(Box::new)
-    })
-}
-
-/// Starts the router and the device listener on `cfg.listen`; returns the job publisher.
+/// Starts the device listener on `cfg.listen`; returns the job publisher.
 /// Device acks and status arrive on `incoming`. `directory` says which devices may connect
 /// (`mqtt.require_registered`); refusals and connections are counted in `stats`.
 ///
@@ -117,20 +80,15 @@ pub async fn start(
     if cfg.anonymous {
         tracing::warn!("MQTT devices connect without credentials (mqtt.anonymous): any client can claim any device id");
     }
-    let links = spawn_router(cfg);
-    let gateway = links.clone();
-    let (link_tx, link_rx, _) = tokio::task::spawn_blocking(move || gateway(GATEWAY_CLIENT_ID, true))
-        .await
-        .context("gateway link")?
-        .context("gateway link")?;
-    let publisher = publisher::attach(link_tx, link_rx, incoming)?;
+    let hub = Arc::new(hub::Hub::new(incoming));
+    let publisher = Publisher::new(hub.clone());
     let auth = auth::Authenticator {
         secrets: cfg.credentials.clone().map(auth::Secrets::new),
         anonymous: cfg.anonymous,
         require_registered: cfg.require_registered,
     };
     tracing::info!(listen = %cfg.listen, tls = tls.is_some(), "device listener up");
-    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, links));
+    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, hub));
     shared.clone().watch_credentials();
     tokio::spawn(listener::run(listener, shared));
     Ok(publisher)
@@ -139,8 +97,9 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deliver::transport::Transport;
     use device_protocol::{Ack, Topic};
-    use rumqttc::{AsyncClient, Event, MqttOptions, QoS};
+    use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, QoS};
     use std::collections::HashMap;
     use std::time::Duration;
 
@@ -153,35 +112,39 @@ mod tests {
         std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
     }
 
-    /// A burst of device messages larger than the router's buffer for the gateway's link
-    /// (200), arriving while the gateway is not reading (a fleet reconnecting and acking
-    /// at once): rumqttd parks the link, and every message must still arrive once the
-    /// gateway reads again. The fleet is a second local link on the same router.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_burst_larger_than_the_link_buffer_still_arrives() {
-        const DEVICES: u64 = 250;
-        const PER_DEVICE: u64 = 4;
-        let links = spawn_router(&MqttConfig::default());
-        let gateway = links.clone();
-        let (link_tx, link_rx, _) =
-            tokio::task::spawn_blocking(move || gateway(GATEWAY_CLIENT_ID, true)).await.unwrap().unwrap();
-        // Capacity 1 and nobody reading yet: the receive thread blocks and the router's
-        // buffer for the link fills up.
-        let (tx, mut rx) = mpsc::channel(1);
-        let _publisher = publisher::attach(link_tx, link_rx, tx).unwrap();
-        tokio::task::spawn_blocking(move || {
-            let (mut fleet, _fleet_rx, _) = links("fleet", true).unwrap();
-            for seq in 1..=PER_DEVICE {
-                for d in 0..DEVICES {
-                    let ack = serde_json::to_vec(&Ack::done(&format!("m{d}-{seq}"), seq, false)).unwrap();
-                    fleet.publish(Topic::Acks(format!("dev{d}")).path(), ack).unwrap();
-                }
+    async fn until_suback(eventloop: &mut EventLoop) {
+        loop {
+            if let Event::Incoming(rumqttc::Packet::SubAck(_)) = eventloop.poll().await.unwrap() {
+                break;
             }
-        })
-        .await
-        .unwrap();
+        }
+    }
 
-        // Now read: every ack, each device's in order.
+    /// Devices acking in a burst while the gateway is not reading (a fleet reconnecting
+    /// and acking at once): their sessions wait (no PUBACK until the gateway has the ack),
+    /// and once the gateway reads, every ack arrives once, each device's in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_acks_waits_for_a_slow_gateway_and_all_arrive_in_order() {
+        const DEVICES: u64 = 20;
+        const PER_DEVICE: u64 = 25;
+        let cfg = open(format!("127.0.0.1:{}", free_port()));
+        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
+        // Capacity 1 and nobody reading yet.
+        let (tx, mut rx) = mpsc::channel(1);
+        let _publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        for d in 0..DEVICES {
+            let (client, mut eventloop) =
+                AsyncClient::new(MqttOptions::new(format!("dev-d{d}"), "127.0.0.1", port), 64);
+            tokio::spawn(async move {
+                for seq in 1..=PER_DEVICE {
+                    let ack = serde_json::to_vec(&Ack::done(&format!("m{d}-{seq}"), seq, false)).unwrap();
+                    client.publish(Topic::Acks(format!("d{d}")).path(), QoS::AtLeastOnce, false, ack).await.unwrap();
+                }
+                while eventloop.poll().await.is_ok() {}
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
         let mut last: HashMap<String, u64> = HashMap::new();
         let mut seen = 0;
         while seen < DEVICES * PER_DEVICE {
@@ -192,20 +155,17 @@ mod tests {
                     assert_eq!(ack.seq, prev + 1, "{device}: acks arrive once, in order");
                 }
                 Ok(other) => panic!("unexpected {other:?}"),
-                Err(_) => {
-                    panic!("only {seen} of {} acks reached the gateway: the link stayed parked", DEVICES * PER_DEVICE)
-                }
+                Err(_) => panic!("only {seen} of {} acks reached the gateway", DEVICES * PER_DEVICE),
             }
         }
         assert!(last.values().all(|&s| s == PER_DEVICE));
     }
 
-    /// Jobs far larger than a commit-log segment (rumqttd's minimum, 1 KiB, against
-    /// 50 KiB jobs), sent one at a time as the dispatcher does: each reaches the device's
-    /// QoS 1 subscription whole, so the segment size bounds memory without losing jobs.
+    /// Large jobs (50 KiB) sent one at a time as the dispatcher does reach the device's
+    /// QoS 1 subscription whole and in order.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn jobs_larger_than_a_segment_arrive_whole() {
-        let cfg = MqttConfig { segment_bytes: 1024, segment_count: 1, ..open(format!("127.0.0.1:{}", free_port())) };
+    async fn large_jobs_arrive_whole_and_in_order_at_qos_1() {
+        let cfg = open(format!("127.0.0.1:{}", free_port()));
         let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
         let (tx, _rx) = mpsc::channel(16);
         let publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
@@ -215,14 +175,10 @@ mod tests {
         let (client, mut eventloop) = AsyncClient::new(opts, 16);
         let jobs = Topic::Jobs("dev2".into()).path();
         client.subscribe(jobs.clone(), QoS::AtLeastOnce).await.unwrap();
-        loop {
-            if let Event::Incoming(rumqttc::Packet::SubAck(_)) = eventloop.poll().await.unwrap() {
-                break;
-            }
-        }
+        until_suback(&mut eventloop).await;
         for i in 0..20u8 {
             let payload = vec![b'a' + i; 50 * 1024];
-            publisher.publish(jobs.clone(), payload.clone().into()).await.unwrap();
+            publisher.send("dev2", payload.clone().into()).await.unwrap();
             let got = loop {
                 match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
                     Ok(Ok(Event::Incoming(rumqttc::Packet::Publish(p)))) => break p,
@@ -231,18 +187,58 @@ mod tests {
                     Err(_) => panic!("job {i} never arrived"),
                 }
             };
-            assert_eq!((got.topic.as_str(), got.payload.len()), (jobs.as_str(), payload.len()));
+            assert_eq!(
+                (got.topic.as_str(), got.payload.len(), got.qos),
+                (jobs.as_str(), payload.len(), QoS::AtLeastOnce)
+            );
             assert!(got.payload.iter().all(|&b| b == b'a' + i), "job {i} arrives intact");
         }
     }
 
+    /// A device with a persistent session (clean session 0) that drops off keeps its
+    /// subscription: a job sent while it is away reaches it when it reconnects, with the
+    /// CONNACK's session-present flag set, without subscribing again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_persistent_session_gets_the_job_sent_while_it_was_away() {
+        let cfg = open(format!("127.0.0.1:{}", free_port()));
+        let port: u16 = cfg.listen.rsplit(':').next().unwrap().parse().unwrap();
+        let (tx, _rx) = mpsc::channel(16);
+        let publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
+        let options = || {
+            let mut o = MqttOptions::new("dev-p1", "127.0.0.1", port);
+            o.set_clean_session(false);
+            o
+        };
+        let (client, mut eventloop) = AsyncClient::new(options(), 16);
+        client.subscribe(Topic::Jobs("p1".into()).path(), QoS::AtLeastOnce).await.unwrap();
+        until_suback(&mut eventloop).await;
+        client.disconnect().await.unwrap();
+        while eventloop.poll().await.is_ok() {}
+        drop(eventloop);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        publisher.send("p1", bytes::Bytes::from_static(b"while away")).await.unwrap();
+        let (_client, mut eventloop) = AsyncClient::new(options(), 16);
+        let mut present = None;
+        let got = loop {
+            match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
+                Ok(Ok(Event::Incoming(rumqttc::Packet::ConnAck(c)))) => present = Some(c.session_present),
+                Ok(Ok(Event::Incoming(rumqttc::Packet::Publish(p)))) => break p,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("MQTT client error: {e}"),
+                Err(_) => panic!("the job sent while away never arrived"),
+            }
+        };
+        assert_eq!(present, Some(true), "session present");
+        assert_eq!(&got.payload[..], b"while away");
+    }
+
     /// A device that goes silent past one and a half keep-alive periods is disconnected,
     /// and its will (its own status, offline) reaches the gateway; one that sends
-    /// DISCONNECT leaves no will. A raw MQTT client over TCP, speaking rumqttd's codec.
+    /// DISCONNECT leaves no will. A raw MQTT client over TCP.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn silence_past_the_keep_alive_ends_the_session_and_publishes_the_will() {
-        use rumqttd::protocol::v4::V4;
-        use rumqttd::protocol::{Connect, LastWill, Packet, Protocol, QoS as Q};
+        use rumqttc::mqttbytes::v4::{Connect, LastWill, Packet};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
         let cfg = open(format!("127.0.0.1:{}", free_port()));
@@ -250,15 +246,12 @@ mod tests {
         let _publisher = start(&cfg, Arc::default(), Arc::default(), tx).await.unwrap();
         let offline = serde_json::to_vec(&device_protocol::Status { v: 1, online: false, printer: None }).unwrap();
         let connect = |id: &str| {
-            let will = LastWill {
-                topic: Topic::Status(id.into()).path().into(),
-                message: offline.clone().into(),
-                qos: Q::AtLeastOnce,
-                retain: true,
-            };
-            let c = Connect { keep_alive: 1, client_id: format!("dev-{id}"), clean_session: true };
+            let mut c = Connect::new(format!("dev-{id}"));
+            c.keep_alive = 1;
+            c.clean_session = true;
+            c.last_will = Some(LastWill::new(Topic::Status(id.into()).path(), offline.clone(), QoS::AtLeastOnce, true));
             let mut out = bytes::BytesMut::new();
-            V4.write(Packet::Connect(c, None, Some(will), None, None), &mut out).unwrap();
+            Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
             out
         };
 

@@ -1,27 +1,26 @@
 //! One device connection: CONNECT, authentication, then every packet checked against the
-//! access rules on its way between the socket and the device's own link to the broker.
+//! access rules, between the socket and the device's place in the [`Hub`].
 //!
-//! The broker (rumqttd's router) never sees a socket: each authenticated device gets a
-//! local link under its client id (`dev-{id}`), and this session moves packets between the
-//! two, decoded and encoded with rumqttd's MQTT 3.1.1 codec. What the router would do with
-//! a device's will is done here: the session keeps the will and publishes it itself when
-//! the socket closes without DISCONNECT.
+//! MQTT 3.1.1 is decoded and encoded with rumqttc's codec (`mqttbytes::v4`); what a broker
+//! does for a device is done here: QoS 1 (and 2) acknowledgements of what it publishes, its
+//! jobs written at the QoS its subscription was granted, the will published when the
+//! socket closes without DISCONNECT.
 
 use super::access::{self, Rule};
 use super::auth::{Credential, Peer, Refusal};
+use super::hub::{Attached, Hub};
 use super::listener::Shared;
-use bytes::BytesMut;
-use rumqttd::local::{LinkRx, LinkTx};
-use rumqttd::protocol::v4::V4;
-use rumqttd::protocol::{
-    ConnAck, ConnectReturnCode, Disconnect, DisconnectReasonCode, LastWill, Packet, PingResp, Protocol, Publish,
-    SubAck, Subscribe, SubscribeReasonCode,
+use bytes::{Bytes, BytesMut};
+use device_protocol::Topic;
+use rumqttc::mqttbytes::v4::{
+    ConnAck, ConnectReturnCode, LastWill, Packet, PubAck, PubComp, PubRec, Publish, SubAck, SubscribeReasonCode,
+    UnsubAck,
 };
-use rumqttd::Notification;
-use std::collections::HashMap;
+use rumqttc::mqttbytes::{Error as CodecError, QoS};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
 
 /// Why a session ended (logged at debug; refusals are logged where they happen).
 #[derive(Debug)]
@@ -30,8 +29,9 @@ enum End {
     Clean,
     /// The socket closed or failed, or the keep-alive passed.
     Lost(String),
-    /// The router dropped the link (the same client id connected again, or shutdown).
-    Router,
+    /// Another connection took the client id over (MQTT 3.1.1 §3.1.4), or the gateway
+    /// stopped reading.
+    Replaced,
     /// A rule was broken (already logged and counted).
     Refused,
 }
@@ -47,12 +47,10 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     /// The next packet; `Err` names the cause (closed, malformed, too large).
     async fn next(&mut self) -> Result<Packet, (Option<Rule>, String)> {
         loop {
-            match V4.read_mut(&mut self.buf, self.max) {
+            match Packet::read(&mut self.buf, self.max) {
                 Ok(p) => return Ok(p),
-                Err(rumqttd::protocol::Error::InsufficientBytes(_)) => {}
-                Err(e @ rumqttd::protocol::Error::PayloadSizeLimitExceeded(_)) => {
-                    return Err((Some(Rule::TooLarge), e.to_string()))
-                }
+                Err(CodecError::InsufficientBytes(_)) => {}
+                Err(e @ CodecError::PayloadSizeLimitExceeded(_)) => return Err((Some(Rule::TooLarge), e.to_string())),
                 Err(e) => return Err((Some(Rule::Malformed), e.to_string())),
             }
             self.buf.reserve(4096);
@@ -69,10 +67,14 @@ impl<S: AsyncRead + Unpin> Reader<S> {
 /// full) must not hold its session, its keep-alive and its disconnection forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: Vec<Packet>) -> std::io::Result<()> {
+/// Most jobs written to a device in one go.
+const WRITE_BATCH: usize = 64;
+
+async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: &[Packet]) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     for p in packets {
-        V4.write(p, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        p.write(&mut out, usize::MAX)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     }
     let written = async {
         io.write_all(&out).await?;
@@ -85,16 +87,14 @@ async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: Vec<Packet>) -> std::
 }
 
 fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
-    Packet::ConnAck(ConnAck { session_present, code }, None)
+    Packet::ConnAck(ConnAck { session_present, code })
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
 /// `handshake` is the listener's handshake permit, released once the device has its
-/// CONNACK: the whole admission (TLS, CONNECT, authentication and the router's answer for
-/// the device's link) counts against `mqtt.max_handshakes`, so that a restart storm cannot
-/// pile link builds up behind the router past the devices' own connect timeouts. The
-/// CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms` after the socket was
-/// accepted, the TLS handshake included).
+/// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
+/// `mqtt.max_handshakes`. The CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms`
+/// after the socket was accepted, the TLS handshake included).
 pub async fn serve<S>(
     io: S,
     peer: Peer,
@@ -105,7 +105,7 @@ pub async fn serve<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(io);
-    let mut reader = Reader { io: rd, buf: BytesMut::with_capacity(4096), max: shared.cfg.max_payload_bytes };
+    let mut reader = Reader { io: rd, buf: BytesMut::with_capacity(1024), max: shared.cfg.max_payload_bytes };
     // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
     let standing = shared.directory.changes();
     let credentials = shared.credentials_changed();
@@ -119,113 +119,97 @@ pub async fn serve<S>(
         }
         Ok(Ok(p)) => p,
     };
-    let Packet::Connect(connect, _, will, _, login) = first else {
+    let Packet::Connect(connect) = first else {
         return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
     };
-    let refused = |(rule, code): Refusal, device: Option<&str>, why: &str| {
+    let refuse = |(rule, code): Refusal, device: Option<&str>, why: &str| {
         shared.refuse(rule, &peer, device.or(Some(&connect.client_id)), why);
-        code
+        connack(code, false)
     };
-    let (device, credential) =
-        match shared.auth.authenticate(&connect.client_id, login.as_ref(), &peer, &shared.directory) {
-            Ok(d) => d,
-            Err(r) => {
-                let code = refused(r, None, "CONNECT refused");
-                let _ = write(&mut wr, vec![connack(code, false)]).await;
-                return;
-            }
-        };
-    if let Some(w) = will.as_ref().filter(|w| !access::may_will(&device, &w.topic)) {
-        let why = format!("will on {}", String::from_utf8_lossy(&w.topic));
-        let code = refused((Rule::Will, ConnectReturnCode::NotAuthorized), Some(&device), &why);
-        let _ = write(&mut wr, vec![connack(code, false)]).await;
+    let authenticated = shared.auth.authenticate(&connect.client_id, connect.login.as_ref(), &peer, &shared.directory);
+    let refusal = match &authenticated {
+        Err(r) => Some(refuse(*r, None, "CONNECT refused")),
+        Ok((device, _)) => {
+            connect.last_will.as_ref().filter(|w| !access::may_will(device, w.topic.as_bytes())).map(|w| {
+                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {}", w.topic))
+            })
+        }
+    };
+    if let Some(answer) = refusal {
+        let _ = write(&mut wr, &[answer]).await;
         return;
     }
+    let Ok((device, credential)) = authenticated else { return };
     let Some(_slot) = shared.connection_slot() else {
-        let code =
-            refused((Rule::Capacity, ConnectReturnCode::ServiceUnavailable), Some(&device), "at mqtt.max_connections");
-        let _ = write(&mut wr, vec![connack(code, false)]).await;
+        let answer =
+            refuse((Rule::Capacity, ConnectReturnCode::ServiceUnavailable), Some(&device), "at mqtt.max_connections");
+        let _ = write(&mut wr, &[answer]).await;
         return;
     };
-    let links = shared.links.clone();
-    let (client_id, clean) = (connect.client_id.clone(), connect.clean_session);
-    let built = tokio::task::spawn_blocking(move || links(&client_id, clean)).await;
-    let (link_tx, link_rx, ack) = match built {
-        Ok(Ok(l)) => l,
-        Ok(Err(e)) => {
-            tracing::error!(device = %device, error = %e, "broker refused the device's link");
-            let _ = write(&mut wr, vec![connack(ConnectReturnCode::ServiceUnavailable, false)]).await;
-            return;
-        }
-        Err(e) => {
-            tracing::error!(device = %device, error = %e, "building the device's link failed");
-            return;
-        }
-    };
-    let session_present =
-        matches!(Option::<Packet>::from(ack), Some(Packet::ConnAck(ConnAck { session_present: true, .. }, _)));
-    if write(&mut wr, vec![connack(ConnectReturnCode::Success, session_present)]).await.is_err() {
-        let mut link_tx = link_tx;
-        let _ = link_tx.send(disconnect()).await;
-        return;
-    }
-    drop(handshake);
-    tracing::debug!(device = %device, addr = %peer.addr, tls = peer.tls, "device connected");
-    let keep_alive = match connect.keep_alive {
-        0 => None,
-        // MQTT 3.1.1 §3.1.2.10: one and a half keep-alive periods without a packet.
-        s => Some(Duration::from_millis(u64::from(s) * 1_500)),
-    };
-    let mut link = Link {
-        device: device.clone(),
+    let hub = shared.hub.clone();
+    let Attached { session, jobs, session_present, subscribed } =
+        hub.attach(&connect.client_id, &device, connect.clean_session);
+    let mut conn = Conn {
+        topic: Topic::Jobs(device.clone()).path(),
+        device,
+        client_id: connect.client_id.clone(),
+        session,
         credential,
         peer: &peer,
         shared: &shared,
-        tx: link_tx,
-        pending_subacks: HashMap::new(),
+        hub: &hub,
+        granted: subscribed,
+        next_pkid: 0,
     };
-    let end = link.pump(&mut reader, &mut wr, link_rx, keep_alive, standing, credentials).await;
+    let end = if write(&mut wr, &[connack(ConnectReturnCode::Success, session_present)]).await.is_err() {
+        End::Lost("CONNACK not written".into())
+    } else {
+        drop(handshake);
+        tracing::debug!(device = %conn.device, addr = %peer.addr, tls = peer.tls, "device connected");
+        let keep_alive = match connect.keep_alive {
+            0 => None,
+            // MQTT 3.1.1 §3.1.2.10: one and a half keep-alive periods without a packet.
+            s => Some(Duration::from_millis(u64::from(s) * 1_500)),
+        };
+        conn.pump(&mut reader, &mut wr, jobs, keep_alive, standing, credentials).await
+    };
     match &end {
-        End::Lost(why) => tracing::debug!(device = %device, addr = %peer.addr, %why, "device connection lost"),
-        other => tracing::debug!(device = %device, addr = %peer.addr, end = ?other, "device disconnected"),
+        End::Lost(why) => tracing::debug!(device = %conn.device, addr = %peer.addr, %why, "device connection lost"),
+        other => tracing::debug!(device = %conn.device, addr = %peer.addr, end = ?other, "device disconnected"),
     }
-    if !matches!(end, End::Clean | End::Router) {
-        if let Some(w) = will {
-            publish_will(&mut link.tx, w).await;
+    hub.detach(&conn.client_id, session);
+    if !matches!(end, End::Clean | End::Replaced) {
+        if let Some(LastWill { topic, message, .. }) = connect.last_will {
+            let _ = hub.from_device(&topic, &message).await;
         }
     }
-    // The router keeps a link's slot until it sees a DISCONNECT.
-    let _ = link.tx.send(disconnect()).await;
     let _ = wr.shutdown().await;
 }
 
-fn disconnect() -> Packet {
-    Packet::Disconnect(Disconnect { reason_code: DisconnectReasonCode::NormalDisconnection }, None)
-}
-
-async fn publish_will(tx: &mut LinkTx, will: LastWill) {
-    let _ = tx.send(Packet::Publish(Publish::new(will.topic, will.message, will.retain), None)).await;
-}
-
-/// A device's link to the router, with the SUBSCRIBEs whose refused filters are waiting
-/// for the router's SUBACK to be merged in.
-struct Link<'a> {
+/// A connected device's session.
+struct Conn<'a> {
     device: String,
+    /// `pixgate/v1/devices/{device}/jobs`.
+    topic: String,
+    client_id: String,
+    session: u64,
     /// What it proved itself with (checked again when credentials change).
     credential: Credential,
     peer: &'a Peer,
     shared: &'a Shared,
-    tx: LinkTx,
-    /// pkid → (position, refused) for every filter of a SUBSCRIBE partly refused.
-    pending_subacks: HashMap<u16, Vec<bool>>,
+    hub: &'a Hub,
+    /// The QoS its jobs subscription was granted at, if subscribed.
+    granted: Option<QoS>,
+    /// The last packet identifier used for a job sent at QoS 1.
+    next_pkid: u16,
 }
 
-impl Link<'_> {
+impl Conn<'_> {
     async fn pump<R, W>(
         &mut self,
         reader: &mut Reader<R>,
         wr: &mut W,
-        mut rx: LinkRx,
+        mut jobs: mpsc::Receiver<Bytes>,
         keep_alive: Option<Duration>,
         mut standing: tokio::sync::watch::Receiver<u64>,
         mut credentials: tokio::sync::watch::Receiver<u64>,
@@ -264,45 +248,22 @@ impl Link<'_> {
                         Err(e) => return End::Lost(e.to_string()),
                     }
                 }
-                n = rx.next() => {
-                    let first = match n {
-                        Ok(n) => n,
-                        Err(_) => return End::Router,
-                    };
+                job = jobs.recv() => {
+                    let Some(first) = job else { return End::Replaced };
                     let mut packets = Vec::new();
-                    let mut unscheduled = false;
-                    // One wake-up carries a batch; take what is there without waiting.
-                    let mut next = first;
-                    loop {
-                        match next {
-                            Some(Notification::Disconnect(..)) => return End::Router,
-                            Some(Notification::Unschedule) => unscheduled = true,
-                            Some(n) => {
-                                if let Some(p) = Option::<Packet>::from(n) {
-                                    packets.push(self.for_device(p));
-                                }
-                            }
-                            None => {}
-                        }
-                        if packets.len() >= 100 {
-                            break;
-                        }
-                        next = match rx.recv_deadline(std::time::Instant::now()) {
-                            Ok(Some(n)) => Some(n),
-                            _ => break,
-                        };
+                    packets.extend(self.job_packet(first));
+                    while packets.len() < WRITE_BATCH {
+                        let Ok(job) = jobs.try_recv() else { break };
+                        packets.extend(self.job_packet(job));
                     }
-                    if let Err(e) = write(wr, packets).await {
+                    if let Err(e) = write(wr, &packets).await {
                         return End::Lost(e.to_string());
-                    }
-                    if unscheduled && rx.wake().await.is_err() {
-                        return End::Router;
                     }
                 }
                 () = idle => return End::Lost("keep-alive passed without a packet".into()),
                 c = credentials.changed() => {
                     if c.is_err() {
-                        return End::Router;
+                        return End::Replaced;
                     }
                     if !self.shared.auth.still_valid(&self.device, &self.credential, self.shared.tls.as_deref()) {
                         let why = format!("{:?} revoked: disconnected", self.credential);
@@ -312,7 +273,7 @@ impl Link<'_> {
                 }
                 c = standing.changed() => {
                     if c.is_err() {
-                        return End::Router;
+                        return End::Replaced;
                     }
                     if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
                         self.shared.refuse(rule, self.peer, Some(&self.device), "registry change: disconnected");
@@ -323,79 +284,90 @@ impl Link<'_> {
         }
     }
 
-    /// A packet from the device: checked, then answered here or passed to the router.
+    /// A job as the PUBLISH the device's subscription asks for (none if it unsubscribed
+    /// meanwhile). Not retransmitted on this connection (MQTT 3.1.1 §4.4 resends only on
+    /// reconnect): the dispatcher sends the job again if its ack does not come.
+    fn job_packet(&mut self, job: Bytes) -> Option<Packet> {
+        let qos = self.granted?;
+        let mut publish = Publish::from_bytes(self.topic.clone(), qos, job);
+        if qos != QoS::AtMostOnce {
+            self.next_pkid = self.next_pkid.checked_add(1).unwrap_or(1);
+            publish.pkid = self.next_pkid;
+        }
+        Some(Packet::Publish(publish))
+    }
+
+    /// A packet from the device: checked, then answered.
     async fn on_device_packet<W: AsyncWrite + Unpin>(
         &mut self,
         packet: Packet,
         wr: &mut W,
     ) -> std::io::Result<Option<End>> {
-        let forward = match packet {
-            Packet::Publish(p, props) => {
-                if !access::may_publish(&self.device, &p.topic) {
-                    let why = format!("publish on {}", String::from_utf8_lossy(&p.topic));
+        let answer = match packet {
+            Packet::Publish(p) => {
+                if !access::may_publish(&self.device, p.topic.as_bytes()) {
+                    let why = format!("publish on {}", p.topic);
                     self.shared.refuse(Rule::Publish, self.peer, Some(&self.device), &why);
                     return Ok(Some(End::Refused));
                 }
-                Packet::Publish(p, props)
+                // Acknowledged once the gateway has it (QoS 2 is delivered at PUBREC, so a
+                // device that sends it again after a lost PUBREC is seen twice; acks and
+                // status are idempotent for the dispatcher).
+                if self.hub.from_device(&p.topic, &p.payload).await.is_err() {
+                    return Ok(Some(End::Replaced));
+                }
+                match p.qos {
+                    QoS::AtMostOnce => return Ok(None),
+                    QoS::AtLeastOnce => Packet::PubAck(PubAck::new(p.pkid)),
+                    QoS::ExactlyOnce => Packet::PubRec(PubRec::new(p.pkid)),
+                }
             }
-            Packet::Subscribe(s, props) => {
-                let refused: Vec<bool> =
-                    s.filters.iter().map(|f| !access::may_subscribe(&self.device, &f.path)).collect();
-                for (f, _) in s.filters.iter().zip(&refused).filter(|(_, r)| **r) {
-                    let why = format!("subscribe to {}", f.path);
-                    self.shared.refuse(Rule::Subscribe, self.peer, Some(&self.device), &why);
+            Packet::PubRel(r) => Packet::PubComp(PubComp::new(r.pkid)),
+            // The device's acknowledgement of a job: the job's own ack, on the acks topic,
+            // is what the dispatcher waits for.
+            Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) => return Ok(None),
+            Packet::Subscribe(s) => {
+                let mut return_codes = Vec::with_capacity(s.filters.len());
+                for f in &s.filters {
+                    if access::may_subscribe(&self.device, &f.path) {
+                        // Jobs go out at QoS 1 at most: the device dedupes by message id.
+                        let qos = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+                        self.granted = Some(qos);
+                        return_codes.push(SubscribeReasonCode::Success(qos));
+                    } else {
+                        let why = format!("subscribe to {}", f.path);
+                        self.shared.refuse(Rule::Subscribe, self.peer, Some(&self.device), &why);
+                        return_codes.push(SubscribeReasonCode::Failure);
+                    }
                 }
-                if refused.iter().all(|r| *r) {
-                    let codes = vec![SubscribeReasonCode::Failure; refused.len()];
-                    write(wr, vec![Packet::SubAck(SubAck { pkid: s.pkid, return_codes: codes }, None)]).await?;
-                    return Ok(None);
+                // The SUBACK is written before any job of the new subscription.
+                write(wr, &[Packet::SubAck(SubAck::new(s.pkid, return_codes))]).await?;
+                if let Some(qos) = self.granted {
+                    self.hub.subscribe(&self.client_id, self.session, qos);
                 }
-                if refused.iter().any(|r| *r) {
-                    self.pending_subacks.insert(s.pkid, refused.clone());
-                }
-                let filters = s.filters.into_iter().zip(&refused).filter(|(_, r)| !**r).map(|(f, _)| f).collect();
-                Packet::Subscribe(Subscribe { pkid: s.pkid, filters }, props)
-            }
-            Packet::PingReq(_) => {
-                write(wr, vec![Packet::PingResp(PingResp)]).await?;
                 return Ok(None);
             }
-            Packet::Disconnect(..) => return Ok(Some(End::Clean)),
-            Packet::Connect(..) => {
+            Packet::Unsubscribe(u) => {
+                if u.topics.contains(&self.topic) {
+                    self.granted = None;
+                    self.hub.unsubscribe(&self.client_id, self.session);
+                }
+                Packet::UnsubAck(UnsubAck::new(u.pkid))
+            }
+            Packet::PingReq => Packet::PingResp,
+            Packet::Disconnect => return Ok(Some(End::Clean)),
+            Packet::Connect(_) => {
                 // MQTT 3.1.1 §3.1.0: a second CONNECT is a protocol violation.
                 self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), "second CONNECT");
                 return Ok(Some(End::Refused));
             }
-            other => other,
+            other @ (Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp) => {
+                let why = format!("a server's packet from a client: {other:?}");
+                self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), &why);
+                return Ok(Some(End::Refused));
+            }
         };
-        if self.tx.send(forward).await.is_err() {
-            return Ok(Some(End::Router));
-        }
+        write(wr, &[answer]).await?;
         Ok(None)
-    }
-
-    /// A packet from the router: a SUBACK for a partly refused SUBSCRIBE gets 0x80 put back
-    /// at the refused filters' places.
-    fn for_device(&mut self, p: Packet) -> Packet {
-        match p {
-            Packet::SubAck(ack, props) => match self.pending_subacks.remove(&ack.pkid) {
-                Some(refused) => {
-                    let mut granted = ack.return_codes.into_iter();
-                    let return_codes = refused
-                        .iter()
-                        .map(|r| {
-                            if *r {
-                                SubscribeReasonCode::Failure
-                            } else {
-                                granted.next().unwrap_or(SubscribeReasonCode::Failure)
-                            }
-                        })
-                        .collect();
-                    Packet::SubAck(SubAck { pkid: ack.pkid, return_codes }, props)
-                }
-                None => Packet::SubAck(ack, props),
-            },
-            other => other,
-        }
     }
 }

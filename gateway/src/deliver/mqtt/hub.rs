@@ -1,0 +1,360 @@
+//! The hub: where device sessions meet the gateway.
+//!
+//! A pixgate device exchanges messages with pixgate only: it receives its own jobs and
+//! sends its own acks and status ([`super::access`]), never another device's. So no
+//! general MQTT router stands between the sessions and the gateway: the hub maps a device
+//! id to the sessions subscribed to its jobs topic, and hands what devices send straight
+//! to the gateway's `incoming` channel. Sending a job is one map lookup and a new device
+//! one insert, so a fleet reconnecting at once costs what it has devices, not their square.
+//!
+//! Session state follows MQTT 3.1.1 §3.1.2.4: a client that connects with clean session 0
+//! keeps its subscription across connections, and jobs sent while it is away wait for it
+//! (at most [`PENDING_PER_CLIENT`], the oldest dropped first: the dispatcher has one job in
+//! flight per device and sends it again after `delivery.ack_timeout_ms`, so nothing the
+//! outbox holds is lost). A client id that connects again takes its session over, and the
+//! older connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
+
+use crate::model::Incoming;
+use bytes::Bytes;
+use device_protocol::Topic;
+use rumqttc::QoS;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use tokio::sync::mpsc;
+
+/// Jobs kept for a client with a persistent session while it is disconnected.
+pub const PENDING_PER_CLIENT: usize = 8;
+
+/// Jobs queued for a connected session's socket writer. The dispatcher has one job in flight
+/// per device, so this fills only when the device stops reading; then a job is dropped
+/// (logged) and sent again after the ack timeout.
+pub const SESSION_QUEUE: usize = 32;
+
+/// Device sessions by client id, and the way from devices to the gateway.
+pub struct Hub {
+    state: Mutex<State>,
+    incoming: mpsc::Sender<Incoming>,
+    next_session: AtomicU64,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("clients", &self.lock().clients.len()).finish()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    clients: HashMap<String, Client>,
+    /// Device id → its client ids (`dev-{id}`, and `dev-{id}.{tag}` for second connections).
+    by_device: HashMap<String, Vec<String>>,
+}
+
+struct Client {
+    device: String,
+    /// The QoS its subscription to the device's jobs topic was granted at, if it has one.
+    subscribed: Option<QoS>,
+    /// Clean session 0: the state outlives the connection.
+    persistent: bool,
+    live: Option<Live>,
+    pending: VecDeque<Bytes>,
+}
+
+struct Live {
+    session: u64,
+    jobs: mpsc::Sender<Bytes>,
+}
+
+/// A session's place in the hub, from [`Hub::attach`].
+#[derive(Debug)]
+pub struct Attached {
+    /// This connection's number: later calls name it, so that a connection that was taken
+    /// over cannot change its successor's state.
+    pub session: u64,
+    /// Jobs for the device, in the order the dispatcher sent them. Ends when another
+    /// connection takes the client id over.
+    pub jobs: mpsc::Receiver<Bytes>,
+    /// A persistent session was resumed (the CONNACK's session-present flag).
+    pub session_present: bool,
+    /// The resumed session's subscription to the jobs topic, if any.
+    pub subscribed: Option<QoS>,
+}
+
+impl Hub {
+    /// An empty hub; what devices send goes to `incoming` (bounded: a gateway that reads
+    /// slowly slows the devices' sessions down).
+    pub fn new(incoming: mpsc::Sender<Incoming>) -> Hub {
+        Hub { state: Mutex::default(), incoming, next_session: AtomicU64::new(1) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a connection of `device` as `client_id`. With `clean`, any earlier state
+    /// of the client id is dropped; without, it is resumed (subscription and pending
+    /// jobs). A connection already live under the client id is closed (its `jobs` end).
+    pub fn attach(&self, client_id: &str, device: &str, clean: bool) -> Attached {
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+        let mut state = self.lock();
+        let resumed = match state.clients.remove(client_id) {
+            Some(old) if !clean && old.persistent && old.device == device => Some(old),
+            Some(old) => {
+                state.forget(client_id, &old.device);
+                None
+            }
+            None => None,
+        };
+        let session_present = resumed.is_some();
+        let mut client = resumed.unwrap_or_else(|| Client {
+            device: device.to_string(),
+            subscribed: None,
+            persistent: false,
+            live: None,
+            pending: VecDeque::new(),
+        });
+        client.persistent = !clean;
+        client.live = Some(Live { session, jobs: tx });
+        let subscribed = client.subscribed;
+        client.flush();
+        if !session_present {
+            state.by_device.entry(device.to_string()).or_default().push(client_id.to_string());
+        }
+        state.clients.insert(client_id.to_string(), client);
+        Attached { session, jobs: rx, session_present, subscribed }
+    }
+
+    /// The connection `session` of `client_id` subscribed to its device's jobs topic,
+    /// granted at `qos`; jobs waiting for it follow.
+    pub fn subscribe(&self, client_id: &str, session: u64, qos: QoS) {
+        let mut state = self.lock();
+        if let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) {
+            c.subscribed = Some(qos);
+            c.flush();
+        }
+    }
+
+    /// The connection `session` of `client_id` unsubscribed from its jobs topic.
+    pub fn unsubscribe(&self, client_id: &str, session: u64) {
+        let mut state = self.lock();
+        if let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) {
+            c.subscribed = None;
+        }
+    }
+
+    /// The connection `session` of `client_id` ended: a persistent session keeps its
+    /// state for the next connection, any other is forgotten. Nothing happens if another
+    /// connection has taken the client id over meanwhile.
+    pub fn detach(&self, client_id: &str, session: u64) {
+        let mut state = self.lock();
+        let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) else { return };
+        c.live = None;
+        if !c.persistent {
+            let device = c.device.clone();
+            state.clients.remove(client_id);
+            state.forget(client_id, &device);
+        }
+    }
+
+    /// Hands one job's bytes to every session of `device` subscribed to its jobs topic
+    /// (kept for a persistent one that is away). Returns how many connected sessions took
+    /// it; 0 is not an error (the device is away: the ack timeout sends it again).
+    pub fn send(&self, device: &str, job: Bytes) -> usize {
+        let mut state = self.lock();
+        let State { clients, by_device } = &mut *state;
+        let Some(ids) = by_device.get(device) else { return 0 };
+        let mut taken = 0;
+        for id in ids {
+            let Some(c) = clients.get_mut(id).filter(|c| c.subscribed.is_some()) else { continue };
+            match &c.live {
+                Some(live) => match live.jobs.try_send(job.clone()) {
+                    Ok(()) => taken += 1,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        tracing::warn!(device, client_id = %id, "device is not reading its jobs; the ack timeout sends the job again");
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                },
+                None if c.persistent => {
+                    if c.pending.len() >= PENDING_PER_CLIENT {
+                        c.pending.pop_front();
+                    }
+                    c.pending.push_back(job.clone());
+                }
+                None => {}
+            }
+        }
+        taken
+    }
+
+    /// A message `device` published on `topic` (already checked: its own acks or status),
+    /// decoded and passed to the gateway. Waits while the gateway's channel is full.
+    /// Malformed messages are logged and dropped here: they are a device's bug, not an
+    /// event pixgate owns.
+    ///
+    /// # Errors
+    /// The gateway stopped reading (shutdown).
+    pub async fn from_device(&self, topic: &str, payload: &[u8]) -> Result<(), mpsc::error::SendError<Incoming>> {
+        match parse_incoming(topic, payload) {
+            Some(msg) => self.incoming.send(msg).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Client ids with state in the hub (connected, or persistent and away).
+    pub fn clients(&self) -> usize {
+        self.lock().clients.len()
+    }
+}
+
+impl State {
+    fn forget(&mut self, client_id: &str, device: &str) {
+        if let Some(ids) = self.by_device.get_mut(device) {
+            ids.retain(|i| i != client_id);
+            if ids.is_empty() {
+                self.by_device.remove(device);
+            }
+        }
+    }
+}
+
+impl Client {
+    fn is_live(&self, session: u64) -> bool {
+        self.live.as_ref().is_some_and(|l| l.session == session)
+    }
+
+    /// Moves waiting jobs to the connection, if it is live and subscribed.
+    fn flush(&mut self) {
+        let (Some(live), Some(_)) = (&self.live, self.subscribed) else { return };
+        while let Some(job) = self.pending.pop_front() {
+            if live.jobs.try_send(job).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Decodes a device message; `None` (logged) when it is not an ack or status pixgate reads.
+fn parse_incoming(topic: &str, payload: &[u8]) -> Option<Incoming> {
+    let parsed = match Topic::parse(topic)? {
+        Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Incoming::Ack { device, ack }),
+        Topic::Status(device) => serde_json::from_slice(payload).map(|status| Incoming::Status { device, status }),
+        Topic::Jobs(_) => return None,
+    };
+    parsed.map_err(|e| tracing::warn!(%topic, error = %e, "malformed device message")).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hub() -> (Hub, mpsc::Receiver<Incoming>) {
+        let (tx, rx) = mpsc::channel(16);
+        (Hub::new(tx), rx)
+    }
+
+    fn job(n: u8) -> Bytes {
+        Bytes::from(vec![n])
+    }
+
+    #[test]
+    fn a_job_reaches_the_subscribed_session_of_its_device_only() {
+        let (hub, _) = hub();
+        let mut a = hub.attach("dev-a", "a", true);
+        let mut b = hub.attach("dev-b", "b", true);
+        assert_eq!(hub.send("a", job(1)), 0, "not subscribed yet: nothing taken");
+        hub.subscribe("dev-a", a.session, QoS::AtLeastOnce);
+        hub.subscribe("dev-b", b.session, QoS::AtLeastOnce);
+        assert_eq!(hub.send("a", job(2)), 1);
+        assert_eq!(a.jobs.try_recv().ok(), Some(job(2)));
+        assert!(a.jobs.try_recv().is_err(), "a clean session keeps nothing from before it subscribed");
+        assert!(b.jobs.try_recv().is_err(), "b gets none of a's jobs");
+        assert_eq!(hub.send("nobody", job(3)), 0);
+    }
+
+    #[test]
+    fn a_persistent_session_keeps_its_subscription_and_the_jobs_sent_while_away() {
+        let (hub, _) = hub();
+        let first = hub.attach("dev-a", "a", false);
+        assert!(!first.session_present);
+        hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
+        hub.detach("dev-a", first.session);
+        for n in 0..(PENDING_PER_CLIENT as u8 + 2) {
+            assert_eq!(hub.send("a", job(n)), 0, "away");
+        }
+        let mut second = hub.attach("dev-a", "a", false);
+        assert!(second.session_present);
+        assert_eq!(second.subscribed, Some(QoS::AtLeastOnce));
+        let got: Vec<Bytes> = std::iter::from_fn(|| second.jobs.try_recv().ok()).collect();
+        let want: Vec<Bytes> = (2..PENDING_PER_CLIENT as u8 + 2).map(job).collect();
+        assert_eq!(got, want, "the newest jobs, in order; the oldest dropped first");
+
+        // Clean session 1 drops all of it.
+        hub.detach("dev-a", second.session);
+        hub.send("a", job(99));
+        let mut clean = hub.attach("dev-a", "a", true);
+        assert!(!clean.session_present && clean.subscribed.is_none());
+        assert!(clean.jobs.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_second_connection_takes_the_client_id_over_and_the_first_cannot_undo_it() {
+        let (hub, _) = hub();
+        let mut first = hub.attach("dev-a", "a", true);
+        hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
+        let mut second = hub.attach("dev-a", "a", true);
+        assert!(matches!(first.jobs.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)), "first closed");
+        // The first connection ending, or subscribing late, changes nothing for the second.
+        hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
+        hub.detach("dev-a", first.session);
+        assert_eq!(hub.send("a", job(1)), 0, "the second has not subscribed");
+        hub.subscribe("dev-a", second.session, QoS::AtLeastOnce);
+        assert_eq!(hub.send("a", job(2)), 1);
+        assert_eq!(second.jobs.try_recv().ok(), Some(job(2)));
+        hub.detach("dev-a", second.session);
+        assert_eq!(hub.clients(), 0, "a clean session is forgotten when it ends");
+    }
+
+    #[test]
+    fn every_connection_of_a_device_that_subscribed_gets_its_jobs() {
+        let (hub, _) = hub();
+        let mut main = hub.attach("dev-a", "a", true);
+        let mut tool = hub.attach("dev-a.sub", "a", true);
+        let _acks_only = hub.attach("dev-a.pub", "a", true);
+        hub.subscribe("dev-a", main.session, QoS::AtLeastOnce);
+        hub.subscribe("dev-a.sub", tool.session, QoS::AtMostOnce);
+        assert_eq!(hub.send("a", job(7)), 2);
+        assert_eq!((main.jobs.try_recv().ok(), tool.jobs.try_recv().ok()), (Some(job(7)), Some(job(7))));
+    }
+
+    #[test]
+    fn a_session_that_stops_reading_loses_a_copy_not_the_hub() {
+        let (hub, _) = hub();
+        let a = hub.attach("dev-a", "a", true);
+        hub.subscribe("dev-a", a.session, QoS::AtLeastOnce);
+        for n in 0..SESSION_QUEUE {
+            assert_eq!(hub.send("a", job(n as u8)), 1);
+        }
+        assert_eq!(hub.send("a", job(0xff)), 0, "full: dropped, the ack timeout resends it");
+    }
+
+    #[tokio::test]
+    async fn acks_and_status_reach_the_gateway_and_garbage_does_not() {
+        let (hub, mut rx) = hub();
+        let ack = serde_json::to_vec(&device_protocol::Ack::done("m1", 3, false)).unwrap();
+        hub.from_device("pixgate/v1/devices/a/acks", &ack).await.unwrap();
+        hub.from_device("pixgate/v1/devices/a/acks", b"not json").await.unwrap();
+        let status = serde_json::to_vec(&device_protocol::Status { v: 1, online: true, printer: None }).unwrap();
+        hub.from_device("pixgate/v1/devices/a/status", &status).await.unwrap();
+        match rx.try_recv() {
+            Ok(Incoming::Ack { device, ack }) => assert_eq!((device.as_str(), ack.seq), ("a", 3)),
+            other => panic!("{other:?}"),
+        }
+        match rx.try_recv() {
+            Ok(Incoming::Status { device, status }) => assert_eq!((device.as_str(), status.online), ("a", true)),
+            other => panic!("{other:?}"),
+        }
+        assert!(rx.try_recv().is_err());
+    }
+}

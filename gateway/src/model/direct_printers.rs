@@ -1,0 +1,190 @@
+//! Which printers pixgate drives itself, and where they are: the registry's view
+//! (`printer.transport` `tcp`, `serial` or `usb` with its `printer.endpoint`) and, for
+//! printers whose registry document does not say, the local printers file
+//! (`direct.printers_file`). The registry writes here (`route::registry`); the delivery
+//! transport reads it for every job it hands on (`deliver::direct`).
+
+use crate::model::endpoint::{BadEndpoint, Endpoint};
+use cdc::Interrupted;
+use render::codepage::CodePage;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::RwLock;
+
+/// How pixgate reaches one direct printer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectSettings {
+    /// Where it is.
+    pub endpoint: Endpoint,
+    /// What happens to a job whose writing was cut short.
+    pub interrupted: Interrupted,
+    /// The code page its receipts are rendered in (the reprint header is written in it).
+    pub code_page: CodePage,
+}
+
+impl DirectSettings {
+    /// The settings of `device` if its registry document names a direct transport.
+    ///
+    /// # Errors
+    /// Its `printer.endpoint` does not parse ([`Endpoint::parse`]): the device event is a
+    /// dead letter `invalid_field:printer.endpoint`.
+    pub fn of_device(device: &cdc::Device) -> Result<Option<DirectSettings>, BadEndpoint> {
+        let cdc::DeviceKind::Printer { direct: Some(d), code_page, .. } = &device.kind else { return Ok(None) };
+        Ok(Some(DirectSettings {
+            endpoint: Endpoint::parse(&d.endpoint)?,
+            interrupted: d.interrupted,
+            code_page: *code_page,
+        }))
+    }
+}
+
+/// One entry of the local printers file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEntry {
+    endpoint: String,
+    #[serde(default)]
+    interrupted_job: Option<String>,
+    #[serde(default)]
+    code_page: Option<String>,
+}
+
+/// The local printers file: `[printers.<device id>]` tables.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrintersFile {
+    #[serde(default)]
+    printers: HashMap<String, FileEntry>,
+}
+
+/// Why the local printers file cannot be used (the text names the file and the printer).
+#[derive(Debug, thiserror::Error)]
+pub enum BadPrintersFile {
+    /// Unreadable, or not the TOML shape of [`DirectPrinters::load_file`].
+    #[error("printers file {path}: {why}")]
+    Unreadable {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    /// One printer's settings are wrong.
+    #[error("printers file {path}: printer {device}: {why}")]
+    Printer {
+        /// The file.
+        path: String,
+        /// The device id.
+        device: String,
+        /// Why.
+        why: String,
+    },
+}
+
+/// Device id → direct settings, from the registry and the local file. The registry's word
+/// wins for a device it names as direct; the local file covers the rest.
+#[derive(Debug, Default)]
+pub struct DirectPrinters {
+    registry: RwLock<HashMap<String, DirectSettings>>,
+    local: HashMap<String, DirectSettings>,
+}
+
+impl DirectPrinters {
+    /// Printers from the local file only (the registry adds its own as it is applied).
+    pub fn with_local(local: HashMap<String, DirectSettings>) -> DirectPrinters {
+        DirectPrinters { registry: RwLock::default(), local }
+    }
+
+    /// Reads the local printers file:
+    ///
+    /// ```toml
+    /// [printers.0fb23c6f5da2cec255404e4f]
+    /// endpoint = "tcp://192.168.0.50:9100"   # or serial:///dev/ttyUSB0?baud=19200, usb:///dev/usb/lp0
+    /// interrupted_job = "reprint"            # or "hold"; default reprint
+    /// code_page = "CP860"                    # the receipts' code page; default CP860
+    /// ```
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed, or a printer's endpoint, `interrupted_job` or
+    /// `code_page` is wrong.
+    pub fn load_file(path: &Path) -> Result<HashMap<String, DirectSettings>, BadPrintersFile> {
+        let name = path.display().to_string();
+        let unreadable = |why: String| BadPrintersFile::Unreadable { path: name.clone(), why };
+        let text = std::fs::read_to_string(path).map_err(|e| unreadable(e.to_string()))?;
+        let file: PrintersFile = toml::from_str(&text).map_err(|e| unreadable(e.to_string()))?;
+        let mut out = HashMap::new();
+        for (device, e) in file.printers {
+            let bad = |why: String| BadPrintersFile::Printer { path: name.clone(), device: device.clone(), why };
+            let endpoint = Endpoint::parse(&e.endpoint).map_err(|x| bad(x.to_string()))?;
+            let interrupted = match e.interrupted_job.as_deref() {
+                None | Some("reprint") => Interrupted::Reprint,
+                Some("hold") => Interrupted::Hold,
+                Some(other) => return Err(bad(format!("interrupted_job `{other}` is not reprint or hold"))),
+            };
+            let code_page = match e.code_page.as_deref() {
+                None => CodePage::Cp860,
+                Some(n) => CodePage::from_name(n).ok_or_else(|| bad(format!("unknown code page `{n}`")))?,
+            };
+            out.insert(device, DirectSettings { endpoint, interrupted, code_page });
+        }
+        Ok(out)
+    }
+
+    /// Records what the registry says of `id`: direct (`Some`) or not (`None`: MQTT, or
+    /// removed).
+    pub fn set(&self, id: &str, direct: Option<DirectSettings>) {
+        let mut r = self.registry.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match direct {
+            Some(d) => r.insert(id.to_string(), d),
+            None => r.remove(id),
+        };
+    }
+
+    /// How to reach `id` directly now; `None`: over MQTT.
+    pub fn get(&self, id: &str) -> Option<DirectSettings> {
+        let r = self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.get(id).or_else(|| self.local.get(id)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registry_wins_and_the_local_file_covers_the_rest() {
+        let dir = std::env::temp_dir().join(format!("pixgate-printers-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("printers.toml");
+        std::fs::write(
+            &path,
+            "[printers.a]\nendpoint = \"tcp://10.0.0.5\"\n[printers.b]\nendpoint = \"usb:///dev/usb/lp0\"\ninterrupted_job = \"hold\"\ncode_page = \"CP850\"\n",
+        )
+        .unwrap();
+        let printers = DirectPrinters::with_local(DirectPrinters::load_file(&path).unwrap());
+        let a = printers.get("a").unwrap();
+        assert_eq!(
+            (a.endpoint.to_string(), a.interrupted, a.code_page),
+            ("tcp://10.0.0.5:9100".into(), Interrupted::Reprint, CodePage::Cp860)
+        );
+        assert_eq!(printers.get("b").unwrap().interrupted, Interrupted::Hold);
+        assert!(printers.get("c").is_none(), "MQTT");
+        let from_registry = DirectSettings { endpoint: Endpoint::parse("tcp://10.0.0.9").unwrap(), ..a };
+        printers.set("a", Some(from_registry.clone()));
+        assert_eq!(printers.get("a"), Some(from_registry));
+        printers.set("a", None);
+        assert_eq!(printers.get("a").unwrap().endpoint.to_string(), "tcp://10.0.0.5:9100", "the local file again");
+
+        for (text, why) in [
+            ("[printers.x]\nendpoint = \"lpt://1\"\n", "printer x: printer endpoint `lpt://1`: unknown scheme"),
+            ("[printers.x]\nendpoint = \"tcp://h\"\ninterrupted_job = \"twice\"\n", "interrupted_job `twice`"),
+            ("[printers.x]\nendpoint = \"tcp://h\"\ncode_page = \"CP999\"\n", "unknown code page"),
+            ("[printers.x]\nendpont = \"tcp://h\"\n", "unknown field"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = DirectPrinters::load_file(&path).unwrap_err().to_string();
+            assert!(e.contains(why), "{text}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,132 @@
+//! Direct printers in tests: `printer-sim listen` as a child process on loopback TCP or a
+//! pseudo-terminal (real transports, not mocks), switched at run time through its state
+//! file and read back through its stdout lines and transcript; and a registry file in
+//! which a fixture printer is driven directly.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long a line the test waits for may take.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `printer-sim listen` and the lines it prints (`listening …`, `receiving …`,
+/// `printed …`).
+pub struct RawSim {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Where its PNGs, `transcript.txt` and `state` file are.
+    pub out: PathBuf,
+}
+
+impl RawSim {
+    /// Starts `printer-sim listen TRANSPORT…` (e.g. `["--tcp", "127.0.0.1:0"]`, `["--pty"]`)
+    /// writing into `out` (created), a printer of `model` (e.g. `Epson TM-T20X`: its
+    /// `ESC t` numbering) with `paper_mm` paper (58 or 80), in `state` (the state file's
+    /// words, e.g. `ready`, `paper-out`, `slow`).
+    ///
+    /// # Panics
+    /// The binary is not built (`cargo build --workspace --bins`) or cannot start.
+    pub fn start(out: &Path, transport: &[&str], model: &str, paper_mm: u8, state: &str) -> RawSim {
+        std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+        std::fs::write(out.join("state"), state).expect("state file");
+        let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
+        let mut child = Command::new(bin)
+            .arg("listen")
+            .args(transport)
+            .arg("--out")
+            .arg(out)
+            .arg("--state-file")
+            .arg(out.join("state"))
+            .args(["--model", model, "--paper", &paper_mm.to_string(), "--idle-ms", "0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("printer-sim starts (cargo build --workspace --bins)");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        RawSim { child, lines, out: out.to_path_buf() }
+    }
+
+    /// The rest of the next line starting with `prefix`, skipping others.
+    ///
+    /// # Panics
+    /// No such line within [`LINE_TIMEOUT`].
+    pub fn line(&self, prefix: &str) -> String {
+        loop {
+            let l =
+                self.lines.recv_timeout(LINE_TIMEOUT).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
+            if let Some(rest) = l.strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Switches the simulated printer (the state file's words).
+    ///
+    /// # Panics
+    /// The file cannot be written.
+    pub fn set_state(&self, words: &str) {
+        std::fs::write(self.out.join("state"), words).expect("state file");
+    }
+
+    /// Its transcript so far (empty before the first job).
+    pub fn transcript(&self) -> String {
+        std::fs::read_to_string(self.out.join("transcript.txt")).unwrap_or_default()
+    }
+
+    /// The transcript's jobs, each its own section (`===== seq NNNN print via …`).
+    pub fn jobs(&self) -> Vec<String> {
+        self.transcript().split("===== seq ").skip(1).map(str::to_string).collect()
+    }
+
+    /// Kills it at once (SIGKILL), as a printer switched off mid-job.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RawSim {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes `devices.jsonl` of `fixtures` to `to` with each printer of `direct`, given as
+/// `(device, transport, endpoint)`, driven directly: `printer.transport` and the pixgate
+/// extension `printer.endpoint` set in its document.
+///
+/// # Panics
+/// The fixture is unreadable, a device is not one of its printers, or `to` cannot be
+/// written.
+pub fn registry_with_direct_printers(fixtures: &Path, to: &Path, direct: &[(&str, &str, &str)]) {
+    let text = std::fs::read_to_string(fixtures.join("devices.jsonl")).expect("devices.jsonl");
+    let mut found = 0;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut rec: Value = serde_json::from_str(l).expect("JSON line");
+            if let Some((_, transport, endpoint)) = direct.iter().find(|(d, _, _)| rec["key"] == *d) {
+                let p = &mut rec["value"]["fullDocument"]["printer"];
+                assert!(p.is_object(), "{} is not a printer", rec["key"]);
+                p["transport"] = (*transport).into();
+                p["endpoint"] = (*endpoint).into();
+                found += 1;
+            }
+            rec.to_string()
+        })
+        .collect();
+    assert_eq!(found, direct.len(), "every direct printer is a fixture device record");
+    std::fs::write(to, lines.join("\n") + "\n").expect("registry file");
+}
