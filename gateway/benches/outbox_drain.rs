@@ -14,6 +14,7 @@
 use cdc::ChargeStatus;
 use device_protocol::{EffectKind, Job};
 use gateway::model::SourceRef;
+use gateway::store::reconcile::RecordTally;
 use gateway::store::{Accept, ChargeState, Outbox, Removal};
 use std::time::{Duration, Instant};
 
@@ -104,6 +105,8 @@ fn main() {
                         key: None,
                     }),
                     event_time: (1_700_000_000 + n / 100) << 32 | (n % 100),
+                    // The reconciliation counts, as the planner gives every record.
+                    tally: Some(RecordTally { event_time_s: 1_700_000_000 + n / 100, counters: Vec::new() }),
                     ..Accept::default()
                 }
             })

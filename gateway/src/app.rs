@@ -61,12 +61,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // The registry is restored before devices may connect: at a restart the whole fleet
     // reconnects at once, and each is checked against it.
     let directory = Arc::new(Directory::default());
+    let flags = Arc::new(crate::ops::flags::load(&outbox)?);
+    if let Some(line) = crate::ops::flags::readiness_line(&flags) {
+        tracing::warn!("{line}");
+    }
     let local_printers = match &cfg.direct.printers_file {
         Some(path) => DirectPrinters::load_file(path)?,
         None => Default::default(),
     };
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
-    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?;
+    let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
+        .with_flags(flags.clone());
     let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone())
         .await
         .context("starting the device listener")?;
@@ -110,6 +115,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock_control: cfg.clock.control,
         replays: replays_tx,
         admin,
+        flags,
+        reconcile: cfg.reconcile.clone(),
     };
     let http_task = tokio::spawn(http::serve(http_listener, state, async move {
         let _ = http_shutdown.changed().await;

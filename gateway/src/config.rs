@@ -36,6 +36,8 @@ pub struct Config {
     pub clock: ClockConfig,
     /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
     pub health: HealthConfig,
+    /// The reconciliation counts per window of event time ([`crate::store::reconcile`]).
+    pub reconcile: ReconcileConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
     /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
     /// not committed is read again at the next start and deduplicated.
@@ -54,8 +56,28 @@ impl Default for Config {
             direct: DirectConfig::default(),
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
+            reconcile: ReconcileConfig::default(),
             shutdown_timeout_ms: 10_000,
         }
+    }
+}
+
+/// The reconciliation counts ([`crate::store::reconcile`]): kept in the outbox in
+/// one-minute buckets of event time, reported in windows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ReconcileConfig {
+    /// The window `/stats` reports them in, minutes (`pixgate report --window` chooses its own).
+    pub window_minutes: u64,
+    /// How many of the latest windows per topic `/stats` shows.
+    pub stats_windows: usize,
+    /// How long the counts are kept, by event time against the gateway's clock, hours.
+    pub retention_hours: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig { window_minutes: 10, stats_windows: 6, retention_hours: 168 }
     }
 }
 

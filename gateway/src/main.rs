@@ -3,7 +3,9 @@
 use clap::{Parser, Subcommand};
 use gateway::cli::brcode::{self, BrcodeCmd};
 use gateway::cli::credentials::{self, CredentialsCmd};
+use gateway::cli::flags::{self, FlagsCmd};
 use gateway::cli::inspect::{self, DeadLetterCmd, Inspection, OutboxCmd};
+use gateway::cli::kafka::KafkaCmd;
 use gateway::cli::print::{self, PrintCmd};
 use gateway::config::{Config, LogFormat};
 use std::path::PathBuf;
@@ -50,6 +52,19 @@ enum Cmd {
     /// Inspect and replay dead letters kept in the outbox (same access as `outbox`).
     #[command(subcommand)]
     Deadletter(DeadLetterCmd),
+    /// Effect flags per kind (cutover and rollback): `pixgate flags` lists them,
+    /// `pixgate flags set KIND on|off` switches one (same access as `outbox`; switching
+    /// needs the admin token).
+    Flags {
+        #[command(subcommand)]
+        cmd: Option<FlagsCmd>,
+    },
+    /// Reconciliation counts per topic in windows of event time: records read, effects
+    /// queued, skipped, delivered, superseded, expired, ignored and dead-lettered.
+    Report(gateway::cli::report::ReportArgs),
+    /// Kafka operations: `pixgate kafka reposition` moves a stopped consumer group.
+    #[command(subcommand)]
+    Kafka(KafkaCmd),
     /// Decode and validate a Pix BR Code, or encode one (no configuration, Kafka or broker needed).
     #[command(subcommand)]
     Brcode(BrcodeCmd),
@@ -116,6 +131,9 @@ fn main() -> anyhow::Result<()> {
         Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(gateway::app::run(cfg)),
         Cmd::Outbox(cmd) => inspect::command(&cfg, Inspection::Outbox(cmd)),
         Cmd::Deadletter(cmd) => inspect::command(&cfg, Inspection::DeadLetter(cmd)),
+        Cmd::Flags { cmd } => flags::command(&cfg, cmd),
+        Cmd::Report(args) => gateway::cli::report::command(&cfg, &args),
+        Cmd::Kafka(cmd) => gateway::cli::kafka::command(&cfg, cmd),
         Cmd::Devices(DevicesCmd::Credentials(cmd)) => credentials::run(&cmd, cfg.mqtt.credentials.as_deref()),
     }
 }

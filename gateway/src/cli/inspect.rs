@@ -75,6 +75,22 @@ pub async fn run(
     method_post: bool,
     local: impl FnOnce(&Outbox) -> Result<Value, InspectError>,
 ) -> anyhow::Result<bool> {
+    let (ok, body) = fetch(target, http_path, method_post, local).await?;
+    print_result(ok, &body);
+    Ok(ok)
+}
+
+/// [`run`] without printing: whether it succeeded, and the JSON answered (`{"error": …}`
+/// when it did not).
+///
+/// # Errors
+/// Neither the gateway nor the outbox file could be reached.
+pub async fn fetch(
+    target: &Target<'_>,
+    http_path: String,
+    method_post: bool,
+    local: impl FnOnce(&Outbox) -> Result<Value, InspectError>,
+) -> anyhow::Result<(bool, Value)> {
     let (http_listen, path) = (target.http_listen, target.path);
     let url = format!("http://{http_listen}{http_path}");
     let client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(10)).build()?;
@@ -86,8 +102,7 @@ pub async fn run(
         Ok(resp) => {
             let ok = resp.status().is_success();
             let body: Value = resp.json().await?;
-            print_result(ok, &body);
-            Ok(ok)
+            Ok((ok, body))
         }
         Err(e) if e.is_connect() => {
             let outbox = Outbox::open(path).map_err(|oe| {
@@ -97,21 +112,16 @@ pub async fn run(
                 )
             })?;
             match local(&outbox) {
-                Ok(v) => {
-                    print_result(true, &v);
-                    Ok(true)
-                }
-                Err(e) => {
-                    print_result(false, &json!({ "error": e.to_string() }));
-                    Ok(false)
-                }
+                Ok(v) => Ok((true, v)),
+                Err(e) => Ok((false, json!({ "error": e.to_string() }))),
             }
         }
         Err(e) => Err(e.into()),
     }
 }
 
-fn print_result(ok: bool, v: &Value) {
+/// Prints `v` as JSON on stdout, or its `error` on stderr when `ok` is false.
+pub fn print_result(ok: bool, v: &Value) {
     let text = serde_json::to_string_pretty(v).expect("JSON prints");
     if ok {
         println!("{text}");

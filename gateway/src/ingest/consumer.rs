@@ -156,7 +156,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         batch: Batch::new(cfg.outbox.batch_max_records, Duration::from_millis(cfg.outbox.batch_max_delay_ms)),
         handoff: Handoff::new(outbox, clock, commands, health.clone(), shutdown.clone()),
         backpressure,
-        pruner: Pruner::new(&cfg.outbox),
+        pruner: Pruner::new(&cfg.outbox, &cfg.reconcile),
         registry,
         record_replay: RecordReplay::new(&cfg.kafka.charge_topic, &cfg.kafka.brokers),
         consume_errors: ConsumeErrors::default(),
@@ -339,6 +339,7 @@ impl Pipeline {
             offset: m.offset(),
             key: m.key(),
             value: m.payload().unwrap_or_default(),
+            timestamp_ms: m.timestamp().to_millis(),
         };
         let accept = if upstream::is_tombstone(&m) {
             self.planner.tombstone(&src)

@@ -1,10 +1,10 @@
 //! The outbox's housekeeping, started from the consumer loop's tick: forgetting message
-//! ids past the dedupe window (`outbox.dedupe_retention_hours`) and published dead letters
-//! past their retention (`outbox.deadletter_retention_hours`), at most once a minute, on a
-//! blocking thread.
+//! ids past the dedupe window (`outbox.dedupe_retention_hours`), published dead letters
+//! past their retention (`outbox.deadletter_retention_hours`) and reconciliation counts
+//! past theirs (`reconcile.retention_hours`), at most once a minute, on a blocking thread.
 
 use crate::clock::Clock;
-use crate::config::OutboxConfig;
+use crate::config::{OutboxConfig, ReconcileConfig};
 use crate::store::Outbox;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,16 +18,19 @@ pub struct Pruner {
     seen_retention_ms: u64,
     /// Published dead letters are kept this long, ms.
     deadletter_retention_ms: u64,
+    /// Reconciliation counts are kept this long after their event time, ms.
+    reconcile_retention_ms: u64,
     last: Instant,
     running: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Pruner {
     /// The first prune starts a minute from now.
-    pub fn new(cfg: &OutboxConfig) -> Pruner {
+    pub fn new(cfg: &OutboxConfig, reconcile: &ReconcileConfig) -> Pruner {
         Pruner {
             seen_retention_ms: cfg.dedupe_retention_hours * 3_600_000,
             deadletter_retention_ms: cfg.deadletter_retention_hours * 3_600_000,
+            reconcile_retention_ms: reconcile.retention_hours * 3_600_000,
             last: Instant::now(),
             running: None,
         }
@@ -48,6 +51,7 @@ impl Pruner {
         let now = clock.now_ms();
         let seen_cutoff = now.saturating_sub(self.seen_retention_ms);
         let dl_cutoff = now.saturating_sub(self.deadletter_retention_ms);
+        let reconcile_cutoff_s = now.saturating_sub(self.reconcile_retention_ms) / 1000;
         self.running = Some(tokio::task::spawn_blocking(move || {
             match outbox.prune_seen(seen_cutoff) {
                 Ok(n) if n > 0 => tracing::info!(forgotten = n, "dedupe window pruned"),
@@ -58,6 +62,11 @@ impl Pruner {
                 Ok(n) if n > 0 => tracing::info!(forgotten = n, "published dead letters past their retention pruned"),
                 Ok(_) => {}
                 Err(e) => tracing::error!(error = %e, "dead-letter prune failed"),
+            }
+            match outbox.prune_reconcile(reconcile_cutoff_s) {
+                Ok(n) if n > 0 => tracing::info!(forgotten = n, "reconciliation counts past their retention pruned"),
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %e, "reconciliation prune failed"),
             }
         }));
     }

@@ -95,6 +95,7 @@ impl RecordReplay {
             offset: dl.source_offset,
             key: key.as_deref(),
             value: &value,
+            timestamp_ms: None,
         };
         // Any whole-record dead letter refuses the replay: it is not parked a second time.
         let mut accept = planner.plan(&src, |_| true).map_err(|d| ReplayError::StillDeadLetter {

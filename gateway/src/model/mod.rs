@@ -1,11 +1,12 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
 //! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), what passes between the consumer and the dispatcher ([`handoff`]),
-//! and a Kafka partition's name ([`Partition`]).
+//! the effect flags of a cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
 pub mod dead_letter;
 pub mod direct_printers;
 pub mod directory;
 pub mod endpoint;
+pub mod flags;
 pub mod handoff;
 pub mod job;
 pub mod reason;
@@ -13,6 +14,7 @@ pub mod reason;
 pub use dead_letter::DeadLetter;
 pub use direct_printers::{DirectPrinters, DirectSettings};
 pub use directory::{Directory, Standing};
+pub use flags::EffectFlags;
 pub use handoff::{Command, Finished, Incoming, Outcome};
 pub use job::{Queued, SourceRef, StoredJob};
 pub use reason::{DeadLetterReason, IgnoreReason};

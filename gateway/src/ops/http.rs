@@ -3,7 +3,8 @@
 //! - `GET /healthz`: the process serves requests (liveness only).
 //! - `GET /readyz`: 200 `ready` when none of the rules of [`crate::ops::readiness`] fails;
 //!   otherwise 503 with every reason, one per line, plain text (a dead or idle consumer,
-//!   Kafka unreachable, a topic unassigned, stalled, slow or quiet).
+//!   Kafka unreachable, a topic unassigned, stalled, slow or quiet). Either way, one more
+//!   line names the effect kinds switched off, if any ([`crate::ops::flags`]).
 //! - `GET /stats`: [`crate::ops::report::StatsReport`] as JSON: the counters, with per-topic
 //!   throughput, lag and alarms (`topics`) and the readiness reasons (`not_ready`).
 //! - `GET /metrics`: the same in the Prometheus text format
@@ -11,16 +12,22 @@
 //! - `GET /outbox`, `GET /outbox/{device}`, `GET /outbox/{device}/{seq}`,
 //!   `GET /deadletters`, `GET /deadletters/{id}`, `POST /deadletters/{id}/replay`: what
 //!   `pixgate outbox|deadletter` show while the gateway runs ([`crate::ops::inspect`]).
+//! - `GET /reconciliation?since=T&until=T&window=10m`: the reconciliation counts in windows
+//!   of event time ([`crate::ops::reconciliation`]).
+//! - `GET /flags`, `POST /flags/{kind}/{on|off}`: the effect flags, and switching one
+//!   ([`crate::ops::flags`]).
 //! - `POST /clock/advance?ms=N`: only with `clock.control = true` (tests): moves the
 //!   gateway's clock forward ([`crate::clock`]).
 //!
-//! The outbox, dead-letter and clock routes are admin routes: they need the admin token,
+//! The outbox, dead-letter, flag-switching and clock routes are admin routes: they need the admin token,
 //! or a loopback listener when none is configured ([`crate::ops::admin`]).
 
 use crate::clock::Clock;
+use crate::config::ReconcileConfig;
 use crate::ingest::replay::Replay;
+use crate::model::EffectFlags;
 use crate::ops::admin::{self, AdminAccess};
-use crate::ops::inspect;
+use crate::ops::{flags, inspect, reconciliation};
 use crate::ops::{metrics, report};
 use crate::store::Outbox;
 use crate::telemetry::{Monitor, Stats};
@@ -51,6 +58,10 @@ pub struct AppState {
     pub replays: mpsc::Sender<Replay>,
     /// Who may use the admin routes.
     pub admin: Arc<AdminAccess>,
+    /// The effect flags the planner reads.
+    pub flags: Arc<EffectFlags>,
+    /// Which reconciliation windows `/stats` shows.
+    pub reconcile: ReconcileConfig,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -68,8 +79,10 @@ pub fn routes(state: AppState) -> Router {
     let open = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .route("/stats", get(|State(s): State<AppState>| async move { Json(report::report(&s.stats, &s.health).0) }))
-        .route("/metrics", get(metrics));
+        .route("/stats", get(stats))
+        .route("/reconciliation", get(reconciliation_report))
+        .route("/metrics", get(metrics))
+        .route("/flags", get(|State(s): State<AppState>| async move { Json(flags::listing(&s.flags)) }));
     let admin_routes = Router::new()
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
         .route(
@@ -95,6 +108,7 @@ pub fn routes(state: AppState) -> Router {
             }),
         )
         .route("/deadletters/{id}/replay", post(replay))
+        .route("/flags/{kind}/{state}", post(switch_flag))
         .route("/clock/advance", post(advance_clock))
         .route_layer(axum::middleware::from_fn_with_state(guard, admin::require_admin));
     open.merge(admin_routes).with_state(state)
@@ -102,16 +116,55 @@ pub fn routes(state: AppState) -> Router {
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     let reasons = report::not_ready(&state.stats, &state.health);
+    let off = flags::readiness_line(&state.flags).map(|l| format!("{l}\n")).unwrap_or_default();
     if reasons.is_empty() {
-        return (StatusCode::OK, "ready\n".into());
+        return (StatusCode::OK, format!("ready\n{off}"));
     }
-    (StatusCode::SERVICE_UNAVAILABLE, reasons.iter().map(|r| format!("{r}\n")).collect())
+    (StatusCode::SERVICE_UNAVAILABLE, reasons.iter().map(|r| format!("{r}\n")).chain([off]).collect())
+}
+
+/// `/stats`: the report, with the latest reconciliation windows read from the outbox.
+async fn stats(State(s): State<AppState>) -> Reply {
+    let (mut r, _) = report::report(&s.stats, &s.health, &s.flags);
+    let window_s = s.reconcile.window_minutes.max(1) * 60;
+    match s.outbox.reconcile_latest(s.reconcile.stats_windows, window_s) {
+        Ok(w) => r.reconciliation = w,
+        Err(e) => return reply(Err(e.into())),
+    }
+    match serde_json::to_value(r) {
+        Ok(v) => (StatusCode::OK, Json(v)),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))),
+    }
+}
+
+/// The reconciliation counts in windows: 400 for a malformed query.
+async fn reconciliation_report(State(s): State<AppState>, Query(q): Query<reconciliation::Query>) -> Reply {
+    match reconciliation::report(&s.outbox, &q) {
+        Ok(v) => (StatusCode::OK, Json(v)),
+        Err(Ok(e)) => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": e }))),
+        Err(Err(e)) => reply(Err(e.into())),
+    }
+}
+
+/// Switches an effect kind on or off: stored in the outbox, then applied to the records
+/// planned next. 400 for an unknown kind or state.
+async fn switch_flag(State(s): State<AppState>, Path((kind, state)): Path<(String, String)>) -> Reply {
+    let (kind, on) = match flags::parse(&kind, &state) {
+        Ok(parsed) => parsed,
+        Err(e) => return (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": e }))),
+    };
+    // A synced redb write: off the async threads.
+    let result = tokio::task::spawn_blocking(move || flags::set(&s.outbox, &s.flags, kind, on)).await;
+    match result {
+        Ok(r) => reply(r.map_err(inspect::InspectError::from)),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))),
+    }
 }
 
 async fn metrics(
     State(state): State<AppState>,
 ) -> (StatusCode, [(axum::http::header::HeaderName, &'static str); 1], String) {
-    let (snapshot, reasons) = report::report(&state.stats, &state.health);
+    let (snapshot, reasons) = report::report(&state.stats, &state.health, &state.flags);
     match metrics::prometheus_text(&snapshot, &reasons) {
         Ok(text) => (StatusCode::OK, [(axum::http::header::CONTENT_TYPE, metrics::PROMETHEUS_CONTENT_TYPE)], text),
         Err(e) => (

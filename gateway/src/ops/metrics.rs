@@ -172,6 +172,13 @@ impl prometheus_client::collector::Collector for Exposition {
                 up as f64,
             )?;
         }
+        let kinds = self.r.effect_flags.iter().map(|(k, on)| ([("kind", k.clone())], flag(*on)));
+        gauges(
+            e,
+            "effect_enabled",
+            "1 while the effect kind is switched on, 0 while its effects are skipped (effect flags).",
+            kinds,
+        )?;
         gauge(e, "consumer_running", "1 while the consumer loop runs.", flag(s.consumer_running))?;
         gauge(e, "mqtt_connected", "Devices connected to the MQTT listener.", s.mqtt_connected as f64)?;
         gauge(
@@ -211,6 +218,12 @@ impl prometheus_client::collector::Collector for Exposition {
             "expired_jobs",
             "Jobs whose time to live passed before they were done, by kind.",
             by("kind", &s.expired),
+        )?;
+        counters(
+            e,
+            "skipped_by_flag",
+            "Effects decided but left out because their kind is switched off, by kind.",
+            by("kind", &s.skipped_by_flag),
         )?;
         counter(e, "records_with_effects", "Records whose effects were planned.", s.records_with_effects)?;
         counter(
@@ -367,7 +380,7 @@ mod tests {
         });
         stats.polled();
         report::sample(&stats, &health);
-        let (snapshot, reasons) = report::report(&stats, &health);
+        let (snapshot, reasons) = report::report(&stats, &health, &crate::model::EffectFlags::default());
         assert!(reasons.is_empty(), "{reasons:?}");
         assert_eq!(snapshot.topics["charge.upserted"].lag, Some(5));
         assert_eq!(snapshot.kafka_brokers_up, Some(1), "the internal broker is not a connection");
@@ -405,7 +418,7 @@ mod tests {
         stats.polled();
         report::sample(&stats, &health);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let (snapshot, reasons) = report::report(&stats, &health);
+        let (snapshot, reasons) = report::report(&stats, &health, &crate::model::EffectFlags::default());
         assert_eq!(reasons.iter().map(Reason::kind).collect::<Vec<_>>(), ["stalled"]);
         assert!(
             snapshot.not_ready[0].starts_with("topic charge.upserted stalled: lag 5 records, no progress for "),

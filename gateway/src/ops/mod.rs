@@ -1,12 +1,16 @@
 //! Operating the gateway: readiness rules ([`readiness`]), the `/stats` report
 //! ([`report`]), `/metrics` ([`metrics`]), outbox and dead-letter inspection
-//! ([`inspect`]), the HTTP server ([`http`]) with its admin access rule ([`admin`]), and
+//! ([`inspect`]), effect flags ([`flags`]), consumer group repositioning ([`reposition`]), the reconciliation report
+//! ([`reconciliation`]), the HTTP server ([`http`]) with its admin access rule ([`admin`]), and
 //! the health watch ([`probe`]).
 
 pub mod admin;
+pub mod flags;
 pub mod http;
 pub mod inspect;
 pub mod metrics;
 pub mod probe;
 pub mod readiness;
+pub mod reconciliation;
 pub mod report;
+pub mod reposition;

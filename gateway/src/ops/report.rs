@@ -1,7 +1,9 @@
-//! What `/stats` serves: the counters, the health monitor's per-topic view and every
-//! reason the gateway is not ready, taken together so they agree.
+//! What `/stats` serves: the counters, the health monitor's per-topic view, the effect
+//! flags and every reason the gateway is not ready, taken together so they agree.
 
+use crate::model::EffectFlags;
 use crate::ops::readiness::{self, Reason};
+use crate::store::reconcile::Window;
 use crate::telemetry::{Monitor, Snapshot, Stats};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -19,6 +21,14 @@ pub struct StatsReport {
     pub kafka_brokers_up: Option<u64>,
     /// Every reason `/readyz` fails now, as it words them (empty: ready).
     pub not_ready: Vec<String>,
+    /// The effect flags by kind (`false`: switched off, its effects skipped;
+    /// [`crate::model::flags`]).
+    #[serde(default)]
+    pub effect_flags: BTreeMap<String, bool>,
+    /// The latest reconciliation windows per topic (`reconcile.stats_windows` of
+    /// `reconcile.window_minutes`; [`crate::store::reconcile`]).
+    #[serde(default)]
+    pub reconciliation: Vec<Window>,
 }
 
 /// One topic on `/stats` (and `/metrics`).
@@ -58,8 +68,9 @@ pub fn not_ready(stats: &Stats, monitor: &Monitor) -> Vec<Reason> {
     readiness::report(monitor, running, stats.idle_ms()).1
 }
 
-/// The counters, the per-topic health view and the readiness reasons it was made with.
-pub fn report(stats: &Stats, monitor: &Monitor) -> (StatsReport, Vec<Reason>) {
+/// The counters, the per-topic health view, the effect flags and the readiness reasons it
+/// was made with.
+pub fn report(stats: &Stats, monitor: &Monitor, flags: &EffectFlags) -> (StatsReport, Vec<Reason>) {
     let s = stats.snapshot();
     let (facts, reasons) = readiness::report(monitor, s.consumer_running, s.consumer_idle_ms);
     let now = monitor.now_ms();
@@ -88,6 +99,8 @@ pub fn report(stats: &Stats, monitor: &Monitor) -> (StatsReport, Vec<Reason>) {
         not_ready: reasons.iter().map(ToString::to_string).collect(),
         counters: s,
         topics,
+        effect_flags: flags.as_map(),
+        reconciliation: Vec::new(),
     };
     (report, reasons)
 }

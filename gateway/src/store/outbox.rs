@@ -32,6 +32,7 @@
 //! was written whole ([`Outbox::mark_direct`]).
 
 use crate::model::{DeadLetter, DeadLetterReason, Queued, SourceRef, StoredJob};
+use crate::store::reconcile::{Counting, RecordTally};
 use bytes::Bytes;
 use cdc::ChargeStatus;
 use device_protocol::Job;
@@ -206,6 +207,9 @@ pub struct Accept {
     /// The change event's `clusterTime` packed as `t << 32 | i` ([`cdc::Envelope`]);
     /// with the message id, the key of its jobs in the dedupe window. 0 when unknown.
     pub event_time: u64,
+    /// What the record adds to the reconciliation counts ([`crate::store::reconcile`]);
+    /// `None`: not counted.
+    pub tally: Option<RecordTally>,
 }
 
 /// A finished job (done or superseded) to remove from its device's queue; its message id
@@ -334,6 +338,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
     let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
     let mut meta = tx.open_table(META).map_err(err)?;
     let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
+    let mut counting = Counting::open(tx)?;
     for a in batch {
         if let Some((id, st)) = &a.charge {
             charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
@@ -383,8 +388,16 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
                 parked.push(id);
             }
         }
+        if let (Some(tally), Some(src)) = (&a.tally, &a.source) {
+            let jobs: Vec<(&str, u64, &str)> = queued
+                .iter()
+                .map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str()))
+                .collect();
+            counting.record(&src.topic, src.partition, src.offset, tally, &jobs)?;
+        }
         out.push((queued, parked));
     }
+    counting.finish(tx)?;
     Ok(out)
 }
 
@@ -401,7 +414,8 @@ pub struct DirectMark {
 
 /// The outbox database.
 pub struct Outbox {
-    db: Database,
+    /// Also used by the other tables' files of [`crate::store`] (effect flags).
+    pub(super) db: Database,
 }
 
 impl Outbox {
@@ -464,6 +478,12 @@ impl Outbox {
             for r in removals {
                 table.remove((r.device.as_str(), r.seq)).map_err(err)?;
             }
+            drop(table);
+            let mut counting = Counting::open(&tx)?;
+            for r in removals {
+                counting.removed(&r.device, r.seq, r.superseded)?;
+            }
+            counting.finish(&tx)?;
         }
         let out = if batch.is_empty() { Vec::new() } else { write_records(&tx, batch, now_ms)? };
         tx.commit().map_err(err)?;
@@ -502,6 +522,11 @@ impl Outbox {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
         let mut dl = dl;
+        {
+            let mut counting = Counting::open(&tx)?;
+            counting.failed(&stored.device, stored.job.seq, &dl.reason)?;
+            counting.finish(&tx)?;
+        }
         let id = {
             let mut jobs = tx.open_table(JOBS).map_err(err)?;
             // The job as stored, payload included: the dispatcher's copy may have shed its

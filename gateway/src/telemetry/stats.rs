@@ -29,6 +29,9 @@ pub struct Snapshot {
     pub records_with_effects: u64,
     /// Device registry events applied.
     pub devices_applied: u64,
+    /// Effects decided but left out because their kind is switched off (effect flags), by
+    /// kind: never queued nor dead-lettered.
+    pub skipped_by_flag: BTreeMap<String, u64>,
     /// Effects acknowledged as done by their device, by kind.
     pub effects_done: BTreeMap<String, u64>,
     /// Queued `display_qr` jobs dropped because their charge's next screen came first.
@@ -116,6 +119,11 @@ impl Stats {
     pub fn dead_effect(&self, reason: &DeadLetterReason) {
         let reason = reason.to_string();
         self.update(|s| bump(&mut s.dead_lettered_effects, &reason));
+    }
+
+    /// An effect of `kind` was left out: its kind is switched off.
+    pub fn skipped_by_flag(&self, kind: &str) {
+        self.update(|s| bump(&mut s.skipped_by_flag, kind));
     }
 
     /// A job of `kind` expired before it was done.

@@ -1,0 +1,289 @@
+//! Reconciliation counts: per topic, in one-minute buckets of the records' event time, what
+//! pixgate did with them, kept in the outbox file so that an operator compares them with
+//! the upstream capture's counts after a restart too. Reports add the buckets up into
+//! windows (10 minutes by default, [`windows`]).
+//!
+//! Counted in the same transaction as what they count, so they are exact across crashes:
+//! - `read`, `ignored:REASON`, `dead_lettered:REASON` (a record's or one effect's),
+//!   `skipped_by_flag:KIND` and `queued:KIND` with the record's batch write, once per
+//!   record: a record read again (after a crash, a rebalance, a reposition backwards) is
+//!   behind its partition's mark (table `reconcile_marks`) and not counted again;
+//! - `delivered:KIND` and `superseded` with the job's removal, `expired:KIND` and
+//!   `dead_lettered:delivery_failed` with its dead letter, in the bucket of the record the
+//!   job came from (table `reconcile_jobs`: (device, seq) → (topic, bucket, kind), written
+//!   when the job is queued, removed when it leaves). A replayed job is not counted again.
+//!
+//! Tables: `reconcile_counts` (bucket start in Unix seconds, topic, counter) → count;
+//! pruned past `reconcile.retention_hours`, so the file holds at most that many hours of
+//! buckets (a few dozen counters per topic and minute).
+
+use crate::model::DeadLetterReason;
+use crate::store::outbox::{Outbox, OutboxError};
+use chrono::{DateTime, Utc};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+const COUNTS: TableDefinition<(u64, &str, &str), u64> = TableDefinition::new("reconcile_counts");
+const MARKS: TableDefinition<(&'static str, i32), i64> = TableDefinition::new("reconcile_marks");
+const JOBS: TableDefinition<(&'static str, u64), (&'static str, u64, &'static str)> =
+    TableDefinition::new("reconcile_jobs");
+
+/// The bucket the counts are kept in, seconds. A report's window is a multiple of it.
+pub const BUCKET_S: u64 = 60;
+
+fn db(e: impl Into<redb::Error>) -> OutboxError {
+    OutboxError::Database(e.into())
+}
+
+/// What one record adds to the counts, made by the planner: its event time and the
+/// counters it bumps besides `read` and `queued:KIND` (which the write adds).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordTally {
+    /// The record's event time, Unix seconds (its `clusterTime`; the Kafka timestamp when
+    /// it has none that can be read).
+    pub event_time_s: u64,
+    /// `ignored:REASON`, `dead_lettered:REASON`, `skipped_by_flag:KIND`, one per occurrence.
+    pub counters: Vec<String>,
+}
+
+/// The counting of one write transaction: increments added up in memory and written
+/// once per counter at [`Counting::finish`], the tables opened once (a batch's records
+/// mostly bump the same few counters of the same minute).
+pub(crate) struct Counting<'t> {
+    marks: redb::Table<'t, (&'static str, i32), i64>,
+    jobs: redb::Table<'t, (&'static str, u64), (&'static str, u64, &'static str)>,
+    /// Each partition's mark as this transaction has moved it.
+    seen: HashMap<(String, i32), i64>,
+    counts: BTreeMap<(u64, String, String), u64>,
+}
+
+impl<'t> Counting<'t> {
+    /// Opens the tables in `tx`.
+    pub(crate) fn open(tx: &'t WriteTransaction) -> Result<Counting<'t>, OutboxError> {
+        Ok(Counting {
+            marks: tx.open_table(MARKS).map_err(db)?,
+            jobs: tx.open_table(JOBS).map_err(db)?,
+            seen: HashMap::new(),
+            counts: BTreeMap::new(),
+        })
+    }
+
+    fn bump(&mut self, bucket: u64, topic: &str, counter: String) {
+        *self.counts.entry((bucket, topic.to_string(), counter)).or_default() += 1;
+    }
+
+    /// Counts one record: `tally`'s counters, `read`, and `queued:KIND` with a
+    /// `reconcile_jobs` row for each of `queued` (device, seq, kind); nothing when the
+    /// record is behind its partition's mark (counted before).
+    pub(crate) fn record(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        tally: &RecordTally,
+        queued: &[(&str, u64, &str)],
+    ) -> Result<(), OutboxError> {
+        let key = (topic.to_string(), partition);
+        let mark = match self.seen.get(&key) {
+            Some(m) => *m,
+            None => self.marks.get((topic, partition)).map_err(db)?.map_or(0, |v| v.value()),
+        };
+        if offset < mark {
+            return Ok(());
+        }
+        self.seen.insert(key, offset + 1);
+        let bucket = tally.event_time_s / BUCKET_S * BUCKET_S;
+        self.bump(bucket, topic, "read".to_string());
+        for c in &tally.counters {
+            self.bump(bucket, topic, c.clone());
+        }
+        for (device, seq, kind) in queued {
+            self.bump(bucket, topic, format!("queued:{kind}"));
+            self.jobs.insert((*device, *seq), (topic, bucket, *kind)).map_err(db)?;
+        }
+        Ok(())
+    }
+
+    /// Counts a job leaving its queue, by the bucket of its record: `superseded`, or
+    /// `delivered:KIND`. A job with no `reconcile_jobs` row (replayed) is not counted.
+    pub(crate) fn removed(&mut self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
+        self.left(device, seq, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
+    }
+
+    /// Counts a job dead-lettered for `reason`: `expired:KIND`, or `dead_lettered:REASON`.
+    pub(crate) fn failed(&mut self, device: &str, seq: u64, reason: &DeadLetterReason) -> Result<(), OutboxError> {
+        self.left(device, seq, |kind| match reason {
+            DeadLetterReason::Expired => format!("expired:{kind}"),
+            other => format!("dead_lettered:{other}"),
+        })
+    }
+
+    fn left(&mut self, device: &str, seq: u64, counter: impl Fn(&str) -> String) -> Result<(), OutboxError> {
+        let Some(row) = self.jobs.remove((device, seq)).map_err(db)? else { return Ok(()) };
+        let (topic, bucket, kind) = row.value();
+        let (topic, name) = (topic.to_string(), counter(kind));
+        drop(row);
+        self.bump(bucket, &topic, name);
+        Ok(())
+    }
+
+    /// Writes the marks moved and the counts added up, in `tx`.
+    pub(crate) fn finish(mut self, tx: &WriteTransaction) -> Result<(), OutboxError> {
+        for ((topic, partition), mark) in &self.seen {
+            self.marks.insert((topic.as_str(), *partition), *mark).map_err(db)?;
+        }
+        if self.counts.is_empty() {
+            return Ok(());
+        }
+        let mut counts = tx.open_table(COUNTS).map_err(db)?;
+        for ((bucket, topic, counter), n) in &self.counts {
+            let key = (*bucket, topic.as_str(), counter.as_str());
+            let before = counts.get(key).map_err(db)?.map_or(0, |v| v.value());
+            counts.insert(key, before + n).map_err(db)?;
+        }
+        Ok(())
+    }
+}
+
+/// One window of one topic: what happened to the records whose event time falls in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    /// Topic.
+    pub topic: String,
+    /// The window's start (inclusive) and end (exclusive), by event time.
+    pub start: DateTime<Utc>,
+    /// See `start`.
+    pub end: DateTime<Utc>,
+    /// Records read (each once).
+    pub read: u64,
+    /// Jobs queued in the outbox, by effect kind.
+    pub queued: BTreeMap<String, u64>,
+    /// Effects left out because their kind was switched off, by kind.
+    pub skipped_by_flag: BTreeMap<String, u64>,
+    /// Jobs acknowledged as done by their device, by kind.
+    pub delivered: BTreeMap<String, u64>,
+    /// Queued `display_qr` jobs dropped because their charge's next screen came first.
+    pub superseded: u64,
+    /// Jobs whose time to live passed before they were done, by kind.
+    pub expired: BTreeMap<String, u64>,
+    /// Records with no effect by design, by reason.
+    pub ignored: BTreeMap<String, u64>,
+    /// Records and effects dead-lettered, by reason (`expired` apart).
+    pub dead_lettered: BTreeMap<String, u64>,
+}
+
+impl Window {
+    fn add(&mut self, counter: &str, n: u64) {
+        let (name, label) = counter.split_once(':').unwrap_or((counter, ""));
+        let map = match name {
+            "read" => return self.read += n,
+            "superseded" => return self.superseded += n,
+            "queued" => &mut self.queued,
+            "skipped_by_flag" => &mut self.skipped_by_flag,
+            "delivered" => &mut self.delivered,
+            "expired" => &mut self.expired,
+            "ignored" => &mut self.ignored,
+            "dead_lettered" => &mut self.dead_lettered,
+            // A counter of a later pixgate: not this report's.
+            _ => return,
+        };
+        *map.entry(label.to_string()).or_default() += n;
+    }
+}
+
+impl Outbox {
+    /// The counts whose event time is in `[since_s, until_s)` (Unix seconds), added up in
+    /// windows of `window_s` (a multiple of [`BUCKET_S`], aligned to the Unix epoch), per
+    /// topic; only windows with counts, by topic then start.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn reconcile_windows(&self, since_s: u64, until_s: u64, window_s: u64) -> Result<Vec<Window>, OutboxError> {
+        let window_s = window_s.max(BUCKET_S) / BUCKET_S * BUCKET_S;
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = match tx.open_table(COUNTS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(db(e)),
+        };
+        let mut out: BTreeMap<(String, u64), Window> = BTreeMap::new();
+        let from = since_s / BUCKET_S * BUCKET_S;
+        for entry in table.range((from, "", "")..(until_s, "", "")).map_err(db)? {
+            let (k, v) = entry.map_err(db)?;
+            let (bucket, topic, counter) = k.value();
+            if bucket < since_s {
+                continue;
+            }
+            let start = bucket / window_s * window_s;
+            let w = out.entry((topic.to_string(), start)).or_insert_with(|| Window {
+                topic: topic.to_string(),
+                start: at(start),
+                end: at(start + window_s),
+                ..Window::default()
+            });
+            w.add(counter, v.value());
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// The last `n` windows of `window_s` that have counts, per topic (for `/stats`).
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn reconcile_latest(&self, n: usize, window_s: u64) -> Result<Vec<Window>, OutboxError> {
+        let last = {
+            let tx = self.db.begin_read().map_err(db)?;
+            let table = match tx.open_table(COUNTS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(db(e)),
+            };
+            let last = table.last().map_err(db)?;
+            last.map(|(k, _)| k.value().0)
+        };
+        let Some(last) = last else { return Ok(Vec::new()) };
+        let window_s = window_s.max(BUCKET_S);
+        let end = (last / window_s + 1) * window_s;
+        let since = end.saturating_sub(n as u64 * window_s);
+        let mut all = self.reconcile_windows(since, end, window_s)?;
+        // Per topic the last n (a topic quiet for a while has fewer).
+        let mut per_topic: BTreeMap<String, usize> = BTreeMap::new();
+        all.reverse();
+        all.retain(|w| {
+            let c = per_topic.entry(w.topic.clone()).or_default();
+            *c += 1;
+            *c <= n
+        });
+        all.reverse();
+        Ok(all)
+    }
+
+    /// Forgets the buckets that start before `cutoff_s` (Unix seconds). Returns how many
+    /// counters were removed.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn prune_reconcile(&self, cutoff_s: u64) -> Result<usize, OutboxError> {
+        let mut tx = self.db.begin_write().map_err(db)?;
+        // Not synced: a prune lost in a crash is done again a minute later.
+        tx.set_durability(redb::Durability::None).map_err(db)?;
+        let n = {
+            let mut table = tx.open_table(COUNTS).map_err(db)?;
+            let mut n = 0;
+            table
+                .retain_in((0, "", "")..(cutoff_s, "", ""), |_, _| {
+                    n += 1;
+                    false
+                })
+                .map_err(db)?;
+            n
+        };
+        tx.commit().map_err(db)?;
+        Ok(n)
+    }
+}
+
+fn at(s: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp(i64::try_from(s).unwrap_or(i64::MAX), 0).unwrap_or_default()
+}
