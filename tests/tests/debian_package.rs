@@ -12,14 +12,17 @@
 //!   missing, saying which;
 //! - the same, with only the Kafka address of the test broker, loopback ports, a scratch
 //!   data folder and a test fleet CA's TLS files given through `PIXGATE_*`, becomes ready
-//!   (`/readyz` 200) with its device listener on TLS, and exits cleanly on SIGTERM;
+//!   (`/readyz` 200) with its device listener on TLS (`mosquitto_pub` with a fleet
+//!   certificate passes the handshake and is refused as unknown to the registry; in plain
+//!   TCP it fails the handshake), and exits cleanly on SIGTERM;
 //! - `dpkg --purge` removes it all again (also when the test fails, by a guard).
 //!
 //! Needs root (it installs a package), `cargo deb` (`scripts/ensure-cargo-deb.sh`), dpkg
 //! and systemd-analyze: without them it fails, saying what is missing.
 
 use pixgate_tests::broker::KafkaBroker;
-use pixgate_tests::gateway::find_binary;
+use pixgate_tests::gateway::{find_binary, StatsReport};
+use pixgate_tests::mosquitto::{self, ClientAuth};
 use pixgate_tests::net::{free_port, http_get};
 use pixgate_tests::pki::Fleet;
 use simulators::capture;
@@ -32,6 +35,8 @@ use std::time::{Duration, Instant};
 const PACKAGE: &str = "pixgate";
 const CONFIG: &str = "/etc/pixgate/pixgate.toml";
 const UNIT: &str = "/usr/lib/systemd/system/pixgate.service";
+/// A card machine's id, with a certificate of the test fleet but not in the registry.
+const DEVICE: &str = "7f80e222f828767efc2f9162";
 
 /// Runs `cmd` to completion; panics with its output unless it succeeded.
 fn run(cmd: &mut Command) -> Output {
@@ -125,6 +130,7 @@ fn give_to_pixgate(path: &Path) {
 async fn package_builds_installs_and_runs() {
     let uid = stdout(&run(Command::new("id").arg("-u")));
     assert_eq!(uid.trim(), "0", "this test installs a Debian package: run it as root");
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
     for (tool, args) in
         [("cargo", &["deb", "--version"][..]), ("dpkg", &["--version"][..]), ("systemd-analyze", &["--version"][..])]
     {
@@ -262,7 +268,7 @@ async fn package_builds_installs_and_runs() {
     assert!(said.contains("mqtt.tls") && said.contains("/etc/pixgate/fleet/server.crt"), "{said}");
 
     // With a fleet CA's files (what `pixgate devices credentials ca` makes), it runs.
-    let fleet = Fleet::create_without_other(&dir.join("fleet"), &[]).expect("making a fleet CA");
+    let fleet = Fleet::create_without_other(&dir.join("fleet"), &[DEVICE]).expect("making a fleet CA");
     give_to_pixgate(fleet.dir());
     let tls = |f: &str| fleet.dir().join(f).display().to_string();
     env.extend([
@@ -289,6 +295,35 @@ async fn package_builds_installs_and_runs() {
     };
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(said.contains("device listener up") && said.contains("tls=true"), "{ready}\n{said}");
+
+    // Devices meet TLS and the packaged access rules: a device with a certificate of the
+    // fleet completes the handshake and is refused at CONNECT as unknown to the registry
+    // (`mqtt.require_registered`); a plain TCP client fails the handshake.
+    let refusals = |rule: &'static str| {
+        let http = format!("127.0.0.1:{http_port}");
+        move || -> u64 {
+            let (_, body) = http_get(&http, "/stats").expect("GET /stats");
+            let stats: StatsReport = serde_json::from_str(&body).expect("/stats is a StatsReport");
+            stats.counters.mqtt_refusals.get(rule).copied().unwrap_or(0)
+        }
+    };
+    let wait_for = |what: &str, count: &dyn Fn() -> u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count() == 0 {
+            assert!(Instant::now() < deadline, "no {what} refusal counted on /stats");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (unknown, handshake) = (refusals("unknown_device"), refusals("tls_handshake"));
+    let device = ClientAuth::certificate(&fleet.ca_cert(), &fleet.device_cert(DEVICE), &fleet.device_key(DEVICE));
+    let topic = format!("devices/{DEVICE}/status");
+    let refused = mosquitto::publish_as(mqtt_port, &device, &format!("dev-{DEVICE}"), &topic, "{}", 1, false).await;
+    assert!(refused.is_err(), "a device unknown to the registry got in");
+    wait_for("unknown_device", &unknown);
+    assert_eq!(handshake(), 0, "the fleet's device failed the TLS handshake: {refused:?}");
+    let plain = mosquitto::publish(mqtt_port, &format!("dev-{DEVICE}"), &topic, "{}", 1, false).await;
+    assert!(plain.is_err(), "a plain TCP client got in");
+    wait_for("tls_handshake", &handshake);
 
     // SIGTERM, as the unit stops it: a clean exit.
     run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
