@@ -121,6 +121,20 @@ fn assert_applied(file: &toml::Table, effective: &toml::Table, at: &str) {
     }
 }
 
+/// Every key of `effective` is in `file`.
+fn assert_listed(effective: &toml::Table, file: &toml::Table, at: &str) {
+    for (key, value) in effective {
+        let here = format!("{at}{key}");
+        match (value, file.get(key)) {
+            (toml::Value::Table(e), Some(toml::Value::Table(f))) => assert_listed(e, f, &format!("{here}.")),
+            (_, Some(_)) => {}
+            // An empty map (`health.topics`) has no setting to write out.
+            (toml::Value::Table(e), None) if e.is_empty() => {}
+            (_, None) => panic!("{here} (from `pixgate config`) is missing in gateway/debian/pixgate.toml"),
+        }
+    }
+}
+
 /// Gives `path` (recursively) to the `pixgate` user: the installed binary runs as it.
 fn give_to_pixgate(path: &Path) {
     run(Command::new("chown").args(["-R", "pixgate:pixgate"]).arg(path));
@@ -228,6 +242,9 @@ async fn package_builds_installs_and_runs() {
     let file: toml::Table = std::fs::read_to_string(CONFIG).unwrap().parse().expect("the packaged TOML");
     let effective: toml::Table = printed.parse().expect("`pixgate config` prints TOML");
     assert_applied(&file, &effective, "");
+    // And the other way: every setting pixgate prints is written out (and commented) in
+    // the packaged file, so that a new setting does not go unmentioned there.
+    assert_listed(&effective, &file, "");
     // systemd must wait longer for a stop than pixgate takes to finish one.
     let shutdown_ms: u64 = printed
         .lines()
