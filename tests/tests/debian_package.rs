@@ -286,7 +286,13 @@ async fn package_builds_installs_and_runs() {
 
     // With a fleet CA's files (what `pixgate devices credentials ca` makes), it runs.
     let fleet = Fleet::create_without_other(&dir.join("fleet"), &[DEVICE]).expect("making a fleet CA");
-    give_to_pixgate(fleet.dir());
+    // Readable by the service as docs/operations.md says: root's files, the server key by
+    // group; the CA key stays root's alone.
+    run(Command::new("chgrp").arg("pixgate").arg(fleet.dir()).arg(fleet.server_key()));
+    run(Command::new("chmod").arg("0750").arg(fleet.dir()));
+    run(Command::new("chmod").arg("0640").arg(fleet.server_key()));
+    let ca_key = std::fs::metadata(fleet.ca_key()).unwrap();
+    assert_eq!((ca_key.uid(), ca_key.permissions().mode() & 0o777), (0, 0o600), "ca.key");
     let tls = |f: &str| fleet.dir().join(f).display().to_string();
     env.extend([
         ("PIXGATE_MQTT__TLS__CERT", tls("server.crt")),
