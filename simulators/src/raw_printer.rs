@@ -15,8 +15,11 @@
 //! printer; a missing file means the command-line condition. A job that ends while the
 //! printer cannot print (paper out, cover open, offline) is held and printed, in order,
 //! once it can. A `slow` printer reads [`SLOW_READ`] bytes every [`SLOW_PAUSE`]: the
-//! sender's flow control (a full TCP window, RTS/CTS or XON/XOFF on a serial line) holds
-//! it back, and nothing is lost.
+//! sender's flow control (a full TCP window, RTS/CTS on a serial line) holds it back, and
+//! nothing is lost. With XON/XOFF (`--xonxoff`, serial only) the printer instead takes bytes
+//! off the line as fast as they come into a receive buffer, says XOFF when it fills and XON
+//! when it drains ([`serve_xonxoff`]); a sender that ignores XOFF overruns it and loses
+//! bytes, as on a real printer.
 //!
 //! Nothing is deduplicated: a raw printer prints every byte it gets, so a test sees
 //! everything the sender wrote, repeats included. The first bytes of each job are reported
@@ -45,6 +48,9 @@ pub struct RawPrinterOptions {
     pub state_file: Option<PathBuf>,
     /// Quiet time after which what has arrived is printed as a job, in ms (0: never).
     pub idle_ms: u64,
+    /// On a serial line: a receive buffer with XON/XOFF flow control ([`serve_xonxoff`])
+    /// instead of reading only as fast as it prints.
+    pub xonxoff: bool,
 }
 
 /// Why a state file's content was refused.
@@ -216,10 +222,14 @@ pub trait Report {
     fn printed(&mut self, path: &Path);
     /// The first bytes of a new job arrived from `source`.
     fn receiving(&mut self, source: &str);
+    /// `bytes` arrived while the receive buffer was full and were lost (XON/XOFF ignored).
+    fn overrun(&mut self, bytes: usize) {
+        tracing::warn!(bytes, "receive buffer overrun: the sender ignored XOFF");
+    }
 }
 
-/// Prints `printed <path>` and `receiving <source>` on stdout (one line each, for scripts
-/// and tests).
+/// Prints `printed <path>`, `receiving <source>` and `overrun <bytes>` on stdout (one line
+/// each, for scripts and tests).
 pub struct StdoutReport;
 
 impl Report for StdoutReport {
@@ -228,6 +238,10 @@ impl Report for StdoutReport {
     }
     fn receiving(&mut self, source: &str) {
         println!("receiving {source}");
+    }
+    fn overrun(&mut self, bytes: usize) {
+        tracing::warn!(bytes, "receive buffer overrun: the sender ignored XOFF");
+        println!("overrun {bytes}");
     }
 }
 
@@ -291,6 +305,98 @@ pub fn serve<T: Read + Write>(
     Ok(())
 }
 
+/// The receive buffer of a printer with XON/XOFF flow control, bytes.
+pub const RECEIVE_BUFFER: usize = 128 * 1024;
+
+/// Fill at which the printer sends XOFF (DC3, 0x13).
+pub const XOFF_AT: usize = 16 * 1024;
+
+/// Fill at which, after an XOFF, it sends XON (DC1, 0x11).
+pub const XON_AT: usize = 4 * 1024;
+
+/// Like [`serve`], for a serial line with software flow control, as a printer with a
+/// receive buffer works: bytes are taken off the line as they come, up to
+/// [`RECEIVE_BUFFER`], and printed from the buffer ([`SLOW_READ`] every [`SLOW_PAUSE`] when
+/// `slow`); XOFF is sent when it holds [`XOFF_AT`] and XON when it is down to [`XON_AT`].
+/// The buffer leaves room for what is already on its way when the sender stops (a
+/// pseudo-terminal holds up to 64 KiB in flight). Bytes beyond a full buffer are lost and
+/// reported ([`Report::overrun`]): the sender did not honour XOFF. `DLE EOT` is answered
+/// when the printer reaches it in the buffer.
+///
+/// # Errors
+/// As [`serve`].
+pub fn serve_xonxoff(
+    printer: &mut RawPrinter,
+    port: &mut serialport::TTYPort,
+    source: &str,
+    report: &mut dyn Report,
+) -> anyhow::Result<()> {
+    use serialport::SerialPort;
+    const XON: u8 = 0x11;
+    const XOFF: u8 = 0x13;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pending: VecDeque<u8> = VecDeque::new();
+    let mut stopped = false;
+    let mut last_byte = Instant::now();
+    let idle = Duration::from_millis(printer.opts.idle_ms);
+    let mut slow = printer.condition().slow;
+    let mut condition_read = Instant::now();
+    loop {
+        port.set_timeout(if pending.is_empty() { POLL } else { Duration::from_millis(1) })?;
+        match port.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                last_byte = Instant::now();
+                let take = n.min(RECEIVE_BUFFER - pending.len());
+                pending.extend(&buf[..take]);
+                if take < n {
+                    report.overrun(n - take);
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                if pending.is_empty() {
+                    let mut printed = printer.print_held()?;
+                    if printer.opts.idle_ms > 0 && printer.has_partial_job() && last_byte.elapsed() >= idle {
+                        printed.extend(printer.end_of_stream(source)?);
+                    }
+                    printed.iter().for_each(|p| report.printed(p));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if !stopped && pending.len() >= XOFF_AT {
+            port.write_all(&[XOFF])?;
+            stopped = true;
+        }
+        if !pending.is_empty() {
+            if condition_read.elapsed() >= POLL {
+                slow = printer.condition().slow;
+                condition_read = Instant::now();
+            }
+            let n = if slow { SLOW_READ.min(pending.len()) } else { pending.len() };
+            let chunk: Vec<u8> = pending.drain(..n).collect();
+            let fresh = !printer.job_started();
+            let (replies, printed) = printer.receive(&chunk, source)?;
+            if fresh && (printer.job_started() || !printed.is_empty()) {
+                report.receiving(source);
+            }
+            if !replies.is_empty() {
+                port.write_all(&replies)?;
+            }
+            printed.iter().for_each(|p| report.printed(p));
+            if slow {
+                std::thread::sleep(SLOW_PAUSE);
+            }
+        }
+        if stopped && pending.len() <= XON_AT {
+            port.write_all(&[XON])?;
+            stopped = false;
+        }
+    }
+    printer.end_of_stream(source)?.iter().for_each(|p| report.printed(p));
+    Ok(())
+}
+
 /// Serves TCP connections on `listener` one at a time, as a printer's raw port does (the
 /// next client waits in the backlog), until accepting fails. A connection that fails is
 /// logged and the next one served.
@@ -344,6 +450,9 @@ impl Pty {
     /// As [`serve`].
     pub fn serve(&mut self, printer: &mut RawPrinter, report: &mut dyn Report) -> anyhow::Result<()> {
         let source = format!("serial {}", self.path);
+        if printer.opts.xonxoff {
+            return serve_xonxoff(printer, &mut self.master, &source, report);
+        }
         serve(printer, &mut self.master, &source, report)
     }
 }
@@ -368,6 +477,7 @@ mod tests {
             condition: PrinterCondition::default(),
             state_file: Some(dir.join("state")),
             idle_ms: 0,
+            xonxoff: false,
         })
     }
 

@@ -62,6 +62,19 @@ impl Sim {
         }
     }
 
+    /// Every line up to and including the first that starts with `prefix`.
+    fn lines_until(&self, prefix: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let l = self.lines.recv_timeout(GUARD).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
+            let done = l.starts_with(prefix);
+            seen.push(l);
+            if done {
+                return seen;
+            }
+        }
+    }
+
     fn transcript(&self) -> String {
         std::fs::read_to_string(self.out.join("transcript.txt")).unwrap_or_default()
     }
@@ -185,15 +198,8 @@ fn a_tall_raster_over_a_slow_serial_line_arrives_whole_and_in_order() {
     let sim = Sim::start("slow-pty", &["--pty"]);
     std::fs::write(sim.out.join("state"), "slow").unwrap();
     let path = sim.line("listening pty");
-    let (width_bytes, rows) = (72usize, 2778usize);
-    let mut job =
-        vec![0x1B, 0x40, 0x1D, 0x76, 0x30, 0x00, width_bytes as u8, 0, (rows & 0xFF) as u8, (rows >> 8) as u8];
-    for r in 0..rows {
-        let mut row = vec![0u8; width_bytes];
-        row[..3].copy_from_slice(&[(r >> 8) as u8, r as u8, 0xFF]);
-        job.extend_from_slice(&row);
-    }
-    job.extend_from_slice(b"\n\x1dVA\x03");
+    let rows = 2778usize;
+    let job = numbered_raster(72, rows);
     assert!(job.len() > 200_000);
     let file = sim.out.join("raster.bin");
     std::fs::write(&file, &job).unwrap();
@@ -217,6 +223,62 @@ fn a_tall_raster_over_a_slow_serial_line_arrives_whole_and_in_order() {
         assert!(black(x0 + 16, y0 + r), "row {r}'s marker");
     }
     assert!(!black(x0 + 16, y0 + rows as u32), "no row after the last");
+}
+
+/// A raster job of `rows` rows of `width_bytes`, each row starting with its number (16
+/// bits) and a marker byte, so that a PNG of it shows whether every row arrived in order.
+fn numbered_raster(width_bytes: usize, rows: usize) -> Vec<u8> {
+    let mut job =
+        vec![0x1B, 0x40, 0x1D, 0x76, 0x30, 0x00, width_bytes as u8, 0, (rows & 0xFF) as u8, (rows >> 8) as u8];
+    for r in 0..rows {
+        let mut row = vec![0u8; width_bytes];
+        row[..3].copy_from_slice(&[(r >> 8) as u8, r as u8, 0xFF]);
+        job.extend_from_slice(&row);
+    }
+    job.extend_from_slice(b"\n\x1dVA\x03");
+    job
+}
+
+/// XON/XOFF on a serial line: a printer with a receive buffer that says XOFF when it
+/// fills (`printer-sim listen --pty --xonxoff`, slow) gets every byte of a 200 KB raster
+/// from `pixgate print` with `flow=xonxoff` (the line's driver stops at XOFF), and no
+/// overrun. The same job with `flow=none` overruns its buffer: the printer's flow control
+/// is what keeps the bytes, and the simulator tells when it is not honoured.
+#[test]
+fn xon_xoff_keeps_a_slow_printers_buffer_from_overrunning() {
+    let job = numbered_raster(72, 2778);
+    assert!(job.len() > 200_000);
+    let start = |flow: &str| {
+        let sim = Sim::start(&format!("xonxoff-{flow}"), &["--pty", "--xonxoff"]);
+        std::fs::write(sim.out.join("state"), "slow").unwrap();
+        let path = sim.line("listening pty");
+        let file = sim.out.join("raster.bin");
+        std::fs::write(&file, &job).unwrap();
+        (sim, format!("serial://{path}?baud=115200&flow={flow}"), file)
+    };
+
+    let (sim, to, file) = start("xonxoff");
+    let (code, json, err) = print(&["--to", &to, "--timeout-ms", "20000", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{json} {err}");
+    assert_eq!(json["written"].as_u64(), Some(job.len() as u64));
+    let lines = sim.lines_until("printed");
+    assert!(!lines.iter().any(|l| l.starts_with("overrun")), "nothing lost: {lines:?}");
+    // The four `DLE EOT` queries asked before the job (3 bytes each) count in.
+    assert!(sim.transcript().contains(&format!("({} bytes)", job.len() + 12)), "{}", sim.transcript());
+
+    // A sender that ignores XOFF loses bytes at the printer; stopped once that shows.
+    let (sim, to, file) = start("none");
+    let mut sender = Command::new(pixgate_tests::gateway::find_binary().unwrap())
+        .args(["print", "--to", &to, "--timeout-ms", "20000", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = sim.lines_until("overrun");
+    let lost: usize = lines.last().and_then(|l| l.strip_prefix("overrun ")).unwrap().trim().parse().unwrap();
+    assert!(lost > 0, "{lines:?}");
+    let _ = sender.kill();
+    let _ = sender.wait();
 }
 
 /// `pixgate print --device ID` finds the printer where the gateway would: here in the

@@ -108,6 +108,11 @@ enum Cmd {
         /// Print what has arrived when the line has been quiet this long without a cut, ms (0: only at cuts and when a connection closes).
         #[arg(long, default_value_t = 1000)]
         idle_ms: u64,
+        /// With `--pty`: XON/XOFF flow control with a 128 KiB receive buffer (XOFF at 16 KiB,
+        /// XON at 4 KiB); bytes a sender sends past a full buffer are lost and reported as
+        /// `overrun N`.
+        #[arg(long, requires = "pty")]
+        xonxoff: bool,
     },
 }
 
@@ -163,6 +168,7 @@ async fn main() -> Result<()> {
             cover_open,
             state_file,
             idle_ms,
+            xonxoff,
         } => {
             let mut printer = RawPrinter::new(RawPrinterOptions {
                 settings: PrinterSettings::for_paper(paper, code_page(&cp)?).with_model(&model),
@@ -170,6 +176,7 @@ async fn main() -> Result<()> {
                 condition: PrinterCondition { paper_out, paper_near_end, cover_open, ..PrinterCondition::default() },
                 state_file,
                 idle_ms,
+                xonxoff,
             });
             // Blocking I/O on this thread; Ctrl-C or SIGTERM ends the process.
             if let Some(addr) = tcp {
