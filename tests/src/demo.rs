@@ -155,6 +155,8 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<Value> {
         _ => Ok(0),
     };
     let clean = gateway.stop(Duration::from_secs(15));
+    // Every Kafka client goes before the broker, so none logs the broker going away.
+    drop(producer);
     broker.stop();
     let published = result?;
     let stats = stats?;
