@@ -105,11 +105,17 @@ pub enum Interrupted {
     /// second copy never passes for a second original.
     #[default]
     Reprint,
-    /// `hold`: the printer's queue is held until an operator decides.
+    /// `hold`: not printed again; handed to an operator as a dead letter, who checks the
+    /// paper and replays it or not. The printer's queue goes on.
     Hold,
 }
 
 impl Interrupted {
+    /// The setting named `name` (`reprint` or `hold`).
+    pub fn from_name(name: &str) -> Option<Interrupted> {
+        [Interrupted::Reprint, Interrupted::Hold].into_iter().find(|i| i.as_str() == name)
+    }
+
     /// `reprint` or `hold`.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -171,11 +171,12 @@ fn direct_printer(p: &Value) -> Result<Option<DirectPrinter>, DecodeError> {
         other => return Err(invalid("printer.endpoint", format!("{other} is not a string"))),
     };
     let interrupted = match &p["interruptedJob"] {
-        Value::Null => Interrupted::Reprint,
-        Value::String(s) if s == "reprint" => Interrupted::Reprint,
-        Value::String(s) if s == "hold" => Interrupted::Hold,
-        other => return Err(invalid("printer.interruptedJob", format!("{other} is not reprint or hold"))),
+        Value::Null => Some(Interrupted::Reprint),
+        Value::String(s) => Interrupted::from_name(s),
+        _ => None,
     };
+    let interrupted = interrupted
+        .ok_or_else(|| invalid("printer.interruptedJob", format!("{} is not reprint or hold", p["interruptedJob"])))?;
     match (transport, endpoint) {
         ("mqtt", None) => Ok(None),
         ("mqtt", Some(e)) => Err(invalid("printer.endpoint", format!("`{e}` is set but printer.transport is mqtt"))),

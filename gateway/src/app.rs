@@ -1,4 +1,4 @@
-//! The gateway's wiring: opens the outbox, starts the embedded MQTT broker, the
+//! The gateway's wiring: opens the outbox, starts the device listener, the
 //! dispatcher, the dead-letter publisher, the HTTP server and the health watch, then runs
 //! the consumer until SIGTERM or Ctrl-C, and stops them in order.
 //!
@@ -9,7 +9,7 @@
 //!              └──────────────────────────────────── store (outbox: redb) ──► dead letters
 //!                                                              │ Command::Enqueue
 //!                                                              ▼
-//!              deliver (dispatcher ──► transport: MQTT router ◄── device listener) ◄──TLS── devices
+//!              deliver (dispatcher ──► transport: MQTT hub ◄── device sessions) ◄──TLS── devices
 //!                                      └─► direct printers' tasks ──TCP 9100 / serial / USB──► printers
 //! ```
 

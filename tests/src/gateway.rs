@@ -9,6 +9,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Runs the `pixgate` CLI `bin` with `args` against a gateway whose HTTP listener is on
+/// loopback `http_port` (`PIXGATE_HTTP__LISTEN`), with `env` besides: (success, stdout,
+/// stderr).
+///
+/// # Panics
+/// The binary cannot be started.
+pub fn cli(bin: &Path, http_port: u16, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(bin)
+        .args(args)
+        .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("pixgate starts");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
 /// Where the `pixgate` binary is: `$PIXGATE_BIN`, or next to the running executable (or
 /// its parent, for test binaries in `target/*/deps/`).
 ///

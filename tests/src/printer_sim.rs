@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running `printer-sim listen` and the lines it prints (`listening …`, `receiving …`,
-/// `printed …`).
+/// `printed …`, `overrun …`).
 pub struct RawSim {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -68,6 +68,23 @@ impl RawSim {
                 self.lines.recv_timeout(LINE_TIMEOUT).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
             if let Some(rest) = l.strip_prefix(prefix) {
                 return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Every line up to and including the next that starts with `prefix`.
+    ///
+    /// # Panics
+    /// No such line within [`LINE_TIMEOUT`].
+    pub fn lines_until(&self, prefix: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let l =
+                self.lines.recv_timeout(LINE_TIMEOUT).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
+            let done = l.starts_with(prefix);
+            seen.push(l);
+            if done {
+                return seen;
             }
         }
     }

@@ -6,86 +6,38 @@
 // Helpers of a test are test steps too: a panic is a failed test.
 #![allow(clippy::unwrap_used)]
 
+use pixgate_tests::printer_sim::RawSim;
 use render::codepage::CodePage;
 use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
 use render::Locale;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
-const GUARD: Duration = Duration::from_secs(60);
-
-/// A running `printer-sim listen` and the lines it prints.
-struct Sim {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    out: PathBuf,
-}
+/// `printer-sim listen TRANSPORT…` (an Epson TM-T20X with 80 mm paper, ready) in a
+/// scratch folder of its own, removed afterwards unless the test failed.
+struct Sim(RawSim);
 
 impl Sim {
     fn start(name: &str, transport: &[&str]) -> Sim {
         let out = std::env::temp_dir().join(format!("pixgate-direct-print-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).unwrap();
-        std::fs::write(out.join("state"), "ready").unwrap();
-        let bin = pixgate_tests::gateway::find_binary().unwrap().with_file_name("printer-sim");
-        let mut child = Command::new(bin)
-            .arg("listen")
-            .args(transport)
-            .args(["--out", out.to_str().unwrap(), "--state-file", out.join("state").to_str().unwrap()])
-            .args(["--model", "Epson TM-T20X", "--paper", "80", "--idle-ms", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("printer-sim starts (cargo build --workspace --bins)");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Sim { child, lines, out }
+        Sim(RawSim::start(&out, transport, "Epson TM-T20X", 80, "ready"))
     }
+}
 
-    fn line(&self, prefix: &str) -> String {
-        loop {
-            let l = self.lines.recv_timeout(GUARD).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
-            if let Some(rest) = l.strip_prefix(prefix) {
-                return rest.trim().to_string();
-            }
-        }
-    }
-
-    /// Every line up to and including the first that starts with `prefix`.
-    fn lines_until(&self, prefix: &str) -> Vec<String> {
-        let mut seen = Vec::new();
-        loop {
-            let l = self.lines.recv_timeout(GUARD).unwrap_or_else(|e| panic!("printer-sim said no {prefix:?}: {e}"));
-            let done = l.starts_with(prefix);
-            seen.push(l);
-            if done {
-                return seen;
-            }
-        }
-    }
-
-    fn transcript(&self) -> String {
-        std::fs::read_to_string(self.out.join("transcript.txt")).unwrap_or_default()
+impl std::ops::Deref for Sim {
+    type Target = RawSim;
+    fn deref(&self) -> &RawSim {
+        &self.0
     }
 }
 
 impl Drop for Sim {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.kill();
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.out);
+            let _ = std::fs::remove_dir_all(&self.0.out);
         }
     }
 }

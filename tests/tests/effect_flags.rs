@@ -10,32 +10,16 @@
 // allow-unwrap-in-tests covers only the #[test] fns themselves).
 #![allow(clippy::unwrap_used)]
 
-use pixgate_tests::gateway::{count, total};
+use pixgate_tests::gateway::{cli as pixgate_cli, count, total};
 use pixgate_tests::harness::{replay_devices, Rig};
 use serde_json::{json, Value};
 use simulators::capture;
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 const TOKEN: &str = "flags-admin-token-51d2";
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
 const CHARGE_TOPIC: &str = "charge.upserted";
-
-/// The `pixgate` CLI against the rig's HTTP port with `env`: (success, stdout, stderr).
-fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
 
 /// The `off` list of a `pixgate flags` answer.
 fn off_of(out: &str) -> Value {

@@ -7,32 +7,16 @@
 // allow-unwrap-in-tests covers only the #[test] fns themselves).
 #![allow(clippy::unwrap_used)]
 
-use pixgate_tests::gateway::count;
+use pixgate_tests::gateway::{cli as pixgate_cli, count};
 use pixgate_tests::harness::{protocol_devices, Rig};
 use serde_json::Value;
 use simulators::capture;
-use std::path::Path;
 use std::time::Duration;
 
 const TOKEN: &str = "admin-token-7c1f0e2d";
 const WRONG: &str = "not-the-admin-token";
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
 const PRINTER: &str = "8baa7196b50ac2f86702824c";
-
-/// The `pixgate` CLI against the rig's gateway with `env`: (success, stdout, stderr).
-fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let out = std::process::Command::new(bin)
-        .args(args)
-        .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {

@@ -138,18 +138,10 @@ impl Planner {
     /// The charge would be dead-lettered whole for a reason `defer` keeps back: nothing was
     /// planned or counted.
     pub fn plan(&mut self, src: &Source<'_>, defer: impl Fn(&DeadLetterReason) -> bool) -> Result<Accept, Deferred> {
+        // Cleared first: a deferred record leaves what it counted behind.
         self.tally.clear();
-        let (mut accept, event_time) = if src.topic == self.device_topic {
-            self.plan_device(src)
-        } else {
-            match self.plan_charge(src, defer) {
-                Ok(planned) => planned,
-                Err(deferred) => {
-                    self.tally.clear();
-                    return Err(deferred);
-                }
-            }
-        };
+        let (mut accept, event_time) =
+            if src.topic == self.device_topic { self.plan_device(src) } else { self.plan_charge(src, defer)? };
         accept.source = Some(source_ref(src));
         accept.tally = Some(self.take_tally(src, event_time));
         Ok(accept)
@@ -357,18 +349,15 @@ mod tests {
     use crate::test_fixtures::{records, temp_outbox};
     use std::collections::BTreeSet;
 
+    /// A planner on `outbox` with the default settings, counting into `stats`, telling
+    /// `printers` of the direct printers.
+    fn restored(outbox: &Arc<Outbox>, stats: Arc<Stats>, printers: Arc<DirectPrinters>) -> Planner {
+        Planner::restore(&Config::default(), stats, Clock::with_offset(0), outbox, Arc::default(), printers).unwrap()
+    }
+
     fn planner(name: &str) -> (crate::test_fixtures::TempDir, Planner) {
         let (dir, outbox) = temp_outbox(name);
-        let planner = Planner::restore(
-            &Config::default(),
-            Arc::default(),
-            Clock::with_offset(0),
-            &outbox,
-            Arc::default(),
-            Arc::default(),
-        )
-        .unwrap();
-        (dir, planner)
+        (dir, restored(&outbox, Arc::default(), Arc::default()))
     }
 
     fn source<'a>(topic: &'a str, offset: i64, value: &'a [u8]) -> Source<'a> {
@@ -392,15 +381,7 @@ mod tests {
     fn a_printers_endpoint_is_applied_or_the_event_is_a_dead_letter() {
         let (_dir, outbox) = temp_outbox("plan-direct");
         let printers = Arc::new(DirectPrinters::default());
-        let mut p = Planner::restore(
-            &Config::default(),
-            Arc::default(),
-            Clock::with_offset(0),
-            &outbox,
-            Arc::default(),
-            printers.clone(),
-        )
-        .unwrap();
+        let mut p = restored(&outbox, Arc::default(), printers.clone());
         let event = |t: u32, endpoint: &str| {
             serde_json::json!({
                 "eventId": format!("Device:p1:{t}"), "operationType": "update",
@@ -478,16 +459,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let flags = Arc::new(EffectFlags::default());
         flags.set(EffectKind::DisplayQr, false);
-        let mut p = Planner::restore(
-            &Config::default(),
-            stats.clone(),
-            Clock::with_offset(0),
-            &outbox,
-            Arc::default(),
-            Arc::default(),
-        )
-        .unwrap()
-        .with_flags(flags);
+        let mut p = restored(&outbox, stats.clone(), Arc::default()).with_flags(flags);
         let mut kinds = std::collections::BTreeMap::<String, u64>::new();
         for (offset, (topic, value)) in records("devices.jsonl").into_iter().chain(records("charges.jsonl")).enumerate()
         {
@@ -508,15 +480,7 @@ mod tests {
     fn the_fixtures_reconcile_in_windows_of_event_time() {
         use std::collections::BTreeMap;
         let (_dir, outbox) = temp_outbox("plan-reconcile");
-        let mut p = Planner::restore(
-            &Config::default(),
-            Arc::default(),
-            Clock::with_offset(0),
-            &outbox,
-            Arc::default(),
-            Arc::default(),
-        )
-        .unwrap();
+        let mut p = restored(&outbox, Arc::default(), Arc::default());
         // A record without a readable clusterTime is counted by its Kafka timestamp.
         let kafka_ts: i64 = 1_795_000_000_000;
         let window = 600u64;

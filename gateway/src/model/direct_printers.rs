@@ -117,9 +117,9 @@ impl DirectPrinters {
             let bad = |why: String| BadPrintersFile::Printer { path: name.clone(), device: device.clone(), why };
             let endpoint = Endpoint::parse(&e.endpoint).map_err(|x| bad(x.to_string()))?;
             let interrupted = match e.interrupted_job.as_deref() {
-                None | Some("reprint") => Interrupted::Reprint,
-                Some("hold") => Interrupted::Hold,
-                Some(other) => return Err(bad(format!("interrupted_job `{other}` is not reprint or hold"))),
+                None => Interrupted::Reprint,
+                Some(name) => Interrupted::from_name(name)
+                    .ok_or_else(|| bad(format!("interrupted_job `{name}` is not reprint or hold")))?,
             };
             let code_page = match e.code_page.as_deref() {
                 None => CodePage::Cp860,

@@ -22,6 +22,15 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The offset `list` gives `topic`/`partition`, if it is an actual one (not a logical
+/// offset such as "none committed").
+fn offset_in(list: &TopicPartitionList, topic: &str, partition: i32) -> Option<i64> {
+    match list.find_partition(topic, partition).map(|e| e.offset()) {
+        Some(Offset::Offset(o)) if o >= 0 => Some(o),
+        _ => None,
+    }
+}
+
 /// How long one Kafka request of a reposition may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -288,14 +297,8 @@ impl Repositioner {
                 .consumer
                 .fetch_watermarks(topic, p, TIMEOUT)
                 .with_context(|| format!("watermarks of {topic}/{p}"))?;
-            let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) if o >= 0 => Some(o),
-                _ => None,
-            };
-            let at_time = at_time.as_ref().and_then(|l| match l.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) if o >= 0 => Some(o),
-                _ => None,
-            });
+            let committed = offset_in(&committed, topic, p);
+            let at_time = at_time.as_ref().and_then(|l| offset_in(l, topic, p));
             out.push(PartitionNow { partition: p, low, high, committed, at_time });
         }
         Ok(out)

@@ -5,7 +5,8 @@
 use crate::store::outbox::{Outbox, OutboxError};
 use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
-const FLAGS: TableDefinition<&str, bool> = TableDefinition::new("effect_flags");
+/// Created with the outbox ([`Outbox::open_with_cache`]).
+pub(crate) const FLAGS: TableDefinition<&str, bool> = TableDefinition::new("effect_flags");
 
 impl Outbox {
     /// The stored flags: (kind name, on), by name; empty when none was ever set.
@@ -14,11 +15,7 @@ impl Outbox {
     /// Disk or database failure.
     pub fn effect_flags(&self) -> Result<Vec<(String, bool)>, OutboxError> {
         let tx = self.db.begin_read().map_err(redb::Error::from)?;
-        let table = match tx.open_table(FLAGS) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(redb::Error::from(e).into()),
-        };
+        let table = tx.open_table(FLAGS).map_err(redb::Error::from)?;
         let mut out = Vec::new();
         for item in table.iter().map_err(redb::Error::from)? {
             let (k, v) = item.map_err(redb::Error::from)?;

@@ -450,6 +450,10 @@ impl Outbox {
             tx.open_table(PARKED).map_err(err)?;
             tx.open_table(DL_BY_SOURCE).map_err(err)?;
             tx.open_table(DIRECT_WRITING).map_err(err)?;
+            tx.open_table(crate::store::flags::FLAGS).map_err(err)?;
+            tx.open_table(crate::store::reconcile::COUNTS).map_err(err)?;
+            tx.open_table(crate::store::reconcile::MARKS).map_err(err)?;
+            tx.open_table(crate::store::reconcile::JOBS).map_err(err)?;
         }
         tx.commit().map_err(err)?;
         Ok(Outbox { db })
