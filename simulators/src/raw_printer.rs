@@ -269,7 +269,6 @@ pub fn serve<T: Read + Write>(
 ) -> anyhow::Result<()> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut last_byte = Instant::now();
-    let idle = Duration::from_millis(printer.opts.idle_ms);
     loop {
         let slow = printer.condition().slow;
         let want = if slow { SLOW_READ } else { buf.len() };
@@ -277,31 +276,55 @@ pub fn serve<T: Read + Write>(
             Ok(0) => break,
             Ok(n) => {
                 last_byte = Instant::now();
-                let fresh = !printer.job_started();
-                let (replies, printed) = printer.receive(&buf[..n], source)?;
-                if fresh && (printer.job_started() || !printed.is_empty()) {
-                    report.receiving(source);
-                }
+                take(printer, &buf[..n], source, io, report)?;
                 if slow {
                     std::thread::sleep(SLOW_PAUSE);
                 }
-                if !replies.is_empty() {
-                    io.write_all(&replies)?;
-                    io.flush()?;
-                }
-                printed.iter().for_each(|p| report.printed(p));
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                let mut printed = printer.print_held()?;
-                if printer.opts.idle_ms > 0 && printer.has_partial_job() && last_byte.elapsed() >= idle {
-                    printed.extend(printer.end_of_stream(source)?);
-                }
-                printed.iter().for_each(|p| report.printed(p));
-            }
+            Err(e) if is_quiet(&e) => quiet(printer, last_byte, source, report)?,
             Err(e) => return Err(e.into()),
         }
     }
     printer.end_of_stream(source)?.iter().for_each(|p| report.printed(p));
+    Ok(())
+}
+
+/// Takes `bytes` from `source`: reports the first bytes of a job, answers its status
+/// requests on `io`, reports what it printed.
+fn take(
+    printer: &mut RawPrinter,
+    bytes: &[u8],
+    source: &str,
+    io: &mut impl Write,
+    report: &mut dyn Report,
+) -> anyhow::Result<()> {
+    let fresh = !printer.job_started();
+    let (replies, printed) = printer.receive(bytes, source)?;
+    if fresh && (printer.job_started() || !printed.is_empty()) {
+        report.receiving(source);
+    }
+    if !replies.is_empty() {
+        io.write_all(&replies)?;
+        io.flush()?;
+    }
+    printed.iter().for_each(|p| report.printed(p));
+    Ok(())
+}
+
+/// A read that timed out: the line is quiet.
+fn is_quiet(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
+}
+
+/// The line is quiet: prints the held jobs that now can, and a job without a cut once the
+/// line has been quiet for `idle_ms` since `last_byte`.
+fn quiet(printer: &mut RawPrinter, last_byte: Instant, source: &str, report: &mut dyn Report) -> anyhow::Result<()> {
+    let mut printed = printer.print_held()?;
+    let idle = Duration::from_millis(printer.opts.idle_ms);
+    if printer.opts.idle_ms > 0 && printer.has_partial_job() && last_byte.elapsed() >= idle {
+        printed.extend(printer.end_of_stream(source)?);
+    }
+    printed.iter().for_each(|p| report.printed(p));
     Ok(())
 }
 
@@ -338,7 +361,6 @@ pub fn serve_xonxoff(
     let mut pending: VecDeque<u8> = VecDeque::new();
     let mut stopped = false;
     let mut last_byte = Instant::now();
-    let idle = Duration::from_millis(printer.opts.idle_ms);
     let mut slow = printer.condition().slow;
     let mut condition_read = Instant::now();
     loop {
@@ -353,13 +375,9 @@ pub fn serve_xonxoff(
                     report.overrun(n - take);
                 }
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+            Err(e) if is_quiet(&e) => {
                 if pending.is_empty() {
-                    let mut printed = printer.print_held()?;
-                    if printer.opts.idle_ms > 0 && printer.has_partial_job() && last_byte.elapsed() >= idle {
-                        printed.extend(printer.end_of_stream(source)?);
-                    }
-                    printed.iter().for_each(|p| report.printed(p));
+                    quiet(printer, last_byte, source, report)?;
                 }
             }
             Err(e) => return Err(e.into()),
@@ -375,15 +393,7 @@ pub fn serve_xonxoff(
             }
             let n = if slow { SLOW_READ.min(pending.len()) } else { pending.len() };
             let chunk: Vec<u8> = pending.drain(..n).collect();
-            let fresh = !printer.job_started();
-            let (replies, printed) = printer.receive(&chunk, source)?;
-            if fresh && (printer.job_started() || !printed.is_empty()) {
-                report.receiving(source);
-            }
-            if !replies.is_empty() {
-                port.write_all(&replies)?;
-            }
-            printed.iter().for_each(|p| report.printed(p));
+            take(printer, &chunk, source, port, report)?;
             if slow {
                 std::thread::sleep(SLOW_PAUSE);
             }
