@@ -1,4 +1,5 @@
-//! The printer simulator's ESC/POS decoder (`simulators::escpos::decode`) on arbitrary bytes.
+//! The ESC/POS decoder (`preview::escpos::decode`, the printer simulator's paper and the
+//! dashboard's preview) on arbitrary bytes.
 //!
 //! Input: one selector byte, then the stream as the printer receives it. The selector picks
 //! the printer: bit 0 the paper (0 → 80 mm / 576 dots, 1 → 58 mm / 384 dots), bits 1-2 the
@@ -6,7 +7,7 @@
 //! force at power-on (`CodePage::ALL`, wrapping). Seeds carry selector 0 (80 mm, the first
 //! model, CP437) or 1 (58 mm) in front of the fixture stream.
 //!
-//! Properties (module docs of `simulators/src/escpos/mod.rs`): never panics; the paper is
+//! Properties (module docs of `preview/src/escpos/mod.rs`): never panics; the paper is
 //! exactly as wide as the print head and at most `raster::MAX_HEIGHT` dots long; warnings
 //! are capped. Bounded memory and time are enforced by the run's `-rss_limit_mb`,
 //! `-malloc_limit_mb` and `-timeout` (see `scripts/fuzz.sh`).
@@ -16,7 +17,7 @@
 use libfuzzer_sys::fuzz_target;
 use render::codepage::CodePage;
 use render::profile::ALL as MODELS;
-use simulators::escpos::{decode, raster::MAX_HEIGHT, DecodeOptions};
+use preview::escpos::{decode, raster::MAX_HEIGHT, DecodeOptions};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, stream)) = data.split_first() else { return };

@@ -1018,7 +1018,7 @@ fn verify_job(effector: &Effector, job: &Job) -> Result<(), JobError> {
         }
         Effector::Terminal(_) => {
             let content = crate::terminal::parse_screen_job(job)?;
-            crate::terminal::screen_from_content(&content)?;
+            preview::screen::screen_from_content(&content).map_err(|e| JobError::permanent(e.to_string()))?;
             if content.screen == ScreenKind::PayWithPix {
                 let brcode = content.brcode.as_deref().unwrap_or_default();
                 let parsed =

@@ -1,12 +1,13 @@
 //! The effect of a job on a simulated receipt printer: the ESC/POS payload goes through the
-//! [`crate::escpos`] decoder and the printed paper is written as a PNG, its text appended to
+//! [`preview::escpos`] decoder and the printed paper is written as a PNG, its text appended to
 //! the printer's transcript.
 
 use crate::effect::{append_transcript, png_path, transcript_header, write_file, JobError};
-use crate::escpos::{decode, DecodeOptions, Decoded};
 use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::Job;
 use image::{GrayImage, ImageEncoder};
+use preview::escpos::raster::MAX_HEIGHT;
+use preview::escpos::{decode, DecodeOptions, Decoded};
 use render::codepage::CodePage;
 use render::profile::{profile_for_model, ModelProfile, GENERIC};
 use std::path::{Path, PathBuf};
@@ -36,7 +37,12 @@ impl PrinterSettings {
 
     /// The decoder options for these settings.
     pub fn decode_options(&self) -> DecodeOptions {
-        DecodeOptions { width_dots: self.width_dots, initial_code_page: self.code_page, model: self.model }
+        DecodeOptions {
+            width_dots: self.width_dots,
+            initial_code_page: self.code_page,
+            model: self.model,
+            max_height_dots: MAX_HEIGHT,
+        }
     }
 }
 

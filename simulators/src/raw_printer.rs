@@ -3,7 +3,7 @@
 //! (a pseudo-terminal standing in for the RS-232/USB-serial port).
 //!
 //! What comes in is ESC/POS. Each `DLE EOT n` is answered at once with the status byte a
-//! TM-T20-class printer sends ([`crate::escpos::status`]), reflecting the simulated
+//! TM-T20-class printer sends ([`preview::escpos::status`]), reflecting the simulated
 //! [`PrinterCondition`]. Each job, the bytes up to and including a cut (or what is left when
 //! the connection closes or the line stays quiet for the idle time), is decoded like an MQTT
 //! job: `{out}/{seq:04}-print.png` and its text appended to `{out}/transcript.txt`.
@@ -26,9 +26,9 @@
 //! (`receiving …` on stdout) so a test can cut a job short.
 
 use crate::effect::{append_transcript, write_file, JobError};
-use crate::escpos::status::{dle_eot_reply, PrinterCondition};
-use crate::escpos::stream::{StreamEvent, StreamScanner};
 use crate::printer::{print_bytes, transcript_text, PrinterSettings};
+use preview::escpos::status::{dle_eot_reply, PrinterCondition};
+use preview::escpos::stream::{StreamEvent, StreamScanner};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpListener;

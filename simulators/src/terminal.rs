@@ -1,11 +1,10 @@
 //! The effect of a job on a simulated card machine: the [`ScreenContent`] JSON payload is
-//! drawn with [`render::screen::render_screen`] at the machine's resolution, written as a
-//! PNG, and one line describing it is appended to the machine's transcript.
+//! drawn by [`preview::screen`] at the machine's resolution, written as a PNG, and one line
+//! describing it is appended to the machine's transcript.
 
 use crate::effect::{append_transcript, png_path, write_file, JobError};
-use device_protocol::messages::CONTENT_SCREEN;
 use device_protocol::{Job, ScreenContent, ScreenKind};
-use render::screen::{render_screen, to_png, Screen};
+use render::screen::to_png;
 use render::Locale;
 use std::path::{Path, PathBuf};
 
@@ -22,50 +21,12 @@ pub struct TerminalSettings {
     pub time_zone: String,
 }
 
-/// Converts wire content into the renderer's [`Screen`].
-///
-/// # Errors
-/// A `pay_with_pix` screen without a BR Code (permanent).
-pub fn screen_from_content(c: &ScreenContent) -> Result<Screen, JobError> {
-    Ok(match c.screen {
-        ScreenKind::PayWithPix => Screen::PayWithPix {
-            merchant_name: c.merchant_name.clone(),
-            amount_cents: c.amount_cents,
-            brcode: c
-                .brcode
-                .clone()
-                .filter(|b| !b.is_empty())
-                .ok_or_else(|| JobError::permanent("pay_with_pix screen without brcode"))?,
-            expires_at: c.expires_at,
-        },
-        ScreenKind::Paid => Screen::Paid {
-            merchant_name: c.merchant_name.clone(),
-            amount_cents: c.amount_cents,
-            payer_name: c.payer_name.clone(),
-            paid_at: c.paid_at,
-        },
-        ScreenKind::Expired => Screen::Expired { merchant_name: c.merchant_name.clone(), amount_cents: c.amount_cents },
-    })
-}
-
-/// The locale and time zone to draw `c` in: the job's, else the device's, else São Paulo.
-pub fn locale_and_zone(settings: &TerminalSettings, c: &ScreenContent) -> (Locale, chrono_tz::Tz) {
-    let tag = if c.locale.trim().is_empty() { &settings.locale } else { &c.locale };
-    let tz = c
-        .time_zone
-        .parse::<chrono_tz::Tz>()
-        .or_else(|_| settings.time_zone.parse::<chrono_tz::Tz>())
-        .unwrap_or(chrono_tz::America::Sao_Paulo);
-    (Locale::from_tag(tag), tz)
-}
-
 /// Parses a screen job's payload (base64 of UTF-8 JSON).
 ///
 /// # Errors
 /// Permanent: wrong content type, not base64, not a [`ScreenContent`].
 pub fn parse_screen_job(job: &Job) -> Result<ScreenContent, JobError> {
-    let bytes = crate::effect::payload_for(job, CONTENT_SCREEN, "a card machine")?;
-    serde_json::from_slice(&bytes).map_err(|e| JobError::permanent(format!("payload is not screen JSON: {e}")))
+    preview::screen::parse_screen_job(job).map_err(|e| JobError::permanent(e.to_string()))
 }
 
 /// One transcript line for a shown screen: seq, job kind, screen, merchant, amount (and the
@@ -102,9 +63,14 @@ pub fn transcript_line(job: &Job, c: &ScreenContent, locale: Locale) -> String {
 /// Permanent for undecodable content, transient for I/O.
 pub fn show_job(settings: &TerminalSettings, job: &Job, dir: &Path) -> Result<PathBuf, JobError> {
     let content = parse_screen_job(job)?;
-    let screen = screen_from_content(&content)?;
-    let (locale, tz) = locale_and_zone(settings, &content);
-    let img = render_screen(&screen, settings.width_px, settings.height_px, locale, tz);
+    let (img, locale) = preview::screen::draw_content(
+        &content,
+        settings.width_px,
+        settings.height_px,
+        &settings.locale,
+        &settings.time_zone,
+    )
+    .map_err(|e| JobError::permanent(e.to_string()))?;
     let path = png_path(dir, job);
     write_file(&path, &to_png(&img))?;
     append_transcript(dir, &transcript_line(job, &content, locale))?;

@@ -1,8 +1,8 @@
 //! Streams found while fuzzing the ESC/POS decoder (`fuzz/fuzz_targets/escpos_decode.rs`),
 //! kept as ordinary tests: each must decode to the outcome asserted here.
 
-use simulators::escpos::raster::MAX_HEIGHT;
-use simulators::escpos::{decode, DecodeOptions};
+use preview::escpos::raster::MAX_HEIGHT;
+use preview::escpos::{decode, DecodeOptions};
 
 /// `GS ! 0x77` (8 × 8) and `GS B 1` (reverse), then `ESC SP n` before every character with
 /// a new `n`: each character is a new style up to (12 + 255) × 8 = 2,136 dots wide. Drawn

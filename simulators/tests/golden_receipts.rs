@@ -23,13 +23,13 @@
 #![allow(clippy::unwrap_used)]
 
 use chrono::{DateTime, Utc};
+use preview::escpos::{decode, qr::scan, DecodeOptions};
 use render::brcode::{encode_static, StaticPix};
 use render::codepage::CodePage;
 use render::locale::Label;
 use render::money::format_amount;
 use render::receipt::{render_receipt_for, PrinterProfile, Receipt, ReceiptKind};
 use render::Locale;
-use simulators::escpos::{decode, qr::scan, DecodeOptions};
 use std::path::{Path, PathBuf};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden");

@@ -11,8 +11,8 @@
 
 use image::imageops::{overlay, resize, FilterType};
 use image::{GrayImage, Luma};
+use preview::escpos::{decode, DecodeOptions};
 use render::font::{draw_mono, Face};
-use simulators::escpos::{decode, DecodeOptions};
 use std::path::Path;
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/escpos/escpos-tools");

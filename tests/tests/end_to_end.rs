@@ -137,7 +137,7 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
         let img = image::open(&png).unwrap_or_else(|err| panic!("{}: {err}", png.display())).to_luma8();
         if kind == "print_receipt" {
             assert_eq!(
-                simulators::escpos::qr::scan(&img),
+                preview::escpos::qr::scan(&img),
                 Vec::<String>::new(),
                 "{}: a QR on a paid receipt",
                 png.display()

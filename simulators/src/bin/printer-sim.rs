@@ -13,10 +13,10 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use preview::escpos::status::PrinterCondition;
 use render::codepage::CodePage;
 use render::profile::profile_for_model;
 use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
-use simulators::escpos::status::PrinterCondition;
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;

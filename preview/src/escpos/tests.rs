@@ -355,6 +355,40 @@ fn hostile_lengths_are_bounded() {
     }
 }
 
+#[test]
+fn a_preview_stops_drawing_at_its_cap_but_still_answers_status() {
+    // Double-height text at the tallest line spacing: 255 dots a line.
+    let mut bytes = b"\x1b3\xff\x1d!\x77".to_vec();
+    for _ in 0..20 {
+        bytes.extend_from_slice(b"TALL LINE\n");
+    }
+    bytes.extend_from_slice(b"\x10\x04\x01");
+    let full = decode(&bytes, &DecodeOptions::mm80());
+    let preview = decode(&bytes, &DecodeOptions::preview(576));
+    assert!(full.image.height() > PREVIEW_MAX_HEIGHT, "{}", full.image.height());
+    assert_eq!(preview.image.height(), PREVIEW_MAX_HEIGHT);
+    // The part drawn is the same paper.
+    let n = (576 * PREVIEW_MAX_HEIGHT) as usize;
+    assert_eq!(&preview.image.as_raw()[..n], &full.image.as_raw()[..n]);
+    assert_eq!(preview.status_requests, vec![1]);
+    assert_eq!(full.status_requests, vec![1]);
+    let w = preview.warnings.iter().find(|w| w.contains("cut off")).expect("a cut-off warning");
+    assert!(w.contains("longer than 4000 dots"), "{w}");
+    let skipped: usize = w.split(", ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+    assert!(skipped > 0, "{w}");
+    assert!(!full.warnings.iter().any(|w| w.contains("cut off")), "{:?}", full.warnings);
+}
+
+#[test]
+fn a_short_receipt_previews_exactly_as_printed() {
+    let bytes = b"\x1b@\x1ba\x01Pix\nR$ 12,34\n\x1dV\x00";
+    let full = decode(bytes, &DecodeOptions::mm58());
+    let preview = decode(bytes, &DecodeOptions::preview(384));
+    assert_eq!(preview.image, full.image);
+    assert_eq!(preview.transcript, full.transcript);
+    assert_eq!(preview.cuts, 1);
+}
+
 /// Every fixture cut at many points (every byte for the first 128 bytes and the last 16,
 /// about 60 evenly spaced points elsewhere) decodes without panic.
 #[test]

@@ -2,7 +2,8 @@
 
 use image::{GrayImage, Luma};
 
-/// The most paper one decode prints, in dots (about 2.5 m at 203 dpi).
+/// The most paper one decode prints by default, in dots (about 2.5 m at 203 dpi): a
+/// printer's roll, for the simulated printers ([`super::DecodeOptions::mm80`]).
 pub const MAX_HEIGHT: u32 = 20_000;
 
 /// A 1-bit picture: `true` is a burnt (black) dot.
@@ -72,15 +73,18 @@ impl Bitmap {
         if sx == 1 && sy == 1 {
             return self.clone();
         }
-        let mut out = Bitmap::new(self.width * sx, self.height * sy);
-        for y in 0..out.height {
-            for x in 0..out.width {
-                if self.get(x / sx, y / sy) {
-                    out.bits[(y * out.width + x) as usize] = true;
-                }
+        let (w, sx, sy) = (self.width as usize, sx as usize, sy as usize);
+        let mut bits = Vec::with_capacity(w * sx * self.height as usize * sy);
+        for row in self.bits.chunks_exact(w.max(1)).take(self.height as usize) {
+            let start = bits.len();
+            for &dot in row {
+                bits.extend(std::iter::repeat_n(dot, sx));
+            }
+            for _ in 1..sy {
+                bits.extend_from_within(start..start + w * sx);
             }
         }
-        out
+        Bitmap::from_bits(self.width * sx as u32, self.height * sy as u32, bits)
     }
 
     /// Number of black dots.
@@ -89,21 +93,24 @@ impl Bitmap {
     }
 }
 
-/// The paper: white, `width` dots wide, as tall as what has been printed and fed.
+/// The paper: white, `width` dots wide, as tall as what has been printed and fed, at most
+/// `max_height` dots.
 pub struct Page {
     width: u32,
+    max_height: u32,
     /// Rows allocated so far (white), each `width` bytes.
     pixels: Vec<u8>,
     /// The print position: the top of the next line.
     pub y: u32,
-    /// Set once something had to be dropped at [`MAX_HEIGHT`].
+    /// Set once something had to be dropped at the page's maximum height.
     pub overflowed: bool,
 }
 
 impl Page {
-    /// Blank paper `width` dots wide (at least 1), print position at the top.
-    pub fn new(width: u32) -> Page {
-        Page { width: width.max(1), pixels: Vec::new(), y: 0, overflowed: false }
+    /// Blank paper `width` dots wide and at most `max_height` dots long (each at least 1),
+    /// print position at the top.
+    pub fn new(width: u32, max_height: u32) -> Page {
+        Page { width: width.max(1), max_height: max_height.max(1), pixels: Vec::new(), y: 0, overflowed: false }
     }
 
     /// Paper width in dots.
@@ -115,11 +122,11 @@ impl Page {
         (self.pixels.len() / self.width as usize) as u32
     }
 
-    /// Makes sure rows `0..h` exist (capped at [`MAX_HEIGHT`]).
+    /// Makes sure rows `0..h` exist (capped at the maximum height).
     fn ensure_rows(&mut self, h: u32) {
-        let h = if h > MAX_HEIGHT {
+        let h = if h > self.max_height {
             self.overflowed = true;
-            MAX_HEIGHT
+            self.max_height
         } else {
             h
         };
@@ -131,17 +138,17 @@ impl Page {
     /// Feeds the paper by `dots`.
     pub fn feed(&mut self, dots: u32) {
         let y = self.y.saturating_add(dots);
-        if y > MAX_HEIGHT {
+        if y > self.max_height {
             self.overflowed = true;
         }
-        self.y = y.min(MAX_HEIGHT);
+        self.y = y.min(self.max_height);
     }
 
     /// Burns the dot at column `x`, row `y`; ignored beyond the paper width, and past
-    /// [`MAX_HEIGHT`] recorded in [`Page::overflowed`] instead.
+    /// the maximum height recorded in [`Page::overflowed`] instead.
     pub fn set_black(&mut self, x: u32, y: u32) {
-        if x >= self.width || y >= MAX_HEIGHT {
-            if y >= MAX_HEIGHT {
+        if x >= self.width || y >= self.max_height {
+            if y >= self.max_height {
                 self.overflowed = true;
             }
             return;
@@ -153,24 +160,21 @@ impl Page {
 
     /// Draws the black dots of `b` with its top-left corner at (`x`, `y`), clipped to the paper.
     pub fn blit(&mut self, b: &Bitmap, x: u32, y: u32) {
-        if b.height == 0 || b.width == 0 {
+        if b.height == 0 || b.width == 0 || x >= self.width {
             return;
         }
         let bottom = y.saturating_add(b.height);
         self.ensure_rows(bottom);
         let rows = self.rows();
-        for by in 0..b.height {
-            let py = y + by;
-            if py >= rows {
-                break;
-            }
-            for bx in 0..b.width {
-                let px = x + bx;
-                if px >= self.width {
-                    break;
-                }
-                if b.get(bx, by) {
-                    self.pixels[py as usize * self.width as usize + px as usize] = 0;
+        let (pw, bw) = (self.width as usize, b.width as usize);
+        // Row by row over slices: this is most of a decode's time (text is blitted cell by cell).
+        let cols = bw.min(pw - x as usize);
+        for by in 0..b.height.min(rows.saturating_sub(y)) as usize {
+            let src = &b.bits[by * bw..by * bw + cols];
+            let start = (y as usize + by) * pw + x as usize;
+            for (dot, &black) in self.pixels[start..start + cols].iter_mut().zip(src) {
+                if black {
+                    *dot = 0;
                 }
             }
         }
@@ -210,10 +214,27 @@ mod tests {
 
     #[test]
     fn page_is_capped() {
-        let mut p = Page::new(8);
-        p.feed(MAX_HEIGHT * 3);
-        p.blit(&Bitmap::new(8, 8), 0, MAX_HEIGHT - 2);
+        for max in [MAX_HEIGHT, 100] {
+            let mut p = Page::new(8, max);
+            p.feed(max * 3);
+            assert!(p.overflowed);
+            p.blit(&Bitmap::new(8, 8), 0, max - 2);
+            let img = p.into_image();
+            assert_eq!(img.height(), max);
+        }
+    }
+
+    #[test]
+    fn a_block_crossing_the_end_is_cut_and_marks_the_overflow() {
+        let mut p = Page::new(4, 10);
+        let mut b = Bitmap::new(4, 6);
+        b.fill_rect(0, 0, 4, 6, true);
+        p.blit(&b, 0, 2);
+        assert!(!p.overflowed);
+        p.blit(&b, 0, 7);
+        assert!(p.overflowed);
         let img = p.into_image();
-        assert_eq!(img.height(), MAX_HEIGHT);
+        assert_eq!(img.height(), 10);
+        assert!((0..4).all(|x| img.get_pixel(x, 9).0[0] == 0 && img.get_pixel(x, 1).0[0] == 255));
     }
 }

@@ -13,7 +13,9 @@
 //! codes and barcodes print as blocks of their own at the current justification.
 //! Unknown commands are skipped whole where their length is known and counted in
 //! [`Decoded::skipped`]; malformed input produces warnings, never a panic, and memory use is
-//! bounded by the input length and [`raster::MAX_HEIGHT`].
+//! bounded by the input length and [`DecodeOptions::max_height_dots`]. Once the paper
+//! reaches that length the rest of the stream is parsed (so `DLE EOT` is still answered)
+//! but not drawn, which also bounds the time a hostile stream costs.
 
 pub mod barcode;
 pub mod images;
@@ -46,17 +48,39 @@ pub struct DecodeOptions {
     /// The printer model whose `ESC t n` numbering to follow (vendors number their code
     /// tables differently: `render::profile`). [`GENERIC`] (Epson numbering) by default.
     pub model: &'static ModelProfile,
+    /// Longest paper drawn, in dots (8 dots per mm): [`raster::MAX_HEIGHT`] (2.5 m) for a
+    /// simulated printer, [`PREVIEW_MAX_HEIGHT`] for a dashboard preview.
+    pub max_height_dots: u32,
 }
+
+/// Paper length a preview draws, in dots: 4000 dots is 50 cm, several receipts long.
+pub const PREVIEW_MAX_HEIGHT: u32 = 4_000;
 
 impl DecodeOptions {
     /// 58 mm paper (384 dots), CP437 at power-on.
     pub fn mm58() -> Self {
-        DecodeOptions { width_dots: 384, initial_code_page: CodePage::Cp437, model: &GENERIC }
+        DecodeOptions::preview(384).with_max_height(raster::MAX_HEIGHT)
     }
 
     /// 80 mm paper (576 dots), CP437 at power-on.
     pub fn mm80() -> Self {
-        DecodeOptions { width_dots: 576, initial_code_page: CodePage::Cp437, model: &GENERIC }
+        DecodeOptions::preview(576).with_max_height(raster::MAX_HEIGHT)
+    }
+
+    /// A preview of a job for a `width_dots` print head: CP437 at power-on, generic
+    /// numbering, paper cut off at [`PREVIEW_MAX_HEIGHT`].
+    pub fn preview(width_dots: u32) -> Self {
+        DecodeOptions {
+            width_dots,
+            initial_code_page: CodePage::Cp437,
+            model: &GENERIC,
+            max_height_dots: PREVIEW_MAX_HEIGHT,
+        }
+    }
+
+    /// These options with the paper cut off at `dots` (at least 1).
+    pub fn with_max_height(self, dots: u32) -> Self {
+        DecodeOptions { max_height_dots: dots.max(1), ..self }
     }
 
     /// These options, following the `ESC t` numbering of the model named `model` (a
@@ -144,6 +168,10 @@ pub fn decode(bytes: &[u8], opts: &DecodeOptions) -> Decoded {
     loop {
         let start = parser.offset();
         let Some(cmd) = parser.next_command(&mut d.warnings) else { break };
+        if d.page.overflowed && !matches!(cmd, Command::StatusRequest(_)) {
+            d.not_printed += 1;
+            continue;
+        }
         d.execute(cmd, bytes, start);
     }
     d.finish()
@@ -198,13 +226,15 @@ struct Decoder {
     pdf417: Option<Vec<u8>>,
     /// An `ESC t n` selected a table this decoder does not know.
     unknown_table: bool,
+    /// Commands parsed after the paper reached its maximum length.
+    not_printed: usize,
 }
 
 impl Decoder {
     fn new(opts: &DecodeOptions) -> Self {
         Decoder {
             opts: opts.clone(),
-            page: Page::new(opts.width_dots),
+            page: Page::new(opts.width_dots, opts.max_height_dots),
             state: PrintState::new(opts.initial_code_page),
             glyphs: Glyphs::new(opts.width_dots.max(1)),
             line: Line::default(),
@@ -218,6 +248,7 @@ impl Decoder {
             graphics: None,
             pdf417: None,
             unknown_table: false,
+            not_printed: 0,
         }
     }
 
@@ -680,7 +711,10 @@ impl Decoder {
             ));
         }
         if self.page.overflowed {
-            self.warnings.push(format!("printout longer than {} dots: cut off", raster::MAX_HEIGHT));
+            self.warnings.push(format!(
+                "printout longer than {} dots: cut off, {} commands after it not printed",
+                self.opts.max_height_dots, self.not_printed
+            ));
         }
         // Trailing blank lines from the final feeds say nothing.
         while self.transcript.last().is_some_and(|l| l.is_empty()) {
