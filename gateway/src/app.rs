@@ -21,8 +21,10 @@ use crate::ingest::consumer;
 use crate::ingest::plan::Planner;
 use crate::model::{Command, DirectPrinters, Directory};
 use crate::ops::admin::AdminAccess;
+use crate::ops::dashboard::Dashboard;
 use crate::ops::{http, probe};
 use crate::store::Outbox;
+use crate::telemetry::recent::Recent;
 use crate::telemetry::{Monitor, Stats};
 use anyhow::Context;
 use std::sync::Arc;
@@ -82,6 +84,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming: incoming_tx,
         clock: clock.clone(),
     };
+    let hub = publisher.hub();
     let transport = deliver::direct::Routed::new(shared, publisher);
 
     let pending = outbox.pending_headers()?;
@@ -90,9 +93,11 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         *per_device.entry(s.device.clone()).or_insert(0usize) += 1;
     }
     tracing::info!(jobs = pending.len(), path = %cfg.outbox.path.display(), "outbox open");
+    let recent = Arc::new(Recent::new(cfg.dashboard.recent_per_device, cfg.dashboard.kept_job_bytes));
     let mut dispatcher =
         Dispatcher::new(cfg.delivery.clone(), transport, finished_tx, stats.clone(), health.clone(), clock.clone())
-            .with_outbox(outbox.clone());
+            .with_outbox(outbox.clone())
+            .with_recent(recent.clone());
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
     let to_dispatcher = commands_tx.clone();
@@ -107,6 +112,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut http_shutdown = shutdown_rx.clone();
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
+    let dashboard = Arc::new(Dashboard::new(
+        stats.clone(),
+        health.clone(),
+        outbox.clone(),
+        flags.clone(),
+        clock.clone(),
+        cfg.reconcile.clone(),
+        cfg.dashboard.clone(),
+        recent,
+        hub,
+        cfg.delivery.default_time_zone.clone(),
+    ));
+    tokio::spawn(dashboard.clone().run_feed(shutdown_rx.clone()));
     let state = http::AppState {
         stats: stats.clone(),
         health: health.clone(),
@@ -117,6 +135,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         admin,
         flags,
         reconcile: cfg.reconcile.clone(),
+        dashboard,
     };
     let http_task = tokio::spawn(http::serve(http_listener, state, async move {
         let _ = http_shutdown.changed().await;

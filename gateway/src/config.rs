@@ -38,6 +38,8 @@ pub struct Config {
     pub health: HealthConfig,
     /// The reconciliation counts per window of event time ([`crate::store::reconcile`]).
     pub reconcile: ReconcileConfig,
+    /// The operator's live page ([`crate::ops::dashboard`]).
+    pub dashboard: DashboardConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
     /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
     /// not committed is read again at the next start and deduplicated.
@@ -57,6 +59,7 @@ impl Default for Config {
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
             reconcile: ReconcileConfig::default(),
+            dashboard: DashboardConfig::default(),
             shutdown_timeout_ms: 10_000,
         }
     }
@@ -78,6 +81,27 @@ pub struct ReconcileConfig {
 impl Default for ReconcileConfig {
     fn default() -> Self {
         ReconcileConfig { window_minutes: 10, stats_windows: 6, retention_hours: 168 }
+    }
+}
+
+/// The dashboard ([`crate::ops::dashboard`]): what it keeps of each device's last jobs, and
+/// how much of the fleet one update carries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DashboardConfig {
+    /// The last jobs listed per device.
+    pub recent_per_device: usize,
+    /// Wire bytes of recent jobs kept in memory for their pictures, in all, bytes: the
+    /// oldest are let go first (their jobs stay listed, without a picture).
+    pub kept_job_bytes: usize,
+    /// Devices listed in one update, those that need a look first (held, away, with a
+    /// queue), then the most recently active; the fleet's totals cover all of them.
+    pub devices_shown: usize,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig { recent_per_device: 4, kept_job_bytes: 8 << 20, devices_shown: 200 }
     }
 }
 

@@ -9,6 +9,7 @@
 //! and read as their scenario.
 
 pub mod broker;
+pub mod browser;
 pub mod charges;
 pub mod cpu;
 pub mod demo;

@@ -57,13 +57,28 @@ pub fn http_request_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> anyhow::Result<(u16, String)> {
+    let (code, body) = http_request_bytes(addr, method, path, headers)?;
+    Ok((code, String::from_utf8(body).context("the response body is not UTF-8")?))
+}
+
+/// [`http_request_with`] for a body that need not be text (a PNG).
+///
+/// # Errors
+/// As [`http_get`].
+pub fn http_request_bytes(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, Vec<u8>)> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connect {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     write!(s, "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\n\r\n")?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    let Some((head, body)) = resp.split_once("\r\n\r\n") else { bail!("malformed HTTP response") };
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp)?;
+    let Some(split) = resp.windows(4).position(|w| w == b"\r\n\r\n") else { bail!("malformed HTTP response") };
+    let head = std::str::from_utf8(&resp[..split]).context("HTTP head is not UTF-8")?;
     let code = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("status code")?;
-    Ok((code, body.to_string()))
+    Ok((code, resp[split + 4..].to_vec()))
 }

@@ -18,15 +18,19 @@
 //!   ([`crate::ops::flags`]).
 //! - `POST /clock/advance?ms=N`: only with `clock.control = true` (tests): moves the
 //!   gateway's clock forward ([`crate::clock`]).
+//! - `GET /dashboard`, `GET /dashboard/events`, `GET /dashboard/preview/{device}/{seq}`: the
+//!   operator's live page, its feed and job pictures ([`crate::ops::dashboard`]).
 //!
-//! The outbox, dead-letter, flag-switching and clock routes are admin routes: they need the admin token,
-//! or a loopback listener when none is configured ([`crate::ops::admin`]).
+//! The outbox, dead-letter, flag-switching, clock and dashboard data routes are admin routes:
+//! they need the admin token, or a loopback listener when none is configured
+//! ([`crate::ops::admin`]). The dashboard page itself is open; it holds no data.
 
 use crate::clock::Clock;
 use crate::config::ReconcileConfig;
 use crate::ingest::replay::Replay;
 use crate::model::EffectFlags;
 use crate::ops::admin::{self, AdminAccess};
+use crate::ops::dashboard::{self, Dashboard};
 use crate::ops::{flags, inspect, reconciliation};
 use crate::ops::{metrics, report};
 use crate::store::Outbox;
@@ -62,6 +66,8 @@ pub struct AppState {
     pub flags: Arc<EffectFlags>,
     /// Which reconciliation windows `/stats` shows.
     pub reconcile: ReconcileConfig,
+    /// The live page's feed and pictures.
+    pub dashboard: Arc<Dashboard>,
 }
 
 type Reply = (StatusCode, Json<Value>);
@@ -82,7 +88,8 @@ pub fn routes(state: AppState) -> Router {
         .route("/stats", get(stats))
         .route("/reconciliation", get(reconciliation_report))
         .route("/metrics", get(metrics))
-        .route("/flags", get(|State(s): State<AppState>| async move { Json(flags::listing(&s.flags)) }));
+        .route("/flags", get(|State(s): State<AppState>| async move { Json(flags::listing(&s.flags)) }))
+        .merge(dashboard::page_routes());
     let admin_routes = Router::new()
         .route("/outbox", get(|State(s): State<AppState>| async move { reply(inspect::outbox_devices(&s.outbox)) }))
         .route(
@@ -110,6 +117,7 @@ pub fn routes(state: AppState) -> Router {
         .route("/deadletters/{id}/replay", post(replay))
         .route("/flags/{kind}/{state}", post(switch_flag))
         .route("/clock/advance", post(advance_clock))
+        .merge(dashboard::admin_routes(state.dashboard.clone()))
         .route_layer(axum::middleware::from_fn_with_state(guard, admin::require_admin));
     open.merge(admin_routes).with_state(state)
 }

@@ -2,9 +2,10 @@
 //! ([`report`]), `/metrics` ([`metrics`]), outbox and dead-letter inspection
 //! ([`inspect`]), effect flags ([`flags`]), consumer group repositioning ([`reposition`]), the reconciliation report
 //! ([`reconciliation`]), the HTTP server ([`http`]) with its admin access rule ([`admin`]), and
-//! the health watch ([`probe`]).
+//! the health watch ([`probe`]), and the operator's live page ([`dashboard`]).
 
 pub mod admin;
+pub mod dashboard;
 pub mod flags;
 pub mod http;
 pub mod inspect;

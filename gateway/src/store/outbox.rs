@@ -589,6 +589,21 @@ impl Outbox {
         Ok(out)
     }
 
+    /// The newest `limit` dead letters the outbox holds, newest first.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored dead letter that no longer parses.
+    pub fn latest_deadletters(&self, limit: usize) -> Result<Vec<ParkedDeadLetter>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(DEADLETTERS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in table.iter().map_err(err)?.rev().take(limit) {
+            let (_, v) = item.map_err(err)?;
+            out.push(serde_json::from_slice(v.value()).map_err(err)?);
+        }
+        Ok(out)
+    }
+
     /// The dead letter `id`, if the outbox still holds it.
     ///
     /// # Errors
@@ -794,6 +809,27 @@ impl Outbox {
     #[cfg(test)]
     pub(crate) fn complete(&self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
         self.write(&mut [], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
+    }
+
+    /// How many jobs each device has queued (keys only: no job is decoded).
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn queue_depths(&self) -> Result<std::collections::BTreeMap<String, u64>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        let mut out = std::collections::BTreeMap::<String, u64>::new();
+        for item in table.iter().map_err(err)? {
+            let (k, _) = item.map_err(err)?;
+            let device = k.value().0;
+            match out.get_mut(device) {
+                Some(n) => *n += 1,
+                None => {
+                    out.insert(device.to_string(), 1);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Every queued job, by device then seq (delivery order).

@@ -124,6 +124,23 @@ impl PartitionOffsets {
     }
 }
 
+/// One assigned partition as the dashboard shows it ([`Tracker::partitions`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionView {
+    /// Topic.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// The consumer's position ([`PartitionOffsets::position`]), an offset.
+    pub position: Option<i64>,
+    /// The end the consumer can read to ([`PartitionOffsets::end`]), an offset.
+    pub end: Option<i64>,
+    /// Records beyond the position.
+    pub lag: Option<u64>,
+    /// Paused for backpressure.
+    pub paused: bool,
+}
+
 /// The consumer's broker connections in one statistics sample.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BrokerSample {
@@ -421,6 +438,25 @@ impl Tracker {
         }
     }
 
+    /// Every assigned partition's offsets as known now (librdkafka's, with a probed end
+    /// when higher) and whether it is paused, by topic then partition.
+    pub fn partitions(&self) -> Vec<PartitionView> {
+        self.assigned
+            .iter()
+            .map(|p| {
+                let o = self.effective(p);
+                PartitionView {
+                    topic: p.0.clone(),
+                    partition: p.1,
+                    position: o.position,
+                    end: o.end,
+                    lag: o.lag(),
+                    paused: self.pauses.contains_key(p),
+                }
+            })
+            .collect()
+    }
+
     /// The facts at `now` for [`evaluate`], with the consumer loop's state.
     pub fn facts(&self, consumer_running: bool, consumer_idle_ms: u64) -> Facts {
         let topics = self
@@ -569,6 +605,11 @@ impl Monitor {
     pub fn facts(&self, consumer_running: bool, consumer_idle_ms: u64) -> (u64, Facts) {
         let now = self.now_ms();
         (now, self.with(|t| t.facts(consumer_running, consumer_idle_ms)))
+    }
+
+    /// See [`Tracker::partitions`].
+    pub fn partitions(&self) -> Vec<PartitionView> {
+        self.with(|t| t.partitions())
     }
 
     /// The partitions whose end offset must be probed ([`Tracker::probe_targets`]).

@@ -166,6 +166,11 @@ impl Stats {
         self.held.lock().expect("held lock").get(device).copied()
     }
 
+    /// Every device whose queue is held now, with why.
+    pub fn held_all(&self) -> BTreeMap<String, &'static str> {
+        self.held.lock().expect("held lock").clone()
+    }
+
     /// The current counters, `consumer_idle_ms` as of now.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.inner.lock().expect("stats lock").clone();

@@ -8,6 +8,7 @@ use crate::config::DeliveryConfig;
 use crate::deliver::transport::Transport;
 use crate::model::{Command, Finished, Incoming, Outcome, StoredJob};
 use crate::store::Outbox;
+use crate::telemetry::recent::{Recent, RecentState};
 use crate::telemetry::{Monitor, Stats};
 use device_protocol::PrinterState;
 use std::collections::VecDeque;
@@ -36,6 +37,8 @@ pub struct Dispatcher<T> {
     /// Where wire bytes not held are read back from; `None`: every job is held (or,
     /// reloaded whole, serialized when sent).
     outbox: Option<Arc<Outbox>>,
+    /// The last jobs per device, for the dashboard.
+    recent: Arc<Recent>,
 }
 
 impl<T: Transport> Dispatcher<T> {
@@ -54,7 +57,14 @@ impl<T: Transport> Dispatcher<T> {
         health: Arc<Monitor>,
         clock: Clock,
     ) -> Self {
-        Dispatcher { machine: Machine::new(cfg), transport, finished, stats, health, clock, outbox: None }
+        let recent = Arc::default();
+        Dispatcher { machine: Machine::new(cfg), transport, finished, stats, health, clock, outbox: None, recent }
+    }
+
+    /// Records each job sent and finished in `recent` (the dashboard's view).
+    pub fn with_recent(mut self, recent: Arc<Recent>) -> Self {
+        self.recent = recent;
+        self
     }
 
     /// Reads the wire bytes of jobs whose bytes are not held (beyond
@@ -158,6 +168,7 @@ impl<T: Transport> Dispatcher<T> {
         if d.is_redelivery() {
             self.stats.update(|s| s.job_redeliveries += 1);
         }
+        self.recent.sent(&d.device, d.seq, &d.message_id, d.attempt, &d.wire, self.clock.now().timestamp_millis());
         if let Err(e) = self.transport.send(&d.device, d.wire).await {
             tracing::error!(device = %d.device, seq = d.seq, message_id = %d.message_id, error = %e, "cannot send job; will retry at its timeout");
         }
@@ -182,6 +193,14 @@ impl<T: Transport> Dispatcher<T> {
     /// Reports a job that left its queue to the consumer, counting it.
     fn finish(&self, f: Finished) {
         let (job, device) = (&f.stored.job, &f.stored.device);
+        let state = match f.outcome {
+            Outcome::Done => RecentState::Done,
+            Outcome::Expired => RecentState::Expired,
+            Outcome::Superseded => RecentState::Superseded,
+            Outcome::Failed(_) => RecentState::Failed,
+        };
+        let at_ms = self.clock.now().timestamp_millis();
+        self.recent.finished(device, job, state, at_ms);
         match f.outcome {
             Outcome::Done => {
                 tracing::info!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "job done");

@@ -204,6 +204,19 @@ impl Hub {
         }
     }
 
+    /// Devices with a connection now: device id → (live connections, how many of them are
+    /// subscribed to the jobs topic). For the dashboard.
+    pub fn online(&self) -> HashMap<String, (usize, usize)> {
+        let state = self.lock();
+        let mut out: HashMap<String, (usize, usize)> = HashMap::new();
+        for c in state.clients.values().filter(|c| c.live.is_some()) {
+            let e = out.entry(c.device.clone()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(c.subscribed.is_some());
+        }
+        out
+    }
+
     /// Client ids with state in the hub (connected, or persistent and away).
     pub fn clients(&self) -> usize {
         self.lock().clients.len()

@@ -27,6 +27,14 @@ impl Publisher {
         Publisher { route: Route::Hub(hub) }
     }
 
+    /// The hub behind it (`None` for [`Publisher::channel`]'s): who is connected.
+    pub fn hub(&self) -> Option<Arc<Hub>> {
+        match &self.route {
+            Route::Hub(hub) => Some(hub.clone()),
+            Route::Channel(_) => None,
+        }
+    }
+
     /// A publisher with no devices behind it: each job arrives on the returned receiver as
     /// `(jobs topic, bytes)`. For tests and tools that stand in for the devices.
     pub fn channel(capacity: usize) -> (Publisher, mpsc::Receiver<(String, Bytes)>) {
