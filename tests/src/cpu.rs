@@ -55,7 +55,10 @@ mod tests {
     use super::*;
 
     /// Spinning until this process has used 300 ms of CPU (as `process` says) ends, and
-    /// the machine-wide busy time grew by at least as much.
+    /// the machine-wide busy time grew by about as much: at least 80% of it, because
+    /// `/proc/stat` charges whole ticks to whatever ran when each tick fell, while a
+    /// process's own times come from its measured run time (the full 300 ms fell short
+    /// once while the whole test suite loaded a 2-core machine).
     #[test]
     fn a_busy_loop_is_counted() {
         let me = std::process::id();
@@ -69,6 +72,6 @@ mod tests {
             }
         }
         let used = Machine::now().unwrap().since(m0);
-        assert!(used.busy >= Duration::from_millis(300) && used.total >= used.busy, "{used:?}");
+        assert!(used.busy >= Duration::from_millis(240) && used.total >= used.busy, "{used:?}");
     }
 }
