@@ -39,6 +39,16 @@ pub fn temp_outbox(name: &str) -> (TempDir, Arc<Outbox>) {
 
 pub use cdc::fixtures::{path, records};
 
+/// The documents of fixture `file` (`charges.jsonl`, `devices.jsonl`) that `decode`
+/// accepts, in file order (charges: `cdc::decode_charge`; devices: `cdc::decode_device`).
+pub fn documents<T>(file: &str, decode: fn(&serde_json::Value) -> Result<T, cdc::DecodeError>) -> Vec<T> {
+    records(file)
+        .into_iter()
+        .filter_map(|(_, bytes)| cdc::decode_envelope(&bytes).ok()?.full_document)
+        .filter_map(|doc| decode(&doc).ok())
+        .collect()
+}
+
 /// A job with message id `id`, of `kind`, for charge `charge`; event id `ev-{id}`, no
 /// payload, no expiry, `seq` 0 (the outbox assigns it).
 pub fn job(id: &str, kind: EffectKind, charge: &str) -> Job {

@@ -205,17 +205,9 @@ pub fn expires_at(kind: EffectKind, charge: &Charge, accepted_at: DateTime<Utc>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_fixtures::documents;
     use cdc;
     use device_protocol::EffectKind;
-
-    /// The fixture documents that decode: charges or devices.
-    fn documents<T>(file: &str, decode: fn(&serde_json::Value) -> Result<T, cdc::DecodeError>) -> Vec<T> {
-        crate::test_fixtures::records(file)
-            .into_iter()
-            .filter_map(|(_, bytes)| cdc::decode_envelope(&bytes).ok()?.full_document)
-            .filter_map(|doc| decode(&doc).ok())
-            .collect()
-    }
 
     fn charges(file: &str) -> Vec<Charge> {
         documents(file, cdc::decode_charge)

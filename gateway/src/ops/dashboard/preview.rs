@@ -103,15 +103,8 @@ mod tests {
     use super::*;
     use crate::route::render::render_job;
     use crate::route::router::PlannedEffect;
+    use crate::test_fixtures::documents;
     use device_protocol::EffectKind;
-
-    fn documents<T>(file: &str, decode: fn(&serde_json::Value) -> Result<T, cdc::DecodeError>) -> Vec<T> {
-        crate::test_fixtures::records(file)
-            .into_iter()
-            .filter_map(|(_, bytes)| cdc::decode_envelope(&bytes).ok()?.full_document)
-            .filter_map(|doc| decode(&doc).ok())
-            .collect()
-    }
 
     fn wire(device: &Device, kind: EffectKind) -> Vec<u8> {
         let charge = documents("charges.jsonl", cdc::decode_charge)
