@@ -6,7 +6,6 @@ use crate::effect::{append_transcript, png_path, transcript_header, write_file, 
 use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::Job;
 use image::{GrayImage, ImageEncoder};
-use preview::escpos::raster::MAX_HEIGHT;
 use preview::escpos::{decode, DecodeOptions, Decoded};
 use render::codepage::CodePage;
 use render::profile::{profile_for_model, ModelProfile, GENERIC};
@@ -41,7 +40,7 @@ impl PrinterSettings {
             width_dots: self.width_dots,
             initial_code_page: self.code_page,
             model: self.model,
-            max_height_dots: MAX_HEIGHT,
+            ..DecodeOptions::mm80()
         }
     }
 }

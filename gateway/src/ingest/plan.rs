@@ -476,6 +476,26 @@ mod tests {
         assert_eq!(skipped, [("display_qr".to_string(), qr)].into_iter().collect());
     }
 
+    /// The registry entries the fixtures leave in the outbox read back one by one as the
+    /// whole listing has them; an id the registry never had reads as none.
+    #[test]
+    fn a_stored_device_reads_back_by_its_id() {
+        let (_dir, outbox) = temp_outbox("plan-device-lookup");
+        let mut p = restored(&outbox, Arc::default(), Arc::default());
+        let mut accepts: Vec<_> = records("devices.jsonl")
+            .into_iter()
+            .enumerate()
+            .map(|(offset, (topic, value))| p.plan(&source(&topic, offset as i64, &value), |_| false).unwrap())
+            .collect();
+        outbox.write(&mut accepts, &[], 1).unwrap();
+        let all = outbox.devices().unwrap();
+        assert!(all.len() > 5, "{}", all.len());
+        for (id, _, doc) in all {
+            assert_eq!(outbox.device(&id).unwrap(), doc, "{id}");
+        }
+        assert_eq!(outbox.device("no-such-device").unwrap(), None);
+    }
+
     #[test]
     fn the_fixtures_reconcile_in_windows_of_event_time() {
         use std::collections::BTreeMap;

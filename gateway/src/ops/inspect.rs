@@ -8,7 +8,6 @@ use crate::model::StoredJob;
 use crate::store::{Outbox, OutboxError, ReplayError};
 use axum::http::StatusCode;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 /// Why an inspection failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,11 +65,8 @@ fn job_summary(s: &StoredJob) -> Value {
 /// # Errors
 /// The outbox cannot be read.
 pub fn outbox_devices(outbox: &Outbox) -> Result<Value, InspectError> {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for s in outbox.pending()? {
-        *counts.entry(s.device).or_default() += 1;
-    }
-    let total: usize = counts.values().sum();
+    let counts = outbox.queue_depths()?;
+    let total: u64 = counts.values().sum();
     Ok(json!({ "devices": counts, "total": total }))
 }
 

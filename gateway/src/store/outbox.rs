@@ -935,6 +935,22 @@ impl Outbox {
         Ok(out)
     }
 
+    /// The registry entry of device `id` stored by [`Outbox::write`]: its document, `None`
+    /// when the registry has none (never seen, or removed).
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored document that no longer parses.
+    pub fn device(&self, id: &str) -> Result<Option<serde_json::Value>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(DEVICES).map_err(err)?;
+        let Some(v) = table.get(id).map_err(err)? else { return Ok(None) };
+        let (_, bytes) = v.value();
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(bytes).map(Some).map_err(err)
+    }
+
     /// Forgets message ids accepted before `cutoff_ms` (the end of the dedupe window).
     /// Returns how many were forgotten.
     ///

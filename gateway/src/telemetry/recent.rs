@@ -130,12 +130,6 @@ impl Recent {
         self.lock().devices.get(device).map(|q| q.iter().rev().map(|e| e.job.clone()).collect()).unwrap_or_default()
     }
 
-    /// Every device with recent jobs, with its newest job's time (ms since the epoch).
-    pub fn devices(&self) -> Vec<(String, i64)> {
-        let inner = self.lock();
-        inner.devices.iter().filter_map(|(d, q)| Some((d.clone(), q.iter().map(|e| e.job.at_ms).max()?))).collect()
-    }
-
     /// The kept wire bytes of `device`'s job `seq`, if it is recent and they are still kept.
     pub fn wire(&self, device: &str, seq: u64) -> Option<Bytes> {
         self.lock().devices.get(device)?.iter().find(|e| e.job.seq == seq)?.wire.clone()
@@ -151,7 +145,10 @@ impl Inner {
     /// The entry of `device`'s job `seq`, made (and the device's oldest let go beyond
     /// `per_device`) if it is new.
     fn entry(&mut self, device: &str, seq: u64, message_id: &str, per_device: usize, at_ms: i64) -> &mut Entry {
-        let queue = self.devices.entry(device.to_string()).or_default();
+        if !self.devices.contains_key(device) {
+            self.devices.insert(device.to_string(), VecDeque::new());
+        }
+        let queue = self.devices.get_mut(device).expect("inserted above");
         let pos = match queue.iter().position(|e| e.job.seq == seq) {
             Some(p) => p,
             None => {

@@ -171,11 +171,8 @@ async fn picture(State(d): State<Arc<Dashboard>>, Path((device, seq)): Path<(Str
         };
         let doc = dash
             .outbox
-            .devices()
+            .device(&dev)
             .map_err(|e| e.to_string())?
-            .into_iter()
-            .find(|(id, _, _)| *id == dev)
-            .and_then(|(_, _, doc)| doc)
             .ok_or_else(|| preview::PreviewError::UnknownDevice(dev.clone()).to_string())?;
         let registered = cdc::decode_device(&doc).map_err(|e| e.to_string())?;
         preview::draw(&registered, &wire, &dash.default_time_zone).map(Some).map_err(|e| e.to_string())
