@@ -127,6 +127,16 @@ async fn the_dashboard_shows_the_fleet_live_in_a_real_browser() {
         .await
         .unwrap();
     assert!(receipt_width == 576 || receipt_width == 384, "a receipt is as wide as the print head: {receipt_width}");
+    // The page keeps only the pictures its rows show (plus the one opened), however many
+    // jobs it has seen go by.
+    let (kept, rows): (u64, u64) = browser
+        .execute(
+            "return [state.pictures.size, document.querySelectorAll('#devices tbody tr[data-device]').length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(kept > 0 && kept <= rows + 1, "{kept} pictures kept for {rows} rows");
 
     // A flag switched from the page, with the token: the gateway has it off, then on again.
     browser.find("button[data-flag='charge_expired']").await.unwrap().click().await.unwrap();
