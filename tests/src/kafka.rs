@@ -86,6 +86,37 @@ pub fn committed_offsets(brokers: &str, group: &str, topic: &str, partitions: i3
         .collect())
 }
 
+/// Waits until the offsets `group` has committed for `topic` partitions `0..partitions`
+/// satisfy `done`, asking every 200 ms; returns them. pixgate commits what it stored every
+/// second (`auto.commit.interval.ms`), so a test that asserts a commit waits for it.
+///
+/// # Errors
+/// `done` did not hold before `deadline` (the last offsets seen are in the error), or
+/// OffsetFetch failed.
+pub async fn wait_committed(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+    deadline: Instant,
+    done: impl Fn(&[i64]) -> bool,
+) -> anyhow::Result<Vec<i64>> {
+    loop {
+        let c = tokio::task::spawn_blocking({
+            let (b, g, t) = (brokers.to_string(), group.to_string(), topic.to_string());
+            move || committed_offsets(&b, &g, &t, partitions)
+        })
+        .await??;
+        if done(&c) {
+            return Ok(c);
+        }
+        if Instant::now() >= deadline {
+            bail!("group {group} on {topic}: committed {c:?}, not yet what was awaited");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The read rate of a bare consumer: a `StreamConsumer` with a fresh group id subscribed to
 /// `topics` from the earliest offset, doing nothing with each record. Returns how many it
 /// read and how long it took from its creation to the `expected`-th record.

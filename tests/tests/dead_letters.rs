@@ -420,22 +420,7 @@ async fn bad_records_and_payloads_are_dead_lettered_and_the_partition_flows() {
     // The partition flowed to its end: pixgate committed past every record, bad ones too.
     let committed_end = |topic: &'static str, end: i64| {
         let (b, g) = (rig.brokers().to_string(), rig.settings().group_id.clone());
-        async move {
-            loop {
-                let c = tokio::task::spawn_blocking({
-                    let (b, g) = (b.clone(), g.clone());
-                    move || pixgate_tests::kafka::committed_offsets(&b, &g, topic, 1)
-                })
-                .await
-                .unwrap()
-                .unwrap();
-                if c[0] >= end {
-                    return c[0];
-                }
-                assert!(Instant::now() < deadline, "{topic}/0 committed {} of {end}", c[0]);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
+        async move { pixgate_tests::kafka::wait_committed(&b, &g, topic, 1, deadline, |c| c[0] >= end).await.unwrap()[0] }
     };
     assert_eq!(
         committed_end("charge.upserted", charge_pos.last().unwrap().1 + 1).await,
@@ -565,23 +550,10 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     rig.start_gateway();
     // The record is read again and finished (committed) by the restarted gateway.
     let (b, g, (p, o)) = (rig.brokers().to_string(), rig.settings().group_id.clone(), landed[0]);
-    loop {
-        let c = tokio::task::spawn_blocking({
-            let (b, g) = (b.clone(), g.clone());
-            move || pixgate_tests::kafka::committed_offsets(&b, &g, "charge.upserted", 3)
-        })
-        .await
-        .unwrap()
-        .unwrap();
-        if c[p as usize] > o {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the record was never committed: {c:?}; stats {}",
-            stats_or_error(&rig.gateway().stats())
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    if let Err(e) =
+        pixgate_tests::kafka::wait_committed(&b, &g, "charge.upserted", 3, deadline, |c| c[p as usize] > o).await
+    {
+        panic!("the record was never committed: {e}; stats {}", stats_or_error(&rig.gateway().stats()));
     }
     let stats = stats_json(&rig.gateway().stats().unwrap());
     let dls = pixgate_tests::kafka::read_topic(

@@ -90,6 +90,14 @@ async fn reposition_is_refused_while_the_group_runs_and_moves_it_once_empty() {
     })
     .await;
     assert_eq!(rig.gateway().stats().unwrap().counters.outbox_jobs, 0, "every kind is off: nothing queued");
+    // Read and stored is not yet committed: the periodic commit runs every second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (brokers, group) = (rig.brokers().to_string(), rig.settings().group_id.clone());
+    pixgate_tests::kafka::wait_committed(&brokers, &group, TOPIC, 3, deadline, |c| {
+        c.iter().sum::<i64>() == read_first as i64
+    })
+    .await
+    .unwrap();
 
     // While pixgate is a member: refused. A broker that answers DescribeGroups names the
     // live member; tansu 0.6.0 fails DescribeGroups for every existing group (its SQLite

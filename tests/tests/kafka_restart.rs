@@ -23,7 +23,7 @@
 
 use pixgate_tests::gateway::stats_json;
 use pixgate_tests::harness::{verifying_devices, Rig};
-use pixgate_tests::kafka::{committed_offsets, read_topic};
+use pixgate_tests::kafka::{committed_offsets, read_topic, wait_committed};
 use pixgate_tests::scenario::{self, Plan};
 use simulators::capture::generate::ScenarioConfig;
 use simulators::device::Stats;
@@ -88,20 +88,9 @@ async fn broker_restart_mid_run(membership: Membership, outage: Duration, events
     }
     // ... and once pixgate has committed offsets (auto-commit runs every second).
     let (brokers, group) = (rig.brokers().to_string(), rig.settings().group_id.clone());
-    let before = loop {
-        let c = tokio::task::spawn_blocking({
-            let (b, g) = (brokers.clone(), group.clone());
-            move || committed_offsets(&b, &g, "charge.upserted", 3)
-        })
+    let before = wait_committed(&brokers, &group, "charge.upserted", 3, deadline, |c| c.iter().any(|&o| o > 0))
         .await
-        .unwrap()
-        .unwrap();
-        if c.iter().any(|&o| o > 0) {
-            break c;
-        }
-        assert!(Instant::now() < deadline, "pixgate committed nothing: {c:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        .expect("pixgate committed nothing");
     rig.broker().kill();
     let down_at = Instant::now();
     let carried_at_stop = stats.carried_out();
