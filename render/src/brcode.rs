@@ -1,9 +1,8 @@
 //! Pix BR Code: the EMV-MPM payload behind a Pix QR code ("Pix Copia e Cola").
 //!
-//! Sources: BCB "Manual do BR Code" and "Manual de Padrões para Iniciação do Pix" as quoted
-//! in `shared/notes/brcode.md` (§1 wire format and field table, §2 CRC16, §3 amount,
-//! §4 txid, §5 text and length counting), with Stone's `ex-pix-brcode` as the reference
-//! strict reader.
+//! Sources: BCB "Manual do BR Code" and "Manual de Padrões para Iniciação do Pix" (wire
+//! format and field table, CRC16, amount, txid, text and length counting) as public readers
+//! quote them, with Stone's `ex-pix-brcode` as the reference strict reader.
 //!
 //! # Reading ([`parse`])
 //!

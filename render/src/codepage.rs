@@ -2,7 +2,7 @@
 //!
 //! An ESC/POS printer has no idea of UTF-8. Text bytes `0x20..=0xFF` are looked up in the
 //! character code table selected with `ESC t n`; the table numbers are vendor specific
-//! (Epson's are used here, see `../shared/notes/escpos.md` §b). pixgate encodes every
+//! (Epson's are used here: Epson ESC/POS Command Reference, `ESC t`). pixgate encodes every
 //! string to the page the device is configured for and never sends raw UTF-8: a character
 //! the page lacks goes through [`fallback`], a documented transliteration, and only if that
 //! fails too it becomes `?`.

@@ -2,8 +2,7 @@
 //!
 //! Why not the `escpos` crate (fabienbellanger, 0.20.1)? Its text path silently falls back
 //! to UTF-8 for characters outside the selected page and its `cash_drawer` sends a 3-byte
-//! `ESC p` that swallows the next command (`shared/notes/escpos.md`, "Things that
-//! surprised me"). pixgate needs byte-exact control of text encoding (every string through
+//! `ESC p` that swallows the next command. pixgate needs byte-exact control of text encoding (every string through
 //! [`CodePage::encode_lossy`]) and of `GS ( k` lengths, and only about ten commands, each
 //! documented below with its bytes (Epson ESC/POS Command Reference).
 
@@ -30,7 +29,7 @@ pub enum Font {
     B = 1,
 }
 
-/// The `m` of `GS v 0` (`shared/notes/escpos.md` §b): how many dots each bit of a raster
+/// The `m` of `GS v 0` (Epson ESC/POS Command Reference, `GS v 0`): how many dots each bit of a raster
 /// prints as. 203 dpi printers print quadruple at 101 × 101 dpi.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

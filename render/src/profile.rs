@@ -6,9 +6,9 @@
 //! in [`crate::receipt::render_receipt_for`].
 //!
 //! Why per model: the `n` of `ESC t n` is vendor specific. Epson's numbering (CP860 = 3)
-//! is what `shared/notes/escpos.md` §b lists and what "almost every clone" uses, but the
+//! is the Epson ESC/POS Command Reference's (`ESC t`) and what almost every clone uses, but the
 //! Brazilian Bematech and Elgin firmwares number their tables differently (CP860 = 4 on
-//! both, per `grandchef/escpos-buffer`, the Brazilian library the notes cite in §a). Sending
+//! both, per `grandchef/escpos-buffer`, a Brazilian ESC/POS library). Sending
 //! Epson's 3 to a Bematech selects CP437 there, and every `ã` prints as a wrong letter.
 //!
 //! Sources, per fact, are in each entry's `source` field and in the doc comments below.
@@ -129,8 +129,8 @@ impl ModelProfile {
 }
 
 const NOTES_B: &str =
-    "shared/notes/escpos.md §b, ESC t row (Epson numbering; python-escpos DB: same on Epson and most clones)";
-const ESCPOS_BUFFER: &str = "grandchef/escpos-buffer:src/capabilities.ts (commit c947483), cited in shared/notes/escpos.md §a; not in the notes' tables, not verified on hardware";
+    "Epson ESC/POS Command Reference, ESC t (Epson numbering; python-escpos capabilities.json: same on Epson and most clones)";
+const ESCPOS_BUFFER: &str = "grandchef/escpos-buffer:src/capabilities.ts (commit c947483), not in python-escpos capabilities.json, not verified on hardware";
 
 /// Epson's numbering, every page [`CodePage`] knows (notes §b): built from
 /// [`CodePage::epson_table`], the one place that numbering is written down.
@@ -178,7 +178,7 @@ pub static GENERIC: ModelProfile = ModelProfile {
     native_qr: true,
     raster_quadruple: false,
     cut: CutStyle::Full,
-    source: "shared/notes/escpos.md §b (commands, GS V A n as escpos-php sends it), §c (384/576 dots)",
+    source: "Epson ESC/POS Command Reference (commands; GS V A n as mike42/escpos-php sends it); python-escpos capabilities.json (384/576 dots)",
 };
 
 /// Epson TM-T20X.

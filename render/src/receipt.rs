@@ -3,7 +3,7 @@
 //! the QR to pay, for printers set to print one when a charge becomes `ACTIVE`) and
 //! [`ReceiptKind::Expired`] (the charge expired unpaid).
 //!
-//! Layout of the paid receipt (font A, 12 × 24-dot cells; see `shared/notes/escpos.md` §b, §c):
+//! Layout of the paid receipt (font A, 12 × 24-dot cells; Epson ESC/POS Command Reference):
 //!
 //! 1. `ESC @` then `ESC t n` for the profile's code page (always right after `ESC @`);
 //! 2. centred, bold, double-size merchant name (wrapped at word boundaries), city, title;

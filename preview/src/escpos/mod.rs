@@ -115,7 +115,7 @@ pub struct Decoded {
     /// Problems in the stream: truncation, lying lengths, raw UTF-8 text, short `ESC p` …
     pub warnings: Vec<String>,
     /// The `n` of every `DLE EOT n` real-time status request, in order (a transport may
-    /// answer them; see `shared/notes/escpos.md` for the reply bytes).
+    /// answer them; see [`status`] for the reply bytes).
     pub status_requests: Vec<u8>,
 }
 

@@ -1,8 +1,7 @@
 //! `DLE EOT n` (`10 04 n`) real-time status: the one byte an Epson TM-T20-class printer
 //! sends back at once, whatever it is doing, for its simulated paper and cover sensors.
 //!
-//! Source: Epson ESC/POS Command Reference, `DLE EOT`, as summarised in
-//! `shared/notes/escpos.md` §b ("DLE EOT reply bits"), and python-escpos's masks
+//! Source: Epson ESC/POS Command Reference, `DLE EOT`, and python-escpos's masks
 //! (`constants.py`: online 8, paper 18, low paper 30, no paper 114). Every reply has the
 //! fixed pattern `0xx1xx10`: bit 0 = 0, bit 1 = 1, bit 4 = 1, bit 7 = 0, so the baseline
 //! ("nothing to report") is `0x12`.

@@ -7,7 +7,7 @@
 //! bytes received, a `GS k` without its NUL yet) waits for more. `DLE EOT` is therefore
 //! recognised only between commands, never inside another command's data (a QR raster can
 //! hold the bytes `10 04 01`). That is how Epson asks hosts to use it; a real printer may
-//! also answer such a run inside image data (`shared/notes/escpos.md` §b).
+//! also answer such a run inside image data (Epson ESC/POS Command Reference, `DLE EOT`).
 
 use super::parser::{Command, Parser};
 use super::Warnings;
