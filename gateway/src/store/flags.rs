@@ -2,11 +2,9 @@
 //! kind name → on. Kept with the outbox so that a restart, or `pixgate flags set` while
 //! no gateway runs, sees the same switches; a kind with no row is on.
 
+use crate::store::outbox::schema::FLAGS;
 use crate::store::outbox::{Outbox, OutboxError};
-use redb::{Durability, ReadableDatabase, ReadableTable, TableDefinition};
-
-/// Created with the outbox ([`Outbox::open_with_cache`]).
-pub(crate) const FLAGS: TableDefinition<&str, bool> = TableDefinition::new("effect_flags");
+use redb::{Durability, ReadableDatabase, ReadableTable};
 
 impl Outbox {
     /// The stored flags: (kind name, on), by name; empty when none was ever set.

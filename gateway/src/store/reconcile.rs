@@ -18,17 +18,12 @@
 //! buckets (a few dozen counters per topic and minute).
 
 use crate::model::DeadLetterReason;
+use crate::store::outbox::schema::{RECONCILE_COUNTS as COUNTS, RECONCILE_JOBS as JOBS, RECONCILE_MARKS as MARKS};
 use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
-use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-
-/// The tables, created with the outbox ([`Outbox::open_with_cache`]).
-pub(crate) const COUNTS: TableDefinition<(u64, &str, &str), u64> = TableDefinition::new("reconcile_counts");
-pub(crate) const MARKS: TableDefinition<(&'static str, i32), i64> = TableDefinition::new("reconcile_marks");
-pub(crate) const JOBS: TableDefinition<(&'static str, u64), (&'static str, u64, &'static str)> =
-    TableDefinition::new("reconcile_jobs");
 
 /// The bucket the counts are kept in, seconds. A report's window is a multiple of it.
 pub const BUCKET_S: u64 = 60;

@@ -1,0 +1,324 @@
+//! The devices' job queues: a batch of records written in one transaction (jobs with their
+//! `seq`, the dedupe window, charge states, registry changes, dead letters), finished jobs
+//! removed, and the queues read back in delivery order.
+
+use super::dead_letters::{park, which_of, ParkedDeadLetter, ReplayError};
+use super::error::{err, OutboxError};
+use super::schema::{
+    decode_row, encode_row, split_row, CHARGES, DEADLETTERS, DEVICES, DL_BY_SOURCE, JOBS, META, PARKED, SEEN, SEQ,
+};
+use super::snapshots::{status_code, ChargeState, DeviceEntry};
+use super::Outbox;
+use crate::model::{DeadLetter, Queued, SourceRef, StoredJob};
+use crate::store::reconcile::{Counting, RecordTally};
+use bytes::Bytes;
+use device_protocol::Job;
+use redb::{Durability, ReadableDatabase, ReadableTable};
+
+/// What [`Outbox::write`] returns, per record of the batch and in its order: the jobs it
+/// queued (a job the dedupe window already holds is not among them) and the ids of the
+/// dead letters it parked.
+pub type Written = Vec<(Vec<Queued>, Vec<u64>)>;
+
+/// Everything one Kafka record leads to, written in one transaction by
+/// [`Outbox::write`].
+#[derive(Debug, Clone, Default)]
+pub struct Accept {
+    /// The charge state the router applied (charge id, state).
+    pub charge: Option<(String, ChargeState)>,
+    /// A registry change.
+    pub device: Option<DeviceEntry>,
+    /// Jobs by device id; `seq` is assigned here.
+    pub jobs: Vec<(String, Job)>,
+    /// Dead letters of the record or of some of its effects, to park.
+    pub deadletters: Vec<DeadLetter>,
+    /// The record.
+    pub source: Option<SourceRef>,
+    /// The change event's `clusterTime` packed as `t << 32 | i` ([`cdc::Envelope`]);
+    /// with the message id, the key of its jobs in the dedupe window. 0 when unknown.
+    pub event_time: u64,
+    /// What the record adds to the reconciliation counts ([`crate::store::reconcile`]);
+    /// `None`: not counted.
+    pub tally: Option<RecordTally>,
+}
+
+/// A finished job (done or superseded) to remove from its device's queue; its message id
+/// stays in the dedupe window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    /// Device id.
+    pub device: String,
+    /// The job's `seq`.
+    pub seq: u64,
+    /// Superseded (never delivered) rather than done. A superseded job's removal must
+    /// reach the disk: sent after a restart it would be *new* to the device (a QR shown
+    /// after "paid"). A done job's removal need not: lost in a crash, the job is sent again
+    /// and the device dedupes it by message id.
+    pub superseded: bool,
+}
+
+/// The records of an [`Outbox::write`] (or a replayed record, [`Outbox::replay_record`]) in
+/// the transaction `tx`: what [`Outbox::write`] documents, per record.
+fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64) -> Result<Written, OutboxError> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut seen = tx.open_table(SEEN).map_err(err)?;
+    let mut seq = tx.open_table(SEQ).map_err(err)?;
+    let mut table = tx.open_table(JOBS).map_err(err)?;
+    let mut charges = tx.open_table(CHARGES).map_err(err)?;
+    let mut devices = tx.open_table(DEVICES).map_err(err)?;
+    let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
+    let mut meta = tx.open_table(META).map_err(err)?;
+    let mut parked_ids = tx.open_table(PARKED).map_err(err)?;
+    let mut counting = Counting::open(tx)?;
+    for a in batch {
+        if let Some((id, st)) = &a.charge {
+            charges.insert(id.as_str(), (st.version, status_code(st.status))).map_err(err)?;
+        }
+        if let Some(d) = &a.device {
+            let bytes = match &d.document {
+                Some(doc) => serde_json::to_vec(doc).map_err(err)?,
+                None => Vec::new(),
+            };
+            devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
+        }
+        let source = a.source.clone().unwrap_or_else(|| SourceRef {
+            topic: String::new(),
+            partition: -1,
+            offset: -1,
+            key: None,
+        });
+        let mut queued = Vec::new();
+        for (device, job) in &mut a.jobs {
+            if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
+                continue;
+            }
+            let next = seq.get(device.as_str()).map_err(err)?.map_or(0, |v| v.value()) + 1;
+            seq.insert(device.as_str(), next).map_err(err)?;
+            seen.insert((a.event_time, job.message_id.as_str()), now_ms).map_err(err)?;
+            job.seq = next;
+            let (row, at) = encode_row(&source, job)?;
+            table.insert((device.as_str(), next), row.as_slice()).map_err(err)?;
+            // The header without cloning the payload (kilobytes) only to drop it.
+            let payload = std::mem::take(&mut job.payload);
+            let header = job.clone();
+            job.payload = payload;
+            let stored = StoredJob { device: device.clone(), job: header, source: source.clone() };
+            queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
+        }
+        let mut parked = Vec::new();
+        if !a.deadletters.is_empty() {
+            let mut by_source = tx.open_table(DL_BY_SOURCE).map_err(err)?;
+            for (i, dl) in a.deadletters.iter().enumerate() {
+                let which = which_of(i, dl);
+                let key = (dl.source_topic.as_str(), dl.source_partition, dl.source_offset, which.as_str());
+                if by_source.get(key).map_err(err)?.is_some() {
+                    continue; // parked when this record was read before
+                }
+                let id = park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
+                by_source.insert(key, id).map_err(err)?;
+                parked.push(id);
+            }
+        }
+        if let (Some(tally), Some(src)) = (&a.tally, &a.source) {
+            let jobs: Vec<(&str, u64, &str)> = queued
+                .iter()
+                .map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str()))
+                .collect();
+            counting.record(&src.topic, src.partition, src.offset, tally, &jobs)?;
+        }
+        out.push((queued, parked));
+    }
+    counting.finish(tx)?;
+    Ok(out)
+}
+
+impl Outbox {
+    /// Atomically, in one transaction: for every record of `batch`, records its charge
+    /// state and registry change, queues each job whose message id is not in the dedupe
+    /// window (assigning its device's next `seq`, also written into the job in `batch`),
+    /// and parks its dead letters; and removes the finished jobs of `removals`. Returns,
+    /// per record, the jobs queued (a job already seen is left out) and the ids of the
+    /// dead letters parked.
+    ///
+    /// Durable when it returns (`Durability::Immediate`, one fsync) if `batch` is not empty
+    /// or a removal is superseded; otherwise (only done jobs removed) not synced: see
+    /// [`Removal::superseded`]. One transaction for many records and removals is what
+    /// makes the outbox fast: redb's cost is per commit far more than per row.
+    ///
+    /// # Errors
+    /// Disk or database failure; then nothing of this call was written.
+    pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Written, OutboxError> {
+        let mut tx = self.db.begin_write().map_err(err)?;
+        let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
+        tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
+        if !removals.is_empty() {
+            let mut table = tx.open_table(JOBS).map_err(err)?;
+            for r in removals {
+                table.remove((r.device.as_str(), r.seq)).map_err(err)?;
+            }
+            drop(table);
+            let mut counting = Counting::open(&tx)?;
+            for r in removals {
+                counting.removed(&r.device, r.seq, r.superseded)?;
+            }
+            counting.finish(&tx)?;
+        }
+        let out = if batch.is_empty() { Vec::new() } else { write_records(&tx, batch, now_ms)? };
+        tx.commit().map_err(err)?;
+        Ok(out)
+    }
+
+    /// [`Outbox::write`] for one record's charge state and jobs (no dead letters).
+    /// Returns the jobs queued.
+    ///
+    /// # Errors
+    /// Disk or database failure; then nothing of this call was written.
+    #[cfg(test)]
+    pub(crate) fn accept(
+        &self,
+        charge: Option<(&str, ChargeState)>,
+        jobs: Vec<(String, Job)>,
+        source: &SourceRef,
+        now_ms: u64,
+    ) -> Result<Vec<Queued>, OutboxError> {
+        let a = Accept {
+            charge: charge.map(|(id, st)| (id.to_string(), st)),
+            jobs,
+            source: Some(source.clone()),
+            ..Accept::default()
+        };
+        Ok(self.write(&mut [a], &[], now_ms)?.pop().map(|(q, _)| q).unwrap_or_default())
+    }
+
+    /// Replays a record-level dead letter whose record was routed again
+    /// (`ingest::record_replay`): in one transaction, writes `accept` (its jobs, charge state
+    /// and effects' dead letters, as [`Outbox::write`] does for one record: the dedupe
+    /// window keeps a job's message id from being queued twice) and marks the dead letter
+    /// replayed. Returns the jobs queued and the dead letters parked.
+    ///
+    /// # Errors
+    /// [`ReplayError`]: unknown id, a job's dead letter (see [`Outbox::replay`]), already
+    /// replayed, or the disk; then nothing was written.
+    pub fn replay_record(
+        &self,
+        id: u64,
+        accept: &mut Accept,
+        now_ms: u64,
+    ) -> Result<(Vec<Queued>, Vec<u64>), ReplayError> {
+        let mut tx = self.db.begin_write().map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.set_durability(Durability::Immediate).map_err(|e| ReplayError::Outbox(err(e)))?;
+        let mut parked: ParkedDeadLetter = {
+            let dls = tx.open_table(DEADLETTERS).map_err(|e| ReplayError::Outbox(err(e)))?;
+            let bytes = dls
+                .get(id)
+                .map_err(|e| ReplayError::Outbox(err(e)))?
+                .map(|v| v.value().to_vec())
+                .ok_or(ReplayError::NotFound(id))?;
+            serde_json::from_slice(&bytes).map_err(|e| ReplayError::Outbox(err(e)))?
+        };
+        if parked.replayed_at_ms.is_some() {
+            return Err(ReplayError::AlreadyReplayed(id));
+        }
+        if parked.job.is_some() {
+            return Err(ReplayError::Outbox(OutboxError::Format(
+                "a job's dead letter is replayed by Outbox::replay, not as a record",
+            )));
+        }
+        let written = write_records(&tx, std::slice::from_mut(accept), now_ms)?.pop().unwrap_or_default();
+        parked.replayed_at_ms = Some(now_ms);
+        let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.open_table(DEADLETTERS)
+            .map_err(|e| ReplayError::Outbox(err(e)))?
+            .insert(id, bytes.as_slice())
+            .map_err(|e| ReplayError::Outbox(err(e)))?;
+        tx.commit().map_err(|e| ReplayError::Outbox(err(e)))?;
+        Ok(written)
+    }
+
+    /// The queued jobs of `device`, in delivery order.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn device_jobs(&self, device: &str) -> Result<Vec<StoredJob>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in table.range((device, 0u64)..=(device, u64::MAX)).map_err(err)? {
+            let (_, v) = item.map_err(err)?;
+            out.push(decode_row(device, v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// [`Outbox::write`] for one removal.
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    #[cfg(test)]
+    pub(crate) fn complete(&self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
+        self.write(&mut [], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
+    }
+
+    /// How many jobs each device has queued (keys only: no job is decoded).
+    ///
+    /// # Errors
+    /// Disk or database failure.
+    pub fn queue_depths(&self) -> Result<std::collections::BTreeMap<String, u64>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        let mut out = std::collections::BTreeMap::<String, u64>::new();
+        for item in table.iter().map_err(err)? {
+            let (k, _) = item.map_err(err)?;
+            let device = k.value().0;
+            match out.get_mut(device) {
+                Some(n) => *n += 1,
+                None => {
+                    out.insert(device.to_string(), 1);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every queued job, by device then seq (delivery order).
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn pending(&self) -> Result<Vec<StoredJob>, OutboxError> {
+        self.pending_with(|s| s)
+    }
+
+    /// [`Outbox::pending`] without the payloads ([`StoredJob::without_payload`]): what the
+    /// dispatcher keeps in memory at start-up, whatever the outbox holds.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a stored job that no longer parses.
+    pub fn pending_headers(&self) -> Result<Vec<StoredJob>, OutboxError> {
+        self.pending_with(StoredJob::without_payload)
+    }
+
+    fn pending_with(&self, f: impl Fn(StoredJob) -> StoredJob) -> Result<Vec<StoredJob>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in table.iter().map_err(err)? {
+            let (k, v) = item.map_err(err)?;
+            out.push(f(decode_row(k.value().0, v.value())?));
+        }
+        Ok(out)
+    }
+
+    /// The wire bytes of one queued job (its JSON, payload included, as published);
+    /// `None` if it is not queued (finished). Read without parsing.
+    ///
+    /// # Errors
+    /// Disk or database failure, or a row not in this format (see [`split_row`]).
+    pub fn wire(&self, device: &str, seq: u64) -> Result<Option<Bytes>, OutboxError> {
+        let tx = self.db.begin_read().map_err(err)?;
+        let table = tx.open_table(JOBS).map_err(err)?;
+        match table.get((device, seq)).map_err(err)? {
+            Some(v) => Ok(Some(Bytes::copy_from_slice(split_row(v.value())?.1))),
+            None => Ok(None),
+        }
+    }
+}

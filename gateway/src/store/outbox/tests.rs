@@ -1,0 +1,170 @@
+//! The outbox across its files: order, dedupe and state across reopens, prunes, rows.
+
+use super::schema::JOBS;
+use super::*;
+use crate::model::{DeadLetter, SourceRef, StoredJob};
+use cdc::ChargeStatus;
+use device_protocol::EffectKind;
+use device_protocol::Job;
+
+fn job(id: &str) -> Job {
+    crate::test_fixtures::job(id, EffectKind::PrintReceipt, "c")
+}
+
+fn src(offset: i64) -> SourceRef {
+    SourceRef { topic: "charge.upserted".into(), partition: 0, offset, key: Some("c".into()) }
+}
+
+#[test]
+fn survives_reopen_with_order_dedupe_and_state() {
+    let dir = crate::test_fixtures::TempDir::new("outbox-test");
+    let path = dir.outbox_path();
+    {
+        let o = Outbox::open(&path).unwrap();
+        let st = ChargeState { version: 3, status: ChargeStatus::Completed };
+        let q = o
+            .accept(
+                Some(("c", st)),
+                vec![("p".into(), job("a")), ("p".into(), job("b")), ("t".into(), job("x"))],
+                &src(1),
+                1000,
+            )
+            .unwrap();
+        assert_eq!(
+            q.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq)).collect::<Vec<_>>(),
+            [("p", 1), ("p", 2), ("t", 1)]
+        );
+        // The same record read again after a crash: nothing new is queued.
+        assert!(o.accept(None, vec![("p".into(), job("a"))], &src(1), 2000).unwrap().is_empty());
+        o.complete("p", 1, true).unwrap();
+    }
+    let o = Outbox::open(&path).unwrap();
+    let pending = o.pending().unwrap();
+    assert_eq!(
+        pending.iter().map(|s| (s.job.message_id.as_str(), s.job.seq)).collect::<Vec<_>>(),
+        [("b", 2), ("x", 1)]
+    );
+    assert_eq!(pending[0].source, src(1));
+    assert_eq!(o.charge("c").unwrap(), Some(ChargeState { version: 3, status: ChargeStatus::Completed }));
+    assert_eq!(o.charge("other").unwrap(), None);
+    // Sequence numbers continue after a restart; a completed id stays deduped.
+    let q = o.accept(None, vec![("p".into(), job("a")), ("p".into(), job("c"))], &src(2), 3000).unwrap();
+    assert_eq!(q.iter().map(|q| (q.stored.job.message_id.as_str(), q.stored.job.seq)).collect::<Vec<_>>(), [("c", 3)]);
+    // After the dedupe window, the id is forgotten.
+    assert_eq!(o.prune_seen(2500).unwrap(), 3);
+    assert_eq!(o.accept(None, vec![("p".into(), job("a"))], &src(3), 4000).unwrap().len(), 1);
+}
+
+/// A prune larger than one transaction ([`PRUNE_CHUNK`]) forgets exactly the ids older
+/// than the cutoff, in every chunk, and keeps the rest.
+#[test]
+fn prune_seen_forgets_only_old_ids_across_chunks() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-prune");
+    let old: Vec<(String, Job)> =
+        (0..PRUNE_CHUNK * 2 + 7).map(|i| ("p".to_string(), job(&format!("old{i}")))).collect();
+    let young: Vec<(String, Job)> = (0..10).map(|i| ("p".to_string(), job(&format!("young{i}")))).collect();
+    assert_eq!(o.accept(None, old.clone(), &src(1), 1_000).unwrap().len(), old.len());
+    assert_eq!(o.accept(None, young.clone(), &src(2), 5_000).unwrap().len(), young.len());
+    assert_eq!(o.prune_seen(2_000).unwrap(), old.len());
+    assert_eq!(o.prune_seen(2_000).unwrap(), 0, "nothing left to forget");
+    assert_eq!(o.accept(None, old.clone(), &src(3), 6_000).unwrap().len(), old.len(), "forgotten ids are new again");
+    assert!(o.accept(None, young, &src(4), 6_000).unwrap().is_empty(), "ids inside the window stay deduped");
+}
+
+/// The prune reads only events older than the cutoff, and forgets an id by when it
+/// was accepted: an old event accepted late (a backlog) stays a full window.
+#[test]
+fn prune_seen_goes_by_event_time_then_acceptance() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-prune-time");
+    let accept = |id: &str, event_secs: u64, now_ms: u64| {
+        let mut a = [Accept {
+            jobs: vec![("p".into(), job(id))],
+            source: Some(src(1)),
+            event_time: (event_secs << 32) | 7,
+            ..Accept::default()
+        }];
+        o.write(&mut a, &[], now_ms).unwrap().pop().unwrap().0.len()
+    };
+    assert_eq!(accept("old", 10, 20_000), 1);
+    assert_eq!(accept("late", 10, 500_000), 1);
+    // A gateway clock behind the database's: accepted "before" its event.
+    assert_eq!(accept("skewed", 200, 50_000), 1);
+    assert_eq!(accept("old", 10, 30_000), 0, "deduped within the window");
+    assert_eq!(o.prune_seen(100_000).unwrap(), 1);
+    assert_eq!(accept("old", 10, 600_000), 1, "forgotten: new again");
+    assert_eq!(accept("late", 10, 600_000), 0, "accepted late: still in the window");
+    assert_eq!(accept("skewed", 200, 600_000), 0, "an event after the cutoff is not pruned");
+}
+
+/// What the outbox hands the dispatcher is what it stored: the wire bytes are the job's
+/// JSON with its `seq` and payload, read back the same by [`Outbox::wire`], and the
+/// header is the same job without its payload.
+#[test]
+fn queued_wire_bytes_are_the_stored_job() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-wire");
+    let mut j = job("w");
+    j.payload = Job::encode_payload(b"\x1b@receipt");
+    let q = o.accept(None, vec![("p".into(), j.clone()), ("p".into(), job("v"))], &src(7), 1).unwrap();
+    let sent: Job = serde_json::from_slice(&q[0].wire).unwrap();
+    assert_eq!(sent, Job { seq: 1, ..j.clone() });
+    assert_eq!(q[0].stored.job, Job { seq: 1, payload: String::new(), ..j });
+    assert_eq!((q[0].stored.device.as_str(), &q[0].stored.source), ("p", &src(7)));
+    assert_eq!(o.wire("p", 1).unwrap().as_ref(), Some(&q[0].wire));
+    assert_eq!(o.wire("p", 2).unwrap().as_ref(), Some(&q[1].wire));
+    assert_eq!(o.wire("p", 3).unwrap(), None);
+    assert_eq!(o.device_jobs("p").unwrap()[0], StoredJob { device: "p".into(), job: sent, source: src(7) });
+}
+
+/// A record read again (its offset not committed before a crash) parks none of its
+/// dead letters twice: they keep the ids of its first read, and Kafka gets each once.
+/// Two dead letters of one record that look alike are both kept. Once pruned at its
+/// retention, the record's dead letter is forgotten like a job's id.
+#[test]
+fn a_record_read_again_parks_its_dead_letters_once() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-dl-once");
+    let record = |offset: i64| {
+        let dl = |device: &str| {
+            let mut d = DeadLetter::new(
+                crate::model::DeadLetterReason::InvalidBrcode,
+                "x".into(),
+                "charge.upserted",
+                0,
+                offset,
+                Some(b"c"),
+                b"{}",
+            );
+            d.device = Some(device.into());
+            d.effect = Some("display_qr".into());
+            d
+        };
+        Accept { deadletters: vec![dl("t1"), dl("t2"), dl("t2")], source: Some(src(offset)), ..Accept::default() }
+    };
+    let parked = |o: &Outbox| o.parked_deadletters(100).unwrap().into_iter().map(|d| d.id).collect::<Vec<_>>();
+    let (_, first) = o.write(&mut [record(5)], &[], 1_000).unwrap().pop().unwrap();
+    assert_eq!(first, [1, 2, 3], "alike dead letters of one record are all kept");
+    let (_, again) = o.write(&mut [record(5)], &[], 2_000).unwrap().pop().unwrap();
+    assert!(again.is_empty(), "read again: nothing parked twice");
+    assert_eq!(parked(&o), [1, 2, 3]);
+    let (_, next) = o.write(&mut [record(6)], &[], 3_000).unwrap().pop().unwrap();
+    assert_eq!(next, [4, 5, 6], "another record's are new");
+    o.mark_published(&[1, 2, 3, 4, 5, 6], 4_000).unwrap();
+    assert_eq!(o.prune_deadletters(2_500).unwrap(), 3);
+    let (_, after) = o.write(&mut [record(5)], &[], 5_000).unwrap().pop().unwrap();
+    assert_eq!(after, [7, 8, 9], "pruned: the record's dead letters are new again");
+    let (_, kept) = o.write(&mut [record(6)], &[], 5_000).unwrap().pop().unwrap();
+    assert!(kept.is_empty(), "not pruned: still known");
+}
+
+/// An outbox whose job rows are in the earlier format (the whole stored job as JSON) is
+/// refused with a reason that says so, not read as garbage.
+#[test]
+fn rows_of_the_earlier_format_are_refused_by_name() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-old-row");
+    let old = serde_json::to_vec(&StoredJob { device: "p".into(), job: job("a"), source: src(1) }).unwrap();
+    let tx = o.db.begin_write().unwrap();
+    tx.open_table(JOBS).unwrap().insert(("p", 1), old.as_slice()).unwrap();
+    tx.commit().unwrap();
+    let e = o.pending_headers().unwrap_err().to_string();
+    assert!(e.contains("earlier pixgate"), "{e}");
+    assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
+}
