@@ -23,12 +23,17 @@ use crate::model::{Command, DirectPrinters, Directory};
 use crate::ops::admin::AdminAccess;
 use crate::ops::dashboard::Dashboard;
 use crate::ops::{http, probe};
+use crate::shutdown::Shutdown;
 use crate::store::Outbox;
 use crate::telemetry::recent::Recent;
-use crate::telemetry::{Monitor, Stats};
+use crate::telemetry::{Monitor, Presence, Stats};
 use anyhow::Context;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+
+/// How long the listener, the device sessions, the dashboard feed, the probe and the HTTP
+/// server get to end after the consumer has stopped (they end at once when asked).
+const TASKS_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs the gateway with `cfg` until SIGTERM or Ctrl-C.
 ///
@@ -41,7 +46,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     if cfg.clock.offset_ms != 0 || cfg.clock.control {
         tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
     }
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let shutdown = Shutdown::new();
     let admin_token = cfg.http.admin_token()?;
     let http_listener = http::bind(&cfg.http.listen).await?;
     let admin = Arc::new(AdminAccess::new(admin_token.as_deref(), http_listener.local_addr()?)?);
@@ -74,7 +79,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
-    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone())
+    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), shutdown.clone())
         .await
         .context("starting the device listener")?;
     let shared = deliver::direct::printer::Shared {
@@ -84,7 +89,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming: incoming_tx,
         clock: clock.clone(),
     };
-    let hub = publisher.hub();
+    let presence = publisher.hub().map(|hub| hub as Arc<dyn Presence>);
     let transport = deliver::direct::Routed::new(shared, publisher);
 
     let pending = outbox.pending_headers()?;
@@ -109,7 +114,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         }
     });
 
-    let mut http_shutdown = shutdown_rx.clone();
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
     let dashboard = Arc::new(Dashboard::new(
@@ -121,10 +125,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.reconcile.clone(),
         cfg.dashboard.clone(),
         recent,
-        hub,
+        presence,
         cfg.delivery.default_time_zone.clone(),
     ));
-    tokio::spawn(dashboard.clone().run_feed(shutdown_rx.clone()));
+    shutdown.spawn(dashboard.clone().run_feed(shutdown.clone()));
     let state = http::AppState {
         stats: stats.clone(),
         health: health.clone(),
@@ -137,15 +141,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         reconcile: cfg.reconcile.clone(),
         dashboard,
     };
-    let http_task = tokio::spawn(http::serve(http_listener, state, async move {
-        let _ = http_shutdown.changed().await;
+    let http_shutdown = shutdown.clone();
+    let http_task = shutdown.spawn(http::serve(http_listener, state, async move {
+        http_shutdown.requested().await;
     }));
 
-    tokio::spawn(probe::watch(stats.clone(), health.clone(), cfg.kafka.brokers.clone(), shutdown_rx.clone()));
+    shutdown.spawn(probe::watch(stats.clone(), health.clone(), cfg.kafka.brokers.clone(), shutdown.clone()));
+    let requester = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested");
-        let _ = shutdown_tx.send(true);
+        requester.request();
     });
 
     let deadletters = DeadLetterPublisher::new(
@@ -156,7 +162,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         stats.clone(),
     )?;
     let deadletter_wake = deadletters.notifier();
-    let deadletter_task = tokio::spawn(deadletters.run(shutdown_rx.clone()));
+    let deadletter_task = shutdown.spawn(deadletters.run(shutdown.clone()));
 
     let services = consumer::Services {
         cfg,
@@ -170,15 +176,25 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         finished: finished_rx,
         replays: replays_rx,
         deadletters: deadletter_wake,
-        shutdown: shutdown_rx,
+        shutdown: shutdown.clone(),
     };
     let result = consumer::run(services).await;
+    // The rest ends with the consumer, also when it could not start.
+    shutdown.request();
+    // A dead letter being sent waits up to 30 s for Kafka: it stays parked for the next start.
     deadletter_task.abort();
     dispatcher_task.abort();
     match http_task.await {
         Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
         Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
         _ => {}
+    }
+    if !shutdown.wait(TASKS_BOUND).await {
+        tracing::warn!(
+            tasks = shutdown.running(),
+            "tasks still running {} s after the consumer stopped; exiting anyway",
+            TASKS_BOUND.as_secs()
+        );
     }
     tracing::info!("stopped");
     result

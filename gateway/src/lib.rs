@@ -11,13 +11,14 @@
 //!
 //! | layer | modules | what |
 //! |---|---|---|
-//! | 5 | [`app`] | the wiring of the binary `pixgate` |
-//! | 4 | [`cli`] | `pixgate outbox|deadletter|brcode` |
-//! | 3 | [`ops`] | readiness rules, `/stats`, `/metrics`, HTTP, the health watch |
-//! | 2 | [`ingest`], [`deliver`] | the Kafka consumer loop; the dispatcher, its transport and the dead-letter publisher |
+//! | 6 | [`app`] | the wiring of the binary `pixgate` |
+//! | 5 | [`cli`] | `pixgate outbox|deadletter|brcode` |
+//! | 4 | [`ops`] | readiness rules, `/stats`, `/metrics`, HTTP, the health watch |
+//! | 3 | [`deliver`] | the dispatcher, its transport and the dead-letter publisher |
+//! | 2 | [`ingest`] | the Kafka consumer loop; records read back by position |
 //! | 1 | [`route`] | device registry, router (which effect for which device), render (effect → job) |
 //! | 0 | [`store`] | the durable per-device outbox (redb) |
-//! | base | [`config`], [`clock`], [`model`], [`telemetry`] | settings, the wall clock, shared records, counters and health observations |
+//! | base | [`config`], [`clock`], [`model`], [`telemetry`], [`shutdown`] | settings, the wall clock, shared records, counters and health observations, the shutdown request and the tasks it ends |
 //!
 //! Change events are decoded by the `cdc` crate; the device protocol (topics, jobs, acks)
 //! is the `device-protocol` crate; rendering (BR Code, QR, ESC/POS, screens) is `render`.
@@ -31,6 +32,7 @@ pub mod ingest;
 pub mod model;
 pub mod ops;
 pub mod route;
+pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 #[cfg(test)]

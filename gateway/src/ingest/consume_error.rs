@@ -16,7 +16,8 @@
 //!   assign-only reader ([`locate`]); the partition whose read fails is named, with the
 //!   offset and that read's error, in the readiness reason and the log.
 
-use crate::deliver::deadletter::{SourceReader, SourceRecord};
+use crate::ingest::group_reader::GroupReader;
+use crate::ingest::source_reader::{SourceReader, SourceRecord};
 use crate::model::Partition;
 use crate::telemetry::health::ConsumeErrorFact;
 use crate::telemetry::Monitor;
@@ -76,30 +77,14 @@ impl ConsumeErrors {
 
 /// Locates a consume error streak in the background ([`locate`]): the consumer's
 /// positions on its assigned partitions now, read at on a blocking thread.
-pub fn spawn_locate<C: rdkafka::consumer::ConsumerContext + 'static>(
-    consumer: &impl Consumer<C>,
-    brokers: &str,
-    group: &str,
-    health: std::sync::Arc<Monitor>,
-) {
-    let positions = match consumer.position() {
+pub fn spawn_locate(consumer: &impl GroupReader, brokers: &str, group: &str, health: std::sync::Arc<Monitor>) {
+    let positions = match consumer.positions() {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the consumer's positions to locate the consume error; /readyz gives its text only");
             return;
         }
     };
-    let positions: Vec<(Partition, Option<i64>)> = positions
-        .elements()
-        .iter()
-        .map(|e| {
-            let at = match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            };
-            ((e.topic().to_string(), e.partition()), at)
-        })
-        .collect();
     let (brokers, group) = (brokers.to_string(), group.to_string());
     tokio::task::spawn_blocking(move || locate(&brokers, &group, positions, &health));
 }

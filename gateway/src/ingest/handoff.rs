@@ -30,14 +30,15 @@ use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::offsets::RecordRef;
-use crate::ingest::retry::{pause_unless_shutdown, until_stored, until_stored_or};
+use crate::ingest::retry::{until_stored, until_stored_or};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
+use crate::shutdown::Shutdown;
 use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
 use crate::telemetry::Monitor;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// The write-then-enqueue step: the outbox the jobs are written to, and the dispatcher
@@ -51,7 +52,7 @@ pub struct Handoff {
     /// Told while outbox writes fail.
     health: Arc<Monitor>,
     /// Turns true on SIGTERM: a failing write then gives up instead of retrying.
-    shutdown: watch::Receiver<bool>,
+    shutdown: Shutdown,
     /// A batch was given up at shutdown: nothing more is written, so no later record's
     /// jobs get a `seq` before the given-up ones' (they are read again at the next start).
     gave_up: bool,
@@ -97,13 +98,13 @@ impl InFlight {
 impl Handoff {
     /// A hand-off into `outbox` (writes stamped by `clock`), then to the dispatcher's
     /// `commands`; outbox failures are reported to `health`, and retried until `shutdown`
-    /// turns true.
+    /// is requested.
     pub fn new(
         outbox: Arc<Outbox>,
         clock: Clock,
         commands: mpsc::Sender<Command>,
         health: Arc<Monitor>,
-        shutdown: watch::Receiver<bool>,
+        shutdown: Shutdown,
     ) -> Handoff {
         Handoff { outbox, clock, commands, health, shutdown, gave_up: false }
     }
@@ -143,7 +144,7 @@ impl Handoff {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
                 self.health.outbox_failing(Some(e.to_string()));
                 // A first pause before the retries (`until_stored` then sees a shutdown at once).
-                pause_unless_shutdown(&mut self.shutdown.clone(), Duration::from_millis(100)).await;
+                self.shutdown.sleep(Duration::from_millis(100)).await;
                 let (outbox, clock) = (&self.outbox, &self.clock);
                 match until_stored(&self.health, "the batch", &self.shutdown, || {
                     outbox.write(&mut accepts, &removals, clock.now_ms())
@@ -253,7 +254,7 @@ mod tests {
     async fn a_batch_is_stored_then_its_jobs_go_to_the_dispatcher_in_order_and_once() {
         let (_dir, outbox) = temp_outbox("handoff-order");
         let (tx, mut rx) = mpsc::channel(16);
-        let (_shutdown, shutdown) = watch::channel(false);
+        let shutdown = Shutdown::new();
         let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, Arc::default(), shutdown);
         let mut batch = Batch::new(10, Duration::from_secs(1));
         assert!(h.start(&mut batch).is_none(), "nothing to write");
@@ -287,7 +288,7 @@ mod tests {
     async fn a_refused_batch_is_written_again_before_its_jobs_go_on() {
         let (_dir, outbox) = temp_outbox("handoff-refused");
         let (tx, mut rx) = mpsc::channel(16);
-        let (_shutdown, shutdown) = watch::channel(false);
+        let shutdown = Shutdown::new();
         let health = Arc::new(Monitor::default());
         let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, health, shutdown);
         let refused = Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb"))

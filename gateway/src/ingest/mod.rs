@@ -17,6 +17,8 @@
 //! Where each part lives:
 //! - [`consumer`]: the loop: waits on one event at a time and calls the others; the
 //!   librdkafka settings; offset storing; shutdown.
+//! - [`group_reader`]: what the loop asks of its consumer-group member, behind a trait
+//!   (librdkafka's consumer, or a fake in the loop's unit tests).
 //! - [`plan`]: one record into an [`Accept`](crate::store::Accept): decode (`cdc`),
 //!   route, render, dead letters.
 //! - [`batch`]: the batch being built and its timer.
@@ -37,6 +39,8 @@
 //! - [`record_replay`]: an operator's replay of a record-level dead letter, routed again
 //!   with the current registry.
 //! - [`consume_error`]: a streak of Kafka consume errors, logged once and located.
+//! - [`source_reader`]: single records read back from Kafka by position (also for the
+//!   dead-letter publisher).
 //!
 //! # Group commit
 //!
@@ -81,6 +85,7 @@ pub mod backpressure;
 pub mod batch;
 pub mod consume_error;
 pub mod consumer;
+pub mod group_reader;
 pub mod handoff;
 pub mod offsets;
 pub mod plan;
@@ -91,4 +96,5 @@ pub mod registry_hold;
 pub mod registry_wait;
 pub mod replay;
 pub mod retry;
+pub mod source_reader;
 pub mod upstream;

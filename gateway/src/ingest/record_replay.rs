@@ -19,9 +19,9 @@
 //! The record is counted on `/stats` again by its new outcome (`records_with_effects` or
 //! `ignored`).
 
-use crate::deliver::deadletter::{SourceReader, SourceRecord};
 use crate::ingest::handoff::Handoff;
 use crate::ingest::plan::{Planner, Source};
+use crate::ingest::source_reader::{SourceReader, SourceRecord};
 use crate::model::Queued;
 use crate::store::{Outbox, ReplayError};
 use base64::{engine::general_purpose::STANDARD as B64, Engine};

@@ -7,21 +7,10 @@
 //! ends the retries, to stay within `shutdown_timeout_ms`: what was not stored is read
 //! again at the next start, since no offset was stored past it.
 
+use crate::shutdown::Shutdown;
 use crate::store::{OutboxError, ReplayError};
 use crate::telemetry::Monitor;
 use std::time::Duration;
-use tokio::sync::watch;
-
-/// Sleeps `delay`, or less if shutdown is (or becomes) requested.
-pub async fn pause_unless_shutdown(shutdown: &mut watch::Receiver<bool>, delay: Duration) {
-    if *shutdown.borrow_and_update() {
-        return;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(delay) => {}
-        _ = shutdown.changed() => {}
-    }
-}
 
 /// Runs `write` against the outbox (on this thread, in `block_in_place`: it needs the
 /// multi-thread runtime) until it succeeds, backing off from 100 ms doubling to 10 s, and
@@ -31,11 +20,10 @@ pub async fn pause_unless_shutdown(shutdown: &mut watch::Receiver<bool>, delay: 
 pub async fn until_stored<T>(
     health: &Monitor,
     what: &str,
-    shutdown: &watch::Receiver<bool>,
+    shutdown: &Shutdown,
     mut write: impl FnMut() -> Result<T, OutboxError>,
 ) -> Option<T> {
     let mut delay = Duration::from_millis(100);
-    let mut shutdown = shutdown.clone();
     loop {
         match tokio::task::block_in_place(&mut write) {
             Ok(v) => {
@@ -45,12 +33,12 @@ pub async fn until_stored<T>(
             }
             Err(e) => {
                 health.outbox_failing(Some(e.to_string()));
-                if *shutdown.borrow() {
+                if shutdown.is_requested() {
                     tracing::error!(error = %e, "cannot store {what} in the outbox, and shutdown is requested: given up (it is read again at the next start)");
                     return None;
                 }
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
-                pause_unless_shutdown(&mut shutdown, delay).await;
+                shutdown.sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
         }
@@ -65,7 +53,7 @@ pub async fn until_stored<T>(
 pub async fn until_stored_or<T>(
     health: &Monitor,
     what: &str,
-    shutdown: &watch::Receiver<bool>,
+    shutdown: &Shutdown,
     mut write: impl FnMut() -> Result<T, ReplayError>,
 ) -> Result<T, ReplayError> {
     let mut refused = None;
@@ -105,7 +93,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_write_is_retried_until_shutdown_then_given_up() {
         let health = Monitor::default();
-        let (tx, rx) = watch::channel(false);
+        let rx = Shutdown::new();
         let tries = AtomicUsize::new(0);
         let retrying = until_stored(&health, "a test", &rx, || {
             tries.fetch_add(1, Ordering::SeqCst);
@@ -115,7 +103,7 @@ mod tests {
         // Retrying: 100 ms, then 200 ms between tries; still no answer after 500 ms.
         assert!(tokio::time::timeout(Duration::from_millis(500), &mut retrying).await.is_err());
         assert!(tries.load(Ordering::SeqCst) >= 2, "retried");
-        tx.send(true).unwrap();
+        rx.request();
         let given_up = tokio::time::timeout(Duration::from_secs(5), &mut retrying).await.expect("gives up at shutdown");
         assert_eq!(given_up, None);
 

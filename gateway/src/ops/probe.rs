@@ -5,6 +5,7 @@
 use crate::model::Partition;
 use crate::ops::readiness::{AlarmLog, Reason};
 use crate::ops::report as snapshot;
+use crate::shutdown::Shutdown;
 use crate::telemetry::{Monitor, Stats};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
@@ -46,15 +47,10 @@ fn probe_ends(client: &BaseConsumer, parts: &[Partition]) -> Vec<(Partition, i64
     out
 }
 
-/// Every second until `shutdown`: advances the health history, logs alarm transitions
+/// Every second until `shutdown` is requested: advances the health history, logs alarm transitions
 /// (from when the consumer first runs), and every `health.paused_probe_interval_ms` probes the end offsets of paused
 /// partitions (`brokers` = `kafka.brokers`).
-pub async fn watch(
-    stats: Arc<Stats>,
-    health: Arc<Monitor>,
-    brokers: String,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
+pub async fn watch(stats: Arc<Stats>, health: Arc<Monitor>, brokers: String, shutdown: Shutdown) {
     let probe_every = Duration::from_millis(health.rules().paused_probe_interval_ms.max(100));
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -65,7 +61,7 @@ pub async fn watch(
     let mut started = false;
     loop {
         tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.requested() => return,
             _ = tick.tick() => {}
         }
         if probing.as_ref().is_some_and(|p| p.is_finished()) {

@@ -1,10 +1,13 @@
 //! What every stage reports: counters ([`stats`]), the observations readiness is judged
-//! on ([`health`]) and the last jobs of each device ([`recent`]). None knows the others;
+//! on ([`health`]), the last jobs of each device ([`recent`]) and who is connected
+//! ([`presence`]). None knows the others;
 //! `ops` combines them.
 
 pub mod health;
+pub mod presence;
 pub mod recent;
 pub mod stats;
 
 pub use health::Monitor;
+pub use presence::Presence;
 pub use stats::{Snapshot, Stats};

@@ -15,6 +15,7 @@
 //! older connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
 
 use crate::model::Incoming;
+use crate::telemetry::presence::{Connections, Presence};
 use bytes::Bytes;
 use device_protocol::Topic;
 use rumqttc::QoS;
@@ -204,9 +205,16 @@ impl Hub {
         }
     }
 
-    /// Devices with a connection now: device id → (live connections, how many of them are
-    /// subscribed to the jobs topic). For the dashboard.
-    pub fn online(&self) -> HashMap<String, (usize, usize)> {
+    /// Client ids with state in the hub (connected, or persistent and away).
+    pub fn clients(&self) -> usize {
+        self.lock().clients.len()
+    }
+}
+
+impl Presence for Hub {
+    /// Devices with a live session now; a session counts as subscribed once it has
+    /// subscribed to its `jobs` topic.
+    fn online(&self) -> HashMap<String, Connections> {
         let state = self.lock();
         let mut out: HashMap<String, (usize, usize)> = HashMap::new();
         for c in state.clients.values().filter(|c| c.live.is_some()) {
@@ -215,11 +223,6 @@ impl Hub {
             e.1 += usize::from(c.subscribed.is_some());
         }
         out
-    }
-
-    /// Client ids with state in the hub (connected, or persistent and away).
-    pub fn clients(&self) -> usize {
-        self.lock().clients.len()
     }
 }
 

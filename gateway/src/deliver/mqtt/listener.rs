@@ -15,6 +15,7 @@ use super::session;
 use super::tls::{certificate_identity, Tls};
 use crate::config::MqttConfig;
 use crate::model::Directory;
+use crate::shutdown::Shutdown;
 use crate::telemetry::Stats;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -38,6 +39,8 @@ pub struct Shared {
     pub stats: Arc<Stats>,
     /// Where sessions meet the gateway.
     pub hub: Arc<Hub>,
+    /// Ends the accept loop, every connection and the credentials watch.
+    pub shutdown: Shutdown,
     connected: AtomicUsize,
     per_address: Mutex<HashMap<IpAddr, usize>>,
     handshakes: Arc<Semaphore>,
@@ -55,6 +58,7 @@ impl Shared {
         directory: Arc<Directory>,
         stats: Arc<Stats>,
         hub: Arc<Hub>,
+        shutdown: Shutdown,
     ) -> Shared {
         let handshakes = Arc::new(Semaphore::new(cfg.max_handshakes.max(1)));
         Shared {
@@ -64,6 +68,7 @@ impl Shared {
             directory,
             stats,
             hub,
+            shutdown,
             connected: AtomicUsize::new(0),
             per_address: Mutex::default(),
             handshakes,
@@ -77,12 +82,14 @@ impl Shared {
     }
 
     /// Checks the TLS files and the secrets every `mqtt.tls.reload_ms` (5 s without TLS)
-    /// until the process ends; a change reloads them and tells the connected devices.
+    /// until shutdown; a change reloads them and tells the connected devices.
     pub fn watch_credentials(self: Arc<Self>) {
         let period = self.tls.as_ref().map_or(Duration::from_secs(5), |t| t.reload_every());
-        tokio::spawn(async move {
+        self.shutdown.clone().spawn(async move {
             loop {
-                tokio::time::sleep(period).await;
+                if self.shutdown.sleep(period).await {
+                    return;
+                }
                 let shared = self.clone();
                 let changed = tokio::task::spawn_blocking(move || {
                     let tls = shared.tls.as_ref().is_some_and(|t| t.reload_if_changed());
@@ -153,10 +160,15 @@ impl Drop for AddressSlot {
     }
 }
 
-/// Accepts devices on `listener` until the process ends.
+/// Accepts devices on `listener` until shutdown; then every connection, in its handshake
+/// or connected, is closed (a device's will is not published: the device did nothing).
 pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
     loop {
-        let (socket, addr) = match listener.accept().await {
+        let accepted = tokio::select! {
+            () = shared.shutdown.requested() => return,
+            a = listener.accept() => a,
+        };
+        let (socket, addr) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // Out of file descriptors, mostly: wait a little rather than spin.
@@ -175,7 +187,14 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         };
         let _ = socket.set_nodelay(true);
-        tokio::spawn(connection(socket, addr, shared.clone(), permit, address));
+        let shutdown = shared.shutdown.clone();
+        let serve = connection(socket, addr, shared.clone(), permit, address);
+        shared.shutdown.spawn(async move {
+            tokio::select! {
+                () = shutdown.requested() => {}
+                () = serve => {}
+            }
+        });
     }
 }
 

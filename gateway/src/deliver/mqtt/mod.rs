@@ -26,6 +26,7 @@ pub use publisher::Publisher;
 
 use crate::config::MqttConfig;
 use crate::model::{Directory, Incoming};
+use crate::shutdown::Shutdown;
 use crate::telemetry::Stats;
 use anyhow::{bail, Context};
 use listener::Shared;
@@ -38,7 +39,9 @@ pub const GATEWAY_CLIENT_ID: &str = "pixgate-gateway";
 
 /// Starts the device listener on `cfg.listen`; returns the job publisher.
 /// Device acks and status arrive on `incoming`. `directory` says which devices may connect
-/// (`mqtt.require_registered`); refusals and connections are counted in `stats`.
+/// (`mqtt.require_registered`); refusals and connections are counted in `stats`. The
+/// listener, its connections and its credentials watch end when `shutdown` is requested,
+/// and are tracked by it.
 ///
 /// # Errors
 /// The settings are inconsistent (no TLS and not `plain`; `anonymous` without `plain`;
@@ -49,6 +52,7 @@ pub async fn start(
     directory: Arc<Directory>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
+    shutdown: Shutdown,
 ) -> anyhow::Result<Publisher> {
     let tls = match (&cfg.tls, cfg.plain) {
         (Some(_), true) => bail!("mqtt.plain and mqtt.tls are both set: choose one"),
@@ -88,9 +92,9 @@ pub async fn start(
         require_registered: cfg.require_registered,
     };
     tracing::info!(listen = %cfg.listen, tls = tls.is_some(), "device listener up");
-    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, hub));
+    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, hub, shutdown.clone()));
     shared.clone().watch_credentials();
-    tokio::spawn(listener::run(listener, shared));
+    shutdown.spawn(listener::run(listener, shared));
     Ok(publisher)
 }
 
@@ -117,7 +121,9 @@ mod tests {
     async fn listener(capacity: usize) -> (u16, Publisher, mpsc::Receiver<Incoming>) {
         let port = free_port();
         let (tx, rx) = mpsc::channel(capacity);
-        let publisher = start(&open(format!("127.0.0.1:{port}")), Arc::default(), Arc::default(), tx).await.unwrap();
+        let publisher = start(&open(format!("127.0.0.1:{port}")), Arc::default(), Arc::default(), tx, Shutdown::new())
+            .await
+            .unwrap();
         (port, publisher, rx)
     }
 

@@ -20,6 +20,7 @@ use crate::config::{Config, TtlConfig};
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
 use crate::ingest::consume_error::{self, ConsumeErrors};
+use crate::ingest::group_reader::GroupReader;
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
 use crate::ingest::plan::{Planner, Source};
@@ -32,18 +33,19 @@ use crate::ingest::replay::{Replay, Replayed};
 use crate::ingest::retry::until_stored;
 use crate::ingest::upstream;
 use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued};
+use crate::shutdown::Shutdown;
 use crate::store::{Outbox, Removal};
 use crate::telemetry::{Monitor, Stats};
 
 use anyhow::Context;
-use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, Notify};
 
 /// What the consumer loop works with, made by the binary's wiring (`app`).
 pub struct Services {
@@ -70,8 +72,8 @@ pub struct Services {
     pub replays: mpsc::Receiver<Replay>,
     /// Wakes the dead-letter publisher after dead letters are parked.
     pub deadletters: Arc<Notify>,
-    /// Turns true on SIGTERM.
-    pub shutdown: watch::Receiver<bool>,
+    /// Requested on SIGTERM.
+    pub shutdown: Shutdown,
 }
 
 /// What the loop waits on, one at a time.
@@ -114,17 +116,26 @@ struct Pipeline {
     device_topic: String,
     /// Wakes the dead-letter publisher after parking.
     deadletters: Arc<Notify>,
-    /// Turns true on SIGTERM: a failing dead-letter write then gives up instead of retrying.
-    shutdown: watch::Receiver<bool>,
+    /// Requested on SIGTERM: a failing dead-letter write then gives up instead of retrying.
+    shutdown: Shutdown,
 }
 
-/// Runs the consumer until `shutdown` turns true, then writes what it read, commits and
+/// Runs the consumer until shutdown is requested, then writes what it read, commits and
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
 /// # Errors
 /// The consumer cannot be created, subscribing fails, or the outbox's device registry
 /// cannot be read.
 pub async fn run(services: Services) -> anyhow::Result<()> {
+    let consumer = create(&services.cfg, &services.health)?;
+    consumer.subscribe(&[&services.cfg.kafka.device_topic, &services.cfg.kafka.charge_topic]).context("subscribing")?;
+    run_with(services, Arc::new(consumer)).await;
+    Ok(())
+}
+
+/// [`run`] on a member already subscribed to both topics: the loop itself, until
+/// shutdown is requested; then the final write and commit.
+pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     let Services {
         cfg,
         stats,
@@ -137,10 +148,8 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         mut finished,
         mut replays,
         deadletters,
-        mut shutdown,
+        shutdown,
     } = services;
-    let consumer = create(&cfg, &health)?;
-    consumer.subscribe(&[&cfg.kafka.device_topic, &cfg.kafka.charge_topic]).context("subscribing")?;
     let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
     let (registry, mut answers) = RegistryHold::new(&cfg, health.clone());
@@ -178,7 +187,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
         let full = p.batch.is_full();
         let event = tokio::select! {
             biased;
-            _ = shutdown.changed() => Event::Shutdown,
+            () = shutdown.requested() => Event::Shutdown,
             a = async { writing.as_mut().expect("guarded").attempt().await }, if writing.is_some() => Event::Written(a),
             Some(f) = finished.recv() => Event::Finished(f),
             Some(r) = replays.recv(), if writing.is_none() => Event::Replay(r),
@@ -186,35 +195,35 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             _ = tick.tick() => Event::Tick,
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Event::BatchDue,
             // A full batch waits for the write in flight: at most two batches in memory.
-            m = consumer.recv(), if !full => Event::Record(m.map(|m| m.detach())),
+            m = consumer.recv(), if !full => Event::Record(m),
         };
         // librdkafka reports a rebalance inside `recv`'s poll, which may have run in this
         // select although another branch won: applied first, so every event is handled
         // against the current assignment, and a newly assigned partition is paused before
         // the loop takes more than one record from it.
-        p.after_rebalance(&consumer);
+        p.after_rebalance(&*consumer);
         match event {
             Event::Shutdown => break,
             Event::Written(a) => {
-                p.on_written(&consumer, a).await;
+                p.on_written(&*consumer, a).await;
                 // Between two writes: a replay's seq falls between the two batches' (under
                 // a steady drain there is always a next write, so the replay branch above
                 // rarely runs).
                 while let Ok(r) = replays.try_recv() {
-                    p.on_replay(&consumer, r).await;
+                    p.on_replay(&*consumer, r).await;
                 }
                 writing = p.handoff.start(&mut p.batch);
             }
-            Event::Finished(f) => p.on_finished(&consumer, f).await,
-            Event::Replay(r) => p.on_replay(&consumer, r).await,
+            Event::Finished(f) => p.on_finished(&*consumer, f).await,
+            Event::Replay(r) => p.on_replay(&*consumer, r).await,
             Event::RegistryAnswer((q, answer)) => {
                 p.registry.answered(q, answer);
-                p.release_held(&consumer);
+                p.release_held(&*consumer);
             }
-            Event::Tick => p.on_tick(&consumer),
+            Event::Tick => p.on_tick(&*consumer),
             Event::BatchDue => writing = p.handoff.start(&mut p.batch),
             Event::Record(Ok(m)) => {
-                p.on_record(&consumer, m);
+                p.on_record(&*consumer, m);
                 if p.batch.is_full() && writing.is_none() {
                     writing = p.handoff.start(&mut p.batch);
                 }
@@ -222,7 +231,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             Event::Record(Err(e)) => {
                 // rust-rdkafka drops the failing partition from the error: located apart.
                 if p.consume_errors.error(&e, Instant::now(), &health) {
-                    consume_error::spawn_locate(&consumer, &cfg.kafka.brokers, &cfg.kafka.group_id, health.clone());
+                    consume_error::spawn_locate(&*consumer, &cfg.kafka.brokers, &cfg.kafka.group_id, health.clone());
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -238,18 +247,22 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     let closed = tokio::time::timeout(bound, async {
         if let Some(mut w) = writing.take() {
             let a = w.attempt().await;
-            p.on_written(&consumer, a).await;
+            p.on_written(&*consumer, a).await;
         }
         // Jobs finished meanwhile are removed with the last batch rather than sent again
         // after the restart.
         while let Ok(f) = finished.try_recv() {
-            p.on_finished(&consumer, f).await;
+            p.on_finished(&*consumer, f).await;
         }
         if let Some(mut w) = p.handoff.start(&mut p.batch) {
             let a = w.attempt().await;
-            p.on_written(&consumer, a).await;
+            p.on_written(&*consumer, a).await;
         }
-        match tokio::task::block_in_place(|| consumer.commit_consumer_state(CommitMode::Sync)) {
+        let committing = consumer.clone();
+        let commit = tokio::task::spawn_blocking(move || committing.commit())
+            .await
+            .unwrap_or_else(|e| Err(KafkaError::Canceled).inspect_err(|_| tracing::error!(error = %e, "the final commit's thread failed")));
+        match commit {
             Ok(()) => tracing::info!("final offsets committed"),
             // Every stored offset was already committed by the periodic commit
             // (`auto.commit.interval.ms`): nothing was left to commit.
@@ -267,7 +280,6 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     stats.update(|s| s.consumer_running = false);
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
-    Ok(())
 }
 
 /// The consumer, configured as [`crate::ingest`] describes (offsets stored by us,
@@ -301,7 +313,7 @@ fn create(cfg: &Config, health: &Arc<Monitor>) -> anyhow::Result<GatewayConsumer
 impl Pipeline {
     /// A record read: planned now (or held behind its partition's held records), its jobs
     /// counted against the bounds, added to the batch.
-    fn on_record(&mut self, consumer: &GatewayConsumer, m: OwnedMessage) {
+    fn on_record(&mut self, consumer: &impl GroupReader, m: OwnedMessage) {
         let part: Partition = (m.topic().to_string(), m.partition());
         self.tracker.read(&part, m.offset());
         // One update: a reader of /stats never sees the record read but not pending.
@@ -327,7 +339,7 @@ impl Pipeline {
 
     /// Plans a record read now or held and released, and adds it to the batch; or holds it
     /// when its charge must wait for the registry.
-    fn plan_record(&mut self, consumer: &GatewayConsumer, m: OwnedMessage, judging: Judging) {
+    fn plan_record(&mut self, consumer: &impl GroupReader, m: OwnedMessage, judging: Judging) {
         let part: Partition = (m.topic().to_string(), m.partition());
         let trace = upstream::trace_parent(&m).map(|t| t.trace_id);
         let span = trace.as_ref().map(|t| tracing::info_span!("record", trace_id = %t));
@@ -368,7 +380,7 @@ impl Pipeline {
 
     /// Holds `m` until the registry has caught up (it stays pending: no offset is stored
     /// past it), pausing its partition.
-    fn hold(&mut self, consumer: &GatewayConsumer, part: Partition, m: OwnedMessage, judging: Judging) {
+    fn hold(&mut self, consumer: &impl GroupReader, part: Partition, m: OwnedMessage, judging: Judging) {
         if self.registry.hold(part.clone(), m, judging) {
             let decision = self.backpressure.registry_wait(&part, true);
             self.apply(consumer, decision);
@@ -379,7 +391,7 @@ impl Pipeline {
 
     /// Plans again, in order, the held records the registry can judge now; a record that
     /// must wait again is held anew with the rest of its queue behind it.
-    fn release_held(&mut self, consumer: &GatewayConsumer) {
+    fn release_held(&mut self, consumer: &impl GroupReader) {
         loop {
             let ready = self.registry.take_ready();
             if ready.is_empty() {
@@ -406,7 +418,7 @@ impl Pipeline {
 
     /// A batch write returned: once it is accepted (retried until then, see
     /// [`Handoff::land`]), its records are finished and their offsets stored.
-    async fn on_written(&mut self, consumer: &GatewayConsumer, attempt: Attempt) {
+    async fn on_written(&mut self, consumer: &impl GroupReader, attempt: Attempt) {
         let Some(accepted) = self.handoff.land(attempt).await else {
             // Given up at shutdown: its records stay pending, no offset is stored past them.
             return;
@@ -434,7 +446,7 @@ impl Pipeline {
     /// into its device's queue in the outbox, is counted in the outbox and against its
     /// device's bound like a planned job, and goes to the dispatcher before any later
     /// batch's jobs.
-    async fn on_replay(&mut self, consumer: &GatewayConsumer, r: Replay) {
+    async fn on_replay(&mut self, consumer: &impl GroupReader, r: Replay) {
         if self.record_replay.is_record(&self.outbox, r.id) {
             return self.on_record_replay(consumer, r).await;
         }
@@ -453,7 +465,7 @@ impl Pipeline {
 
     /// Carries out a record replay ([`RecordReplay`]; no batch write is in flight): its
     /// jobs are counted and queued like a replayed job.
-    async fn on_record_replay(&mut self, consumer: &GatewayConsumer, r: Replay) {
+    async fn on_record_replay(&mut self, consumer: &impl GroupReader, r: Replay) {
         let result = self.record_replay.replay(r.id, &self.outbox, &mut self.planner, &self.handoff).await;
         let result = match result {
             Ok(RecordReplayed { queued, parked }) => {
@@ -483,7 +495,7 @@ impl Pipeline {
 
     /// A replayed job: counted in the outbox and against its device's bound like a
     /// planned job, then sent to the dispatcher.
-    async fn queue_replayed(&mut self, consumer: &GatewayConsumer, q: Queued) {
+    async fn queue_replayed(&mut self, consumer: &impl GroupReader, q: Queued) {
         let decisions = self.backpressure.replayed(&q.stored.device);
         let jobs = self.backpressure.jobs() as u64;
         self.stats.update(|s| s.outbox_jobs = jobs);
@@ -493,7 +505,7 @@ impl Pipeline {
 
     /// A job left its device's queue: removed from the outbox with the next write, or
     /// dead-lettered there now; its bounds released.
-    async fn on_finished(&mut self, consumer: &GatewayConsumer, f: Finished) {
+    async fn on_finished(&mut self, consumer: &impl GroupReader, f: Finished) {
         let stored = f.stored;
         let (reason, detail) = match f.outcome {
             Outcome::Done | Outcome::Superseded => {
@@ -547,7 +559,7 @@ impl Pipeline {
         });
     }
 
-    fn on_tick(&mut self, consumer: &GatewayConsumer) {
+    fn on_tick(&mut self, consumer: &impl GroupReader) {
         self.stats.polled();
         if self.registry.device_topic_due() {
             let decisions = self.backpressure.hold_topic(None);
@@ -565,22 +577,19 @@ impl Pipeline {
 
     /// A record's effects are all accepted: stores its partition's offset if it moved, and
     /// releases the partition's pending bound at half.
-    fn record_finished(&mut self, consumer: &GatewayConsumer, rec: &RecordRef) {
+    fn record_finished(&mut self, consumer: &impl GroupReader, rec: &RecordRef) {
         let part = &rec.part;
         if let Some(next) = self.tracker.done(part, rec.offset) {
-            let mut tpl = TopicPartitionList::new();
-            if tpl.add_partition_offset(&part.0, part.1, Offset::Offset(next)).is_ok() {
-                match consumer.store_offsets(&tpl) {
-                    Ok(()) => {}
-                    // After a revoke librdkafka refuses (`__STATE`): the new owner redelivers.
-                    Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => {
-                        tracing::debug!(topic = %part.0, partition = part.1, "offset not stored: partition no longer assigned")
-                    }
-                    // Not lost: the next record done on this partition stores a later
-                    // position, which covers this one; until then a restart reads it again.
-                    Err(e) => {
-                        tracing::warn!(error = %e, topic = %part.0, partition = part.1, offset = next, "offset not stored")
-                    }
+            match consumer.store_offset(part, next) {
+                Ok(()) => {}
+                // After a revoke librdkafka refuses (`__STATE`): the new owner redelivers.
+                Err(KafkaError::StoreOffset(RDKafkaErrorCode::State)) => {
+                    tracing::debug!(topic = %part.0, partition = part.1, "offset not stored: partition no longer assigned")
+                }
+                // Not lost: the next record done on this partition stores a later
+                // position, which covers this one; until then a restart reads it again.
+                Err(e) => {
+                    tracing::warn!(error = %e, topic = %part.0, partition = part.1, offset = next, "offset not stored")
                 }
             }
         }
@@ -593,8 +602,8 @@ impl Pipeline {
     /// Applies a rebalance librdkafka reported (inside its last poll): forgets revoked
     /// partitions and pauses again what must stay paused, since pauses do not survive a
     /// reassignment.
-    fn after_rebalance(&mut self, consumer: &GatewayConsumer) {
-        let Some(revoked) = consumer.context().take() else {
+    fn after_rebalance(&mut self, consumer: &impl GroupReader) {
+        let Some(revoked) = consumer.rebalanced() else {
             return;
         };
         for part in &revoked {
@@ -603,9 +612,7 @@ impl Pipeline {
             self.tracker.forget(part);
         }
         let assigned: Vec<Partition> = match consumer.assignment() {
-            Ok(a) => {
-                let parts: Vec<Partition> =
-                    a.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+            Ok(parts) => {
                 self.health.assigned(parts.iter().cloned());
                 self.registry.assigned(&parts);
                 parts
@@ -627,7 +634,7 @@ impl Pipeline {
 
     /// Carries out [`Backpressure`]'s decisions: pauses or resumes the partitions in
     /// librdkafka and reports their causes to the health monitor.
-    fn apply(&self, consumer: &GatewayConsumer, decisions: impl IntoIterator<Item = Decision>) {
+    fn apply(&self, consumer: &impl GroupReader, decisions: impl IntoIterator<Item = Decision>) {
         let mut changed = false;
         for d in decisions {
             self.health.paused(&d.part, d.cause);
@@ -643,14 +650,12 @@ impl Pipeline {
     }
 }
 
-fn pause(consumer: &GatewayConsumer, part: &Partition, action: Action) {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(&part.0, part.1);
-    let result = match action {
-        Action::Pause => consumer.pause(&tpl),
-        Action::Resume => consumer.resume(&tpl),
-    };
+fn pause(consumer: &impl GroupReader, part: &Partition, action: Action) {
+    let result = consumer.pause(part, action);
     if let Err(e) = result {
         tracing::warn!(error = %e, topic = %part.0, partition = part.1, pause = action == Action::Pause, "pause/resume failed");
     }
 }
+
+#[cfg(test)]
+mod tests;

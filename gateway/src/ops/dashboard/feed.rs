@@ -6,6 +6,7 @@
 use super::view::{self, DeadLetterRow, FleetInputs, View};
 use super::Dashboard;
 use crate::ops::report;
+use crate::shutdown::Shutdown;
 use crate::store::OutboxError;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,19 +43,19 @@ struct Between {
     positions: HashMap<(String, i32), (i64, u64)>,
 }
 
-/// Builds views into `tx` until `shutdown` turns true; then says [`FeedState::Closed`], which
+/// Builds views into `tx` until `shutdown` is requested; then says [`FeedState::Closed`], which
 /// ends every watcher's stream (so open pages do not hold the HTTP server's graceful
 /// shutdown).
-pub async fn run(dashboard: Arc<Dashboard>, tx: &watch::Sender<FeedState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(dashboard: Arc<Dashboard>, tx: &watch::Sender<FeedState>, shutdown: Shutdown) {
     let mut tick = tokio::time::interval(Duration::from_millis(FEED_MS));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut between = Between::default();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = shutdown.changed() => {}
+            () = shutdown.requested() => {}
         }
-        if *shutdown.borrow() {
+        if shutdown.is_requested() {
             tx.send_replace(FeedState::Closed);
             return;
         }
@@ -106,7 +107,7 @@ fn build(d: &Dashboard, between: &mut Between) -> Result<View, OutboxError> {
     let (mut stats, _) = report::report(&d.stats, &d.health, &d.flags);
     let window_s = d.reconcile.window_minutes.max(1) * 60;
     stats.reconciliation = d.outbox.reconcile_latest(d.reconcile.stats_windows, window_s)?;
-    let online = d.hub.as_ref().map(|h| h.online()).unwrap_or_default();
+    let online = d.presence.as_ref().map(|p| p.online()).unwrap_or_default();
     let held = d.stats.held_all();
     let queued = d.outbox.queue_depths()?;
     let recent = |device: &str| d.recent.of_device(device);

@@ -21,11 +21,11 @@ pub mod view;
 
 use crate::clock::Clock;
 use crate::config::{DashboardConfig, ReconcileConfig};
-use crate::deliver::mqtt::hub::Hub;
 use crate::model::EffectFlags;
+use crate::shutdown::Shutdown;
 use crate::store::Outbox;
 use crate::telemetry::recent::Recent;
-use crate::telemetry::{Monitor, Stats};
+use crate::telemetry::{Monitor, Presence, Stats};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -61,8 +61,8 @@ pub struct Dashboard {
     pub cfg: DashboardConfig,
     /// The last jobs per device, written by the dispatcher.
     pub recent: Arc<Recent>,
-    /// Who is connected over MQTT (`None`: no device listener, as in some tests).
-    pub hub: Option<Arc<Hub>>,
+    /// Who is connected (`None`: no device listener, as in some tests).
+    pub presence: Option<Arc<dyn Presence>>,
     /// The time zone for a screen job that names none (`delivery.default_time_zone`).
     pub default_time_zone: String,
     feed: watch::Sender<feed::FeedState>,
@@ -82,7 +82,7 @@ impl Dashboard {
         reconcile: ReconcileConfig,
         cfg: DashboardConfig,
         recent: Arc<Recent>,
-        hub: Option<Arc<Hub>>,
+        presence: Option<Arc<dyn Presence>>,
         default_time_zone: String,
     ) -> Dashboard {
         Dashboard {
@@ -94,7 +94,7 @@ impl Dashboard {
             reconcile,
             cfg,
             recent,
-            hub,
+            presence,
             default_time_zone,
             feed: watch::channel(feed::FeedState::Waiting).0,
             drawing: Semaphore::new(1),
@@ -102,9 +102,9 @@ impl Dashboard {
         }
     }
 
-    /// Builds views while pages watch, until `shutdown` turns true; then every open
+    /// Builds views while pages watch, until `shutdown` is requested; then every open
     /// events stream ends.
-    pub async fn run_feed(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+    pub async fn run_feed(self: Arc<Self>, shutdown: Shutdown) {
         feed::run(self.clone(), &self.feed, shutdown).await;
     }
 }

@@ -143,7 +143,7 @@ impl DeadLetterRow {
 pub struct FleetInputs<'a> {
     /// The registry's devices.
     pub roster: &'a [Device],
-    /// MQTT device id → (connections, subscribed ones) ([`crate::deliver::mqtt::hub::Hub::online`]).
+    /// MQTT device id → (connections, subscribed ones) ([`crate::telemetry::Presence::online`]).
     pub online: &'a HashMap<String, (usize, usize)>,
     /// Device → why its queue is held ([`crate::telemetry::Stats::held_all`]).
     pub held: &'a BTreeMap<String, &'static str>,
