@@ -145,12 +145,17 @@ impl Handoff {
                 self.health.outbox_failing(Some(e.to_string()));
                 // A first pause before the retries (`until_stored` then sees a shutdown at once).
                 self.shutdown.sleep(Duration::from_millis(100)).await;
-                let (outbox, clock) = (&self.outbox, &self.clock);
-                match until_stored(&self.health, "the batch", &self.shutdown, || {
-                    outbox.write(&mut accepts, &removals, clock.now_ms())
-                })
-                .await
-                {
+                let state = (self.outbox.clone(), self.clock.clone(), accepts, removals);
+                let ((_, _, written, _), stored) = until_stored(
+                    &self.health,
+                    "the batch",
+                    &self.shutdown,
+                    state,
+                    |(outbox, clock, accepts, removals)| outbox.write(accepts, removals, clock.now_ms()),
+                )
+                .await;
+                accepts = written;
+                match stored {
                     Some(s) => s,
                     None => {
                         self.gave_up = true;
@@ -189,9 +194,9 @@ impl Handoff {
     ///
     /// # Errors
     /// No such dead letter, one without a job, or the outbox refused ([`ReplayError`]).
-    pub fn replay(&self, id: u64, ttl: &TtlConfig) -> Result<StoredJob, ReplayError> {
-        let now_ms = self.clock.now_ms();
-        tokio::task::block_in_place(|| self.outbox.replay(id, now_ms, |k| jobs::ttl_of(k, ttl)))
+    pub async fn replay(&self, id: u64, ttl: &TtlConfig) -> Result<StoredJob, ReplayError> {
+        let (outbox, ttl, now_ms) = (self.outbox.clone(), ttl.clone(), self.clock.now_ms());
+        blocking(move || outbox.replay(id, now_ms, |k| jobs::ttl_of(k, &ttl))).await
     }
 
     /// Writes the record of record-level dead letter `id`, planned again (`accept`): its
@@ -205,11 +210,17 @@ impl Handoff {
     /// Already replayed, not a record's dead letter, or the outbox kept refusing until
     /// shutdown ([`ReplayError`]).
     pub async fn replay_record(&self, id: u64, accept: &mut Accept) -> Result<(Vec<Queued>, Vec<u64>), ReplayError> {
-        let (outbox, clock) = (&self.outbox, &self.clock);
-        until_stored_or(&self.health, "a replayed record", &self.shutdown, || {
-            outbox.replay_record(id, accept, clock.now_ms())
-        })
-        .await
+        let state = (self.outbox.clone(), self.clock.clone(), std::mem::take(accept));
+        let ((_, _, written), outcome) = until_stored_or(
+            &self.health,
+            "a replayed record",
+            &self.shutdown,
+            state,
+            move |(outbox, clock, accept)| outbox.replay_record(id, accept, clock.now_ms()),
+        )
+        .await;
+        *accept = written;
+        outcome
     }
 
     /// Sends a job the outbox holds to the dispatcher (waits while its channel is full).
@@ -217,6 +228,17 @@ impl Handoff {
         if self.commands.send(Command::Enqueue(q)).await.is_err() {
             tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
         }
+    }
+}
+
+/// Runs `f` (an outbox read or write: it waits for the disk) on a blocking thread.
+///
+/// # Panics
+/// When `f` panicked (the panic is carried on).
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 
@@ -282,9 +304,8 @@ mod tests {
         assert!(!h.gave_up());
     }
 
-    /// A write the disk refused is written again before any of its jobs goes on. On the
-    /// multi-thread runtime: the retry runs in `block_in_place`.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// A write the disk refused is written again before any of its jobs goes on.
+    #[tokio::test(start_paused = true)]
     async fn a_refused_batch_is_written_again_before_its_jobs_go_on() {
         let (_dir, outbox) = temp_outbox("handoff-refused");
         let (tx, mut rx) = mpsc::channel(16);

@@ -19,7 +19,7 @@
 //! The record is counted on `/stats` again by its new outcome (`records_with_effects` or
 //! `ignored`).
 
-use crate::ingest::handoff::Handoff;
+use crate::ingest::handoff::{blocking, Handoff};
 use crate::ingest::plan::{Planner, Source};
 use crate::ingest::source_reader::{SourceReader, SourceRecord};
 use crate::model::Queued;
@@ -57,8 +57,9 @@ impl RecordReplay {
 
     /// Whether dead letter `id` is a record routed again by [`RecordReplay::replay`]
     /// (rather than a job's dead letter, or one [`Outbox::replay`] refuses).
-    pub fn is_record(&self, outbox: &Outbox, id: u64) -> bool {
-        let found = tokio::task::block_in_place(|| outbox.deadletter(id));
+    pub async fn is_record(&self, outbox: &Arc<Outbox>, id: u64) -> bool {
+        let outbox = outbox.clone();
+        let found = blocking(move || outbox.deadletter(id)).await;
         matches!(found, Ok(Some(p)) if p.job.is_none()
             && p.dead_letter.reason.depends_on_registry()
             && p.dead_letter.source_topic == self.charge_topic)
@@ -75,11 +76,12 @@ impl RecordReplay {
     pub async fn replay(
         &mut self,
         id: u64,
-        outbox: &Outbox,
+        outbox: &Arc<Outbox>,
         planner: &mut Planner,
         handoff: &Handoff,
     ) -> Result<RecordReplayed, ReplayError> {
-        let parked = tokio::task::block_in_place(|| outbox.deadletter(id))?.ok_or(ReplayError::NotFound(id))?;
+        let reading = outbox.clone();
+        let parked = blocking(move || reading.deadletter(id)).await?.ok_or(ReplayError::NotFound(id))?;
         if parked.replayed_at_ms.is_some() {
             return Err(ReplayError::AlreadyReplayed(id));
         }

@@ -12,34 +12,56 @@ use crate::store::{OutboxError, ReplayError};
 use crate::telemetry::Monitor;
 use std::time::Duration;
 
-/// Runs `write` against the outbox (on this thread, in `block_in_place`: it needs the
-/// multi-thread runtime) until it succeeds, backing off from 100 ms doubling to 10 s, and
-/// reports the failure to `health` meanwhile (`what` names the write in the logs).
-/// `Some` with the write's value once stored; `None` when shutdown is requested while it
-/// still fails.
-pub async fn until_stored<T>(
+/// Runs `write` on `state` against the outbox until it succeeds, each attempt on a blocking
+/// thread (`spawn_blocking`: a redb commit waits for the disk, and the caller may run on
+/// any runtime, the current-thread one of paused-time tests included), backing off from
+/// 100 ms doubling to 10 s, and reports the failure to `health` meanwhile (`what` names the
+/// write in the logs). Returns `state` back with `Some` of the write's value once stored,
+/// or `None` when shutdown is requested while it still fails.
+///
+/// # Panics
+/// When the blocking thread running `write` panicked (the panic is carried on).
+pub async fn until_stored<S, T, W>(
     health: &Monitor,
     what: &str,
     shutdown: &Shutdown,
-    mut write: impl FnMut() -> Result<T, OutboxError>,
-) -> Option<T> {
+    state: S,
+    write: W,
+) -> (S, Option<T>)
+where
+    S: Send + 'static,
+    T: Send + 'static,
+    W: FnMut(&mut S) -> Result<T, OutboxError> + Send + 'static,
+{
     let mut delay = Duration::from_millis(100);
+    let mut held = Some((state, write));
     loop {
-        match tokio::task::block_in_place(&mut write) {
+        let (mut state, mut write) = held.take().expect("state returned by the last attempt");
+        let attempt = tokio::task::spawn_blocking(move || {
+            let result = write(&mut state);
+            (state, write, result)
+        })
+        .await;
+        let (state, write, result) = match attempt {
+            Ok(done) => done,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        };
+        match result {
             Ok(v) => {
                 // Clears what this call or its caller reported (a no-op when nothing was).
                 health.outbox_failing(None);
-                return Some(v);
+                return (state, Some(v));
             }
             Err(e) => {
                 health.outbox_failing(Some(e.to_string()));
                 if shutdown.is_requested() {
                     tracing::error!(error = %e, "cannot store {what} in the outbox, and shutdown is requested: given up (it is read again at the next start)");
-                    return None;
+                    return (state, None);
                 }
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
                 shutdown.sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
+                held = Some((state, write));
             }
         }
     }
@@ -47,32 +69,41 @@ pub async fn until_stored<T>(
 
 /// [`until_stored`] for a replay: a disk failure is retried until the disk takes the write
 /// (or shutdown is requested: then nothing was replayed); any other refusal is returned.
+/// Returns `state` back with the outcome.
 ///
 /// # Errors
 /// The write's refusal, or shutdown came while the disk still refused it.
-pub async fn until_stored_or<T>(
+pub async fn until_stored_or<S, T, W>(
     health: &Monitor,
     what: &str,
     shutdown: &Shutdown,
-    mut write: impl FnMut() -> Result<T, ReplayError>,
-) -> Result<T, ReplayError> {
-    let mut refused = None;
-    let stored = until_stored(health, what, shutdown, || match write() {
-        Ok(v) => Ok(Some(v)),
-        Err(ReplayError::Outbox(e)) => Err(e),
-        Err(other) => {
-            refused = Some(other);
-            Ok(None)
-        }
-    })
-    .await;
-    match (stored, refused) {
+    state: S,
+    mut write: W,
+) -> (S, Result<T, ReplayError>)
+where
+    S: Send + 'static,
+    T: Send + 'static,
+    W: FnMut(&mut S) -> Result<T, ReplayError> + Send + 'static,
+{
+    let (state, stored) =
+        until_stored(health, what, shutdown, (state, None), move |(state, refused)| match write(state) {
+            Ok(v) => Ok(Some(v)),
+            Err(ReplayError::Outbox(e)) => Err(e),
+            Err(other) => {
+                *refused = Some(other);
+                Ok(None)
+            }
+        })
+        .await;
+    let (state, refused) = state;
+    let outcome = match (stored, refused) {
         (Some(Some(v)), _) => Ok(v),
         (_, Some(refused)) => Err(refused),
         _ => Err(ReplayError::Outbox(OutboxError::Format(
             "the outbox kept refusing the write and shutdown was requested: nothing was replayed",
         ))),
-    }
+    };
+    (state, outcome)
 }
 
 #[cfg(test)]
@@ -80,34 +111,38 @@ mod tests {
     use super::*;
     use crate::store::Outbox;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     /// A real refusal: an outbox where no folder can be made.
     fn refused() -> Result<(), OutboxError> {
         Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb")).map(|_| ())
     }
 
-    /// A write the disk keeps refusing is retried while the gateway runs, and given up
-    /// once shutdown is requested, so SIGTERM stays within its bound. On the multi-thread
-    /// runtime, on the wall clock: `block_in_place` panics on the current-thread runtime,
-    /// the only one whose time can be paused.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    /// A write the disk keeps refusing is retried while the gateway runs, backing off, and
+    /// given up once shutdown is requested, so SIGTERM stays within its bound; the state
+    /// comes back either way. On paused time: the attempts run on blocking threads.
+    #[tokio::test(start_paused = true)]
     async fn a_refused_write_is_retried_until_shutdown_then_given_up() {
         let health = Monitor::default();
-        let rx = Shutdown::new();
-        let tries = AtomicUsize::new(0);
-        let retrying = until_stored(&health, "a test", &rx, || {
-            tries.fetch_add(1, Ordering::SeqCst);
+        let shutdown = Shutdown::new();
+        let tries = Arc::new(AtomicUsize::new(0));
+        let counted = tries.clone();
+        let retrying = until_stored(&health, "a test", &shutdown, 7u32, move |_| {
+            counted.fetch_add(1, Ordering::SeqCst);
             refused()
         });
         tokio::pin!(retrying);
-        // Retrying: 100 ms, then 200 ms between tries; still no answer after 500 ms.
-        assert!(tokio::time::timeout(Duration::from_millis(500), &mut retrying).await.is_err());
-        assert!(tries.load(Ordering::SeqCst) >= 2, "retried");
-        rx.request();
-        let given_up = tokio::time::timeout(Duration::from_secs(5), &mut retrying).await.expect("gives up at shutdown");
-        assert_eq!(given_up, None);
+        // Tries at 0, 100, 300, 700 and 1,500 ms (the waits double from 100 ms).
+        assert!(tokio::time::timeout(Duration::from_millis(1_600), &mut retrying).await.is_err());
+        assert_eq!(tries.load(Ordering::SeqCst), 5, "retried with a doubling backoff");
+        shutdown.request();
+        let (state, given_up) =
+            tokio::time::timeout(Duration::from_secs(5), &mut retrying).await.expect("gives up at shutdown");
+        assert_eq!((state, given_up), (7, None));
+        assert_eq!(tries.load(Ordering::SeqCst), 6, "one more try after the request, then no more");
 
         // It still succeeds when the disk takes it, also during shutdown.
-        assert_eq!(until_stored(&health, "a test", &rx, || Ok::<_, OutboxError>(7)).await, Some(7));
+        let (_, stored) = until_stored(&health, "a test", &shutdown, (), |_| Ok::<_, OutboxError>(7)).await;
+        assert_eq!(stored, Some(7));
     }
 }

@@ -447,10 +447,10 @@ impl Pipeline {
     /// device's bound like a planned job, and goes to the dispatcher before any later
     /// batch's jobs.
     async fn on_replay(&mut self, consumer: &impl GroupReader, r: Replay) {
-        if self.record_replay.is_record(&self.outbox, r.id) {
+        if self.record_replay.is_record(&self.outbox, r.id).await {
             return self.on_record_replay(consumer, r).await;
         }
-        let result = self.handoff.replay(r.id, &self.ttl);
+        let result = self.handoff.replay(r.id, &self.ttl).await;
         match &result {
             Ok(stored) => {
                 let job = &stored.job;
@@ -506,7 +506,7 @@ impl Pipeline {
     /// A job left its device's queue: removed from the outbox with the next write, or
     /// dead-lettered there now; its bounds released.
     async fn on_finished(&mut self, consumer: &impl GroupReader, f: Finished) {
-        let stored = f.stored;
+        let mut stored = f.stored;
         let (reason, detail) = match f.outcome {
             Outcome::Done | Outcome::Superseded => {
                 if f.outcome == Outcome::Superseded {
@@ -538,15 +538,16 @@ impl Pipeline {
             let dl = DeadLetter::for_job(reason, detail, &stored);
             let job = &stored.job;
             tracing::warn!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, reason = %dl.reason, detail = %dl.detail, "job dead-lettered");
-            let (outbox, clock) = (&self.outbox, &self.clock);
+            let state = (self.outbox.clone(), self.clock.clone(), stored, dl);
             // Given up at shutdown: the job stays in the outbox and is reloaded (and
             // expired or delivered) at the next start.
-            if until_stored(&self.health, "a dead letter", &self.shutdown, || {
-                outbox.fail_job(&stored, dl.clone(), clock.now_ms())
-            })
-            .await
-            .is_some()
-            {
+            let ((_, _, kept, _), parked) =
+                until_stored(&self.health, "a dead letter", &self.shutdown, state, |(outbox, clock, stored, dl)| {
+                    outbox.fail_job(stored, dl.clone(), clock.now_ms())
+                })
+                .await;
+            stored = kept;
+            if parked.is_some() {
                 self.deadletters.notify_one();
             }
         }
