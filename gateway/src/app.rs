@@ -47,6 +47,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         tracing::warn!(offset_ms = cfg.clock.offset_ms, control = cfg.clock.control, now = %clock.now(), "clock is not the system clock (testing or replay)");
     }
     let shutdown = Shutdown::new();
+    // The device listener and sessions end last, once the consumer has written and
+    // committed: acks that arrive meanwhile still finish their jobs.
+    let devices = Shutdown::new();
     let admin_token = cfg.http.admin_token()?;
     let http_listener = http::bind(&cfg.http.listen).await?;
     let admin = Arc::new(AdminAccess::new(admin_token.as_deref(), http_listener.local_addr()?)?);
@@ -79,7 +82,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
-    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), shutdown.clone())
+    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), devices.clone())
         .await
         .context("starting the device listener")?;
     let shared = deliver::direct::printer::Shared {
@@ -181,6 +184,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.
     shutdown.request();
+    devices.request();
     // A dead letter being sent waits up to 30 s for Kafka: it stays parked for the next start.
     deadletter_task.abort();
     dispatcher_task.abort();
@@ -189,9 +193,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
         _ => {}
     }
-    if !shutdown.wait(TASKS_BOUND).await {
+    let (ended, devices_ended) = tokio::join!(shutdown.wait(TASKS_BOUND), devices.wait(TASKS_BOUND));
+    if !(ended && devices_ended) {
         tracing::warn!(
-            tasks = shutdown.running(),
+            tasks = shutdown.running() + devices.running(),
             "tasks still running {} s after the consumer stopped; exiting anyway",
             TASKS_BOUND.as_secs()
         );
