@@ -30,7 +30,7 @@ use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::offsets::RecordRef;
-use crate::ingest::retry::{until_stored, until_stored_or};
+use crate::ingest::retry::{blocking, until_stored, until_stored_or};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
 use crate::shutdown::Shutdown;
@@ -228,17 +228,6 @@ impl Handoff {
         if self.commands.send(Command::Enqueue(q)).await.is_err() {
             tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
         }
-    }
-}
-
-/// Runs `f` (an outbox read or write: it waits for the disk) on a blocking thread.
-///
-/// # Panics
-/// When `f` panicked (the panic is carried on).
-pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(v) => v,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 

@@ -19,8 +19,9 @@
 //! The record is counted on `/stats` again by its new outcome (`records_with_effects` or
 //! `ignored`).
 
-use crate::ingest::handoff::{blocking, Handoff};
+use crate::ingest::handoff::Handoff;
 use crate::ingest::plan::{Planner, Source};
+use crate::ingest::retry::blocking;
 use crate::ingest::source_reader::{SourceReader, SourceRecord};
 use crate::model::Queued;
 use crate::store::{Outbox, ReplayError};

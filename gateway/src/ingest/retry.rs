@@ -12,6 +12,17 @@ use crate::store::{OutboxError, ReplayError};
 use crate::telemetry::Monitor;
 use std::time::Duration;
 
+/// Runs `f` (an outbox read or write: it waits for the disk) on a blocking thread.
+///
+/// # Panics
+/// When `f` panicked (the panic is carried on).
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
 /// Runs `write` on `state` against the outbox until it succeeds, each attempt on a blocking
 /// thread (`spawn_blocking`: a redb commit waits for the disk, and the caller may run on
 /// any runtime, the current-thread one of paused-time tests included), backing off from
@@ -37,15 +48,11 @@ where
     let mut held = Some((state, write));
     loop {
         let (mut state, mut write) = held.take().expect("state returned by the last attempt");
-        let attempt = tokio::task::spawn_blocking(move || {
+        let (state, write, result) = blocking(move || {
             let result = write(&mut state);
             (state, write, result)
         })
         .await;
-        let (state, write, result) = match attempt {
-            Ok(done) => done,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
         match result {
             Ok(v) => {
                 // Clears what this call or its caller reported (a no-op when nothing was).
