@@ -13,9 +13,9 @@ use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use std::future::Future;
 
-/// A consumer-group member as the consumer loop uses it. Every call but [`GroupReader::recv`]
-/// returns at once except [`GroupReader::commit`], which blocks (call it on a blocking
-/// thread).
+/// A consumer-group member as the consumer loop uses it. Every call returns at once except
+/// [`GroupReader::recv`], which waits for a record, and [`GroupReader::commit`], which
+/// blocks (call it on a blocking thread).
 pub trait GroupReader: Send + Sync + 'static {
     /// The next record of the assigned, unpaused partitions, or a consume error. Cancel
     /// safe: the loop selects on it with its other events.
