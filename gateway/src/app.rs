@@ -10,12 +10,14 @@
 //!                                                              │ Command::Enqueue
 //!                                                              ▼
 //!              deliver (dispatcher ──► transport: MQTT hub ◄── device sessions) ◄──TLS── devices
+//!                                      │   or an external MQTT broker (`broker`) ◄──TLS── devices
 //!                                      └─► direct printers' tasks ──TCP 9100 / serial / USB──► printers
 //! ```
 
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::deliver::deadletter::Publisher as DeadLetterPublisher;
+use crate::deliver::device_link::DeviceLink;
 use crate::deliver::{self, Dispatcher};
 use crate::ingest::consumer;
 use crate::ingest::plan::Planner;
@@ -82,9 +84,22 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
-    let publisher = deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), devices.clone())
-        .await
-        .context("starting the device listener")?;
+    let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
+        None => {
+            let publisher =
+                deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), devices.clone())
+                    .await
+                    .context("starting the device listener")?;
+            let presence = publisher.hub().map(|hub| hub as Arc<dyn Presence>);
+            (DeviceLink::Listener(publisher), presence)
+        }
+        Some(broker) => {
+            let (publisher, board) =
+                deliver::broker::start(broker, health.clone(), incoming_tx.clone(), devices.clone())
+                    .context("starting the external MQTT broker's connections")?;
+            (DeviceLink::Broker(publisher), Some(board as Arc<dyn Presence>))
+        }
+    };
     let shared = deliver::direct::printer::Shared {
         cfg: cfg.direct.clone(),
         printers,
@@ -92,8 +107,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming: incoming_tx,
         clock: clock.clone(),
     };
-    let presence = publisher.hub().map(|hub| hub as Arc<dyn Presence>);
-    let transport = deliver::direct::Routed::new(shared, publisher);
+    let transport = deliver::direct::Routed::new(shared, link);
 
     let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();

@@ -22,6 +22,11 @@ pub struct Config {
     pub kafka: KafkaConfig,
     /// Embedded MQTT broker settings.
     pub mqtt: MqttConfig,
+    /// An external MQTT broker the devices connect to instead of pixgate's own listener
+    /// (the central shape's transport, [`crate::deliver::broker`]). Unset: the edge box's
+    /// own listener (`mqtt`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker: Option<BrokerConfig>,
     /// Health and stats HTTP endpoint, and the admin endpoints behind a token.
     pub http: HttpConfig,
     /// How log lines are written.
@@ -51,6 +56,7 @@ impl Default for Config {
         Config {
             kafka: KafkaConfig::default(),
             mqtt: MqttConfig::default(),
+            broker: None,
             http: HttpConfig::default(),
             log: LogConfig::default(),
             delivery: DeliveryConfig::default(),
@@ -319,6 +325,67 @@ impl Default for MqttConfig {
     }
 }
 
+/// The external MQTT broker (mosquitto, EMQX, VerneMQ, HiveMQ) pixgate uses as an ordinary
+/// client when devices connect to it rather than to pixgate ([`crate::deliver::broker`]).
+/// pixgate opens two connections: `client_id` publishes the jobs (QoS 1 to
+/// `pixgate/v1/devices/{id}/jobs`), `acks_client_id` reads every device's acks and status
+/// (`pixgate/v1/devices/+/acks`, `…/+/status`, QoS 1, a persistent session). The broker
+/// must let those two client ids do that and nothing else, and every device only its own
+/// topics (`docs/cluster.md`, "What the broker is told").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BrokerConfig {
+    /// The broker's host name or address (checked against its TLS certificate).
+    pub host: String,
+    /// The broker's port (8883: MQTT over TLS).
+    pub port: u16,
+    /// Plain TCP instead of TLS. Refused unless set: job payloads carry payers' names.
+    pub plain: bool,
+    /// TLS to the broker (required unless `plain`).
+    pub tls: Option<BrokerTlsConfig>,
+    /// Client id of the connection that publishes jobs. The broker lets one client id hold
+    /// one connection, so a second pixgate with the same id takes this one's over.
+    pub client_id: String,
+    /// Client id of the connection that reads acks and status (persistent session: acks
+    /// sent while it reconnects wait in the broker).
+    pub acks_client_id: String,
+    /// MQTT keep alive of both connections, s.
+    pub keep_alive_s: u64,
+    /// Jobs published and not yet acknowledged by the broker (PUBACK) at once.
+    pub max_in_flight: u16,
+    /// Largest packet either way, bytes (a raster-QR receipt is ~20 KiB of base64).
+    pub max_packet_bytes: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            host: "127.0.0.1".into(),
+            port: 8883,
+            plain: false,
+            tls: None,
+            client_id: "pixgate-deliver-0".into(),
+            acks_client_id: "pixgate-acks-0".into(),
+            keep_alive_s: 30,
+            max_in_flight: 100,
+            max_packet_bytes: 1 << 20,
+        }
+    }
+}
+
+/// TLS to the external broker (rustls, TLS 1.2 and 1.3). PEM files, read at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BrokerTlsConfig {
+    /// The CA the broker's certificate must chain to.
+    pub ca: PathBuf,
+    /// pixgate's client certificate chain, when the broker requires one (with `key`).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// The private key of `cert`.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+}
+
 /// TLS for the device listener (rustls; TLS 1.2 and 1.3 only). The files are PEM and are
 /// re-read when they change (checked every `reload_ms`), so certificates and revocation
 /// lists are replaced without a restart.
@@ -444,6 +511,9 @@ pub struct HealthConfig {
     /// Jobs in flight to reachable devices and no device ack at all for this long, ms:
     /// delivery stalled (0: off).
     pub delivery_stall_after_ms: u64,
+    /// The external MQTT broker (`broker`) unreachable for this long, ms: no job can reach
+    /// a device (0: off).
+    pub device_broker_down_after_ms: u64,
     /// Expectations per topic name, e.g. `[health.topics."charge.upserted"]`; none by
     /// default (the demo has no live traffic).
     pub topics: std::collections::BTreeMap<String, TopicExpectation>,
@@ -456,6 +526,7 @@ impl Default for HealthConfig {
             unassigned_after_ms: 30_000,
             stall_after_ms: 60_000,
             delivery_stall_after_ms: 120_000,
+            device_broker_down_after_ms: 10_000,
             rate_window_ms: 60_000,
             statistics_interval_ms: 1_000,
             paused_probe_interval_ms: 5_000,

@@ -1,9 +1,12 @@
 //! Delivery: the per-device dispatcher ([`dispatcher`]), the seam through which it reaches
-//! devices ([`transport`]) and its implementation on the embedded MQTT broker ([`mqtt`]), and the
+//! devices ([`transport`]) and its implementations: the embedded MQTT broker ([`mqtt`]), an
+//! external MQTT broker ([`broker`]), one of the two chosen at start ([`device_link`]); the
 //! publisher of parked dead letters to Kafka ([`deadletter`]); printers driven directly over
 //! TCP 9100, serial or USB ([`direct`]).
 
+pub mod broker;
 pub mod deadletter;
+pub mod device_link;
 pub mod direct;
 pub mod dispatcher;
 pub mod mqtt;

@@ -9,7 +9,8 @@
 //!   dispatcher as [`crate::model::Command::Device`]. A transport never calls the
 //!   dispatcher.
 //!
-//! Implemented by the embedded MQTT broker's [`crate::deliver::mqtt::Publisher`], and by
+//! Implemented by the embedded MQTT broker's [`crate::deliver::mqtt::Publisher`], by an
+//! external MQTT broker's [`crate::deliver::broker::BrokerPublisher`], and by
 //! [`crate::deliver::direct::Routed`]: printers pixgate drives itself, the rest through
 //! another transport.
 
@@ -25,6 +26,11 @@ pub enum TransportError {
     /// stopped); nothing sent through it reaches any device.
     #[error("the {0} link is gone")]
     Closed(&'static str),
+    /// The transport's link is down for now and reconnecting on its own (an external MQTT
+    /// broker restarting); its outage is logged once and fails readiness, so a send
+    /// refused meanwhile is not worth a log line of its own.
+    #[error("the {0} link is down, reconnecting")]
+    Down(&'static str),
     /// The device's own queue in the transport is full (a direct printer still busy with
     /// the job and its resends): this send is dropped, the job it repeats is still there.
     #[error("{0}'s queue is full")]

@@ -5,7 +5,7 @@
 
 use crate::model::Queued;
 use crate::model::StoredJob;
-use device_protocol::{Ack, Status};
+use device_protocol::{Ack, Status, Topic};
 
 /// A message from a device, as the dispatcher needs it.
 #[derive(Debug, Clone)]
@@ -24,6 +24,21 @@ pub enum Incoming {
         /// The status.
         status: Status,
     },
+}
+
+impl Incoming {
+    /// Decodes a device message from its topic and payload: an [`Ack`] on
+    /// `pixgate/v1/devices/{id}/acks`, a [`Status`] on `…/status`. `None` for any other
+    /// topic, and for a malformed payload (logged: a device's bug, not an event pixgate
+    /// owns).
+    pub fn parse(topic: &str, payload: &[u8]) -> Option<Incoming> {
+        let parsed = match Topic::parse(topic)? {
+            Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Incoming::Ack { device, ack }),
+            Topic::Status(device) => serde_json::from_slice(payload).map(|status| Incoming::Status { device, status }),
+            Topic::Jobs(_) => return None,
+        };
+        parsed.map_err(|e| tracing::warn!(%topic, error = %e, "malformed device message")).ok()
+    }
 }
 
 /// Work for the dispatcher.

@@ -23,7 +23,9 @@
 //!   holds, and how far behind the device topic is;
 //! - Kafka consume errors keep coming (a batch that cannot be read: a codec, corruption, a
 //!   record too large): the reason gives librdkafka's error text and, once found, the
-//!   topic, partition and offset.
+//!   topic, partition and offset;
+//! - the external MQTT broker the devices connect to (`broker`) has been unreachable for
+//!   `health.device_broker_down_after_ms`: no job can reach any device.
 //!
 //! The rules are one pure function, [`evaluate`], over the [`Facts`] the health monitor
 //! keeps (`telemetry::health`); [`report`] applies them to the monitor now; [`AlarmLog`]
@@ -119,12 +121,19 @@ pub enum Reason {
         /// The last error, and where once found.
         error: ConsumeErrorFact,
     },
+    /// The external MQTT broker cannot be reached.
+    DeviceBrokerUnreachable {
+        /// For how long, ms.
+        for_ms: u64,
+        /// The last connection error.
+        error: String,
+    },
 }
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
     /// `unassigned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
-    /// `consume_error` (the `alarm` label on `/metrics`).
+    /// `consume_error`, `device_broker_unreachable` (the `alarm` label on `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
@@ -137,6 +146,7 @@ impl Reason {
             Reason::DeliveryStalled { .. } => "delivery_stalled",
             Reason::RegistryBehind { .. } => "registry_behind",
             Reason::ConsumeError { .. } => "consume_error",
+            Reason::DeviceBrokerUnreachable { .. } => "device_broker_unreachable",
         }
     }
 
@@ -227,6 +237,9 @@ impl fmt::Display for Reason {
                 }
                 Ok(())
             }
+            Reason::DeviceBrokerUnreachable { for_ms, error } => {
+                write!(f, "the devices' MQTT broker unreachable for {for_ms} ms: {error}")
+            }
         }
     }
 }
@@ -294,6 +307,11 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
     }
     if let Some((t, error)) = &facts.consume_error {
         out.push(Reason::ConsumeError { for_ms: since(*t), error: error.clone() });
+    }
+    if let Some((t, error)) = &facts.device_broker_down {
+        if on(rules.device_broker_down_after_ms, since(*t)) {
+            out.push(Reason::DeviceBrokerUnreachable { for_ms: since(*t), error: error.clone() });
+        }
     }
     out
 }
@@ -703,6 +721,25 @@ mod tests {
         t.sample(1_000, &reads(0, 0));
         let got: Vec<_> = evaluate(100_000, &t.facts(true, 20_000), &r).iter().map(Reason::kind).collect();
         assert_eq!(got, ["consumer_idle", "kafka_unreachable", "stalled", "unassigned", "quiet"]);
+    }
+
+    #[test]
+    fn device_broker_unreachable_after_the_threshold_and_clears_when_up() {
+        let rules = HealthConfig { device_broker_down_after_ms: 10_000, ..rules() };
+        let mut t = healthy();
+        t.device_broker_down(1_000, Some("connection refused".into()));
+        t.device_broker_down(5_000, Some("tls handshake eof".into()));
+        assert!(kinds(10_999, &t, &rules).is_empty(), "not before the threshold, counted from the first error");
+        let reasons = evaluate(11_000, &t.facts(true, 0), &rules);
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert_eq!(
+            reasons[0].to_string(),
+            "the devices' MQTT broker unreachable for 10000 ms: tls handshake eof",
+            "the latest error"
+        );
+        assert!(kinds(60_000, &t, &HealthConfig { device_broker_down_after_ms: 0, ..rules.clone() }).is_empty());
+        t.device_broker_down(12_000, None);
+        assert!(kinds(60_000, &t, &rules).is_empty(), "cleared once connected");
     }
 
     #[test]

@@ -218,6 +218,9 @@ pub struct Facts {
     pub registry_wait: Option<(u64, RegistryWaitFact)>,
     /// Since when Kafka consume errors keep coming, and the last one.
     pub consume_error: Option<(u64, ConsumeErrorFact)>,
+    /// Since when the external MQTT broker is unreachable, and the last error (`None`: up,
+    /// or no external broker).
+    pub device_broker_down: Option<(u64, String)>,
 }
 
 /// One subscribed topic's history.
@@ -252,6 +255,7 @@ pub struct Tracker {
     unacked_since: Option<u64>,
     registry_wait: Option<(u64, RegistryWaitFact)>,
     consume_error: Option<(u64, ConsumeErrorFact)>,
+    device_broker_down: Option<(u64, String)>,
 }
 
 impl Tracker {
@@ -276,6 +280,7 @@ impl Tracker {
             unacked_since: None,
             registry_wait: None,
             consume_error: None,
+            device_broker_down: None,
         }
     }
 
@@ -364,6 +369,16 @@ impl Tracker {
         if self.pauses.contains_key(&part) {
             self.probed_end.insert(part, end);
         }
+    }
+
+    /// The external MQTT broker's connections are down now with `error`, or (`None`) up
+    /// again. The first time of a streak is kept.
+    pub fn device_broker_down(&mut self, now: u64, error: Option<String>) {
+        self.device_broker_down = match (error, self.device_broker_down.take()) {
+            (Some(e), Some((since, _))) => Some((since, e)),
+            (Some(e), None) => Some((now, e)),
+            (None, _) => None,
+        };
     }
 
     /// Outbox writes fail now with `error`, or (`None`) succeed again.
@@ -509,6 +524,7 @@ impl Tracker {
             unacked_since: self.unacked_since,
             registry_wait: self.registry_wait.clone(),
             consume_error: self.consume_error.clone(),
+            device_broker_down: self.device_broker_down.clone(),
         }
     }
 }
@@ -575,6 +591,12 @@ impl Monitor {
     /// `part`'s pause causes now (the consumer reconciles pauses through this).
     pub fn paused(&self, part: &Partition, cause: PauseCause) {
         self.with(|t| t.paused(part, cause));
+    }
+
+    /// See [`Tracker::device_broker_down`].
+    pub fn device_broker_down(&self, error: Option<String>) {
+        let now = self.now_ms();
+        self.with(|t| t.device_broker_down(now, error));
     }
 
     /// Outbox writes fail with `error`, or (`None`) succeed again.

@@ -5,7 +5,7 @@ use super::action::{Action, Delivery, ReadBack};
 use super::machine::Machine;
 use crate::clock::Clock;
 use crate::config::DeliveryConfig;
-use crate::deliver::transport::Transport;
+use crate::deliver::transport::{Transport, TransportError};
 use crate::model::{Command, Finished, Incoming, Outcome, StoredJob};
 use crate::store::Outbox;
 use crate::telemetry::recent::{Recent, RecentState};
@@ -169,8 +169,14 @@ impl<T: Transport> Dispatcher<T> {
             self.stats.update(|s| s.job_redeliveries += 1);
         }
         self.recent.sent(&d.device, d.seq, &d.message_id, d.attempt, &d.wire, self.clock.now().timestamp_millis());
-        if let Err(e) = self.transport.send(&d.device, d.wire).await {
-            tracing::error!(device = %d.device, seq = d.seq, message_id = %d.message_id, error = %e, "cannot send job; will retry at its timeout");
+        match self.transport.send(&d.device, d.wire).await {
+            Ok(()) => {}
+            Err(e @ TransportError::Down(_)) => {
+                tracing::debug!(device = %d.device, seq = d.seq, message_id = %d.message_id, error = %e, "cannot send job; will retry at its timeout");
+            }
+            Err(e) => {
+                tracing::error!(device = %d.device, seq = d.seq, message_id = %d.message_id, error = %e, "cannot send job; will retry at its timeout");
+            }
         }
     }
 

@@ -17,7 +17,6 @@
 use crate::model::Incoming;
 use crate::telemetry::presence::{Connections, Presence};
 use bytes::Bytes;
-use device_protocol::Topic;
 use rumqttc::QoS;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -199,7 +198,7 @@ impl Hub {
     /// # Errors
     /// The gateway stopped reading (shutdown).
     pub async fn from_device(&self, topic: &str, payload: &[u8]) -> Result<(), mpsc::error::SendError<Incoming>> {
-        match parse_incoming(topic, payload) {
+        match Incoming::parse(topic, payload) {
             Some(msg) => self.incoming.send(msg).await,
             None => Ok(()),
         }
@@ -251,16 +250,6 @@ impl Client {
             }
         }
     }
-}
-
-/// Decodes a device message; `None` (logged) when it is not an ack or status pixgate reads.
-fn parse_incoming(topic: &str, payload: &[u8]) -> Option<Incoming> {
-    let parsed = match Topic::parse(topic)? {
-        Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Incoming::Ack { device, ack }),
-        Topic::Status(device) => serde_json::from_slice(payload).map(|status| Incoming::Status { device, status }),
-        Topic::Jobs(_) => return None,
-    };
-    parsed.map_err(|e| tracing::warn!(%topic, error = %e, "malformed device message")).ok()
 }
 
 #[cfg(test)]

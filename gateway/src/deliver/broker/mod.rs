@@ -1,0 +1,77 @@
+//! Devices through an external MQTT broker: pixgate as one more client of mosquitto, EMQX,
+//! VerneMQ or HiveMQ, instead of the devices' server (the central shape's transport,
+//! `docs/cluster.md`, "Sending through the external broker").
+//!
+//! ```text
+//! dispatcher ──► BrokerPublisher ══ `broker.client_id` ═══► broker ──► devices (dev-{id})
+//!     ▲                                                       │
+//!     └── incoming ◄── receiver ◄══ `broker.acks_client_id` ══╛ +/acks, +/status (QoS 1)
+//!                         └──► StatusBoard (presence)
+//! ```
+//!
+//! The broker is a pipe: its PUBACK only says the broker has the job. pixgate keeps every
+//! job until the device's own ack, sends one job per device at a time and sends it again
+//! after the ack timeout, exactly as on its own listener; devices dedupe by message id.
+//! The broker authenticates devices and keeps each to its own topics (pixgate's own
+//! listener does that itself on the edge box).
+//!
+//! Each connection reconnects on its own with a growing pause ([`link`]); while either is
+//! down, sends are refused ([`crate::deliver::TransportError::Down`]) and, past
+//! `health.device_broker_down_after_ms`, readiness fails naming the error.
+
+pub mod link;
+pub mod options;
+pub mod publisher;
+pub mod receiver;
+pub mod status_board;
+
+pub use publisher::BrokerPublisher;
+pub use status_board::StatusBoard;
+
+use crate::config::BrokerConfig;
+use crate::model::Incoming;
+use crate::shutdown::Shutdown;
+use crate::telemetry::Monitor;
+use anyhow::{bail, Context};
+use link::Links;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Requests queued towards one connection's event loop (rumqttc's request channel) before
+/// a send waits.
+const REQUESTS: usize = 256;
+
+/// Connects to the broker `cfg` names: the jobs connection behind the returned publisher,
+/// and the acks connection, which forwards device acks and status to `incoming` and
+/// records presence on the returned board. Both reconnect until `shutdown` is requested,
+/// and are tracked by it; their state goes to `health`.
+///
+/// # Errors
+/// The settings are inconsistent (neither TLS nor `plain`, both, a certificate without a
+/// key, two connections with one client id) or a TLS file does not load. Nothing is
+/// connected yet: a broker that is down at start is retried, not an error.
+pub fn start(
+    cfg: &BrokerConfig,
+    health: Arc<Monitor>,
+    incoming: mpsc::Sender<Incoming>,
+    shutdown: Shutdown,
+) -> anyhow::Result<(BrokerPublisher, Arc<StatusBoard>)> {
+    if cfg.client_id == cfg.acks_client_id {
+        bail!(
+            "broker.client_id and broker.acks_client_id are both `{}`: the broker would let only one of them connect",
+            cfg.client_id
+        );
+    }
+    let tls = options::tls(cfg).context("broker.tls")?;
+    if tls.is_none() {
+        tracing::warn!(host = %cfg.host, port = cfg.port, "MQTT to the devices' broker over plain TCP (broker.plain): job payloads are not encrypted");
+    }
+    let links = Arc::new(Links::new(health));
+    let jobs = options::mqtt_options(cfg, &cfg.client_id, true, tls.clone());
+    let acks = options::mqtt_options(cfg, &cfg.acks_client_id, false, tls);
+    let board = Arc::new(StatusBoard::default());
+    let publisher = publisher::start(jobs, links.clone(), shutdown.clone());
+    receiver::start(acks, links, board.clone(), incoming, shutdown);
+    tracing::info!(host = %cfg.host, port = cfg.port, jobs = %cfg.client_id, acks = %cfg.acks_client_id, "devices through an external MQTT broker");
+    Ok((publisher, board))
+}

@@ -1,0 +1,76 @@
+//! The jobs connection (`broker.client_id`): jobs go to the devices at QoS 1.
+
+use super::link::{Backoff, Links, Which};
+use super::REQUESTS;
+use crate::deliver::transport::{Transport, TransportError};
+use crate::shutdown::Shutdown;
+use bytes::Bytes;
+use device_protocol::Topic;
+use rumqttc::{AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, QoS};
+use std::sync::Arc;
+
+/// What [`TransportError`] names this transport.
+const LINK: &str = "external MQTT broker";
+
+/// Publishes each job to `pixgate/v1/devices/{id}/jobs` at QoS 1, not retained, on the
+/// jobs connection. Cheap to share: a send is a hand-off to the connection's event loop.
+#[derive(Clone)]
+pub struct BrokerPublisher {
+    client: AsyncClient,
+    links: Arc<Links>,
+}
+
+/// Starts the jobs connection with `options` and its event loop (tracked by `shutdown`,
+/// ending when it is requested); returns its publisher.
+pub fn start(options: MqttOptions, links: Arc<Links>, shutdown: Shutdown) -> BrokerPublisher {
+    let (client, eventloop) = AsyncClient::new(options, REQUESTS);
+    shutdown.spawn(drive(eventloop, links.clone(), shutdown.clone()));
+    BrokerPublisher { client, links }
+}
+
+/// The jobs connection's event loop: polls it (which connects, sends the queued jobs and
+/// takes the broker's PUBACKs), records its state in `links`, and pauses between failed
+/// attempts.
+async fn drive(mut eventloop: EventLoop, links: Arc<Links>, shutdown: Shutdown) {
+    let mut backoff = Backoff::default();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.requested() => return,
+            event = eventloop.poll() => event,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(c))) if c.code == ConnectReturnCode::Success => {
+                backoff.reset();
+                tracing::info!(client_id = %eventloop.mqtt_options.client_id(), "jobs connection to the devices' broker up");
+                links.up(Which::Jobs);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let pause = backoff.pause();
+                if links.is_up(Which::Jobs) {
+                    tracing::warn!(error = %e, "jobs connection to the devices' broker lost; reconnecting");
+                } else {
+                    tracing::debug!(error = %e, retry_ms = pause.as_millis() as u64, "jobs connection to the devices' broker failed");
+                }
+                links.down(Which::Jobs, e.to_string());
+                if shutdown.sleep(pause).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A job goes to the broker as a QoS 1 PUBLISH on the device's jobs topic; the broker hands
+/// it to the device's session (kept while the device is away, on a persistent session).
+/// `Ok` means the connection's event loop took it, not that the broker or the device has
+/// it: the device's ack says that, on the acks connection.
+impl Transport for BrokerPublisher {
+    async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
+        if !self.links.is_up(Which::Jobs) {
+            return Err(TransportError::Down(LINK));
+        }
+        let topic = Topic::Jobs(device.to_string()).path();
+        self.client.publish_bytes(topic, QoS::AtLeastOnce, false, wire).await.map_err(|_| TransportError::Closed(LINK))
+    }
+}

@@ -1,0 +1,96 @@
+//! The acks connection (`broker.acks_client_id`): every device's acks and status, read
+//! once per replica.
+//!
+//! A persistent session (`clean_session = false`) subscribed at QoS 1 to
+//! `pixgate/v1/devices/+/acks` and `pixgate/v1/devices/+/status`: acks a device sends
+//! while this connection is away wait in the broker's session instead of turning into
+//! resends. The subscription is made again after every CONNACK (a broker that lost its
+//! sessions, such as a restarted mosquitto without persistence, has forgotten it), which
+//! also brings every device's retained status again.
+
+use super::link::{Backoff, Links, Which};
+use super::status_board::StatusBoard;
+use super::REQUESTS;
+use crate::model::Incoming;
+use crate::shutdown::Shutdown;
+use device_protocol::topics::{ALL_ACKS, ALL_STATUS};
+use rumqttc::{
+    AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode,
+};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Starts the acks connection with `options` and its event loop (tracked by `shutdown`,
+/// ending when it is requested, or when `incoming` is closed).
+pub fn start(
+    options: MqttOptions,
+    links: Arc<Links>,
+    board: Arc<StatusBoard>,
+    incoming: mpsc::Sender<Incoming>,
+    shutdown: Shutdown,
+) {
+    let (client, eventloop) = AsyncClient::new(options, REQUESTS);
+    shutdown.spawn(drive(client, eventloop, links, board, incoming, shutdown.clone()));
+}
+
+/// The acks connection's event loop: subscribes at each CONNACK, checks the SUBACK,
+/// forwards each device message to `incoming` (waiting while it is full: the broker then
+/// holds the rest, unacknowledged) and records statuses on `board`.
+async fn drive(
+    client: AsyncClient,
+    mut eventloop: EventLoop,
+    links: Arc<Links>,
+    board: Arc<StatusBoard>,
+    incoming: mpsc::Sender<Incoming>,
+    shutdown: Shutdown,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let event = tokio::select! {
+            _ = shutdown.requested() => return,
+            event = eventloop.poll() => event,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(c))) if c.code == ConnectReturnCode::Success => {
+                backoff.reset();
+                let filters = [ALL_ACKS, ALL_STATUS].map(|f| SubscribeFilter::new(f.to_string(), QoS::AtLeastOnce));
+                // Queued to the event loop, which this task polls: never waits long.
+                if client.subscribe_many(filters).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack.return_codes.iter().all(|c| matches!(c, SubscribeReasonCode::Success(_))) {
+                    tracing::info!(client_id = %eventloop.mqtt_options.client_id(), "acks connection to the devices' broker up, subscribed to every device's acks and status");
+                    links.up(Which::Acks);
+                } else {
+                    let error = format!("the broker refused the subscription to {ALL_ACKS} or {ALL_STATUS} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
+                    tracing::error!("{error}");
+                    links.down(Which::Acks, error);
+                }
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                let Some(msg) = Incoming::parse(&p.topic, &p.payload) else { continue };
+                if let Incoming::Status { device, status } = &msg {
+                    board.record(device, status);
+                }
+                if incoming.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let pause = backoff.pause();
+                if links.is_up(Which::Acks) {
+                    tracing::warn!(error = %e, "acks connection to the devices' broker lost; reconnecting");
+                } else {
+                    tracing::debug!(error = %e, retry_ms = pause.as_millis() as u64, "acks connection to the devices' broker failed");
+                }
+                links.down(Which::Acks, e.to_string());
+                if shutdown.sleep(pause).await {
+                    return;
+                }
+            }
+        }
+    }
+}

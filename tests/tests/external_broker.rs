@@ -1,0 +1,217 @@
+//! pixgate delivering through an external MQTT broker (the central shape's transport,
+//! `[broker]`): Debian's `mosquitto` holds the devices' connections, pixgate is one more
+//! client of it, and the broker is a pipe: every job stays pixgate's until the device's own
+//! ack comes back through the broker.
+//!
+//! The broker is set up as a payments company would: TLS only, every client proves who it
+//! is with a certificate from the fleet CA (`require_certificate`,
+//! `use_identity_as_username`), and an ACL keeps each device to its own topics while
+//! pixgate's identity may publish every device's jobs and read every device's acks and
+//! status.
+//!
+//! A generated scenario (charges on card machines and printers, published as a shop
+//! produces them) runs through it while mosquitto is SIGKILLed and restarted (it keeps no
+//! sessions: every queued message in it is lost) and, later, pixgate is SIGKILLed and
+//! restarted. At the end every effect the routing rules call for (an independent model,
+//! `simulators::expected`) was carried out by its device exactly once after the device's
+//! dedupe, in order per device, and nothing else happened. Then `/readyz` fails while the
+//! broker is gone, naming it, and passes again once it is back.
+//!
+//! Real tansu, real mosquitto, real TLS, the `pixgate` binary, the devices in-process
+//! (`simulators::fleet`). Scale: `PIXGATE_BROKER_EVENTS` (default 1,500),
+//! `PIXGATE_BROKER_DEVICES` (default 40), `PIXGATE_BROKER_SEED`.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::harness::{fleet_connect_timeout, verifying_devices, Rig};
+use pixgate_tests::mosquitto::Broker;
+use pixgate_tests::net::free_port;
+use pixgate_tests::pki;
+use pixgate_tests::scenario::{self, env_scale, Plan};
+use simulators::capture::generate::ScenarioConfig;
+use simulators::device::{DeviceIdentity, MqttSecurity, Stats};
+use simulators::fleet::{self, FleetConfig};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The identity (certificate CN, MQTT username) of pixgate's connections to the broker.
+const GATEWAY_IDENTITY: &str = "pixgate-gateway";
+/// Longest wait for the broker to listen.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// mosquitto.conf: one TLS listener on `port`, client certificates from the fleet CA
+/// required (CN = username), the ACL in `acl`, no persistence (a restart loses every
+/// session and every queued message).
+fn broker_config(port: u16, fleet: &pki::Fleet, acl: &Path) -> String {
+    format!(
+        "per_listener_settings false\npersistence false\nallow_anonymous false\n\
+         listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
+         require_certificate true\nuse_identity_as_username true\nacl_file {}\n",
+        fleet.ca_cert().display(),
+        fleet.server_cert().display(),
+        fleet.server_key().display(),
+        acl.display(),
+    )
+}
+
+/// The ACL: pixgate's identity publishes every device's jobs and reads every device's acks
+/// and status; a device (username = its id) reads its own jobs and writes its own acks and
+/// status, nothing else.
+fn acl() -> String {
+    format!(
+        "user {GATEWAY_IDENTITY}\n\
+         topic write pixgate/v1/devices/+/jobs\n\
+         topic read pixgate/v1/devices/+/acks\n\
+         topic read pixgate/v1/devices/+/status\n\
+         \n\
+         pattern read pixgate/v1/devices/%u/jobs\n\
+         pattern write pixgate/v1/devices/%u/acks\n\
+         pattern readwrite pixgate/v1/devices/%u/status\n"
+    )
+}
+
+/// Polls pixgate's `/readyz` until it answers 503 with a line containing `text`.
+async fn wait_unready(rig: &Rig, text: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = rig.gateway().get("/readyz");
+        if let Ok((503, body)) = &answer {
+            if body.contains(text) {
+                println!("external broker: /readyz 503: {}", body.trim());
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "/readyz never failed with `{text}`; last answer {answer:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the devices have carried out `target` effects, failing at `deadline`.
+async fn wait_carried(stats: &Stats, target: u64, deadline: Instant, what: &str) {
+    let mut last_print = Instant::now();
+    while stats.carried_out() < target {
+        assert!(Instant::now() < deadline, "stuck at {} effects before {what}", stats.carried_out());
+        if last_print.elapsed() > Duration::from_secs(10) {
+            last_print = Instant::now();
+            println!(
+                "external broker: {} effects carried out, waiting for {target} before {what}",
+                stats.carried_out()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
+    let events = env_scale("PIXGATE_BROKER_EVENTS", 1_500);
+    let devices = env_scale("PIXGATE_BROKER_DEVICES", 40);
+    let seed = env_scale("PIXGATE_BROKER_SEED", 20_261_203) as u64;
+    let began = Instant::now();
+    let plan = Arc::new(Plan::new(ScenarioConfig::new(seed, devices, events)));
+    let expected = plan.expected_count() as u64;
+    println!(
+        "external broker: seed {seed}, {} devices, {events} charge events, {expected} expected effects",
+        plan.devices.len()
+    );
+
+    let port = free_port();
+    let dir = std::env::temp_dir().join(format!("pixgate-external-broker-mosquitto-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut ids: Vec<&str> = plan.devices.iter().map(|d| d.id()).collect();
+    ids.push(GATEWAY_IDENTITY);
+    let fleet_pki = pki::Fleet::create_without_other(&dir.join("pki"), &ids).unwrap();
+    let acl_file = dir.join("acl");
+    std::fs::write(&acl_file, acl()).unwrap();
+    let config = broker_config(port, &fleet_pki, &acl_file);
+    let broker = Broker::start_logging(&dir.join("mosquitto"), &config, port, WAIT, false).await.unwrap();
+
+    let mut rig = Rig::builder("external-broker")
+        .envs([
+            ("PIXGATE_BROKER__HOST", "127.0.0.1".to_string()),
+            ("PIXGATE_BROKER__PORT", port.to_string()),
+            ("PIXGATE_BROKER__TLS__CA", fleet_pki.ca_cert().display().to_string()),
+            ("PIXGATE_BROKER__TLS__CERT", fleet_pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
+            ("PIXGATE_BROKER__TLS__KEY", fleet_pki.device_key(GATEWAY_IDENTITY).display().to_string()),
+            ("PIXGATE_HEALTH__DEVICE_BROKER_DOWN_AFTER_MS", "2000".to_string()),
+        ])
+        .start()
+        .await;
+    let stats = Arc::new(Stats::default());
+    let fleet_cfg = FleetConfig {
+        mqtt_host: "127.0.0.1".into(),
+        mqtt_port: port,
+        out_dir: rig.dir().join("devices"),
+        devices: plan.devices.clone(),
+        security: MqttSecurity::Tls {
+            ca: fleet_pki.ca_cert(),
+            identity: DeviceIdentity::Certificate { dir: fleet_pki.devices_dir() },
+        },
+    };
+    let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await.unwrap();
+    fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap();
+    let producer = rig.producer();
+    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events as u64);
+    let feeder = {
+        let (plan, stats) = (plan.clone(), stats.clone());
+        tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
+    };
+
+    // mosquitto dies with jobs and acks in it, and comes back empty.
+    wait_carried(&stats, expected / 3, deadline, "the broker's crash").await;
+    broker.stop().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let crashed_at = stats.carried_out();
+    let broker = Broker::start_logging(&dir.join("mosquitto-2"), &config, port, WAIT, false).await.unwrap();
+    println!("external broker: mosquitto SIGKILLed and restarted at {crashed_at} effects");
+
+    // Then pixgate dies, its outbox and its broker sessions left behind.
+    wait_carried(&stats, crashed_at + expected / 3, deadline, "pixgate's crash").await;
+    rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
+    rig.kill_gateway();
+    rig.start_gateway();
+    println!("external broker: pixgate SIGKILLed and restarted at {} effects", stats.carried_out());
+
+    let positions = feeder.await.unwrap().expect("feeding the charge events");
+    let charge_ends = scenario::end_offsets(&positions);
+    let device_ends = scenario::end_offsets(&device_positions);
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    assert!(rig.gateway().is_ready(), "ready again once the broker is back");
+    let report = fleet.shutdown().await;
+
+    let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
+    assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
+    let log = std::fs::read_to_string(rig.gateway().log()).unwrap_or_default()
+        + &std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
+    assert!(log.contains("devices through an external MQTT broker"), "pixgate used the external broker");
+    assert!(
+        log.contains("jobs connection to the devices' broker lost"),
+        "pixgate saw the broker go (its log: {})",
+        rig.dir().join("pixgate.log").display()
+    );
+    println!(
+        "external broker: {} effects on {} devices, each exactly once and in order through mosquitto, its crash and pixgate's; {} raw job deliveries ({} duplicates absorbed by device dedupe); {:.0} s",
+        checked.effects,
+        checked.devices,
+        report.stats.raw_jobs,
+        report.stats.duplicates,
+        began.elapsed().as_secs_f64()
+    );
+
+    // Readiness tells the truth about the broker: gone, then back.
+    broker.stop().await;
+    wait_unready(&rig, "the devices' MQTT broker unreachable for").await;
+    let broker = Broker::start_logging(&dir.join("mosquitto-3"), &config, port, WAIT, false).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !rig.gateway().is_ready() {
+        assert!(Instant::now() < deadline, "not ready again after the broker came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    broker.stop().await;
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+}
