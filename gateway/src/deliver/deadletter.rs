@@ -18,6 +18,7 @@
 //! saying why (`value_unavailable`).
 
 use crate::clock::Clock;
+use crate::ingest::retry::blocking;
 use crate::ingest::source_reader::{SourceReader, SourceRecord};
 use crate::model::DeadLetter;
 use crate::shutdown::Shutdown;
@@ -85,7 +86,8 @@ impl Publisher {
             if shutdown.is_requested() {
                 return;
             }
-            let parked = match tokio::task::block_in_place(|| self.outbox.parked_deadletters(256)) {
+            let outbox = self.outbox.clone();
+            let parked = match blocking(move || outbox.parked_deadletters(256)).await {
                 Ok(p) => p,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot read parked dead letters; retrying");
@@ -143,7 +145,8 @@ impl Publisher {
                 }
                 if !ok.is_empty() {
                     let now = self.clock.now_ms();
-                    if let Err(e) = tokio::task::block_in_place(|| self.outbox.mark_published(&ok, now)) {
+                    let (outbox, ids) = (self.outbox.clone(), ok.clone());
+                    if let Err(e) = blocking(move || outbox.mark_published(&ids, now)).await {
                         tracing::error!(error = %e, "cannot mark dead letters published; they will be written again");
                     }
                     self.stats.update(|s| s.deadletters_published += ok.len() as u64);

@@ -30,7 +30,7 @@ enum Call {
 struct FakeReader {
     queue: Mutex<VecDeque<OwnedMessage>>,
     paused: Mutex<BTreeSet<Partition>>,
-    assigned: Vec<Partition>,
+    assigned: Mutex<Vec<Partition>>,
     /// A rebalance to report (the revoked partitions).
     rebalance: Mutex<Option<Vec<Partition>>>,
     calls: Mutex<Vec<Call>>,
@@ -43,7 +43,7 @@ impl FakeReader {
         FakeReader {
             queue: Mutex::default(),
             paused: Mutex::default(),
-            assigned: assigned.clone(),
+            assigned: Mutex::new(assigned),
             rebalance: Mutex::new(Some(Vec::new())),
             calls: Mutex::default(),
             wake: Notify::new(),
@@ -63,6 +63,21 @@ impl FakeReader {
         );
         self.queue.lock().unwrap().push_back(m);
         self.wake.notify_one();
+    }
+
+    /// A rebalance, as librdkafka makes one: `assigned` is the new assignment, `revoked`
+    /// records are no longer served, and no pause survives (the loop must pause again
+    /// what must stay paused). Reported to the loop at its next `rebalanced`.
+    fn reassign(&self, assigned: Vec<Partition>, revoked: Vec<Partition>) {
+        *self.assigned.lock().unwrap() = assigned;
+        self.paused.lock().unwrap().clear();
+        self.queue.lock().unwrap().retain(|m| !revoked.contains(&(m.topic().to_string(), m.partition())));
+        *self.rebalance.lock().unwrap() = Some(revoked);
+        self.wake.notify_one();
+    }
+
+    fn paused(&self) -> BTreeSet<Partition> {
+        self.paused.lock().unwrap().clone()
     }
 
     fn calls(&self) -> Vec<Call> {
@@ -130,7 +145,7 @@ impl GroupReader for FakeReader {
     }
 
     fn assignment(&self) -> KafkaResult<Vec<Partition>> {
-        Ok(self.assigned.clone())
+        Ok(self.assigned.lock().unwrap().clone())
     }
 
     fn rebalanced(&self) -> Option<Vec<Partition>> {
@@ -138,7 +153,7 @@ impl GroupReader for FakeReader {
     }
 
     fn positions(&self) -> KafkaResult<Vec<(Partition, Option<i64>)>> {
-        Ok(self.assigned.iter().map(|p| (p.clone(), None)).collect())
+        Ok(self.assigned.lock().unwrap().iter().map(|p| (p.clone(), None)).collect())
     }
 
     fn commit(&self) -> KafkaResult<()> {
@@ -188,8 +203,7 @@ impl Rig {
         let (finished, finished_rx) = mpsc::unbounded_channel();
         let (_replays_tx, replays) = mpsc::channel(1);
         let shutdown = Shutdown::new();
-        let assigned = vec![(DEVICES.to_string(), 0), (CHARGES.to_string(), 0), (CHARGES.to_string(), 1)];
-        let reader = Arc::new(FakeReader::new(outbox.clone(), assigned));
+        let reader = Arc::new(FakeReader::new(outbox.clone(), all_partitions()));
         let services = Services {
             cfg,
             stats: stats.clone(),
@@ -243,6 +257,26 @@ impl Rig {
         self.shutdown.request();
         self.task.await.unwrap();
         self.reader.calls()
+    }
+}
+
+/// The partitions the fake member holds at start.
+fn all_partitions() -> Vec<Partition> {
+    vec![(DEVICES.to_string(), 0), (CHARGES.to_string(), 0), (CHARGES.to_string(), 1)]
+}
+
+/// Sends every job the dispatcher got back as done, until `drained` holds for the
+/// counters (at most 10,000 jobs).
+async fn finish_until(rig: &Rig, drained: impl Fn(&crate::telemetry::Snapshot) -> bool) {
+    let mut finished = 0;
+    while !drained(&rig.stats.snapshot()) {
+        let jobs: Vec<Queued> = std::mem::take(&mut *rig.enqueued.lock().unwrap());
+        for q in jobs {
+            rig.finished.send(Finished { stored: q.stored, outcome: Outcome::Done }).unwrap();
+            finished += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(finished < 10_000, "never drained: {:?}", rig.stats.snapshot());
     }
 }
 
@@ -325,20 +359,51 @@ async fn a_device_at_its_bound_pauses_its_partition_until_a_job_finishes() {
     assert!(paused.iter().any(|p| p.0 == CHARGES), "a charge partition paused: {paused:?}");
 
     // The devices carry out their jobs: each one finished frees its place.
-    let mut finished = 0;
-    let drained = |s: &crate::telemetry::Snapshot| read_all(&ends)(s) && s.outbox_jobs == 0 && s.paused_partitions == 0;
-    while !drained(&rig.stats.snapshot()) {
-        let jobs: Vec<Queued> = std::mem::take(&mut *rig.enqueued.lock().unwrap());
-        for q in jobs {
-            rig.finished.send(Finished { stored: q.stored, outcome: Outcome::Done }).unwrap();
-            finished += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(finished < 10_000, "never drained");
-    }
+    finish_until(&rig, |s| read_all(&ends)(s) && s.outbox_jobs == 0 && s.paused_partitions == 0).await;
     let calls = rig.stop().await;
     for part in &paused {
         let last = calls.iter().rposition(|c| *c == Call::Paused(part.clone())).unwrap();
         assert!(calls[last..].contains(&Call::Resumed(part.clone())), "{part:?} paused and never resumed");
+    }
+}
+
+/// A rebalance: no pause survives a reassignment in librdkafka, so the loop pauses again
+/// the partition a device at its bound holds; after a partition is revoked, the loop
+/// counts the new assignment, and the partitions kept are released, read and stored to
+/// their ends.
+#[tokio::test(start_paused = true)]
+async fn after_a_rebalance_pauses_hold_again_and_a_revoked_partition_stores_nothing() {
+    let mut cfg = Config::default();
+    cfg.outbox.max_jobs_per_device = 3;
+    let rig = Rig::start("consumer-rebalance", cfg);
+    let ends = rig.feed_fixtures(60);
+    rig.wait(|s| s.devices_at_bound > 0).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let paused = rig.reader.paused();
+    assert!(paused.iter().any(|p| p.0 == CHARGES), "a charge partition paused at the bound: {paused:?}");
+
+    // The same partitions assigned again: the pauses are gone from the member, and come back.
+    rig.reader.reassign(all_partitions(), Vec::new());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(rig.reader.paused(), paused, "what must stay paused is paused again after the reassignment");
+
+    // Charge partition 1 moves to another member.
+    let revoked: Partition = (CHARGES.to_string(), 1);
+    let kept: Vec<Partition> = all_partitions().into_iter().filter(|p| *p != revoked).collect();
+    rig.reader.reassign(kept.clone(), vec![revoked]);
+    finish_until(&rig, |s| {
+        s.pending_records == 0 && s.outbox_jobs == 0 && s.paused_partitions == 0 && s.assigned_partitions == 2
+    })
+    .await;
+    // Whatever is still to finish goes, then the loop stops.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    finish_until(&rig, |s| s.outbox_jobs == 0).await;
+    let calls = rig.stop().await;
+    for part in kept.iter().filter(|p| p.0 == CHARGES) {
+        let last = calls.iter().rev().find_map(|c| match c {
+            Call::Stored(p, next, _) if p == part => Some(*next),
+            _ => None,
+        });
+        assert_eq!(last, Some(ends[part]), "{part:?}, kept, was read and stored to its end");
     }
 }
