@@ -37,10 +37,15 @@ use tokio::sync::mpsc;
 /// server get to end after the consumer has stopped (they end at once when asked).
 const TASKS_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long the start-up check of the device-jobs topic waits for Kafka's metadata.
+const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs the gateway with `cfg` until SIGTERM or Ctrl-C.
 ///
 /// # Errors
-/// The outbox cannot be opened, the MQTT broker or a Kafka client cannot be started.
+/// The outbox cannot be opened, the MQTT broker or a Kafka client cannot be started; with
+/// `cluster.enabled`, the device-jobs topic cannot be checked, is missing, or has another
+/// partition count than `cluster.device_job_partitions`.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
     let health = Arc::new(Monitor::new(&cfg));
@@ -181,6 +186,22 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let deadletter_wake = deadletters.notifier();
     let deadletter_task = shutdown.spawn(deadletters.run(shutdown.clone()));
 
+    let jobs_out = if cfg.cluster.enabled {
+        let (brokers, topic, partitions) =
+            (cfg.kafka.brokers.clone(), cfg.cluster.device_jobs_topic.clone(), cfg.cluster.device_job_partitions);
+        tokio::task::spawn_blocking(move || {
+            crate::ingest::device_jobs::check_partitions(&brokers, &topic, partitions, CHECK_TIMEOUT)
+        })
+        .await
+        .context("checking the device-jobs topic")??;
+        tracing::info!(topic = %cfg.cluster.device_jobs_topic, partitions = cfg.cluster.device_job_partitions, "jobs go through the device-jobs topic (cluster.enabled)");
+        Some(Arc::new(crate::ingest::device_jobs::JobProducer::new(
+            &cfg.kafka.brokers,
+            &cfg.cluster.device_jobs_topic,
+        )?))
+    } else {
+        None
+    };
     let services = consumer::Services {
         cfg,
         stats,
@@ -194,6 +215,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         replays: replays_rx,
         deadletters: deadletter_wake,
         shutdown: shutdown.clone(),
+        jobs_out,
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.

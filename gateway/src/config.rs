@@ -27,6 +27,8 @@ pub struct Config {
     /// own listener (`mqtt`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub broker: Option<BrokerConfig>,
+    /// The central shape's stages over Kafka ([`ClusterConfig`]).
+    pub cluster: ClusterConfig,
     /// Health and stats HTTP endpoint, and the admin endpoints behind a token.
     pub http: HttpConfig,
     /// How log lines are written.
@@ -57,6 +59,7 @@ impl Default for Config {
             kafka: KafkaConfig::default(),
             mqtt: MqttConfig::default(),
             broker: None,
+            cluster: ClusterConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
             delivery: DeliveryConfig::default(),
@@ -322,6 +325,31 @@ impl Default for MqttConfig {
             max_per_address: 1_000,
             connect_timeout_ms: 10_000,
         }
+    }
+}
+
+/// The central shape's hand-off between its two stages (`docs/cluster.md`): with
+/// `enabled`, the jobs planned from charge events are produced to `device_jobs_topic`,
+/// keyed by device id, and the consumer reads them back from it into the outbox and the
+/// dispatcher, instead of writing them to the outbox directly (the edge box). Both stages
+/// run in this process, as members of `kafka.group_id`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ClusterConfig {
+    /// Route jobs through `device_jobs_topic`.
+    pub enabled: bool,
+    /// The topic between the stages: one record per job, key = device id, partition =
+    /// murmur2 of the key (Kafka's Java default), so a device's jobs keep one partition and
+    /// their order.
+    pub device_jobs_topic: String,
+    /// The partition count `device_jobs_topic` must have: a device's partition is its
+    /// owner, so pixgate refuses to start on a topic with another count.
+    pub device_job_partitions: i32,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { enabled: false, device_jobs_topic: "pixgate.device-jobs".into(), device_job_partitions: 48 }
     }
 }
 
@@ -609,6 +637,16 @@ impl Default for DeliveryConfig {
 }
 
 impl Config {
+    /// The topics the consumer subscribes to: the device and charge topics, and
+    /// `cluster.device_jobs_topic` when `cluster.enabled`.
+    pub fn subscribed_topics(&self) -> Vec<String> {
+        let mut topics = vec![self.kafka.device_topic.clone(), self.kafka.charge_topic.clone()];
+        if self.cluster.enabled {
+            topics.push(self.cluster.device_jobs_topic.clone());
+        }
+        topics
+    }
+
     /// Loads defaults, then `file` if given (it must exist), then `PIXGATE_*` variables.
     ///
     /// # Errors

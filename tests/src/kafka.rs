@@ -147,3 +147,60 @@ pub async fn bare_consume(brokers: &str, topics: &[&str], expected: u64) -> anyh
 fn unique() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default()
 }
+
+/// The partition Kafka's Java producer picks for `key` among `partitions`
+/// (`DefaultPartitioner`, `BuiltInPartitioner.partitionForKey`: murmur2 of the key bytes,
+/// made positive, modulo the count), computed here independently of librdkafka.
+pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+/// Kafka's `Utils.murmur2`: MurmurHash2, 32 bits, seed `0x9747b28c`.
+pub fn murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M) ^ k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kafka's own values, as other ports check them (e.g. Akka's `Murmur2Spec`).
+    #[test]
+    fn murmur2_gives_kafkas_values() {
+        let want = [
+            ("1", -1_993_445_489),
+            ("12", 126_087_238),
+            ("123", -267_702_483),
+            ("1234", -1_614_185_708),
+            ("12345", -1_188_365_604),
+        ];
+        for (s, h) in want {
+            assert_eq!(murmur2(s.as_bytes()), h, "{s}");
+        }
+        assert!((0..4).contains(&java_partition(b"12345", 4)));
+    }
+}

@@ -13,6 +13,7 @@ pub mod browser;
 pub mod charges;
 pub mod cpu;
 pub mod demo;
+pub mod devices_broker;
 pub mod gateway;
 pub mod harness;
 pub mod kafka;

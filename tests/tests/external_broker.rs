@@ -24,53 +24,17 @@
 // Helpers of a test are test steps too: a panic is a failed test.
 #![allow(clippy::unwrap_used)]
 
+use pixgate_tests::devices_broker::DevicesBroker;
 use pixgate_tests::harness::{fleet_connect_timeout, verifying_devices, Rig};
-use pixgate_tests::mosquitto::Broker;
-use pixgate_tests::net::free_port;
-use pixgate_tests::pki;
 use pixgate_tests::scenario::{self, env_scale, Plan};
 use simulators::capture::generate::ScenarioConfig;
-use simulators::device::{DeviceIdentity, MqttSecurity, Stats};
-use simulators::fleet::{self, FleetConfig};
-use std::path::Path;
+use simulators::device::Stats;
+use simulators::fleet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The identity (certificate CN, MQTT username) of pixgate's connections to the broker.
-const GATEWAY_IDENTITY: &str = "pixgate-gateway";
-/// Longest wait for the broker to listen.
+/// Longest wait for readiness to change.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// mosquitto.conf: one TLS listener on `port`, client certificates from the fleet CA
-/// required (CN = username), the ACL in `acl`, no persistence (a restart loses every
-/// session and every queued message).
-fn broker_config(port: u16, fleet: &pki::Fleet, acl: &Path) -> String {
-    format!(
-        "per_listener_settings false\npersistence false\nallow_anonymous false\n\
-         listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
-         require_certificate true\nuse_identity_as_username true\nacl_file {}\n",
-        fleet.ca_cert().display(),
-        fleet.server_cert().display(),
-        fleet.server_key().display(),
-        acl.display(),
-    )
-}
-
-/// The ACL: pixgate's identity publishes every device's jobs and reads every device's acks
-/// and status; a device (username = its id) reads its own jobs and writes its own acks and
-/// status, nothing else.
-fn acl() -> String {
-    format!(
-        "user {GATEWAY_IDENTITY}\n\
-         topic write pixgate/v1/devices/+/jobs\n\
-         topic read pixgate/v1/devices/+/acks\n\
-         topic read pixgate/v1/devices/+/status\n\
-         \n\
-         pattern read pixgate/v1/devices/%u/jobs\n\
-         pattern write pixgate/v1/devices/%u/acks\n\
-         pattern readwrite pixgate/v1/devices/%u/status\n"
-    )
-}
 
 /// Polls pixgate's `/readyz` until it answers 503 with a line containing `text`.
 async fn wait_unready(rig: &Rig, text: &str) {
@@ -117,39 +81,16 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
         plan.devices.len()
     );
 
-    let port = free_port();
     let dir = std::env::temp_dir().join(format!("pixgate-external-broker-mosquitto-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut ids: Vec<&str> = plan.devices.iter().map(|d| d.id()).collect();
-    ids.push(GATEWAY_IDENTITY);
-    let fleet_pki = pki::Fleet::create_without_other(&dir.join("pki"), &ids).unwrap();
-    let acl_file = dir.join("acl");
-    std::fs::write(&acl_file, acl()).unwrap();
-    let config = broker_config(port, &fleet_pki, &acl_file);
-    let broker = Broker::start_logging(&dir.join("mosquitto"), &config, port, WAIT, false).await.unwrap();
-
+    let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
+    let broker = mosquitto.start().await;
     let mut rig = Rig::builder("external-broker")
-        .envs([
-            ("PIXGATE_BROKER__HOST", "127.0.0.1".to_string()),
-            ("PIXGATE_BROKER__PORT", port.to_string()),
-            ("PIXGATE_BROKER__TLS__CA", fleet_pki.ca_cert().display().to_string()),
-            ("PIXGATE_BROKER__TLS__CERT", fleet_pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
-            ("PIXGATE_BROKER__TLS__KEY", fleet_pki.device_key(GATEWAY_IDENTITY).display().to_string()),
-            ("PIXGATE_HEALTH__DEVICE_BROKER_DOWN_AFTER_MS", "2000".to_string()),
-        ])
+        .envs(mosquitto.gateway_env())
+        .env("PIXGATE_HEALTH__DEVICE_BROKER_DOWN_AFTER_MS", "2000")
         .start()
         .await;
     let stats = Arc::new(Stats::default());
-    let fleet_cfg = FleetConfig {
-        mqtt_host: "127.0.0.1".into(),
-        mqtt_port: port,
-        out_dir: rig.dir().join("devices"),
-        devices: plan.devices.clone(),
-        security: MqttSecurity::Tls {
-            ca: fleet_pki.ca_cert(),
-            identity: DeviceIdentity::Certificate { dir: fleet_pki.devices_dir() },
-        },
-    };
+    let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
     let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await.unwrap();
     fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap();
     let producer = rig.producer();
@@ -166,7 +107,7 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     broker.stop().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let crashed_at = stats.carried_out();
-    let broker = Broker::start_logging(&dir.join("mosquitto-2"), &config, port, WAIT, false).await.unwrap();
+    let broker = mosquitto.start().await;
     println!("external broker: mosquitto SIGKILLed and restarted at {crashed_at} effects");
 
     // Then pixgate dies, its outbox and its broker sessions left behind.
@@ -185,8 +126,7 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
 
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
-    let log = std::fs::read_to_string(rig.gateway().log()).unwrap_or_default()
-        + &std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
     assert!(log.contains("devices through an external MQTT broker"), "pixgate used the external broker");
     assert!(
         log.contains("jobs connection to the devices' broker lost"),
@@ -205,7 +145,7 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     // Readiness tells the truth about the broker: gone, then back.
     broker.stop().await;
     wait_unready(&rig, "the devices' MQTT broker unreachable for").await;
-    let broker = Broker::start_logging(&dir.join("mosquitto-3"), &config, port, WAIT, false).await.unwrap();
+    let broker = mosquitto.start().await;
     let deadline = Instant::now() + WAIT;
     while !rig.gateway().is_ready() {
         assert!(Instant::now() < deadline, "not ready again after the broker came back");
@@ -213,5 +153,5 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     }
     broker.stop().await;
     rig.shutdown();
-    let _ = std::fs::remove_dir_all(&dir);
+    mosquitto.remove();
 }

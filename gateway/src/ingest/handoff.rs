@@ -29,9 +29,10 @@
 use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
+use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
-use crate::model::{Command, Queued, StoredJob};
+use crate::model::{Command, Queued, SourceRef, StoredJob};
 use crate::route::render as jobs;
 use crate::shutdown::Shutdown;
 use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
@@ -45,6 +46,9 @@ use tokio::task::JoinHandle;
 /// they go to.
 pub struct Handoff {
     outbox: Arc<Outbox>,
+    /// With `cluster.enabled`: the jobs planned from change events go to the device-jobs
+    /// topic through it, before the rest of their records is written ([`Handoff::routed`]).
+    jobs_out: Option<Arc<JobProducer>>,
     /// Stamps the writes (jobs' acceptance time, a replayed job's expiry).
     clock: Clock,
     /// The dispatcher's commands.
@@ -69,7 +73,18 @@ pub struct Attempt {
     records: Vec<RecordRef>,
     accepts: Vec<Accept>,
     removals: Vec<Removal>,
-    result: Result<Written, OutboxError>,
+    result: Result<Written, HandoffError>,
+}
+
+/// Why a batch did not cross the seam (it is tried again).
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    /// The outbox refused the write.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    /// Kafka did not take a job record (`cluster.enabled`).
+    #[error("producing jobs to the device-jobs topic: {0}")]
+    Produce(#[from] rdkafka::error::KafkaError),
 }
 
 /// A batch across the seam: stored in the outbox, its jobs sent to the dispatcher.
@@ -106,7 +121,17 @@ impl Handoff {
         health: Arc<Monitor>,
         shutdown: Shutdown,
     ) -> Handoff {
-        Handoff { outbox, clock, commands, health, shutdown, gave_up: false }
+        Handoff { outbox, jobs_out: None, clock, commands, health, shutdown, gave_up: false }
+    }
+
+    /// The central shape's form of the seam: the jobs planned from change events are
+    /// produced to `producer`'s topic (all of a batch, waiting for Kafka's acks), then the
+    /// rest of their records (charge state, registry, dead letters, counts) is written to
+    /// the outbox; jobs read back from that topic are written to the outbox and go to the
+    /// dispatcher as on the edge box.
+    pub fn routed(mut self, producer: Arc<JobProducer>) -> Handoff {
+        self.jobs_out = Some(producer);
+        self
     }
 
     /// Whether a batch was given up at shutdown (nothing more is written).
@@ -124,10 +149,16 @@ impl Handoff {
         }
         let Sealed { records, mut accepts, removals } = batch.take()?;
         let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
-        let handle = tokio::task::spawn_blocking(move || {
-            let result = outbox.write(&mut accepts, &removals, now_ms);
-            Attempt { records, accepts, removals, result }
-        });
+        let handle = match self.jobs_out.clone() {
+            None => tokio::task::spawn_blocking(move || {
+                let result = outbox.write(&mut accepts, &removals, now_ms).map_err(HandoffError::from);
+                Attempt { records, accepts, removals, result }
+            }),
+            Some(producer) => tokio::spawn(async move {
+                let (accepts, removals, result) = route_then_write(&producer, outbox, accepts, removals, now_ms).await;
+                Attempt { records, accepts, removals, result }
+            }),
+        };
         Some(InFlight { handle })
     }
 
@@ -140,6 +171,17 @@ impl Handoff {
         let Attempt { records, mut accepts, removals, result } = attempt;
         let stored = match result {
             Ok(s) => s,
+            Err(e) if self.jobs_out.is_some() => {
+                let (written, stored) = self.retry_routed(e, accepts, removals).await;
+                accepts = written;
+                match stored {
+                    Some(s) => s,
+                    None => {
+                        self.gave_up = true;
+                        return None;
+                    }
+                }
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
                 self.health.outbox_failing(Some(e.to_string()));
@@ -169,7 +211,7 @@ impl Handoff {
             accepted.parked |= !dls.is_empty();
             // A traced record's line: what its producer's trace led to.
             if let Some(trace_id) = &rec.trace {
-                tracing::info!(trace_id = %trace_id, topic = %rec.part.0, partition = rec.part.1, offset = rec.offset, jobs = queued.len(), deadletters = dls.len(), "record's effects accepted");
+                tracing::info!(trace_id = %trace_id, topic = %rec.part.0, partition = rec.part.1, offset = rec.offset, jobs = queued.len() + accept.produced.len(), deadletters = dls.len(), "record's effects accepted");
             }
             for (device, job) in &accept.jobs {
                 if !queued.iter().any(|q| q.stored.job.message_id == job.message_id) {
@@ -184,6 +226,37 @@ impl Handoff {
         }
         accepted.records = records;
         Some(accepted)
+    }
+
+    /// Tries a routed batch again after `error`, whole (its jobs produced again, then the
+    /// write), backing off from 100 ms doubling to 10 s, until it crosses or shutdown is
+    /// requested (`None`). Reports the failure to health meanwhile.
+    async fn retry_routed(
+        &self,
+        mut error: HandoffError,
+        mut accepts: Vec<Accept>,
+        mut removals: Vec<Removal>,
+    ) -> (Vec<Accept>, Option<Written>) {
+        let producer = self.jobs_out.clone().expect("routed");
+        let mut pause = Duration::from_millis(100);
+        loop {
+            tracing::error!(error = %error, retry_ms = pause.as_millis() as u64, "the batch did not cross to the device-jobs topic and the outbox; retrying (reading is held)");
+            self.health.outbox_failing(Some(error.to_string()));
+            if self.shutdown.sleep(pause).await {
+                return (accepts, None);
+            }
+            pause = (pause * 2).min(Duration::from_secs(10));
+            let (a, r, result) =
+                route_then_write(&producer, self.outbox.clone(), accepts, removals, self.clock.now_ms()).await;
+            (accepts, removals) = (a, r);
+            match result {
+                Ok(written) => {
+                    self.health.outbox_failing(None);
+                    return (accepts, Some(written));
+                }
+                Err(e) => error = e,
+            }
+        }
     }
 
     /// Queues dead letter `id`'s job again at the end of its device's queue in the outbox
@@ -229,6 +302,47 @@ impl Handoff {
             tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
         }
     }
+}
+
+/// The routed batch's crossing: the jobs of every change event of `accepts` are produced
+/// (each accept's jobs move to its `produced` list once Kafka has them all), then the batch
+/// is written to the outbox with `removals`. Jobs read back from the device-jobs topic
+/// stay in their accepts and are queued by the write. Returns the batch for a retry.
+async fn route_then_write(
+    producer: &JobProducer,
+    outbox: Arc<Outbox>,
+    mut accepts: Vec<Accept>,
+    removals: Vec<Removal>,
+    now_ms: u64,
+) -> (Vec<Accept>, Vec<Removal>, Result<Written, HandoffError>) {
+    let is_route = |a: &Accept| a.routed_from.is_none() && !a.jobs.is_empty();
+    let records: Vec<(String, Vec<u8>)> = accepts
+        .iter()
+        .filter(|a| is_route(a))
+        .flat_map(|a| {
+            let source = a.source.clone().unwrap_or_else(|| SourceRef {
+                topic: String::new(),
+                partition: -1,
+                offset: -1,
+                key: None,
+            });
+            a.jobs.iter().map(move |(device, job)| device_jobs::record_of(device, job, &source, a)).collect::<Vec<_>>()
+        })
+        .collect();
+    if !records.is_empty() {
+        if let Err(e) = producer.produce(&records).await {
+            return (accepts, removals, Err(e.into()));
+        }
+        for a in accepts.iter_mut().filter(|a| is_route(a)) {
+            a.produced = a.jobs.drain(..).map(|(device, job)| (device, job.kind)).collect();
+        }
+    }
+    blocking(move || {
+        let mut accepts = accepts;
+        let result = outbox.write(&mut accepts, &removals, now_ms).map_err(HandoffError::from);
+        (accepts, removals, result)
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -308,7 +422,7 @@ mod tests {
             records: vec![rec(1)],
             accepts: vec![accept(&[("p", "a")])],
             removals: Vec::new(),
-            result: Err(refused),
+            result: Err(refused.into()),
         };
         let accepted = h.land(attempt).await.expect("stored on the second try");
         assert_eq!(accepted.records, vec![rec(1)]);

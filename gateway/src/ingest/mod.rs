@@ -41,6 +41,8 @@
 //! - [`consume_error`]: a streak of Kafka consume errors, logged once and located.
 //! - [`source_reader`]: single records read back from Kafka by position (also for the
 //!   dead-letter publisher).
+//! - [`device_jobs`]: the central shape's hand-off over Kafka (`cluster.enabled`): jobs
+//!   produced to the device-jobs topic, and read back from it.
 //!
 //! # Group commit
 //!
@@ -85,6 +87,7 @@ pub mod backpressure;
 pub mod batch;
 pub mod consume_error;
 pub mod consumer;
+pub mod device_jobs;
 pub mod group_reader;
 pub mod handoff;
 pub mod offsets;

@@ -1,8 +1,10 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
 //! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), what passes between the consumer and the dispatcher ([`handoff`]),
-//! the effect flags of a cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
+//! a job between the central shape's stages ([`device_job`]), the effect flags of a
+//! cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
 pub mod dead_letter;
+pub mod device_job;
 pub mod direct_printers;
 pub mod directory;
 pub mod endpoint;
@@ -12,6 +14,7 @@ pub mod job;
 pub mod reason;
 
 pub use dead_letter::DeadLetter;
+pub use device_job::DeviceJobRecord;
 pub use direct_printers::{DirectPrinters, DirectSettings};
 pub use directory::{Directory, Standing};
 pub use flags::EffectFlags;

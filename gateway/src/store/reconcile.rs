@@ -70,8 +70,10 @@ impl<'t> Counting<'t> {
     }
 
     /// Counts one record: `tally`'s counters, `read`, and `queued:KIND` with a
-    /// `reconcile_jobs` row for each of `queued` (device, seq, kind); nothing when the
-    /// record is behind its partition's mark (counted before).
+    /// `reconcile_jobs` row for each of `queued` (device, seq, kind), and `queued:KIND`
+    /// alone for each kind of `produced` (jobs sent to the device-jobs topic, linked when
+    /// read back, [`Counting::link`]); nothing when the record is behind its partition's
+    /// mark (counted before).
     pub(crate) fn record(
         &mut self,
         topic: &str,
@@ -79,6 +81,7 @@ impl<'t> Counting<'t> {
         offset: i64,
         tally: &RecordTally,
         queued: &[(&str, u64, &str)],
+        produced: &[&str],
     ) -> Result<(), OutboxError> {
         let key = (topic.to_string(), partition);
         let mark = match self.seen.get(&key) {
@@ -98,6 +101,26 @@ impl<'t> Counting<'t> {
             self.bump(bucket, topic, format!("queued:{kind}"));
             self.jobs.insert((*device, *seq), (topic, bucket, *kind)).map_err(db)?;
         }
+        for kind in produced {
+            self.bump(bucket, topic, format!("queued:{kind}"));
+        }
+        Ok(())
+    }
+
+    /// Links job `seq` of `device` (of kind `kind`), queued from the device-jobs topic, to
+    /// the window of the change event it was planned from (`topic`, `event_time_s`): that
+    /// record counted it as queued when its jobs were produced; this job counts there again
+    /// when it leaves its queue.
+    pub(crate) fn link(
+        &mut self,
+        device: &str,
+        seq: u64,
+        topic: &str,
+        event_time_s: u64,
+        kind: &str,
+    ) -> Result<(), OutboxError> {
+        let bucket = event_time_s / BUCKET_S * BUCKET_S;
+        self.jobs.insert((device, seq), (topic, bucket, kind)).map_err(db)?;
         Ok(())
     }
 

@@ -545,10 +545,10 @@ impl Default for Monitor {
 }
 
 impl Monitor {
-    /// A monitor for `cfg`'s subscribed topics (`kafka.device_topic`, `kafka.charge_topic`)
-    /// and `cfg.health` rules.
+    /// A monitor for `cfg`'s subscribed topics ([`Config::subscribed_topics`]) and
+    /// `cfg.health` rules.
     pub fn new(cfg: &Config) -> Monitor {
-        let topics = [cfg.kafka.device_topic.clone(), cfg.kafka.charge_topic.clone()];
+        let topics = cfg.subscribed_topics();
         Monitor {
             origin: Instant::now(),
             rules: cfg.health.clone(),

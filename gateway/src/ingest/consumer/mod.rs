@@ -20,6 +20,7 @@ use crate::config::{Config, TtlConfig};
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
 use crate::ingest::consume_error::{self, ConsumeErrors};
+use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::group_reader::GroupReader;
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
@@ -74,6 +75,9 @@ pub struct Services {
     pub deadletters: Arc<Notify>,
     /// Requested on SIGTERM.
     pub shutdown: Shutdown,
+    /// With `cluster.enabled`: where the jobs planned from change events go (the
+    /// device-jobs topic, read back by this same loop).
+    pub jobs_out: Option<Arc<JobProducer>>,
 }
 
 /// What the loop waits on, one at a time.
@@ -114,6 +118,8 @@ struct Pipeline {
     ttl: TtlConfig,
     /// Records of this topic are registry changes.
     device_topic: String,
+    /// Records of this topic are jobs to queue (`cluster.enabled`).
+    device_jobs_topic: Option<String>,
     /// Wakes the dead-letter publisher after parking.
     deadletters: Arc<Notify>,
     /// Requested on SIGTERM: a failing dead-letter write then gives up instead of retrying.
@@ -128,7 +134,8 @@ struct Pipeline {
 /// cannot be read.
 pub async fn run(services: Services) -> anyhow::Result<()> {
     let consumer = create(&services.cfg, &services.health)?;
-    consumer.subscribe(&[&services.cfg.kafka.device_topic, &services.cfg.kafka.charge_topic]).context("subscribing")?;
+    let topics = services.cfg.subscribed_topics();
+    consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).context("subscribing")?;
     run_with(services, Arc::new(consumer)).await;
     Ok(())
 }
@@ -149,7 +156,12 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         mut replays,
         deadletters,
         shutdown,
+        jobs_out,
     } = services;
+    let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
+    if let Some(producer) = jobs_out {
+        handoff = handoff.routed(producer);
+    }
     let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
     let (registry, mut answers) = RegistryHold::new(&cfg, health.clone());
@@ -163,7 +175,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         planner,
         tracker: OffsetTracker::default(),
         batch: Batch::new(cfg.outbox.batch_max_records, Duration::from_millis(cfg.outbox.batch_max_delay_ms)),
-        handoff: Handoff::new(outbox, clock, commands, health.clone(), shutdown.clone()),
+        handoff,
         backpressure,
         pruner: Pruner::new(&cfg.outbox, &cfg.reconcile),
         registry,
@@ -171,6 +183,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         consume_errors: ConsumeErrors::default(),
         ttl: cfg.delivery.ttl.clone(),
         device_topic: cfg.kafka.device_topic.clone(),
+        device_jobs_topic: cfg.cluster.enabled.then(|| cfg.cluster.device_jobs_topic.clone()),
         deadletters,
         shutdown: shutdown.clone(),
     };
@@ -353,7 +366,9 @@ impl Pipeline {
             value: m.payload().unwrap_or_default(),
             timestamp_ms: m.timestamp().to_millis(),
         };
-        let accept = if upstream::is_tombstone(&m) {
+        let accept = if self.device_jobs_topic.as_deref() == Some(m.topic()) {
+            device_jobs::accept(&src, &self.stats)
+        } else if upstream::is_tombstone(&m) {
             self.planner.tombstone(&src)
         } else {
             let registry = &self.registry;
@@ -369,7 +384,11 @@ impl Pipeline {
         drop(entered);
         // Counted as soon as planned (not when written), so a batch cannot overshoot a
         // device's bound: a device at its bound pauses this record's partition at once.
-        let decisions = self.backpressure.planned(&part, accept.jobs.iter().map(|(device, _)| device.as_str()));
+        // Jobs bound for the device-jobs topic count where they are read back, so a device
+        // at its bound pauses its device-jobs partition, not a change event partition.
+        let routed = self.device_jobs_topic.as_ref().is_some_and(|t| *t != part.0);
+        let counted = accept.jobs.iter().filter(|_| !routed).map(|(device, _)| device.as_str());
+        let decisions = self.backpressure.planned(&part, counted);
         self.apply(consumer, decisions);
         let at_bound = self.backpressure.devices_at_bound() as u64;
         self.stats.update(|s| s.devices_at_bound = at_bound);

@@ -217,6 +217,7 @@ impl Rig {
             replays,
             deadletters: Arc::new(Notify::new()),
             shutdown: shutdown.clone(),
+            jobs_out: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }

@@ -12,7 +12,7 @@ use super::Outbox;
 use crate::model::{DeadLetter, Queued, SourceRef, StoredJob};
 use crate::store::reconcile::{Counting, RecordTally};
 use bytes::Bytes;
-use device_protocol::Job;
+use device_protocol::{EffectKind, Job};
 use redb::{Durability, ReadableDatabase, ReadableTable};
 
 /// What [`Outbox::write`] returns, per record of the batch and in its order: the jobs it
@@ -30,6 +30,14 @@ pub struct Accept {
     pub device: Option<DeviceEntry>,
     /// Jobs by device id; `seq` is assigned here.
     pub jobs: Vec<(String, Job)>,
+    /// Jobs of the record that went to the central shape's device-jobs topic instead
+    /// (device id, kind): counted as queued in the record's reconciliation window, not
+    /// queued here.
+    pub produced: Vec<(String, EffectKind)>,
+    /// For a job read back from the device-jobs topic: the topic and event time (Unix
+    /// seconds) of the change event it was planned from, whose reconciliation window the
+    /// job counts in when it leaves its queue.
+    pub routed_from: Option<(String, u64)>,
     /// Dead letters of the record or of some of its effects, to park.
     pub deadletters: Vec<DeadLetter>,
     /// The record.
@@ -119,12 +127,16 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
                 parked.push(id);
             }
         }
+        let jobs: Vec<(&str, u64, &str)> =
+            queued.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str())).collect();
         if let (Some(tally), Some(src)) = (&a.tally, &a.source) {
-            let jobs: Vec<(&str, u64, &str)> = queued
-                .iter()
-                .map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str()))
-                .collect();
-            counting.record(&src.topic, src.partition, src.offset, tally, &jobs)?;
+            let produced: Vec<&str> = a.produced.iter().map(|(_, kind)| kind.as_str()).collect();
+            counting.record(&src.topic, src.partition, src.offset, tally, &jobs, &produced)?;
+        }
+        if let Some((topic, event_time_s)) = &a.routed_from {
+            for (device, seq, kind) in &jobs {
+                counting.link(device, *seq, topic, *event_time_s, kind)?;
+            }
         }
         out.push((queued, parked));
     }

@@ -1,0 +1,116 @@
+//! Debian's `mosquitto` as the devices' broker of the central shape (pixgate's `broker`
+//! settings): TLS only, every client proves who it is with a certificate from a fleet CA
+//! made by pixgate's own provisioning (CN = username), and an ACL that keeps each device to
+//! its own topics while pixgate's identity publishes every device's jobs and reads every
+//! device's acks and status. `docs/operations.md` shows the same configuration.
+
+use crate::mosquitto::Broker;
+use crate::net::free_port;
+use crate::pki;
+use simulators::device::{DeviceIdentity, MqttSecurity};
+use simulators::fleet::FleetConfig;
+use simulators::registry::DeviceSpec;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The identity (certificate CN, MQTT username) of pixgate's connections to the broker.
+pub const GATEWAY_IDENTITY: &str = "pixgate-gateway";
+/// Longest wait for the broker to listen.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The ACL: pixgate's identity publishes every device's jobs and reads every device's acks
+/// and status; a device (username = its id) reads its own jobs and writes its own acks and
+/// status, nothing else.
+pub fn acl() -> String {
+    format!(
+        "user {GATEWAY_IDENTITY}\n\
+         topic write pixgate/v1/devices/+/jobs\n\
+         topic read pixgate/v1/devices/+/acks\n\
+         topic read pixgate/v1/devices/+/status\n\
+         \n\
+         pattern read pixgate/v1/devices/%u/jobs\n\
+         pattern write pixgate/v1/devices/%u/acks\n\
+         pattern readwrite pixgate/v1/devices/%u/status\n"
+    )
+}
+
+/// A fleet CA with certificates for some devices and for pixgate, and the configuration of
+/// a mosquitto for them on a free loopback port. Start (and restart) the broker with
+/// [`DevicesBroker::start`]; each start gets a folder of its own (`mosquitto-N/`).
+pub struct DevicesBroker {
+    dir: PathBuf,
+    port: u16,
+    pki: pki::Fleet,
+    config: String,
+    starts: usize,
+}
+
+impl DevicesBroker {
+    /// Writes the CA, a certificate per id of `devices` and one for [`GATEWAY_IDENTITY`],
+    /// and the ACL under `dir` (replaced).
+    ///
+    /// # Panics
+    /// A file cannot be written, or a device id is not one.
+    pub fn prepare(dir: &Path, devices: &[DeviceSpec]) -> DevicesBroker {
+        let _ = std::fs::remove_dir_all(dir);
+        let mut ids: Vec<&str> = devices.iter().map(|d| d.id()).collect();
+        ids.push(GATEWAY_IDENTITY);
+        let pki = pki::Fleet::create_without_other(&dir.join("pki"), &ids)
+            .unwrap_or_else(|e| panic!("making the fleet CA in {}: {e:#}", dir.display()));
+        let acl_file = dir.join("acl");
+        std::fs::write(&acl_file, acl()).unwrap_or_else(|e| panic!("writing {}: {e}", acl_file.display()));
+        let port = free_port();
+        // No persistence: a restart loses every session and every queued message.
+        let config = format!(
+            "per_listener_settings false\npersistence false\nallow_anonymous false\n\
+             listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
+             require_certificate true\nuse_identity_as_username true\nacl_file {}\n",
+            pki.ca_cert().display(),
+            pki.server_cert().display(),
+            pki.server_key().display(),
+            acl_file.display(),
+        );
+        DevicesBroker { dir: dir.to_path_buf(), port, pki, config, starts: 0 }
+    }
+
+    /// Starts mosquitto (again) on the port, logging connections only.
+    ///
+    /// # Panics
+    /// It did not start or listen (its log is in the message).
+    pub async fn start(&mut self) -> Broker {
+        self.starts += 1;
+        let dir = self.dir.join(format!("mosquitto-{}", self.starts));
+        Broker::start_logging(&dir, &self.config, self.port, WAIT, false).await.unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// The `PIXGATE_BROKER__*` settings that make pixgate use this broker with its own
+    /// certificate.
+    pub fn gateway_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("PIXGATE_BROKER__HOST", "127.0.0.1".to_string()),
+            ("PIXGATE_BROKER__PORT", self.port.to_string()),
+            ("PIXGATE_BROKER__TLS__CA", self.pki.ca_cert().display().to_string()),
+            ("PIXGATE_BROKER__TLS__CERT", self.pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
+            ("PIXGATE_BROKER__TLS__KEY", self.pki.device_key(GATEWAY_IDENTITY).display().to_string()),
+        ]
+    }
+
+    /// A fleet of `devices` on this broker, each with its certificate, writing into `out`.
+    pub fn fleet_config(&self, devices: Vec<DeviceSpec>, out: &Path) -> FleetConfig {
+        FleetConfig {
+            mqtt_host: "127.0.0.1".into(),
+            mqtt_port: self.port,
+            out_dir: out.to_path_buf(),
+            devices,
+            security: MqttSecurity::Tls {
+                ca: self.pki.ca_cert(),
+                identity: DeviceIdentity::Certificate { dir: self.pki.devices_dir() },
+            },
+        }
+    }
+
+    /// Removes the folder (certificates, broker logs).
+    pub fn remove(self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

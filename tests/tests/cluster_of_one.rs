@@ -1,0 +1,156 @@
+//! The central shape's code path in one process, on every CI run: pixgate with
+//! `cluster.enabled` plans each charge event, produces its jobs to `pixgate.device-jobs`
+//! (keyed by device id), reads them back from it into the outbox, and delivers them through
+//! an external MQTT broker (Debian's `mosquitto`, TLS, client certificates, an ACL) as one
+//! more client of it.
+//!
+//! A generated scenario runs through it while pixgate is SIGKILLed and restarted twice
+//! (jobs produced and not yet read back, jobs read back and not yet committed). At the end:
+//! every effect the routing rules call for (an independent model, `simulators::expected`)
+//! was carried out by its device exactly once after the device's dedupe, in order per
+//! device, and nothing else happened; every expected job is on the device-jobs topic under
+//! its device's key, and every record there is on the partition Kafka's Java producer
+//! would pick for that key (murmur2, computed by the test), so any producer of the topic
+//! puts a device on the same partition.
+//!
+//! Real tansu, real mosquitto, real TLS, the `pixgate` binary, the devices in-process.
+//! Scale: `PIXGATE_CLUSTER_EVENTS` (default 1,500), `PIXGATE_CLUSTER_DEVICES` (default 40),
+//! `PIXGATE_CLUSTER_SEED`.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::devices_broker::DevicesBroker;
+use pixgate_tests::harness::{fleet_connect_timeout, verifying_devices, Rig};
+use pixgate_tests::kafka::{java_partition, read_topic};
+use pixgate_tests::scenario::{self, env_scale, Plan};
+use serde_json::Value;
+use simulators::capture::generate::ScenarioConfig;
+use simulators::capture::PIXGATE_TOPICS;
+use simulators::device::Stats;
+use simulators::fleet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The device-jobs topic and its partition count.
+const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 4);
+
+/// Waits until the devices have carried out `target` effects, failing at `deadline`.
+async fn wait_carried(stats: &Stats, target: u64, deadline: Instant, what: &str) {
+    while stats.carried_out() < target {
+        assert!(Instant::now() < deadline, "stuck at {} effects before {what}", stats.carried_out());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_order() {
+    let events = env_scale("PIXGATE_CLUSTER_EVENTS", 1_500);
+    let devices = env_scale("PIXGATE_CLUSTER_DEVICES", 40);
+    let seed = env_scale("PIXGATE_CLUSTER_SEED", 20_261_204) as u64;
+    let began = Instant::now();
+    let plan = Arc::new(Plan::new(ScenarioConfig::new(seed, devices, events)));
+    let expected = plan.expected_count() as u64;
+    println!(
+        "cluster of one: seed {seed}, {} devices, {events} charge events, {expected} expected effects",
+        plan.devices.len()
+    );
+
+    let dir = std::env::temp_dir().join(format!("pixgate-cluster-of-one-mosquitto-{}", std::process::id()));
+    let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
+    let broker = mosquitto.start().await;
+    let mut topics = PIXGATE_TOPICS.to_vec();
+    topics.push(DEVICE_JOBS);
+    let mut rig = Rig::builder("cluster-of-one")
+        .topics(&topics)
+        .envs(mosquitto.gateway_env())
+        .env("PIXGATE_CLUSTER__ENABLED", "true")
+        .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0)
+        .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string())
+        .start()
+        .await;
+    let stats = Arc::new(Stats::default());
+    let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
+    let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await.unwrap();
+    fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap();
+    let producer = rig.producer();
+    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events as u64);
+    let feeder = {
+        let (plan, stats) = (plan.clone(), stats.clone());
+        tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
+    };
+    for share in [3, 2] {
+        wait_carried(&stats, expected / share, deadline, "a crash").await;
+        rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
+        rig.kill_gateway();
+        rig.start_gateway();
+        println!("cluster of one: pixgate SIGKILLed and restarted at {} effects", stats.carried_out());
+    }
+
+    let positions = feeder.await.unwrap().expect("feeding the charge events");
+    let charge_ends = scenario::end_offsets(&positions);
+    let device_ends = scenario::end_offsets(&device_positions);
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    let report = fleet.shutdown().await;
+    let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
+    assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
+    let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
+    assert!(log.contains("jobs go through the device-jobs topic"), "pixgate ran with cluster.enabled");
+
+    // What went through the topic: every expected job, under its device's key, each record
+    // on the partition Kafka's Java producer would pick for that key.
+    let records = read_topic(
+        rig.brokers(),
+        DEVICE_JOBS.0,
+        DEVICE_JOBS.1,
+        expected as usize,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let mut on_topic: HashMap<String, String> = HashMap::new();
+    for r in &records {
+        let key = String::from_utf8(r.key.clone()).unwrap();
+        assert_eq!(
+            r.partition,
+            java_partition(&r.key, DEVICE_JOBS.1),
+            "{key}'s job on another partition than murmur2's"
+        );
+        let value: Value = serde_json::from_slice(&r.value).unwrap();
+        assert_eq!(value["device"].as_str(), Some(key.as_str()), "the key is the job's device");
+        on_topic.insert(value["job"]["message_id"].as_str().unwrap().to_string(), key);
+    }
+    let mut missing = Vec::new();
+    for e in plan.expected() {
+        match on_topic.get(&e.message_id) {
+            Some(device) => assert_eq!(device, &e.device, "{} under another device", e.message_id),
+            None => missing.push(e.message_id.clone()),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} expected jobs never on {}: {:?}",
+        missing.len(),
+        DEVICE_JOBS.0,
+        &missing[..missing.len().min(5)]
+    );
+    let partitions: HashSet<i32> = records.iter().map(|r| r.partition).collect();
+    println!(
+        "cluster of one: {} effects on {} devices, each exactly once and in order; {} job records on {} partitions of {} ({} copies from the crashes, dropped by the outbox's dedupe window); {} raw job deliveries; {:.0} s",
+        checked.effects,
+        checked.devices,
+        records.len(),
+        partitions.len(),
+        DEVICE_JOBS.0,
+        records.len() - on_topic.len(),
+        report.stats.raw_jobs,
+        began.elapsed().as_secs_f64()
+    );
+    broker.stop().await;
+    rig.shutdown();
+    mosquitto.remove();
+}
