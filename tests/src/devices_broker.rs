@@ -4,7 +4,7 @@
 //! its own topics while pixgate's identity publishes every device's jobs and reads every
 //! device's acks and status. `docs/operations.md` shows the same configuration.
 
-use crate::mosquitto::Broker;
+use crate::mosquitto::{Broker, ClientAuth};
 use crate::net::free_port;
 use crate::pki;
 use simulators::device::{DeviceIdentity, MqttSecurity};
@@ -107,6 +107,21 @@ impl DevicesBroker {
                 identity: DeviceIdentity::Certificate { dir: self.pki.devices_dir() },
             },
         }
+    }
+
+    /// The broker's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// How `mosquitto_pub`/`mosquitto_sub` connect with `id`'s certificate.
+    pub fn client_auth(&self, id: &str) -> ClientAuth {
+        ClientAuth::certificate(&self.pki.ca_cert(), &self.pki.device_cert(id), &self.pki.device_key(id))
+    }
+
+    /// The fleet CA's certificate (what a client without a certificate of its own trusts).
+    pub fn ca_cert(&self) -> PathBuf {
+        self.pki.ca_cert()
     }
 
     /// Removes the folder (certificates, broker logs).

@@ -35,6 +35,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+/// The central shape's topic between the stages, when `cluster_partitions` > 0.
+const DEVICE_JOBS_TOPIC: &str = "pixgate.device-jobs";
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct LoadConfig {
@@ -65,6 +68,10 @@ pub struct LoadConfig {
     /// Device connections cut at random per minute over the drain and live phase (0: none),
     /// as a real fleet's network drops them; each device reconnects by itself.
     pub churn_per_minute: f64,
+    /// With N > 0, pixgate runs the central shape's hand-off (`cluster.enabled`): every
+    /// job goes through `pixgate.device-jobs`, created with N partitions, and is read back
+    /// from it. 0: the edge box's hand-off (the outbox write).
+    pub cluster_partitions: i32,
 }
 
 /// Cuts a random device's connection every `60 / per_minute` s, when ticked.
@@ -225,6 +232,9 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let broker = KafkaBroker::start(&cfg.work.join("kafka"))?;
     let brokers = broker.addr().to_string();
     capture::ensure_topics(&brokers, &capture::PIXGATE_TOPICS).await?;
+    if cfg.cluster_partitions > 0 {
+        capture::ensure_topics(&brokers, &[(DEVICE_JOBS_TOPIC, cfg.cluster_partitions)]).await?;
+    }
     let settings = GatewaySettings {
         brokers: brokers.clone(),
         group_id: "pixgate-load".into(),
@@ -243,6 +253,11 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let room = (cfg.devices + 64).max(256).to_string();
     env.push(("PIXGATE_MQTT__MAX_CONNECTIONS", room.clone()));
     env.push(("PIXGATE_MQTT__MAX_PER_ADDRESS", room));
+    if cfg.cluster_partitions > 0 {
+        env.push(("PIXGATE_CLUSTER__ENABLED", "true".into()));
+        env.push(("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS_TOPIC.into()));
+        env.push(("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", cfg.cluster_partitions.to_string()));
+    }
     let setup = Instant::now();
     let ids: Vec<String> = devices.iter().map(|d| d.id().to_string()).collect();
     let (security, tls_env) = fleet_security(cfg.fleet_tls, &cfg.work.join("pki"), &ids)?;
@@ -633,8 +648,16 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
     let (live_n, lat) = &r.live;
     let mut t = String::new();
     t.push_str(&format!(
-        "\npixgate load run: {} charge events backlog, {} devices, seed {}, live {} ev/s for {} s\n",
-        cfg.events, cfg.devices, cfg.seed, cfg.live_rate, cfg.live_seconds
+        "\npixgate load run: {} charge events backlog, {} devices, seed {}, live {} ev/s for {} s; hand-off: {}\n",
+        cfg.events,
+        cfg.devices,
+        cfg.seed,
+        cfg.live_rate,
+        cfg.live_seconds,
+        match cfg.cluster_partitions {
+            0 => "the outbox write (edge box)".to_string(),
+            n => format!("{DEVICE_JOBS_TOPIC}, {n} partitions (cluster.enabled)"),
+        }
     ));
     t.push_str("| figure | value |\n|---|---|\n");
     t.push_str(&format!(

@@ -50,6 +50,10 @@ struct Args {
     /// real network drops them (0: none); each device reconnects by itself.
     #[arg(long, default_value_t = 0.0)]
     churn_per_minute: f64,
+    /// Run the central shape's hand-off: every job through `pixgate.device-jobs`, created
+    /// with this many partitions, and read back (0: the edge box's outbox write).
+    #[arg(long, default_value_t = 0)]
+    cluster_partitions: i32,
 }
 
 #[tokio::main]
@@ -73,6 +77,7 @@ async fn main() -> anyhow::Result<()> {
         fleet_tls: a.tls,
         connect_timeout: Duration::from_secs(a.connect_timeout_s),
         churn_per_minute: a.churn_per_minute,
+        cluster_partitions: a.cluster_partitions,
     };
     println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
     // Ctrl-C or SIGTERM: dropping the run stops the broker and pixgate it started (a
