@@ -8,16 +8,17 @@
 //! ([`crate::deliver::dispatcher`]). A record is *durably accepted*, and its offset may be
 //! stored, once its batch has crossed the seam.
 //!
-//! Today the hand-off is a step within one process, [`Handoff`]: a batch's `Accept`s are
-//! written to the outbox in one transaction ([`Outbox::write`]: each job gets its
-//! device's next `seq`; a job whose message id is in the dedupe window is left out), on a
-//! blocking thread while the consumer plans the next batch; then each job stored goes to
-//! the dispatcher as [`Command::Enqueue`], in the order written. With several replicas it
-//! becomes a Kafka topic keyed by device (the repartition by a new key of Kafka Streams):
-//! this side produces the jobs to it, and the replica that owns the device consumes them
-//! into its outbox and dispatcher.
+//! On the edge box the hand-off is a step within one process, [`Handoff`]: a batch's
+//! `Accept`s are written to the outbox in one transaction ([`Outbox::write`]: each job gets
+//! its device's next `seq`; a job whose message id is in the dedupe window is left out), on
+//! a blocking thread while the consumer plans the next batch; then each job stored goes to
+//! the dispatcher as [`Command::Enqueue`], in the order written. With `cluster.enabled`
+//! ([`Handoff::routed`]) it is a Kafka topic keyed by device (the repartition by a new key
+//! of Kafka Streams, [`crate::ingest::device_jobs`]): the jobs planned from change events
+//! are produced to it before the batch's write, and the jobs read back from it are
+//! written and go to the dispatcher as above.
 //!
-//! What holds across the seam, and what a second form of it must keep:
+//! What holds across the seam, in either form:
 //! - per device, jobs are queued in the order their records were read: one batch in
 //!   flight at a time, a replay only between two batches, and nothing more once a batch
 //!   was given up ([`Handoff::gave_up`]);
