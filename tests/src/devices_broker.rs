@@ -4,19 +4,32 @@
 //! its own topics while pixgate's identity publishes every device's jobs and reads every
 //! device's acks and status. `docs/operations.md` shows the same configuration.
 
+use crate::harness::{fleet_connect_timeout, verifying_devices, Rig};
 use crate::mosquitto::{Broker, ClientAuth};
 use crate::net::free_port;
 use crate::pki;
+use crate::scenario::{self, Plan};
+use simulators::capture::Position;
+use simulators::device::Stats;
 use simulators::device::{DeviceIdentity, MqttSecurity};
 use simulators::fleet::FleetConfig;
+use simulators::fleet::{self, FleetHandle};
 use simulators::registry::DeviceSpec;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+use std::time::Instant;
+use tokio::task::JoinHandle;
 
 /// The identity (certificate CN, MQTT username) of pixgate's connections to the broker.
 pub const GATEWAY_IDENTITY: &str = "pixgate-gateway";
 /// Longest wait for the broker to listen.
 const WAIT: Duration = Duration::from_secs(30);
+
+/// Whether pixgate's log `log` says its jobs connection to the broker was lost.
+pub fn jobs_connection_lost(log: &str) -> bool {
+    log.lines().any(|l| l.contains("a connection to the devices' broker was lost") && l.contains("connection=\"jobs\""))
+}
 
 /// The ACL: pixgate's identity publishes every device's jobs and reads every device's acks
 /// and status; a device (username = its id) reads its own jobs and writes its own acks and
@@ -32,6 +45,21 @@ pub fn acl() -> String {
          pattern write pixgate/v1/devices/%u/acks\n\
          pattern readwrite pixgate/v1/devices/%u/status\n"
     )
+}
+
+/// A generated scenario running on pixgate with the devices on a [`DevicesBroker`]
+/// ([`DevicesBroker::run_scenario`]).
+pub struct Running {
+    /// What the verifying devices carried out.
+    pub stats: Arc<Stats>,
+    /// The devices.
+    pub fleet: FleetHandle,
+    /// Where the registry's records are on `device.upserted`.
+    pub device_positions: Vec<Position>,
+    /// When the scenario must be over: 4 min plus 60 ms per charge event.
+    pub deadline: Instant,
+    /// Publishes the charge events keeping up with the devices; returns where they are.
+    pub feeder: JoinHandle<anyhow::Result<Vec<Position>>>,
 }
 
 /// A fleet CA with certificates for some devices and for pixgate, and the configuration of
@@ -122,6 +150,29 @@ impl DevicesBroker {
     /// The fleet CA's certificate (what a client without a certificate of its own trusts).
     pub fn ca_cert(&self) -> PathBuf {
         self.pki.ca_cert()
+    }
+
+    /// Starts `plan`'s devices on this broker (each with its certificate, verifying what
+    /// it carries out), publishes the registry to `rig` and waits until pixgate applied it,
+    /// then feeds the charge events as a shop produces them, in a task.
+    ///
+    /// # Panics
+    /// The fleet did not connect, or the registry was not applied in time.
+    pub async fn run_scenario(&self, rig: &Rig, plan: &Arc<Plan>) -> Running {
+        let stats = Arc::new(Stats::default());
+        let cfg = self.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
+        let fleet = fleet::start_with_options(cfg, verifying_devices(&stats)).await.unwrap_or_else(|e| panic!("{e:#}"));
+        fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap_or_else(|e| panic!("{e:#}"));
+        let producer = rig.producer();
+        let device_positions =
+            scenario::publish_registry(&producer, plan, rig.gateway()).await.unwrap_or_else(|e| panic!("{e:#}"));
+        let events = plan.charges.len() as u64;
+        let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events);
+        let feeder = {
+            let (plan, stats) = (plan.clone(), stats.clone());
+            tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
+        };
+        Running { stats, fleet, device_positions, deadline, feeder }
     }
 
     /// Removes the folder (certificates, broker logs).

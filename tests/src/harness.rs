@@ -284,6 +284,22 @@ impl Rig {
         self.start_fleet(vec![device], protocol_devices()).await.shutdown().await;
     }
 
+    /// Publishes a new ACTIVE charge on card machine `terminal` (of the fixtures' charge
+    /// template's company), its id made from `n`, dated now and expiring in an hour.
+    /// Returns the record.
+    ///
+    /// # Panics
+    /// The fixtures cannot be read, or the publish failed.
+    pub async fn publish_charge(&self, terminal: &str, n: u64) -> capture::CaptureRecord {
+        let tpl = crate::charges::template(&crate::demo::default_fixtures());
+        let t = chrono::Utc::now().timestamp() as u64;
+        let rec = crate::charges::charge_record(&tpl, terminal, &format!("{n:024x}"), "ACTIVE", 0, 60, t);
+        capture::publish_records(&self.producer(), std::slice::from_ref(&rec))
+            .await
+            .unwrap_or_else(|e| panic!("publishing charge {n}: {e:#}"));
+        rec
+    }
+
     /// Publishes a registry file (`devices.jsonl` lines, `capture::publish_file`) and waits
     /// until pixgate has applied that many device records (`devices_applied` on `/stats`),
     /// as the contract asks before any charge event. Returns how many records it published.
@@ -316,5 +332,18 @@ impl Drop for Rig {
         if std::thread::panicking() {
             eprintln!("logs kept in {} (pixgate*.log, kafka/broker.log)", self.dir.display());
         }
+    }
+}
+
+/// Waits until `device` of `fleet` has carried out an effect of the charge of `rec`.
+///
+/// # Panics
+/// Not within `timeout`.
+pub async fn wait_done_by(fleet: &FleetHandle, device: &str, rec: &capture::CaptureRecord, timeout: Duration) {
+    let charge = rec.key.clone().unwrap_or_default();
+    let deadline = Instant::now() + timeout;
+    while !fleet.effects().iter().any(|e| e.device == device && e.charge == charge) {
+        assert!(Instant::now() < deadline, "{device} never carried out charge {charge}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -416,3 +416,14 @@ pub async fn publish_registry(
     .context("pixgate reading the registry")?;
     Ok(positions)
 }
+
+/// Waits until the devices have carried out `target` effects (counted in `stats`).
+///
+/// # Panics
+/// `deadline` passed first (`what` names what was waited for).
+pub async fn wait_carried(stats: &Stats, target: u64, deadline: Instant, what: &str) {
+    while stats.carried_out() < target {
+        assert!(Instant::now() < deadline, "stuck at {} effects before {what}", stats.carried_out());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

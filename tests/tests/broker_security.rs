@@ -26,14 +26,11 @@
 #![allow(clippy::unwrap_used)]
 
 use device_protocol::{Ack, Job, Topic};
-use pixgate_tests::charges::{charge_record, template};
 use pixgate_tests::devices_broker::DevicesBroker;
 use pixgate_tests::gateway::count;
-use pixgate_tests::harness::{protocol_devices, Rig};
+use pixgate_tests::harness::{protocol_devices, wait_done_by, Rig};
 use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
-use simulators::capture::{self, CaptureRecord};
-use simulators::fleet::{self, FleetHandle};
-use std::process::Stdio;
+use simulators::fleet;
 use std::time::{Duration, Instant};
 
 /// Card machine A, the attacker (company of the charge template).
@@ -44,58 +41,6 @@ const B: &str = "7f80e222f828767efc2f9162";
 const WAIT: Duration = Duration::from_secs(30);
 /// How long a message that must not come is waited for.
 const QUIET: Duration = Duration::from_secs(3);
-
-/// `mosquitto_pub` once at QoS 1 with `auth` as `client_id`; `Err` carries its stderr.
-async fn publish(
-    port: u16,
-    auth: &ClientAuth,
-    client_id: &str,
-    topic: &str,
-    payload: &str,
-    extra: &[&str],
-) -> Result<(), String> {
-    let mut cmd = tokio::process::Command::new("mosquitto_pub");
-    cmd.args(auth.args()).args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-i",
-        client_id,
-        "-q",
-        "1",
-        "-t",
-        topic,
-        "-m",
-        payload,
-    ]);
-    cmd.args(extra);
-    let out = tokio::time::timeout(WAIT, cmd.stdin(Stdio::null()).kill_on_drop(true).output()).await.unwrap().unwrap();
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!("{} {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
-/// A new ACTIVE charge on B (id from `n`), published.
-async fn charge(rig: &Rig, n: u64) -> CaptureRecord {
-    let tpl = template(&pixgate_tests::demo::default_fixtures());
-    let t = chrono::Utc::now().timestamp() as u64;
-    let rec = charge_record(&tpl, B, &format!("{n:024x}"), "ACTIVE", 0, 60, t);
-    capture::publish_records(&rig.producer(), std::slice::from_ref(&rec)).await.unwrap();
-    rec
-}
-
-/// Waits until simulated B has carried out the charge of `rec`.
-async fn done_by_b(fleet: &FleetHandle, rec: &CaptureRecord) {
-    let charge = rec.key.clone().unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !fleet.effects().iter().any(|e| e.device == B && e.charge == charge) {
-        assert!(Instant::now() < deadline, "B never carried out charge {charge}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// Waits until pixgate counts `n` effects done.
 async fn effects_done(rig: &Rig, n: u64) {
@@ -116,7 +61,8 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
     let (auth_a, auth_b) = (broker_cfg.client_auth(A), broker_cfg.client_auth(B));
 
     // 1. No certificate: refused.
-    let refused = publish(port, &ClientAuth::server_only(&broker_cfg.ca_cert()), "dev-x", "x", "x", &[]).await;
+    let refused =
+        mosquitto::publish_as(port, &ClientAuth::server_only(&broker_cfg.ca_cert()), "dev-x", "x", "x", 1, false).await;
     assert!(refused.is_err(), "a client without a certificate got in");
 
     // 2. B, played by mosquitto_sub (persistent, QoS 1), takes its job and does not ack it.
@@ -124,17 +70,19 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
         Subscriber::start_as(port, &auth_b, &format!("dev-{B}"), &Topic::Jobs(B.into()).path(), 1, true, WAIT)
             .await
             .unwrap();
-    charge(&rig, 1).await;
+    rig.publish_charge(B, 1).await;
     let line = b_sub.next_message(WAIT).await.unwrap().expect("B's job");
     let job: Job = serde_json::from_str(&line).unwrap();
     let forged = serde_json::to_string(&Ack::done(&job.message_id, job.seq, false)).unwrap();
-    publish(port, &auth_a, &format!("dev-{A}"), &Topic::Acks(B.into()).path(), &forged, &[])
+    mosquitto::publish_as(port, &auth_a, &format!("dev-{A}"), &Topic::Acks(B.into()).path(), &forged, 1, false)
         .await
         .expect("the broker takes the PUBLISH (and drops it: MQTT 3.1.1 has no refusal for it)");
     let again = b_sub.next_message(WAIT).await.unwrap().expect("B's job sent again: A's ack did not finish it");
     assert_eq!(serde_json::from_str::<Job>(&again).unwrap().message_id, job.message_id);
     assert_eq!(pixgate_tests::gateway::total(&rig.gateway().stats().unwrap().counters.effects_done), 0);
-    publish(port, &auth_b, &format!("dev-{B}.acks"), &Topic::Acks(B.into()).path(), &forged, &[]).await.unwrap();
+    mosquitto::publish_as(port, &auth_b, &format!("dev-{B}.acks"), &Topic::Acks(B.into()).path(), &forged, 1, false)
+        .await
+        .unwrap();
     effects_done(&rig, 1).await;
     b_sub.stop().await;
 
@@ -147,8 +95,8 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
         broker_cfg.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, B)], &rig.dir().join("devices"));
     let fleet = fleet::start_with_options(fleet_cfg, protocol_devices()).await.unwrap();
     fleet.wait_connected(WAIT).await.unwrap();
-    let rec = charge(&rig, 2).await;
-    done_by_b(&fleet, &rec).await;
+    let rec = rig.publish_charge(B, 2).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
     assert_eq!(a_sub.next_message(QUIET).await.unwrap(), None, "A read something of B's");
 
     // 4. A's will on B's status fires (A killed): B's retained status is still B's.
@@ -194,10 +142,10 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
         assert!(Instant::now() < deadline, "B was never cut off by a connection under its client id");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let rec = charge(&rig, 3).await;
+    let rec = rig.publish_charge(B, 3).await;
     assert_eq!(impostor.next_message(QUIET).await.unwrap_or(None), None, "A read B's job under B's client id");
     impostor.stop().await;
-    done_by_b(&fleet, &rec).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
     a_sub.stop().await;
 
     // 6. A takes pixgate's jobs client id: pixgate reconnects, and B's next job goes out.
@@ -206,10 +154,10 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
             .await
             .unwrap();
     cutter.stop().await;
-    let rec = charge(&rig, 4).await;
-    done_by_b(&fleet, &rec).await;
+    let rec = rig.publish_charge(B, 4).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
     let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap();
-    assert!(log.contains("jobs connection to the devices' broker lost"), "pixgate's connection was not cut");
+    assert!(pixgate_tests::devices_broker::jobs_connection_lost(&log), "pixgate's connection was not cut");
     assert!(count(&rig.gateway().stats().unwrap().counters.effects_done, "display_qr") >= 4);
 
     fleet.shutdown().await;

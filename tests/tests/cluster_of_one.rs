@@ -21,28 +21,18 @@
 #![allow(clippy::unwrap_used)]
 
 use pixgate_tests::devices_broker::DevicesBroker;
-use pixgate_tests::harness::{fleet_connect_timeout, verifying_devices, Rig};
+use pixgate_tests::harness::Rig;
 use pixgate_tests::kafka::{java_partition, read_topic};
 use pixgate_tests::scenario::{self, env_scale, Plan};
 use serde_json::Value;
 use simulators::capture::generate::ScenarioConfig;
 use simulators::capture::PIXGATE_TOPICS;
-use simulators::device::Stats;
-use simulators::fleet;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The device-jobs topic and its partition count.
 const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 4);
-
-/// Waits until the devices have carried out `target` effects, failing at `deadline`.
-async fn wait_carried(stats: &Stats, target: u64, deadline: Instant, what: &str) {
-    while stats.carried_out() < target {
-        assert!(Instant::now() < deadline, "stuck at {} effects before {what}", stats.carried_out());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_order() {
@@ -70,31 +60,21 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
         .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string())
         .start()
         .await;
-    let stats = Arc::new(Stats::default());
-    let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
-    let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await.unwrap();
-    fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap();
-    let producer = rig.producer();
-    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
-
-    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events as u64);
-    let feeder = {
-        let (plan, stats) = (plan.clone(), stats.clone());
-        tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
-    };
+    let run = mosquitto.run_scenario(&rig, &plan).await;
+    let (stats, deadline) = (run.stats.clone(), run.deadline);
     for share in [3, 2] {
-        wait_carried(&stats, expected / share, deadline, "a crash").await;
+        scenario::wait_carried(&stats, expected / share, deadline, "a crash").await;
         rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
         rig.kill_gateway();
         rig.start_gateway();
         println!("cluster of one: pixgate SIGKILLed and restarted at {} effects", stats.carried_out());
     }
 
-    let positions = feeder.await.unwrap().expect("feeding the charge events");
+    let positions = run.feeder.await.unwrap().expect("feeding the charge events");
     let charge_ends = scenario::end_offsets(&positions);
-    let device_ends = scenario::end_offsets(&device_positions);
+    let device_ends = scenario::end_offsets(&run.device_positions);
     scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
-    let report = fleet.shutdown().await;
+    let report = run.fleet.shutdown().await;
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
     let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();

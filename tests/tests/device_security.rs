@@ -27,9 +27,8 @@
 #![allow(clippy::unwrap_used)]
 
 use device_protocol::{Ack, Job, Topic};
-use pixgate_tests::charges::{charge_record, template};
 use pixgate_tests::gateway::StatsReport;
-use pixgate_tests::harness::{protocol_devices, Rig};
+use pixgate_tests::harness::{protocol_devices, wait_done_by, Rig};
 use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
 use simulators::capture::{self, CaptureRecord};
 use simulators::device::{DeviceIdentity, MqttSecurity};
@@ -137,25 +136,6 @@ async fn mosquitto_pub(
     }
 }
 
-/// A charge for `terminal` (new id from `n`), published; returns the record.
-async fn charge(rig: &Rig, terminal: &str, n: u64) -> CaptureRecord {
-    let tpl = template(&pixgate_tests::demo::default_fixtures());
-    let t = chrono::Utc::now().timestamp() as u64;
-    let rec = charge_record(&tpl, terminal, &format!("{n:024x}"), "ACTIVE", 0, 60, t);
-    capture::publish_records(&rig.producer(), std::slice::from_ref(&rec)).await.unwrap();
-    rec
-}
-
-/// Waits until simulated B has carried out the charge of `rec`.
-async fn done_by_b(fleet: &FleetHandle, rec: &CaptureRecord) {
-    let charge = rec.key.clone().unwrap();
-    let deadline = Instant::now() + WAIT;
-    while !fleet.effects().iter().any(|e| e.device == B && e.charge == charge) {
-        assert!(Instant::now() < deadline, "B never carried out charge {charge}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Starts simulated card machine B over TLS with its certificate.
 async fn start_b(rig: &Rig, pki: &Pki) -> FleetHandle {
     let fixtures = pixgate_tests::demo::default_fixtures();
@@ -207,7 +187,7 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     // 1. A takes its own job at QoS 1 (a persistent session as dev-{A}) and acks it.
     let (a_jobs, b_jobs) = (Topic::Jobs(A.into()).path(), Topic::Jobs(B.into()).path());
     let mut a = Subscriber::start_as(port, &pki.cert(A), &format!("dev-{A}"), &a_jobs, 1, true, WAIT).await.unwrap();
-    let rec = charge(&rig, A, 1).await;
+    let rec = rig.publish_charge(A, 1).await;
     let job: Job = serde_json::from_str(&a.next_message(WAIT).await.unwrap().expect("A's job")).unwrap();
     let value: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
     assert_eq!(job.event_id, value["eventId"].as_str().unwrap());
@@ -232,12 +212,12 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     assert_eq!(refusals(&stats(), "subscribe"), before + 7);
 
     // 3. A acks B's next job: A is disconnected, and B's job is done by B.
-    let rec = charge(&rig, B, 2).await;
+    let rec = rig.publish_charge(B, 2).await;
     let forged = serde_json::to_string(&Ack::done(&format!("forged-{}", rec.key.clone().unwrap()), 1, false)).unwrap();
     let b_acks = Topic::Acks(B.into()).path();
     let err = mosquitto::publish_as(port, &pki.cert(A), &format!("dev-{A}.forge"), &b_acks, &forged, 1, false).await;
     assert!(err.is_err(), "publishing on B's acks must fail: the connection is closed");
-    done_by_b(&fleet, &rec).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
     assert!(refusals(&stats(), "publish") >= 1);
     assert_eq!(spy.next_message(Duration::from_millis(500)).await.unwrap(), None, "B's job reached A's spy");
 
@@ -252,8 +232,8 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     let own_will = pki.cert(A).with_args(&["--will-topic", &a_status, "--will-payload", offline, "--will-retain"]);
     let killed = Subscriber::start_as(port, &own_will, &format!("dev-{A}.w"), &a_jobs, 1, false, WAIT).await;
     killed.unwrap().stop().await; // SIGKILL: the will is published, on A's status only
-    let rec = charge(&rig, B, 3).await;
-    done_by_b(&fleet, &rec).await;
+    let rec = rig.publish_charge(B, 3).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
 
     // 5. Who may not connect.
     let ca_only = ClientAuth::server_only(&pki.ca.join("ca.crt"));
@@ -301,8 +281,8 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     let e = mosquitto_pub(port, &pki.cert(A), "pixgate-gateway", &a_status, &[]).await.unwrap_err();
     assert!(e.contains("identifier rejected"), "{e}");
     assert!(refusals(&stats(), "client_id") >= 1);
-    let rec = charge(&rig, B, 4).await;
-    done_by_b(&fleet, &rec).await;
+    let rec = rig.publish_charge(B, 4).await;
+    wait_done_by(&fleet, B, &rec, WAIT).await;
 
     // 9. B removed from the registry: disconnected now, refused from then on.
     let unknown_before = refusals(&stats(), "unknown_device");

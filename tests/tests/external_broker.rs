@@ -25,11 +25,9 @@
 #![allow(clippy::unwrap_used)]
 
 use pixgate_tests::devices_broker::DevicesBroker;
-use pixgate_tests::harness::{fleet_connect_timeout, verifying_devices, Rig};
+use pixgate_tests::harness::Rig;
 use pixgate_tests::scenario::{self, env_scale, Plan};
 use simulators::capture::generate::ScenarioConfig;
-use simulators::device::Stats;
-use simulators::fleet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,22 +47,6 @@ async fn wait_unready(rig: &Rig, text: &str) {
         }
         assert!(Instant::now() < deadline, "/readyz never failed with `{text}`; last answer {answer:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until the devices have carried out `target` effects, failing at `deadline`.
-async fn wait_carried(stats: &Stats, target: u64, deadline: Instant, what: &str) {
-    let mut last_print = Instant::now();
-    while stats.carried_out() < target {
-        assert!(Instant::now() < deadline, "stuck at {} effects before {what}", stats.carried_out());
-        if last_print.elapsed() > Duration::from_secs(10) {
-            last_print = Instant::now();
-            println!(
-                "external broker: {} effects carried out, waiting for {target} before {what}",
-                stats.carried_out()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -89,21 +71,11 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
         .env("PIXGATE_HEALTH__DEVICE_BROKER_DOWN_AFTER_MS", "2000")
         .start()
         .await;
-    let stats = Arc::new(Stats::default());
-    let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
-    let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await.unwrap();
-    fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await.unwrap();
-    let producer = rig.producer();
-    let device_positions = scenario::publish_registry(&producer, &plan, rig.gateway()).await.unwrap();
-
-    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events as u64);
-    let feeder = {
-        let (plan, stats) = (plan.clone(), stats.clone());
-        tokio::spawn(async move { scenario::feed_keeping_up(&producer, &plan, stats, deadline).await })
-    };
+    let run = mosquitto.run_scenario(&rig, &plan).await;
+    let (stats, deadline) = (run.stats.clone(), run.deadline);
 
     // mosquitto dies with jobs and acks in it, and comes back empty.
-    wait_carried(&stats, expected / 3, deadline, "the broker's crash").await;
+    scenario::wait_carried(&stats, expected / 3, deadline, "the broker's crash").await;
     broker.stop().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let crashed_at = stats.carried_out();
@@ -111,25 +83,25 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     println!("external broker: mosquitto SIGKILLed and restarted at {crashed_at} effects");
 
     // Then pixgate dies, its outbox and its broker sessions left behind.
-    wait_carried(&stats, crashed_at + expected / 3, deadline, "pixgate's crash").await;
+    scenario::wait_carried(&stats, crashed_at + expected / 3, deadline, "pixgate's crash").await;
     rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
     rig.kill_gateway();
     rig.start_gateway();
     println!("external broker: pixgate SIGKILLed and restarted at {} effects", stats.carried_out());
 
-    let positions = feeder.await.unwrap().expect("feeding the charge events");
+    let positions = run.feeder.await.unwrap().expect("feeding the charge events");
     let charge_ends = scenario::end_offsets(&positions);
-    let device_ends = scenario::end_offsets(&device_positions);
+    let device_ends = scenario::end_offsets(&run.device_positions);
     scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
     assert!(rig.gateway().is_ready(), "ready again once the broker is back");
-    let report = fleet.shutdown().await;
+    let report = run.fleet.shutdown().await;
 
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
     let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
     assert!(log.contains("devices through an external MQTT broker"), "pixgate used the external broker");
     assert!(
-        log.contains("jobs connection to the devices' broker lost"),
+        pixgate_tests::devices_broker::jobs_connection_lost(&log),
         "pixgate saw the broker go (its log: {})",
         rig.dir().join("pixgate.log").display()
     );

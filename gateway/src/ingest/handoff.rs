@@ -171,17 +171,11 @@ impl Handoff {
     pub async fn land(&mut self, attempt: Attempt) -> Option<Accepted> {
         let Attempt { records, mut accepts, removals, result } = attempt;
         let stored = match result {
-            Ok(s) => s,
+            Ok(s) => Some(s),
             Err(e) if self.jobs_out.is_some() => {
                 let (written, stored) = self.retry_routed(e, accepts, removals).await;
                 accepts = written;
-                match stored {
-                    Some(s) => s,
-                    None => {
-                        self.gave_up = true;
-                        return None;
-                    }
-                }
+                stored
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
@@ -198,14 +192,12 @@ impl Handoff {
                 )
                 .await;
                 accepts = written;
-                match stored {
-                    Some(s) => s,
-                    None => {
-                        self.gave_up = true;
-                        return None;
-                    }
-                }
+                stored
             }
+        };
+        let Some(stored) = stored else {
+            self.gave_up = true;
+            return None;
         };
         let mut accepted = Accepted::default();
         for ((accept, (queued, dls)), rec) in accepts.iter().zip(stored).zip(&records) {

@@ -2,6 +2,7 @@
 //! loops, the publisher and health: which is up, the last error, and the pause before the
 //! next connection attempt.
 
+use crate::shutdown::Shutdown;
 use crate::telemetry::Monitor;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -79,6 +80,20 @@ impl Links {
         self.errors.lock().unwrap_or_else(PoisonError::into_inner)[which.index()] =
             Some(format!("{} connection: {error}", which.name()));
         self.report();
+    }
+
+    /// `which` failed with `error`: logged (a warning when it was up, at debug while it
+    /// keeps failing to connect), recorded, then the pause `backoff` gives before the next
+    /// attempt. Returns whether shutdown was requested meanwhile.
+    pub async fn failed(&self, which: Which, error: String, backoff: &mut Backoff, shutdown: &Shutdown) -> bool {
+        let pause = backoff.pause();
+        if self.is_up(which) {
+            tracing::warn!(connection = which.name(), %error, "a connection to the devices' broker was lost; reconnecting");
+        } else {
+            tracing::debug!(connection = which.name(), %error, retry_ms = pause.as_millis() as u64, "a connection to the devices' broker failed");
+        }
+        self.down(which, error);
+        shutdown.sleep(pause).await
     }
 
     fn report(&self) {

@@ -46,14 +46,7 @@ async fn drive(mut eventloop: EventLoop, links: Arc<Links>, shutdown: Shutdown) 
             }
             Ok(_) => {}
             Err(e) => {
-                let pause = backoff.pause();
-                if links.is_up(Which::Jobs) {
-                    tracing::warn!(error = %e, "jobs connection to the devices' broker lost; reconnecting");
-                } else {
-                    tracing::debug!(error = %e, retry_ms = pause.as_millis() as u64, "jobs connection to the devices' broker failed");
-                }
-                links.down(Which::Jobs, e.to_string());
-                if shutdown.sleep(pause).await {
+                if links.failed(Which::Jobs, e.to_string(), &mut backoff, &shutdown).await {
                     return;
                 }
             }

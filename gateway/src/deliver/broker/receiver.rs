@@ -80,14 +80,7 @@ async fn drive(
             }
             Ok(_) => {}
             Err(e) => {
-                let pause = backoff.pause();
-                if links.is_up(Which::Acks) {
-                    tracing::warn!(error = %e, "acks connection to the devices' broker lost; reconnecting");
-                } else {
-                    tracing::debug!(error = %e, retry_ms = pause.as_millis() as u64, "acks connection to the devices' broker failed");
-                }
-                links.down(Which::Acks, e.to_string());
-                if shutdown.sleep(pause).await {
+                if links.failed(Which::Acks, e.to_string(), &mut backoff, &shutdown).await {
                     return;
                 }
             }
