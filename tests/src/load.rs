@@ -382,7 +382,12 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let read = count(&c.events_read, "charge.upserted");
         let accepted = read.saturating_sub(c.pending_records);
         let delivered = total(&c.effects_done);
-        let idle = c.pending_records == 0 && c.queued_jobs == 0 && c.outbox_jobs == 0;
+        // With the hand-off over Kafka, jobs waiting on the device-jobs topic are in no
+        // counter: the drain also waits for every expected effect to be done or superseded.
+        let idle = c.pending_records == 0
+            && c.queued_jobs == 0
+            && c.outbox_jobs == 0
+            && (cfg.cluster_partitions == 0 || delivered + c.superseded >= expected);
         report.connect.min_held = report.connect.min_held.min(c.mqtt_connected);
         if report.first_accept.is_zero() && accepted > 0 {
             report.first_accept = t0.elapsed();

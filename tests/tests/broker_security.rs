@@ -143,7 +143,7 @@ async fn on_the_external_broker_a_device_reads_nothing_of_another_and_cannot_fin
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let rec = rig.publish_charge(B, 3).await;
-    assert_eq!(impostor.next_message(QUIET).await.unwrap_or(None), None, "A read B's job under B's client id");
+    assert_eq!(impostor.next_message(QUIET).await.unwrap(), None, "A read B's job under B's client id");
     impostor.stop().await;
     wait_done_by(&fleet, B, &rec, WAIT).await;
     a_sub.stop().await;

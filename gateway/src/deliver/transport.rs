@@ -27,8 +27,9 @@ pub enum TransportError {
     #[error("the {0} link is gone")]
     Closed(&'static str),
     /// The transport's link is down for now and reconnecting on its own (an external MQTT
-    /// broker restarting); its outage is logged once and fails readiness, so a send
-    /// refused meanwhile is not worth a log line of its own.
+    /// broker restarting), or too busy to take more (its queue full); an outage is logged
+    /// once and fails readiness, and a link that takes nothing for long shows as a stalled
+    /// delivery, so a send refused meanwhile is not worth a log line of its own.
     #[error("the {0} link is down, reconnecting")]
     Down(&'static str),
     /// The device's own queue in the transport is full (a direct printer still busy with

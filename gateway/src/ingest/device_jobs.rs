@@ -21,7 +21,10 @@ use rdkafka::ClientConfig;
 use std::time::Duration;
 
 /// How long librdkafka keeps trying to deliver a job record before the batch's hand-off
-/// fails and is retried whole (`message.timeout.ms`), ms.
+/// fails and is retried whole (`message.timeout.ms`), ms. Retrying the whole batch keeps
+/// each device's order: with the idempotent producer the broker takes a partition's
+/// records only in sequence, so a later job of a device is never written without the
+/// earlier ones, and the copies the retry writes are dropped by the dedupe window.
 const MESSAGE_TIMEOUT_MS: u32 = 30_000;
 /// The pause before enqueueing again while librdkafka's queue is full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);

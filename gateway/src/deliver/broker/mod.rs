@@ -38,7 +38,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Requests queued towards one connection's event loop (rumqttc's request channel) before
-/// a send waits.
+/// a send is refused.
 const REQUESTS: usize = 256;
 
 /// Connects to the broker `cfg` names: the jobs connection behind the returned publisher,

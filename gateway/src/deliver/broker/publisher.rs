@@ -58,12 +58,17 @@ async fn drive(mut eventloop: EventLoop, links: Arc<Links>, shutdown: Shutdown) 
 /// it to the device's session (kept while the device is away, on a persistent session).
 /// `Ok` means the connection's event loop took it, not that the broker or the device has
 /// it: the device's ack says that, on the acks connection.
+///
+/// Never waits: while the connection is down, or its queue is full (a slow broker, or a
+/// half-open connection until the keep alive finds it out), the send is refused
+/// ([`TransportError::Down`]) and the job's ack timeout sends it again, so the dispatcher
+/// goes on with acks, timeouts and direct printers meanwhile.
 impl Transport for BrokerPublisher {
     async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
         if !self.links.is_up(Which::Jobs) {
             return Err(TransportError::Down(LINK));
         }
         let topic = Topic::Jobs(device.to_string()).path();
-        self.client.publish_bytes(topic, QoS::AtLeastOnce, false, wire).await.map_err(|_| TransportError::Closed(LINK))
+        self.client.try_publish(topic, QoS::AtLeastOnce, false, wire.to_vec()).map_err(|_| TransportError::Down(LINK))
     }
 }

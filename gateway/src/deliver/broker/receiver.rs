@@ -34,8 +34,11 @@ pub fn start(
 }
 
 /// The acks connection's event loop: subscribes at each CONNACK, checks the SUBACK,
-/// forwards each device message to `incoming` (waiting while it is full: the broker then
-/// holds the rest, unacknowledged) and records statuses on `board`.
+/// forwards each device message to `incoming` (waiting while it is full, so the broker's
+/// further messages wait in the socket and the broker) and records statuses on `board`.
+/// rumqttc acknowledges a message (PUBACK) as it reads it, so an ack read and not yet
+/// forwarded when pixgate dies is lost: its job is sent again after the ack timeout, and
+/// the device dedupes and acks it again.
 async fn drive(
     client: AsyncClient,
     mut eventloop: EventLoop,

@@ -373,7 +373,7 @@ async fn a_device_at_its_bound_pauses_its_partition_until_a_job_finishes() {
 /// counts the new assignment, and the partitions kept are released, read and stored to
 /// their ends.
 #[tokio::test(start_paused = true)]
-async fn after_a_rebalance_pauses_hold_again_and_a_revoked_partition_stores_nothing() {
+async fn after_a_rebalance_pauses_hold_again_and_the_kept_partitions_go_on() {
     let mut cfg = Config::default();
     cfg.outbox.max_jobs_per_device = 3;
     let rig = Rig::start("consumer-rebalance", cfg);
