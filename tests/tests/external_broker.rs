@@ -50,6 +50,15 @@ async fn wait_unready(rig: &Rig, text: &str) {
     }
 }
 
+/// Polls pixgate's `/readyz` until it answers 200 (ready again once the broker is back).
+async fn wait_ready(rig: &Rig) {
+    let deadline = Instant::now() + WAIT;
+    while !rig.gateway().is_ready() {
+        assert!(Instant::now() < deadline, "not ready again after the broker came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     let events = env_scale("PIXGATE_BROKER_EVENTS", 1_500);
@@ -93,7 +102,7 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     let charge_ends = scenario::end_offsets(&positions);
     let device_ends = scenario::end_offsets(&run.device_positions);
     scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
-    assert!(rig.gateway().is_ready(), "ready again once the broker is back");
+    wait_ready(&rig).await;
     let report = run.fleet.shutdown().await;
 
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
@@ -118,11 +127,7 @@ async fn jobs_go_through_mosquitto_and_survive_its_crash_and_pixgates() {
     broker.stop().await;
     wait_unready(&rig, "the devices' MQTT broker unreachable for").await;
     let broker = mosquitto.start().await;
-    let deadline = Instant::now() + WAIT;
-    while !rig.gateway().is_ready() {
-        assert!(Instant::now() < deadline, "not ready again after the broker came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&rig).await;
     broker.stop().await;
     rig.shutdown();
     mosquitto.remove();

@@ -120,14 +120,14 @@ pub fn check_partitions(brokers: &str, topic: &str, partitions: i32, timeout: Du
     Ok(())
 }
 
-/// The record that carries `job` of `accept` (planned from `source`) to the device-jobs
-/// topic: (key, value).
-pub fn record_of(device: &str, job: &device_protocol::Job, source: &SourceRef, accept: &Accept) -> (String, Vec<u8>) {
+/// The record that carries `job` of `accept` (planned from the change event
+/// `accept.source`) to the device-jobs topic: (key, value).
+pub fn record_of(device: &str, job: &device_protocol::Job, accept: &Accept) -> (String, Vec<u8>) {
     let record = DeviceJobRecord {
         v: crate::model::device_job::DEVICE_JOB_VERSION,
         device: device.to_string(),
         job: job.clone(),
-        source: source.clone(),
+        source: accept.source.clone().unwrap_or_else(SourceRef::unknown),
         event_time: accept.event_time,
         event_time_s: accept.tally.as_ref().map_or(0, |t| t.event_time_s),
     };
@@ -200,7 +200,7 @@ mod tests {
             tally: Some(RecordTally { event_time_s: 1_800_000_000, counters: Vec::new() }),
             ..Accept::default()
         };
-        let (key, value) = record_of("p1", &a.jobs[0].1, &charge_source(), &a);
+        let (key, value) = record_of("p1", &a.jobs[0].1, &a);
         assert_eq!(key, "p1", "keyed by device");
         (a, value)
     }

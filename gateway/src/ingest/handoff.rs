@@ -33,7 +33,7 @@ use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
-use crate::model::{Command, Queued, SourceRef, StoredJob};
+use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
 use crate::shutdown::Shutdown;
 use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
@@ -312,15 +312,7 @@ async fn route_then_write(
     let records: Vec<(String, Vec<u8>)> = accepts
         .iter()
         .filter(|a| is_route(a))
-        .flat_map(|a| {
-            let source = a.source.clone().unwrap_or_else(|| SourceRef {
-                topic: String::new(),
-                partition: -1,
-                offset: -1,
-                key: None,
-            });
-            a.jobs.iter().map(move |(device, job)| device_jobs::record_of(device, job, &source, a)).collect::<Vec<_>>()
-        })
+        .flat_map(|a| a.jobs.iter().map(move |(device, job)| device_jobs::record_of(device, job, a)))
         .collect();
     if !records.is_empty() {
         if let Err(e) = producer.produce(&records).await {

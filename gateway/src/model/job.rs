@@ -18,6 +18,13 @@ pub struct SourceRef {
     pub key: Option<String>,
 }
 
+impl SourceRef {
+    /// No known record (partition and offset -1): a job written without one, e.g. in tests.
+    pub fn unknown() -> SourceRef {
+        SourceRef { topic: String::new(), partition: -1, offset: -1, key: None }
+    }
+}
+
 /// A queued job with its device and source.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredJob {

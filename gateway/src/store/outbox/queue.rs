@@ -89,12 +89,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
             };
             devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
         }
-        let source = a.source.clone().unwrap_or_else(|| SourceRef {
-            topic: String::new(),
-            partition: -1,
-            offset: -1,
-            key: None,
-        });
+        let source = a.source.clone().unwrap_or_else(SourceRef::unknown);
         let mut queued = Vec::new();
         for (device, job) in &mut a.jobs {
             if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
