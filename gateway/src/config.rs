@@ -332,7 +332,9 @@ impl Default for MqttConfig {
 /// `enabled`, the jobs planned from charge events are produced to `device_jobs_topic`,
 /// keyed by device id, and the consumer reads them back from it into the outbox and the
 /// dispatcher, instead of writing them to the outbox directly (the edge box). Both stages
-/// run in this process, as members of `kafka.group_id`.
+/// run in this process, as members of `kafka.group_id`; the device topic is read in full,
+/// outside the group ([`crate::ingest::registry_feed`]), so that a replica can route
+/// every charge whatever partitions it holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ClusterConfig {
@@ -637,12 +639,24 @@ impl Default for DeliveryConfig {
 }
 
 impl Config {
-    /// The topics the consumer subscribes to: the device and charge topics, and
+    /// The topics the consumer reads: the device and charge topics, and
     /// `cluster.device_jobs_topic` when `cluster.enabled`.
     pub fn subscribed_topics(&self) -> Vec<String> {
         let mut topics = vec![self.kafka.device_topic.clone(), self.kafka.charge_topic.clone()];
         if self.cluster.enabled {
             topics.push(self.cluster.device_jobs_topic.clone());
+        }
+        topics
+    }
+
+    /// The topics read as a member of the consumer group (`kafka.group_id`): all of
+    /// [`Config::subscribed_topics`], except, when `cluster.enabled`, the device topic,
+    /// which every replica reads in full outside the group
+    /// ([`crate::ingest::registry_feed`]).
+    pub fn group_topics(&self) -> Vec<String> {
+        let mut topics = self.subscribed_topics();
+        if self.cluster.enabled {
+            topics.retain(|t| *t != self.kafka.device_topic);
         }
         topics
     }

@@ -13,6 +13,10 @@
 //! would pick for that key (murmur2, computed by the test), so any producer of the topic
 //! puts a device on the same partition.
 //!
+//! The device topic is read in full outside the consumer group, from positions the outbox
+//! keeps: the group commits none of its offsets, each start joins the group only once the
+//! registry has read to the ends it saw, and readiness's lag of the device topic ends at 0.
+//!
 //! Real tansu, real mosquitto, real TLS, the `pixgate` binary, the devices in-process.
 //! Scale: `PIXGATE_CLUSTER_EVENTS` (default 1,500), `PIXGATE_CLUSTER_DEVICES` (default 40),
 //! `PIXGATE_CLUSTER_SEED`.
@@ -21,13 +25,14 @@
 #![allow(clippy::unwrap_used)]
 
 use pixgate_tests::devices_broker::DevicesBroker;
+use pixgate_tests::gateway::GatewayProcess;
 use pixgate_tests::harness::Rig;
-use pixgate_tests::kafka::{java_partition, read_topic};
+use pixgate_tests::kafka::{committed_offsets, java_partition, read_topic};
 use pixgate_tests::scenario::{self, env_scale, Plan};
 use serde_json::Value;
 use simulators::capture::generate::ScenarioConfig;
 use simulators::capture::PIXGATE_TOPICS;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,12 +78,27 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     let positions = run.feeder.await.unwrap().expect("feeding the charge events");
     let charge_ends = scenario::end_offsets(&positions);
     let device_ends = scenario::end_offsets(&run.device_positions);
-    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &device_ends, &stats, deadline).await.unwrap();
+    // The device topic is read outside the consumer group: the group commits only the
+    // charge and device-jobs topics, and the registry's positions are in the outbox.
+    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &BTreeMap::new(), &stats, deadline).await.unwrap();
+    let group = rig.gateway().settings.group_id.clone();
+    let parts = device_ends.keys().max().map_or(0, |p| p + 1);
+    let committed = committed_offsets(rig.brokers(), &group, "device.upserted", parts).unwrap();
+    assert!(committed.iter().all(|o| *o < 0), "the group committed device.upserted offsets: {committed:?}");
+    let lag = wait_device_topic_read(rig.gateway(), deadline).await;
+    assert_eq!(lag, Some(0), "the registry's reader is behind device.upserted");
     let report = run.fleet.shutdown().await;
     let checked = scenario::check_delivery(&plan, &positions, &report.effects).unwrap();
     assert_eq!(report.stats.order_violations, 0, "devices saw seq going backwards");
     let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap_or_default();
     assert!(log.contains("jobs go through the device-jobs topic"), "pixgate ran with cluster.enabled");
+    for file in ["pixgate.log", "pixgate-1.log", "pixgate-2.log"] {
+        let log = std::fs::read_to_string(rig.dir().join(file)).unwrap_or_default();
+        assert!(
+            log.contains("the device registry has read to the ends seen at start: joining the consumer group"),
+            "{file}: pixgate joined the group only once its registry had read the device topic"
+        );
+    }
 
     // What went through the topic: every expected job, under its device's key, each record
     // on the partition Kafka's Java producer would pick for that key.
@@ -133,4 +153,16 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     broker.stop().await;
     rig.shutdown();
     mosquitto.remove();
+}
+
+/// The device topic's lag on `/stats` once librdkafka's statistics have caught up (the
+/// registry's reader stores its positions there too), or the last seen at `deadline`.
+async fn wait_device_topic_read(gw: &GatewayProcess, deadline: Instant) -> Option<u64> {
+    loop {
+        let lag = gw.stats().ok().and_then(|s| s.topics.get("device.upserted").and_then(|t| t.lag));
+        if lag == Some(0) || Instant::now() > deadline {
+            return lag;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -36,6 +36,8 @@
 //! - [`upstream`]: the upstream as it is: tombstones, `traceparent` headers.
 //! - [`registry_wait`]: charges held while the device registry is behind the device
 //!   topic, and the loop's side of it ([`registry_hold`]).
+//! - [`registry_feed`]: the central shape's reader: the group member, and the device
+//!   topic read in full outside the group, from positions the outbox keeps.
 //! - [`record_replay`]: an operator's replay of a record-level dead letter, routed again
 //!   with the current registry.
 //! - [`consume_error`]: a streak of Kafka consume errors, logged once and located.
@@ -95,6 +97,7 @@ pub mod plan;
 pub mod prune;
 pub mod rebalance;
 pub mod record_replay;
+pub mod registry_feed;
 pub mod registry_hold;
 pub mod registry_wait;
 pub mod replay;

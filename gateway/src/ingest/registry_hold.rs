@@ -47,7 +47,11 @@ impl RegistryHold {
     pub fn new(cfg: &Config, health: Arc<Monitor>) -> (RegistryHold, mpsc::UnboundedReceiver<RegistryAnswer>) {
         let (answers, rx) = mpsc::unbounded_channel();
         let hold = RegistryHold {
-            wait: RegistryWait::new(&cfg.kafka.device_topic),
+            wait: if cfg.cluster.enabled {
+                RegistryWait::new(&cfg.kafka.device_topic).outside_group()
+            } else {
+                RegistryWait::new(&cfg.kafka.device_topic)
+            },
             probe: RegistryProbe::new(&cfg.kafka.brokers, &cfg.kafka.group_id),
             answers,
             device_topic: cfg.kafka.device_topic.clone(),

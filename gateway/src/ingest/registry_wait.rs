@@ -27,6 +27,11 @@
 //!   tick. There is no time limit: a device topic that never catches up keeps the charges
 //!   waiting and `/readyz` red, saying why, rather than dead-letter them.
 //!
+//! In the central shape (`cluster.enabled`) the device topic is read outside the group, in
+//! full, by every replica ([`crate::ingest::registry_feed`]): applied then means below the
+//! reader's position (which starts where the outbox saved it), and the group's committed
+//! offsets say nothing.
+//!
 //! Held records stay pending in the offset tracker (no offset is stored past them) and
 //! count against `kafka.max_pending_per_partition`. A partition revoked in a rebalance
 //! drops its held records: its new owner reads them again.
@@ -97,6 +102,9 @@ pub struct RegistryWait {
     applied: HashMap<i32, i64>,
     /// Device partitions this consumer holds.
     assigned: BTreeSet<i32>,
+    /// The device topic is read outside the consumer group, every partition (the central
+    /// shape): committed offsets do not count, and no device partition is unassigned.
+    outside_group: bool,
     held: BTreeMap<Partition, VecDeque<Held>>,
     /// Questions asked so far (numbered from 1).
     asked: u64,
@@ -117,6 +125,7 @@ impl RegistryWait {
             device_topic: device_topic.to_string(),
             applied: HashMap::new(),
             assigned: BTreeSet::new(),
+            outside_group: false,
             held: BTreeMap::new(),
             asked: 0,
             in_flight: false,
@@ -124,6 +133,13 @@ impl RegistryWait {
             satisfied: 0,
             failing: None,
         }
+    }
+
+    /// The same, for a device topic read outside the consumer group, every partition by
+    /// this consumer ([`crate::ingest::registry_feed`]).
+    pub fn outside_group(mut self) -> RegistryWait {
+        self.outside_group = true;
+        self
     }
 
     /// Whether a routing decision to dead-letter a whole charge record for `reason` must
@@ -170,9 +186,11 @@ impl RegistryWait {
     /// of the others is dropped, and so are the held records of charge partitions it lost
     /// (their new owner reads them again).
     pub fn assigned(&mut self, parts: &[Partition]) {
-        self.assigned = parts.iter().filter(|p| p.0 == self.device_topic).map(|p| p.1).collect();
-        let held = &self.assigned;
-        self.applied.retain(|p, _| held.contains(p));
+        if !self.outside_group {
+            self.assigned = parts.iter().filter(|p| p.0 == self.device_topic).map(|p| p.1).collect();
+            let held = &self.assigned;
+            self.applied.retain(|p, _| held.contains(p));
+        }
         self.held.retain(|part, _| parts.contains(part));
     }
 
@@ -221,7 +239,7 @@ impl RegistryWait {
 
     /// Records of device partition `p` below this offset are applied (see the module docs).
     fn done(&self, p: i32, e: &DeviceEnd) -> i64 {
-        let committed = if self.assigned.contains(&p) { e.committed.unwrap_or(-1) } else { -1 };
+        let committed = if !self.outside_group && self.assigned.contains(&p) { e.committed.unwrap_or(-1) } else { -1 };
         e.low.max(committed).max(self.applied.get(&p).copied().unwrap_or(-1))
     }
 
@@ -248,7 +266,7 @@ impl RegistryWait {
                 let behind: u64 = ends.iter().map(|(p, e)| (e.end - self.done(*p, e)).max(0) as u64).sum();
                 let unassigned = ends
                     .iter()
-                    .filter(|(p, e)| self.done(**p, e) < e.end && !self.assigned.contains(p))
+                    .filter(|(p, e)| self.done(**p, e) < e.end && !self.outside_group && !self.assigned.contains(p))
                     .map(|(p, _)| *p)
                     .collect();
                 (Some(behind), unassigned)
@@ -452,6 +470,26 @@ mod tests {
         assert_eq!((f.behind, f.unassigned), (Some(4), vec![1]));
         w.assigned(&[(DV.to_string(), 0), (DV.to_string(), 1), ch(0)]);
         w.device_applied(1, 8);
+        assert_eq!(w.take_ready().len(), 1);
+    }
+
+    #[test]
+    fn outside_the_group_committed_offsets_never_count_and_no_device_partition_is_unassigned() {
+        let mut w = RegistryWait::new(DV).outside_group();
+        w.assigned(&[ch(0)]);
+        // Where the reader started (saved by an earlier run) counts as applied.
+        w.device_applied(0, 6);
+        w.hold(ch(0), msg(0, 1), Judging::Fresh);
+        let q = w.question().unwrap();
+        // A commit left by an edge-box run of the same group id says nothing.
+        w.answered(q, ends(&[(0, 0, Some(9), 9), (1, 0, Some(4), 4)]));
+        assert!(w.take_ready().is_empty());
+        let f = w.fact().unwrap();
+        assert_eq!((f.behind, f.unassigned), (Some(6), vec![]));
+        w.assigned(&[ch(0), ch(1)]);
+        w.device_applied(0, 8);
+        assert!(w.take_ready().is_empty(), "device/1 still behind");
+        w.device_applied(1, 3);
         assert_eq!(w.take_ready().len(), 1);
     }
 

@@ -28,6 +28,7 @@ use crate::ingest::plan::{Planner, Source};
 use crate::ingest::prune::Pruner;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
 use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
+use crate::ingest::registry_feed::ClusterReader;
 use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
 use crate::ingest::replay::{Replay, Replayed};
@@ -118,6 +119,9 @@ struct Pipeline {
     ttl: TtlConfig,
     /// Records of this topic are registry changes.
     device_topic: String,
+    /// The device topic is read outside the group ([`ClusterReader`]): how far the registry
+    /// has applied it is the reader's positions.
+    registry_outside_group: bool,
     /// Records of this topic are jobs to queue (`cluster.enabled`).
     device_jobs_topic: Option<String>,
     /// Wakes the dead-letter publisher after parking.
@@ -134,7 +138,16 @@ struct Pipeline {
 /// cannot be read.
 pub async fn run(services: Services) -> anyhow::Result<()> {
     let consumer = create(&services.cfg, &services.health)?;
-    let topics = services.cfg.subscribed_topics();
+    if services.cfg.cluster.enabled {
+        let (cfg, health, outbox) = (services.cfg.clone(), services.health.clone(), services.outbox.clone());
+        let reader = tokio::task::spawn_blocking(move || ClusterReader::open(consumer, &cfg, health, outbox))
+            .await
+            .context("opening the device topic's reader")??;
+        reader.save_positions(&services.shutdown);
+        run_with(services, Arc::new(reader)).await;
+        return Ok(());
+    }
+    let topics = services.cfg.group_topics();
     consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).context("subscribing")?;
     run_with(services, Arc::new(consumer)).await;
     Ok(())
@@ -183,6 +196,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         consume_errors: ConsumeErrors::default(),
         ttl: cfg.delivery.ttl.clone(),
         device_topic: cfg.kafka.device_topic.clone(),
+        registry_outside_group: cfg.cluster.enabled,
         device_jobs_topic: cfg.cluster.enabled.then(|| cfg.cluster.device_jobs_topic.clone()),
         deadletters,
         shutdown: shutdown.clone(),
@@ -295,7 +309,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
 }
 
-/// The consumer, configured as [`crate::ingest`] describes (offsets stored by us,
+/// The consumer-group member, configured as [`crate::ingest`] describes (offsets stored by us,
 /// committed by librdkafka every second).
 fn create(cfg: &Config, health: &Arc<Monitor>) -> anyhow::Result<GatewayConsumer> {
     let k = &cfg.kafka;
@@ -585,6 +599,9 @@ impl Pipeline {
             let decisions = self.backpressure.hold_topic(None);
             self.apply(consumer, decisions);
         }
+        if self.registry_outside_group && self.registry.is_holding() {
+            self.registry_positions(consumer);
+        }
         // Asks again after a failed question, and releases what can go.
         if self.registry.is_holding() {
             self.release_held(consumer);
@@ -593,6 +610,21 @@ impl Pipeline {
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         self.pruner.tick(&self.outbox, &self.clock);
+    }
+
+    /// The device topic's reader's positions as applied: they start where the outbox saved
+    /// them (records below were applied in earlier runs) and pass transaction markers.
+    fn registry_positions(&mut self, consumer: &impl GroupReader) {
+        match consumer.positions() {
+            Ok(positions) => {
+                for ((topic, p), at) in positions {
+                    if let Some(next) = at.filter(|n| *n > 0 && topic == self.device_topic) {
+                        self.registry.device_applied(p, next - 1);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the device topic's positions; tried again in 500 ms"),
+        }
     }
 
     /// A record's effects are all accepted: stores its partition's offset if it moved, and

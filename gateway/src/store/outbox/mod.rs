@@ -29,18 +29,20 @@
 //! `deadletters_by_source` (source topic, partition, offset, which) → id, so a record read
 //! again parks none of its dead letters twice; `meta` name → counter (the last
 //! dead-letter id); `direct_writing` device → a direct printer's last job and whether it
-//! was written whole ([`Outbox::mark_direct`]).
+//! was written whole ([`Outbox::mark_direct`]); `read_positions` (topic, partition) → the
+//! next offset of a topic read outside any consumer group ([`Outbox::read_positions`]).
 //!
 //! One file per concept: the tables and the row layout (`schema.rs`), the queues
 //! (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
-//! (`direct_marks.rs`).
+//! (`direct_marks.rs`), read positions (`read_positions.rs`).
 
 mod dead_letters;
 mod dedupe;
 mod direct_marks;
 mod error;
 mod queue;
+mod read_positions;
 pub(crate) mod schema;
 mod snapshots;
 #[cfg(test)]

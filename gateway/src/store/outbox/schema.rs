@@ -39,6 +39,10 @@ pub(super) const LAST_DEADLETTER_ID: &str = "last_deadletter_id";
 /// may have printed (interrupted) from one that did (never printed again).
 pub(super) const DIRECT_WRITING: TableDefinition<&str, (u64, &str, bool)> = TableDefinition::new("direct_writing");
 
+/// Read positions kept outside any consumer group: (topic, partition) → the next offset to
+/// read ([`Outbox::read_positions`]).
+pub(super) const READ_POSITIONS: TableDefinition<(&str, i32), i64> = TableDefinition::new("read_positions");
+
 /// The effect flags: kind name → on ([`crate::store::flags`]).
 pub(crate) const FLAGS: TableDefinition<&str, bool> = TableDefinition::new("effect_flags");
 /// The reconciliation counts ([`crate::store::reconcile`]): (bucket start in Unix seconds,
@@ -62,6 +66,7 @@ pub(super) fn create_all(tx: &redb::WriteTransaction) -> Result<(), OutboxError>
     tx.open_table(PARKED).map_err(err)?;
     tx.open_table(DL_BY_SOURCE).map_err(err)?;
     tx.open_table(DIRECT_WRITING).map_err(err)?;
+    tx.open_table(READ_POSITIONS).map_err(err)?;
     tx.open_table(FLAGS).map_err(err)?;
     tx.open_table(RECONCILE_COUNTS).map_err(err)?;
     tx.open_table(RECONCILE_MARKS).map_err(err)?;
