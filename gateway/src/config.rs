@@ -333,7 +333,7 @@ impl Default for MqttConfig {
 /// keyed by device id, and the consumer reads them back from it into the outbox and the
 /// dispatcher, instead of writing them to the outbox directly (the edge box). Both stages
 /// run in this process, as members of `kafka.group_id`; the device topic is read in full,
-/// outside the group ([`crate::ingest::registry_feed`]), so that a replica can route
+/// outside the group ([`crate::ingest::cluster_reader`]), so that a replica can route
 /// every charge whatever partitions it holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -649,16 +649,22 @@ impl Config {
         topics
     }
 
-    /// The topics read as a member of the consumer group (`kafka.group_id`): all of
-    /// [`Config::subscribed_topics`], except, when `cluster.enabled`, the device topic,
-    /// which every replica reads in full outside the group
-    /// ([`crate::ingest::registry_feed`]).
-    pub fn group_topics(&self) -> Vec<String> {
-        let mut topics = self.subscribed_topics();
-        if self.cluster.enabled {
-            topics.retain(|t| *t != self.kafka.device_topic);
+    /// The consumer group that reads `topic`: `kafka.group_id`, or with `cluster.enabled`
+    /// the route stage's `{kafka.group_id}-route` (the charge topic) or the deliver stage's
+    /// `{kafka.group_id}-deliver` (`cluster.device_jobs_topic`), and no group for any other
+    /// topic (the device topic is read outside any group there).
+    pub fn group_of(&self, topic: &str) -> Option<String> {
+        let k = &self.kafka;
+        if !self.cluster.enabled {
+            return Some(k.group_id.clone());
         }
-        topics
+        if topic == k.charge_topic {
+            Some(format!("{}-route", k.group_id))
+        } else if topic == self.cluster.device_jobs_topic {
+            Some(format!("{}-deliver", k.group_id))
+        } else {
+            None
+        }
     }
 
     /// Loads defaults, then `file` if given (it must exist), then `PIXGATE_*` variables.

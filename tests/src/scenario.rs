@@ -243,8 +243,26 @@ pub async fn wait_all_delivered(
     stats: &Stats,
     deadline: Instant,
 ) -> anyhow::Result<()> {
+    let group = gw.settings.group_id.clone();
+    wait_all_delivered_in(gw, &group, plan, charge_ends, device_ends, stats, deadline).await
+}
+
+/// [`wait_all_delivered`], the records committed by consumer group `group` (the central
+/// shape's route group, `{kafka.group_id}-route`, commits the charge topic).
+///
+/// # Errors
+/// `deadline` passed (the error says what was missing).
+pub async fn wait_all_delivered_in(
+    gw: &GatewayProcess,
+    group: &str,
+    plan: &Plan,
+    charge_ends: &BTreeMap<i32, i64>,
+    device_ends: &BTreeMap<i32, i64>,
+    stats: &Stats,
+    deadline: Instant,
+) -> anyhow::Result<()> {
     let want: HashSet<&str> = plan.expected().map(|e| e.message_id.as_str()).collect();
-    let (brokers, group) = (gw.settings.brokers.clone(), gw.settings.group_id.clone());
+    let (brokers, group) = (gw.settings.brokers.clone(), group.to_string());
     let mut seen: HashSet<String> = HashSet::new();
     let mut cursor = 0;
     let mut last_print = Instant::now();

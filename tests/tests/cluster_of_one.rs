@@ -13,9 +13,11 @@
 //! would pick for that key (murmur2, computed by the test), so any producer of the topic
 //! puts a device on the same partition.
 //!
-//! The device topic is read in full outside the consumer group, from positions the outbox
-//! keeps: the group commits none of its offsets, each start joins the group only once the
-//! registry has read to the ends it saw, and readiness's lag of the device topic ends at 0.
+//! The stages read as two consumer groups (`{group}-route` the charge topic,
+//! `{group}-deliver` the device-jobs topic), and the device topic is read in full outside
+//! any group, from positions the outbox keeps: no group commits its offsets, each start
+//! joins the groups only once the registry has read to the ends it saw, and readiness's lag
+//! of the device topic ends at 0.
 //!
 //! Real tansu, real mosquitto, real TLS, the `pixgate` binary, the devices in-process.
 //! Scale: `PIXGATE_CLUSTER_EVENTS` (default 1,500), `PIXGATE_CLUSTER_DEVICES` (default 40),
@@ -78,13 +80,18 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     let positions = run.feeder.await.unwrap().expect("feeding the charge events");
     let charge_ends = scenario::end_offsets(&positions);
     let device_ends = scenario::end_offsets(&run.device_positions);
-    // The device topic is read outside the consumer group: the group commits only the
-    // charge and device-jobs topics, and the registry's positions are in the outbox.
-    scenario::wait_all_delivered(rig.gateway(), &plan, &charge_ends, &BTreeMap::new(), &stats, deadline).await.unwrap();
+    // The route group commits the charge topic, the deliver group the device-jobs topic;
+    // the device topic is read outside any group, its positions kept in the outbox.
     let group = rig.gateway().settings.group_id.clone();
+    let route = format!("{group}-route");
+    scenario::wait_all_delivered_in(rig.gateway(), &route, &plan, &charge_ends, &BTreeMap::new(), &stats, deadline)
+        .await
+        .unwrap();
     let parts = device_ends.keys().max().map_or(0, |p| p + 1);
-    let committed = committed_offsets(rig.brokers(), &group, "device.upserted", parts).unwrap();
-    assert!(committed.iter().all(|o| *o < 0), "the group committed device.upserted offsets: {committed:?}");
+    for g in [group.clone(), route, format!("{group}-deliver"), format!("{group}-registry")] {
+        let committed = committed_offsets(rig.brokers(), &g, "device.upserted", parts).unwrap();
+        assert!(committed.iter().all(|o| *o < 0), "group {g} committed device.upserted offsets: {committed:?}");
+    }
     let lag = wait_device_topic_read(rig.gateway(), deadline).await;
     assert_eq!(lag, Some(0), "the registry's reader is behind device.upserted");
     let report = run.fleet.shutdown().await;
@@ -95,7 +102,9 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     for file in ["pixgate.log", "pixgate-1.log", "pixgate-2.log"] {
         let log = std::fs::read_to_string(rig.dir().join(file)).unwrap_or_default();
         assert!(
-            log.contains("the device registry has read to the ends seen at start: joining the consumer group"),
+            log.contains(
+                "the device registry has read to the ends seen at start: joining the route and deliver consumer groups"
+            ),
             "{file}: pixgate joined the group only once its registry had read the device topic"
         );
     }

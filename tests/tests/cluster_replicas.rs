@@ -1,7 +1,8 @@
-//! Two pixgate replicas of the central shape in one consumer group, on tansu and Debian's
-//! `mosquitto` (TLS, client certificates, an ACL), the `pixgate` binary twice: the charge
-//! and device-jobs partitions are shared between them, and each reads the whole device
-//! registry outside the group, so either can route any charge to any device.
+//! Two pixgate replicas of the central shape, on tansu and Debian's `mosquitto` (TLS,
+//! client certificates, an ACL), the `pixgate` binary twice: the charge partitions are
+//! shared in the route group and the device-jobs partitions in the deliver group, and each
+//! replica reads the whole device registry outside any group, so either can route any
+//! charge to any device.
 //!
 //! Replica A starts first and reads the registry as it is published; replica B starts on a
 //! fresh outbox once the registry is on Kafka, so its registry reader must read every
@@ -131,7 +132,9 @@ async fn two_replicas_share_the_partitions_and_each_routes_with_the_whole_regist
     let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * events as u64);
     let positions = scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline).await.unwrap();
     let charge_ends = scenario::end_offsets(&positions);
-    scenario::wait_all_delivered(a, &plan, &charge_ends, &BTreeMap::new(), &stats, deadline).await.unwrap();
+    let group = rig.settings().group_id.clone();
+    let route = format!("{group}-route");
+    scenario::wait_all_delivered_in(a, &route, &plan, &charge_ends, &BTreeMap::new(), &stats, deadline).await.unwrap();
     while !b.stats().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.outbox_jobs == 0) {
         assert!(Instant::now() < deadline, "replica B still busy: {:?}", b.stats().map(|s| s.counters));
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -151,10 +154,11 @@ async fn two_replicas_share_the_partitions_and_each_routes_with_the_whole_regist
     assert!(read >= events as u64, "the two read {read} of {events} charge events");
     let log_b = std::fs::read_to_string(rig.dir().join("pixgate-b.log")).unwrap();
     let gate = format!("before joining it topic=device.upserted partitions={device_parts} records={device_records}");
-    assert!(log_b.contains(&gate), "B read the whole registry ({device_records} records) before joining the group");
-    let group = rig.settings().group_id.clone();
-    let committed = committed_offsets(rig.brokers(), &group, "device.upserted", device_parts as i32).unwrap();
-    assert!(committed.iter().all(|o| *o < 0), "the group committed device.upserted offsets: {committed:?}");
+    assert!(log_b.contains(&gate), "B read the whole registry ({device_records} records) before joining the groups");
+    for g in [route, format!("{group}-deliver"), format!("{group}-registry")] {
+        let committed = committed_offsets(rig.brokers(), &g, "device.upserted", device_parts as i32).unwrap();
+        assert!(committed.iter().all(|o| *o < 0), "group {g} committed device.upserted offsets: {committed:?}");
+    }
     println!(
         "two replicas: {} effects on {} devices, each exactly once and in order; {} raw job deliveries; {:.0} s",
         checked.effects,

@@ -32,7 +32,8 @@ pub struct RepositionArgs {
     /// Print the moves, commit nothing (allowed while the group runs).
     #[arg(long)]
     dry_run: bool,
-    /// The consumer group (default `kafka.group_id`).
+    /// The consumer group (default `kafka.group_id`; with `cluster.enabled`, the group that
+    /// reads the topics: `{kafka.group_id}-route` for the charge topic).
     #[arg(long)]
     group: Option<String>,
     /// A topic to move (repeatable; default `kafka.charge_topic` only: skipping
@@ -67,8 +68,24 @@ pub fn command(cfg: &Config, cmd: KafkaCmd) -> anyhow::Result<()> {
     } else {
         unreachable!("clap requires one target")
     };
-    let group = args.group.clone().unwrap_or_else(|| cfg.kafka.group_id.clone());
     let topics = if args.topics.is_empty() { vec![cfg.kafka.charge_topic.clone()] } else { args.topics.clone() };
+    let group = match &args.group {
+        Some(g) => g.clone(),
+        None => {
+            let groups: std::collections::BTreeSet<Option<String>> = topics.iter().map(|t| cfg.group_of(t)).collect();
+            match groups.into_iter().collect::<Vec<_>>().as_slice() {
+                [Some(g)] => g.clone(),
+                _ => anyhow::bail!(
+                    "with cluster.enabled, {} are not read by one consumer group ({}-route reads {}, {}-deliver reads {}): move them one group at a time, or name it with --group",
+                    topics.join(", "),
+                    cfg.kafka.group_id,
+                    cfg.kafka.charge_topic,
+                    cfg.kafka.group_id,
+                    cfg.cluster.device_jobs_topic
+                ),
+            }
+        }
+    };
     if let Target::Offsets(given) = &target {
         if let Some(other) = given.keys().find(|t| !topics.contains(t)) {
             anyhow::bail!("the offsets file names topic {other}, which is not being moved (--topic {other})");

@@ -24,6 +24,7 @@ use crate::telemetry::Monitor;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// How long without a consume error clears a streak.
@@ -76,8 +77,14 @@ impl ConsumeErrors {
 }
 
 /// Locates a consume error streak in the background ([`locate`]): the consumer's
-/// positions on its assigned partitions now, read at on a blocking thread.
-pub fn spawn_locate(consumer: &impl GroupReader, brokers: &str, group: &str, health: std::sync::Arc<Monitor>) {
+/// positions on its assigned partitions now, read at on a blocking thread. `groups` names
+/// the consumer group of each topic (`Config::group_of`).
+pub fn spawn_locate(
+    consumer: &impl GroupReader,
+    brokers: &str,
+    groups: impl Fn(&str) -> Option<String>,
+    health: std::sync::Arc<Monitor>,
+) {
     let positions = match consumer.positions() {
         Ok(p) => p,
         Err(e) => {
@@ -85,26 +92,33 @@ pub fn spawn_locate(consumer: &impl GroupReader, brokers: &str, group: &str, hea
             return;
         }
     };
-    let (brokers, group) = (brokers.to_string(), group.to_string());
-    tokio::task::spawn_blocking(move || locate(&brokers, &group, positions, &health));
+    let mut by_group: BTreeMap<String, Vec<Partition>> = BTreeMap::new();
+    for (part, _) in &positions {
+        if let Some(g) = groups(&part.0) {
+            by_group.entry(g).or_default().push(part.clone());
+        }
+    }
+    let brokers = brokers.to_string();
+    tokio::task::spawn_blocking(move || locate(&brokers, &by_group, positions, &health));
 }
 
 /// Blocking: finds which of `positions` (partition, the consumer's position or `None` when
 /// it has read nothing there yet) cannot be read, by reading one record at each position
-/// with an assign-only reader (a partition without a position is read at the consumer
-/// group's committed offset, else from its start). Returns the partition, the offset and
+/// with an assign-only reader (a partition without a position is read at its consumer
+/// group's committed offset, `groups` naming each group's partitions, else from its start). Returns the partition, the offset and
 /// the first failed read's error, reports it to `health` and logs it; `None` when every
 /// read worked (the error was transient) or every read failed (Kafka is out of reach).
 pub fn locate(
     brokers: &str,
-    group: &str,
+    groups: &BTreeMap<String, Vec<Partition>>,
     positions: Vec<(Partition, Option<i64>)>,
     health: &Monitor,
 ) -> Option<(Partition, i64, String)> {
     let reader = SourceReader::new(brokers)
         .map_err(|e| tracing::warn!(error = %e, "cannot create the reader that locates a consume error"))
         .ok()?;
-    let committed = committed(brokers, group, &positions);
+    let committed: Vec<(Partition, i64)> =
+        groups.iter().flat_map(|(group, parts)| committed(brokers, group, parts)).collect();
     let (mut failed, mut read) = (Vec::new(), 0);
     for (part, position) in positions {
         let offset = position.or_else(|| committed.iter().find(|(p, _)| *p == part).map(|(_, o)| *o)).unwrap_or(0);
@@ -124,8 +138,8 @@ pub fn locate(
     Some((part, offset, text))
 }
 
-/// The group's committed offsets of `positions`' partitions (empty if Kafka does not say).
-fn committed(brokers: &str, group: &str, positions: &[(Partition, Option<i64>)]) -> Vec<(Partition, i64)> {
+/// `group`'s committed offsets of `parts` (empty if Kafka does not say).
+fn committed(brokers: &str, group: &str, parts: &[Partition]) -> Vec<(Partition, i64)> {
     let Ok(c) = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
@@ -135,7 +149,7 @@ fn committed(brokers: &str, group: &str, positions: &[(Partition, Option<i64>)])
         return Vec::new();
     };
     let mut tpl = TopicPartitionList::new();
-    for (p, _) in positions {
+    for p in parts {
         tpl.add_partition(&p.0, p.1);
     }
     let Ok(got) = c.committed_offsets(tpl, Duration::from_secs(5)) else { return Vec::new() };

@@ -19,6 +19,7 @@
 //!   librdkafka settings; offset storing; shutdown.
 //! - [`group_reader`]: what the loop asks of its consumer-group member, behind a trait
 //!   (librdkafka's consumer, or a fake in the loop's unit tests).
+//! - [`member`]: a consumer-group member's librdkafka settings.
 //! - [`plan`]: one record into an [`Accept`](crate::store::Accept): decode (`cdc`),
 //!   route, render, dead letters.
 //! - [`batch`]: the batch being built and its timer.
@@ -36,8 +37,9 @@
 //! - [`upstream`]: the upstream as it is: tombstones, `traceparent` headers.
 //! - [`registry_wait`]: charges held while the device registry is behind the device
 //!   topic, and the loop's side of it ([`registry_hold`]).
-//! - [`registry_feed`]: the central shape's reader: the group member, and the device
-//!   topic read in full outside the group, from positions the outbox keeps.
+//! - [`cluster_reader`]: the central shape's reader: the route and deliver groups'
+//!   members, and the device topic read in full outside any group, from positions the
+//!   outbox keeps.
 //! - [`record_replay`]: an operator's replay of a record-level dead letter, routed again
 //!   with the current registry.
 //! - [`consume_error`]: a streak of Kafka consume errors, logged once and located.
@@ -87,17 +89,18 @@
 
 pub mod backpressure;
 pub mod batch;
+pub mod cluster_reader;
 pub mod consume_error;
 pub mod consumer;
 pub mod device_jobs;
 pub mod group_reader;
 pub mod handoff;
+pub mod member;
 pub mod offsets;
 pub mod plan;
 pub mod prune;
 pub mod rebalance;
 pub mod record_replay;
-pub mod registry_feed;
 pub mod registry_hold;
 pub mod registry_wait;
 pub mod replay;

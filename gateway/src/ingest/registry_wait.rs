@@ -28,7 +28,7 @@
 //!   waiting and `/readyz` red, saying why, rather than dead-letter them.
 //!
 //! In the central shape (`cluster.enabled`) the device topic is read outside the group, in
-//! full, by every replica ([`crate::ingest::registry_feed`]): applied then means below the
+//! full, by every replica ([`crate::ingest::cluster_reader`]): applied then means below the
 //! reader's position (which starts where the outbox saved it), and the group's committed
 //! offsets say nothing.
 //!
@@ -136,7 +136,7 @@ impl RegistryWait {
     }
 
     /// The same, for a device topic read outside the consumer group, every partition by
-    /// this consumer ([`crate::ingest::registry_feed`]).
+    /// this consumer ([`crate::ingest::cluster_reader`]).
     pub fn outside_group(mut self) -> RegistryWait {
         self.outside_group = true;
         self

@@ -19,16 +19,16 @@ use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
+use crate::ingest::cluster_reader::ClusterReader;
 use crate::ingest::consume_error::{self, ConsumeErrors};
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::group_reader::GroupReader;
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
+use crate::ingest::member::create;
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
 use crate::ingest::plan::{Planner, Source};
 use crate::ingest::prune::Pruner;
-use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
 use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
-use crate::ingest::registry_feed::ClusterReader;
 use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
 use crate::ingest::replay::{Replay, Replayed};
@@ -43,7 +43,6 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -137,17 +136,17 @@ struct Pipeline {
 /// The consumer cannot be created, subscribing fails, or the outbox's device registry
 /// cannot be read.
 pub async fn run(services: Services) -> anyhow::Result<()> {
-    let consumer = create(&services.cfg, &services.health)?;
     if services.cfg.cluster.enabled {
         let (cfg, health, outbox) = (services.cfg.clone(), services.health.clone(), services.outbox.clone());
-        let reader = tokio::task::spawn_blocking(move || ClusterReader::open(consumer, &cfg, health, outbox))
+        let reader = tokio::task::spawn_blocking(move || ClusterReader::open(&cfg, health, outbox))
             .await
-            .context("opening the device topic's reader")??;
+            .context("opening the central shape's consumers")??;
         reader.save_positions(&services.shutdown);
         run_with(services, Arc::new(reader)).await;
         return Ok(());
     }
-    let topics = services.cfg.group_topics();
+    let consumer = create(&services.cfg, &services.health, &services.cfg.kafka.group_id, "")?;
+    let topics = services.cfg.subscribed_topics();
     consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).context("subscribing")?;
     run_with(services, Arc::new(consumer)).await;
     Ok(())
@@ -258,7 +257,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             Event::Record(Err(e)) => {
                 // rust-rdkafka drops the failing partition from the error: located apart.
                 if p.consume_errors.error(&e, Instant::now(), &health) {
-                    consume_error::spawn_locate(&*consumer, &cfg.kafka.brokers, &cfg.kafka.group_id, health.clone());
+                    consume_error::spawn_locate(&*consumer, &cfg.kafka.brokers, |t| cfg.group_of(t), health.clone());
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -307,34 +306,6 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     stats.update(|s| s.consumer_running = false);
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
-}
-
-/// The consumer-group member, configured as [`crate::ingest`] describes (offsets stored by us,
-/// committed by librdkafka every second).
-fn create(cfg: &Config, health: &Arc<Monitor>) -> anyhow::Result<GatewayConsumer> {
-    let k = &cfg.kafka;
-    let mut client = ClientConfig::new();
-    if !k.instance_id.is_empty() {
-        client.set("group.instance.id", &k.instance_id);
-    }
-    if !k.debug.is_empty() {
-        client.set("debug", &k.debug);
-    }
-    client
-        .set("bootstrap.servers", &k.brokers)
-        .set("group.id", &k.group_id)
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", "1000")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .set("partition.assignment.strategy", &k.assignment_strategy)
-        .set("session.timeout.ms", k.session_timeout_ms.to_string())
-        .set("max.poll.interval.ms", k.max_poll_interval_ms.to_string())
-        .set("fetch.wait.max.ms", k.fetch_wait_max_ms.to_string())
-        .set("queued.max.messages.kbytes", "16384")
-        .set("statistics.interval.ms", cfg.health.statistics_interval_ms.to_string())
-        .create_with_context(Rebalances::new(health.clone()))
-        .context("creating the Kafka consumer")
 }
 
 impl Pipeline {

@@ -1,5 +1,5 @@
 //! Positions of a topic read outside any consumer group (the central shape's device
-//! registry, [`crate::ingest::registry_feed`]): Kafka keeps no committed offset for such a
+//! registry, [`crate::ingest::cluster_reader`]): Kafka keeps no committed offset for such a
 //! reader, so the outbox does, next to the registry entries those records wrote.
 //!
 //! A position is saved only after the records below it are in the outbox (their registry

@@ -1,27 +1,39 @@
-//! The central shape's reader (`cluster.enabled`): the consumer-group member for the charge
-//! and device-jobs topics ([`Config::group_topics`]), and `device.upserted` read in full,
-//! every partition, outside the group (assign), so that every replica has the whole device
-//! registry whatever partitions the group gives it (`docs/cluster.md`, "The registry").
+//! The central shape's reader (`cluster.enabled`): three Kafka consumers the consumer loop
+//! sees as one [`GroupReader`] (`docs/cluster.md`):
 //!
-//! - **Where it starts.** Each device partition is read from the position the outbox saved
-//!   ([`Outbox::read_positions`]), or from its start on a fresh outbox. Kafka keeps no
-//!   position for a reader outside a group; the outbox keeps it next to the registry entries
-//!   those records wrote, and saves it once a second and at shutdown, only past records
-//!   whose batch is written ([`GroupReader::store_offset`] is called after the write).
-//! - **The gate.** At start the reader asks Kafka for each device partition's end, and
-//!   joins the consumer group only once it has read to those ends: a replica takes no
+//! - the **route** member, in group `{kafka.group_id}-route`, reading `charge.upserted`;
+//! - the **deliver** member, in group `{kafka.group_id}-deliver`, reading
+//!   `cluster.device_jobs_topic`;
+//! - the **registry reader**: `device.upserted` read in full, every partition, outside any
+//!   group (assign), so that every replica has the whole device registry whatever
+//!   partitions the groups give it.
+//!
+//! Each has its own fetches and its own queue in librdkafka, so a backlog of charge events
+//! does not hold back the jobs already routed; the loop takes whichever record comes first.
+//! Each group rebalances on its own: a replica joining moves charge partitions and
+//! device-jobs partitions independently.
+//!
+//! - **Where the registry starts.** Each device partition is read from the position the
+//!   outbox saved ([`Outbox::read_positions`]), or from its start on a fresh outbox. Kafka
+//!   keeps no position for a reader outside a group; the outbox keeps it next to the
+//!   registry entries those records wrote, and saves it once a second and at shutdown, only
+//!   past records whose batch is written ([`GroupReader::store_offset`] is called after the
+//!   write).
+//! - **The gate.** At start the reader asks Kafka for each device partition's end, and the
+//!   two members join their groups only once it has read to those ends: a replica takes no
 //!   charge partition (and routes no charge) with a registry older than what was produced
 //!   before it started. Until then `/readyz` says the charge topic has no partition.
 //! - **After the gate.** Device records keep coming as they are produced, interleaved with
-//!   the group's records. A charge whose terminal the registry does not know yet is held as
+//!   the groups' records. A charge whose terminal the registry does not know yet is held as
 //!   on the edge box ([`crate::ingest::registry_wait`]), against this reader's positions.
 //!
-//! The loop sees one [`GroupReader`]: the device partitions are part of its assignment, can
-//! be paused like any other, and their stored offsets go to the outbox instead of Kafka.
+//! The device partitions are part of the loop's assignment and can be paused like any
+//! other; their stored offsets go to the outbox instead of Kafka.
 
 use crate::config::Config;
 use crate::ingest::backpressure::Action;
 use crate::ingest::group_reader::GroupReader;
+use crate::ingest::member::create;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
 use crate::model::Partition;
 use crate::shutdown::Shutdown;
@@ -29,7 +41,7 @@ use crate::store::Outbox;
 use crate::telemetry::Monitor;
 use anyhow::Context;
 use rdkafka::consumer::Consumer;
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
@@ -45,10 +57,14 @@ const GATE_CHECK: Duration = Duration::from_millis(500);
 /// How often read positions are saved to the outbox.
 const SAVE_EVERY: Duration = Duration::from_secs(1);
 
-/// The group member and the device topic's reader, as one [`GroupReader`].
+/// The route and deliver members and the device topic's reader, as one [`GroupReader`].
 pub struct ClusterReader {
-    group: GatewayConsumer,
-    group_topics: Vec<String>,
+    /// Group `{kafka.group_id}-route`, the charge topic.
+    route: GatewayConsumer,
+    charge_topic: String,
+    /// Group `{kafka.group_id}-deliver`, the device-jobs topic.
+    deliver: GatewayConsumer,
+    device_jobs_topic: String,
     feed: GatewayConsumer,
     device_topic: String,
     /// Per device partition: the next offset the loop has been given (from the saved
@@ -95,20 +111,19 @@ impl Saved {
 }
 
 impl ClusterReader {
-    /// Blocking: the reader of `cfg`'s device topic for `group` (created by the caller,
-    /// not yet subscribed), each device partition assigned from the position `outbox`
-    /// saved, and the ends to read to before `group` subscribes to
-    /// [`Config::group_topics`].
+    /// Blocking: the three consumers for `cfg`: the registry reader with each device
+    /// partition assigned from the position `outbox` saved, and the ends to read to before
+    /// the route and deliver members subscribe. Their static membership ids, with
+    /// `kafka.instance_id` set, are it followed by `-route` and `-deliver`.
     ///
     /// # Errors
     /// librdkafka refuses the configuration, Kafka does not answer within 10 s, the device
     /// topic has no partitions, or the outbox cannot be read.
-    pub fn open(
-        group: GatewayConsumer,
-        cfg: &Config,
-        health: Arc<Monitor>,
-        outbox: Arc<Outbox>,
-    ) -> anyhow::Result<ClusterReader> {
+    pub fn open(cfg: &Config, health: Arc<Monitor>, outbox: Arc<Outbox>) -> anyhow::Result<ClusterReader> {
+        let (charge_topic, device_jobs_topic) = (&cfg.kafka.charge_topic, &cfg.cluster.device_jobs_topic);
+        let group = |topic: &str| cfg.group_of(topic).expect("the central shape's groups");
+        let route = create(cfg, &health, &group(charge_topic), "-route")?;
+        let deliver = create(cfg, &health, &group(device_jobs_topic), "-deliver")?;
         let topic = cfg.kafka.device_topic.clone();
         let feed = feed_consumer(cfg, health)?;
         let md = feed
@@ -143,8 +158,10 @@ impl ClusterReader {
         let behind: i64 = ends.iter().map(|(p, e)| e - at[p]).sum();
         tracing::info!(topic = %topic, partitions = parts.len(), records = behind, "reading the device registry in full (outside the consumer group) before joining it");
         let reader = ClusterReader {
-            group,
-            group_topics: cfg.group_topics(),
+            route,
+            charge_topic: charge_topic.clone(),
+            deliver,
+            device_jobs_topic: device_jobs_topic.clone(),
             feed,
             device_topic: topic.clone(),
             at: Mutex::new(at),
@@ -174,7 +191,7 @@ impl ClusterReader {
         });
     }
 
-    /// Joins the group once the device partitions are read to the ends seen at start.
+    /// Joins the groups once the device partitions are read to the ends seen at start.
     fn open_gate(&self) -> KafkaResult<()> {
         let mut gate = self.gate.lock().expect("gate lock");
         let Some(g) = gate.as_ref() else { return Ok(()) };
@@ -184,11 +201,12 @@ impl ClusterReader {
                 return Ok(());
             }
         }
-        self.group.subscribe(&self.group_topics.iter().map(String::as_str).collect::<Vec<_>>())?;
+        self.route.subscribe(&[&self.charge_topic])?;
+        self.deliver.subscribe(&[&self.device_jobs_topic])?;
         tracing::info!(
             topic = %self.device_topic,
             ms = g.started.elapsed().as_millis() as u64,
-            "the device registry has read to the ends seen at start: joining the consumer group"
+            "the device registry has read to the ends seen at start: joining the route and deliver consumer groups"
         );
         *gate = None;
         self.joined.store(true, Ordering::SeqCst);
@@ -220,6 +238,17 @@ impl ClusterReader {
         self.advance(Some((m.partition(), m.offset())));
         Ok(m)
     }
+
+    /// The group member reading `part`'s topic; `None` for the device topic.
+    fn member(&self, part: &Partition) -> Option<&GatewayConsumer> {
+        if part.0 == self.device_topic {
+            None
+        } else if part.0 == self.device_jobs_topic {
+            Some(&self.deliver)
+        } else {
+            Some(&self.route)
+        }
+    }
 }
 
 /// The device topic's reader: assign only, never in a group and never committing
@@ -249,8 +278,11 @@ impl GroupReader for ClusterReader {
     async fn recv(&self) -> KafkaResult<OwnedMessage> {
         loop {
             if self.joined.load(Ordering::SeqCst) {
+                // Whichever comes first (tokio picks a ready branch at random): no stage's
+                // backlog holds the others back.
                 return tokio::select! {
-                    m = GroupReader::recv(&self.group) => m,
+                    m = GroupReader::recv(&self.route) => m,
+                    m = GroupReader::recv(&self.deliver) => m,
                     m = rdkafka::consumer::StreamConsumer::recv(&self.feed) => self.device_record(m),
                 };
             }
@@ -261,10 +293,9 @@ impl GroupReader for ClusterReader {
             tokio::select! {
                 m = rdkafka::consumer::StreamConsumer::recv(&self.feed) => {
                     let m = self.device_record(m);
-                    // Cannot fail once the record is had: a failed subscribe is tried again
-                    // at the next call.
+                    // The record is had: a failed subscribe is tried again at the next call.
                     if let Err(e) = self.open_gate() {
-                        tracing::error!(error = %e, "cannot subscribe to the consumer group's topics; tried again");
+                        tracing::error!(error = %e, "cannot subscribe to the route and deliver topics; tried again");
                     }
                     return m;
                 }
@@ -274,8 +305,8 @@ impl GroupReader for ClusterReader {
     }
 
     fn store_offset(&self, part: &Partition, next: i64) -> KafkaResult<()> {
-        if part.0 != self.device_topic {
-            return GroupReader::store_offset(&self.group, part, next);
+        if let Some(member) = self.member(part) {
+            return GroupReader::store_offset(member, part, next);
         }
         {
             let mut s = self.saved.stored.lock().expect("positions lock");
@@ -288,8 +319,8 @@ impl GroupReader for ClusterReader {
     }
 
     fn pause(&self, part: &Partition, action: Action) -> KafkaResult<()> {
-        if part.0 != self.device_topic {
-            return GroupReader::pause(&self.group, part, action);
+        if let Some(member) = self.member(part) {
+            return GroupReader::pause(member, part, action);
         }
         match action {
             Action::Pause => Consumer::pause(&self.feed, &one(part)),
@@ -298,25 +329,32 @@ impl GroupReader for ClusterReader {
     }
 
     fn assignment(&self) -> KafkaResult<Vec<Partition>> {
-        let mut parts =
-            if self.joined.load(Ordering::SeqCst) { GroupReader::assignment(&self.group)? } else { Vec::new() };
+        let mut parts = Vec::new();
+        if self.joined.load(Ordering::SeqCst) {
+            parts.extend(GroupReader::assignment(&self.route)?);
+            parts.extend(GroupReader::assignment(&self.deliver)?);
+        }
         parts.extend(self.at.lock().expect("positions lock").keys().map(|p| (self.device_topic.clone(), *p)));
         Ok(parts)
     }
 
     fn rebalanced(&self) -> Option<Vec<Partition>> {
-        let revoked = self.group.context().take();
-        if self.announced.swap(true, Ordering::SeqCst) {
-            revoked
-        } else {
-            // The device partitions, assigned at open, are a change the loop has not seen.
-            Some(revoked.unwrap_or_default())
+        let (route, deliver) = (self.route.context().take(), self.deliver.context().take());
+        let announce = !self.announced.swap(true, Ordering::SeqCst);
+        if route.is_none() && deliver.is_none() && !announce {
+            return None;
         }
+        // The device partitions, assigned at open, are a change the loop has not seen yet
+        // at the first call.
+        Some(route.into_iter().chain(deliver).flatten().collect())
     }
 
     fn positions(&self) -> KafkaResult<Vec<(Partition, Option<i64>)>> {
-        let mut out =
-            if self.joined.load(Ordering::SeqCst) { GroupReader::positions(&self.group)? } else { Vec::new() };
+        let mut out = Vec::new();
+        if self.joined.load(Ordering::SeqCst) {
+            out.extend(GroupReader::positions(&self.route)?);
+            out.extend(GroupReader::positions(&self.deliver)?);
+        }
         self.advance(None);
         out.extend(
             self.at.lock().expect("positions lock").iter().map(|(p, at)| ((self.device_topic.clone(), *p), Some(*at))),
@@ -326,10 +364,18 @@ impl GroupReader for ClusterReader {
 
     fn commit(&self) -> KafkaResult<()> {
         self.saved.save();
-        if self.joined.load(Ordering::SeqCst) {
-            GroupReader::commit(&self.group)
-        } else {
-            Ok(())
+        if !self.joined.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let nothing = |r: &KafkaResult<()>| matches!(r, Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)));
+        let (route, deliver) = (GroupReader::commit(&self.route), GroupReader::commit(&self.deliver));
+        match (route, deliver) {
+            // Both had nothing left to commit: say so, as one member would.
+            (r, d) if nothing(&r) && nothing(&d) => r,
+            (r, d) if nothing(&r) => d,
+            (r, d) if nothing(&d) => r,
+            (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(())) => Ok(()),
         }
     }
 }
