@@ -332,8 +332,9 @@ impl Default for MqttConfig {
 /// `enabled`, the jobs planned from charge events are produced to `device_jobs_topic`,
 /// keyed by device id, and the consumer reads them back from it into the outbox and the
 /// dispatcher, instead of writing them to the outbox directly (the edge box). Both stages
-/// run in this process, as members of `kafka.group_id`; the device topic is read in full,
-/// outside the group ([`crate::ingest::cluster_reader`]), so that a replica can route
+/// run in this process, as members of their own groups (`{kafka.group_id}-route` for the
+/// charge topic, `{kafka.group_id}-deliver` for this one); the device topic is read in
+/// full, outside any group ([`crate::ingest::cluster_reader`]), so that a replica can route
 /// every charge whatever partitions it holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]

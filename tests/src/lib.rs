@@ -10,6 +10,7 @@
 
 pub mod broker;
 pub mod browser;
+pub mod central;
 pub mod charges;
 pub mod cpu;
 pub mod demo;

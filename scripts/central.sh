@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The central shape on one machine: tansu, Debian's mosquitto as the devices' broker (TLS,
+# client certificates, an ACL), three pixgate replicas with cluster.enabled and a generated
+# scenario's simulated fleet; prints what each replica did and checks every effect against
+# an independent model. Steady state: no replica stops while jobs are queued.
+#
+#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed)
+#
+# Installs tansu (~15 min, once) and mosquitto if missing.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+"$root/scripts/ensure-tansu.sh" >/dev/null
+"$root/scripts/ensure-mosquitto.sh" >/dev/null
+echo "[central] building pixgate and the harness (first build takes a few minutes)..."
+cargo build -p gateway -p pixgate-tests --bins
+target="${CARGO_TARGET_DIR:-$root/target}"
+exec "$target/debug/pixgate-central" "$@"

@@ -1,0 +1,235 @@
+//! The central shape on one machine: tansu, Debian's `mosquitto` as the devices' broker
+//! (TLS, client certificates from a fleet CA, an ACL), several `pixgate` replicas with
+//! `cluster.enabled` (each its own outbox, group instance id and broker client ids), and a
+//! generated scenario's fleet of verifying devices. [`run`] is what `scripts/central.sh`
+//! (`pixgate-central`) shows and `tests/tests/cluster_replicas.rs` checks.
+//!
+//! The first replica starts first and reads the registry as it is published; the others
+//! start on fresh outboxes once the registry is on Kafka, so their registry readers read
+//! every device record before they join the route and deliver groups (the start gate). The
+//! charge events are produced once the groups have settled: a steady state, since moving a
+//! device's queued jobs to another replica needs the delivery log (`docs/cluster.md`).
+
+use crate::devices_broker::DevicesBroker;
+use crate::gateway::{count, GatewayProcess, GatewaySettings};
+use crate::harness::{fleet_connect_timeout, verifying_devices, Rig};
+use crate::kafka::committed_offsets;
+use crate::net::free_port;
+use crate::scenario::{self, DeliveryReport, Plan};
+use anyhow::{bail, Context};
+use simulators::capture::generate::ScenarioConfig;
+use simulators::capture::PIXGATE_TOPICS;
+use simulators::device::Stats;
+use simulators::fleet;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The device-jobs topic and its partition count.
+pub const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 6);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct CentralOptions {
+    /// Names the scratch folder (`pixgate-{name}-{pid}` under the temp dir) and the groups
+    /// (`pixgate-{name}-route`, `-deliver`).
+    pub name: String,
+    /// Replicas: 2 up to the charge topic's 3 partitions (each holds one at least).
+    pub replicas: usize,
+    /// Charge events of the generated scenario.
+    pub events: usize,
+    /// Devices of the generated scenario.
+    pub devices: usize,
+    /// The scenario's seed.
+    pub seed: u64,
+}
+
+/// One replica at the end.
+#[derive(Debug, Clone)]
+pub struct ReplicaReport {
+    /// Partitions it held: (device topic read, charge topic, device-jobs topic).
+    pub partitions: (usize, usize, usize),
+    /// Charge events it read (routed).
+    pub routed: u64,
+    /// Jobs its devices acknowledged as done.
+    pub delivered: u64,
+    /// Device records its registry reader saw at start before joining the groups
+    /// (`None`: the line is not in its log).
+    pub registry_at_start: Option<usize>,
+}
+
+/// What [`run`] saw.
+#[derive(Debug, Clone)]
+pub struct CentralReport {
+    /// Effects the model expects.
+    pub expected: usize,
+    /// Every expected effect carried out once, in order (the independent model's check).
+    pub delivery: DeliveryReport,
+    /// Times a device saw its `seq` go backwards.
+    pub order_violations: u64,
+    /// Job deliveries the devices received, copies included.
+    pub raw_jobs: u64,
+    /// Device records published.
+    pub device_records: usize,
+    /// Per replica, in start order.
+    pub replicas: Vec<ReplicaReport>,
+    /// The groups' committed offsets on the device topic (negative: none).
+    pub device_topic_commits: Vec<(String, Vec<i64>)>,
+    /// Wall time.
+    pub secs: f64,
+}
+
+/// Runs `opts` (see the module docs); stops everything it started.
+///
+/// # Errors
+/// A replica did not start, the groups did not settle within 90 s, or the scenario was not
+/// delivered in time or not as the model expects (the error says what).
+///
+/// # Panics
+/// tansu, mosquitto or the fleet could not be started (as the test harness does).
+pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
+    let began = Instant::now();
+    let plan = Arc::new(Plan::new(ScenarioConfig::new(opts.seed, opts.devices, opts.events)));
+    let dir = std::env::temp_dir().join(format!("pixgate-{}-mosquitto-{}", opts.name, std::process::id()));
+    let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
+    let broker = mosquitto.start().await;
+    let mut topics = PIXGATE_TOPICS.to_vec();
+    topics.push(DEVICE_JOBS);
+    let partitions = |name: &str| topics.iter().find(|(t, _)| *t == name).map_or(0, |(_, n)| *n as usize);
+    let (device_parts, charge_parts) = (partitions("device.upserted"), partitions("charge.upserted"));
+    if !(2..=charge_parts).contains(&opts.replicas) {
+        bail!("between 2 and {charge_parts} replicas (each holds one charge partition at least)");
+    }
+    let rig = Rig::builder(&opts.name).topics(&topics).envs(replica_env(&mosquitto, &opts.name, 0)).start().await;
+
+    let stats = Arc::new(Stats::default());
+    let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
+    let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await?;
+    fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await?;
+    let producer = rig.producer();
+    let device_records = scenario::publish_registry(&producer, &plan, rig.gateway()).await?.len();
+
+    let mut others = Vec::new();
+    for r in 1..opts.replicas {
+        let settings = GatewaySettings {
+            http_port: free_port(),
+            mqtt_port: free_port(),
+            outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
+            ..rig.settings().clone()
+        };
+        let env = replica_env(&mosquitto, &opts.name, r);
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+        let log = rig.dir().join(format!("pixgate-r{r}.log"));
+        others.push(
+            GatewayProcess::spawn_with_env(rig.bin(), settings, &env, &log, Duration::from_secs(60))
+                .with_context(|| format!("starting replica r{r}"))?,
+        );
+    }
+    let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
+    let shares = settle(&all, device_parts, charge_parts).await?;
+
+    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * opts.events as u64);
+    let positions = scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline).await?;
+    let charge_ends = scenario::end_offsets(&positions);
+    let group = rig.settings().group_id.clone();
+    let route = format!("{group}-route");
+    scenario::wait_all_delivered_in(rig.gateway(), &route, &plan, &charge_ends, &BTreeMap::new(), &stats, deadline)
+        .await?;
+    for (r, g) in all.iter().enumerate().skip(1) {
+        while !g.stats().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.outbox_jobs == 0) {
+            if Instant::now() > deadline {
+                bail!("replica r{r} still busy: {:?}", g.stats().map(|s| s.counters));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let report = fleet.shutdown().await;
+    drop(producer);
+    let delivery = scenario::check_delivery(&plan, &positions, &report.effects)?;
+
+    let mut replicas = Vec::new();
+    for (r, (g, share)) in all.iter().zip(shares).enumerate() {
+        let s = g.stats()?;
+        let log = if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) };
+        replicas.push(ReplicaReport {
+            partitions: share,
+            routed: count(&s.counters.events_read, "charge.upserted"),
+            delivered: s.counters.effects_done.values().sum(),
+            registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
+        });
+    }
+    let mut device_topic_commits = Vec::new();
+    for g in [route, format!("{group}-deliver"), format!("{group}-registry")] {
+        let committed = committed_offsets(rig.brokers(), &g, "device.upserted", device_parts as i32)?;
+        device_topic_commits.push((g, committed));
+    }
+    drop(others);
+    broker.stop().await;
+    rig.shutdown();
+    mosquitto.remove();
+    Ok(CentralReport {
+        expected: plan.expected_count(),
+        delivery,
+        order_violations: report.stats.order_violations,
+        raw_jobs: report.stats.raw_jobs,
+        device_records,
+        replicas,
+        device_topic_commits,
+        secs: began.elapsed().as_secs_f64(),
+    })
+}
+
+/// Replica `r`'s settings beyond the rig's: the central shape, its own client ids on the
+/// broker (one client id holds one connection at a time) and its own group instance id (a
+/// shared one makes two replicas one member: tansu then gives each every partition).
+fn replica_env(mosquitto: &DevicesBroker, name: &str, r: usize) -> Vec<(&'static str, String)> {
+    let mut env = mosquitto.gateway_env();
+    env.extend([
+        ("PIXGATE_CLUSTER__ENABLED", "true".to_string()),
+        ("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0.to_string()),
+        ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string()),
+        ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
+        ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
+        ("PIXGATE_KAFKA__INSTANCE_ID", format!("pixgate-{name}-r{r}")),
+    ]);
+    env
+}
+
+/// Partitions of `topic` a replica holds (or reads, for the device topic).
+fn assigned(gw: &GatewayProcess, topic: &str) -> usize {
+    gw.stats().ok().and_then(|s| s.topics.get(topic).map(|t| t.assigned_partitions as usize)).unwrap_or(0)
+}
+
+/// Waits until the replicas hold every charge and device-jobs partition between them, each
+/// some of both and every device partition; returns each one's (device, charge,
+/// device-jobs) partitions.
+async fn settle(
+    all: &[&GatewayProcess],
+    device_parts: usize,
+    charge_parts: usize,
+) -> anyhow::Result<Vec<(usize, usize, usize)>> {
+    let until = Instant::now() + Duration::from_secs(90);
+    loop {
+        let shares: Vec<(usize, usize, usize)> = all
+            .iter()
+            .map(|g| (assigned(g, "device.upserted"), assigned(g, "charge.upserted"), assigned(g, DEVICE_JOBS.0)))
+            .collect();
+        let settled = shares.iter().all(|(d, c, j)| *d == device_parts && *c > 0 && *j > 0)
+            && shares.iter().map(|s| s.1).sum::<usize>() == charge_parts
+            && shares.iter().map(|s| s.2).sum::<usize>() == DEVICE_JOBS.1 as usize;
+        if settled {
+            return Ok(shares);
+        }
+        if Instant::now() > until {
+            bail!("the groups did not settle on {} members: (device, charge, device-jobs) {shares:?}", all.len());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The device records the registry reader had to read at start, from its log line
+/// (`… before joining it topic=… partitions=… records=N`).
+fn registry_at_start(log: &str) -> Option<usize> {
+    let line = log.lines().find(|l| l.contains("reading the device registry in full"))?;
+    line.split("records=").nth(1)?.split_whitespace().next()?.parse().ok()
+}
