@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use gateway::cli::brcode::{self, BrcodeCmd};
+use gateway::cli::broker_config::{self, BrokerConfigCmd};
 use gateway::cli::credentials::{self, CredentialsCmd};
 use gateway::cli::flags::{self, FlagsCmd};
 use gateway::cli::inspect::{self, DeadLetterCmd, Inspection, OutboxCmd};
@@ -81,6 +82,10 @@ enum DevicesCmd {
     /// Issue and revoke the credentials devices connect with (see `docs/operations.md`).
     #[command(subcommand)]
     Credentials(CredentialsCmd),
+    /// Write the configuration of the devices' MQTT broker (the central shape) from the
+    /// fleet CA and pixgate's own CA.
+    #[command(subcommand)]
+    BrokerConfig(BrokerConfigCmd),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default: info; librdkafka at warn), as plain
@@ -135,5 +140,6 @@ fn main() -> anyhow::Result<()> {
         Cmd::Report(args) => gateway::cli::report::command(&cfg, &args),
         Cmd::Kafka(cmd) => gateway::cli::kafka::command(&cfg, cmd),
         Cmd::Devices(DevicesCmd::Credentials(cmd)) => credentials::run(&cmd, cfg.mqtt.credentials.as_deref()),
+        Cmd::Devices(DevicesCmd::BrokerConfig(cmd)) => broker_config::run(&cmd),
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::store::Outbox;
 use device_protocol::{EffectKind, Job};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A test's own temporary folder (`pixgate-{name}-{pid}`), emptied when made and removed
@@ -21,6 +21,11 @@ impl TempDir {
     /// Where an outbox in it lives.
     pub fn outbox_path(&self) -> PathBuf {
         self.0.join("outbox.redb")
+    }
+
+    /// The folder (created by whoever writes into it).
+    pub fn path(&self) -> &Path {
+        &self.0
     }
 }
 

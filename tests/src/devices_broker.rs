@@ -1,8 +1,10 @@
 //! Debian's `mosquitto` as the devices' broker of the central shape (pixgate's `broker`
-//! settings): TLS only, every client proves who it is with a certificate from a fleet CA
-//! made by pixgate's own provisioning (CN = username), and an ACL that keeps each device to
-//! its own topics while pixgate's identity publishes every device's jobs and reads every
-//! device's acks and status. `docs/operations.md` shows the same configuration.
+//! settings), configured by `pixgate devices broker-config mosquitto`: TLS only, two
+//! listeners. The devices' listener takes certificates from a fleet CA made by pixgate's own
+//! provisioning (CN = username = client id) and an ACL that keeps each device to its own
+//! topics; pixgate's listener takes only certificates of a gateway CA of its own, and its
+//! ACL lets pixgate's identity publish every device's jobs and read every device's acks and
+//! status. `docs/operations.md` shows the same configuration.
 
 use crate::harness::{fleet_connect_timeout, verifying_devices, Rig};
 use crate::mosquitto::{Broker, ClientAuth};
@@ -31,22 +33,6 @@ pub fn jobs_connection_lost(log: &str) -> bool {
     log.lines().any(|l| l.contains("a connection to the devices' broker was lost") && l.contains("connection=\"jobs\""))
 }
 
-/// The ACL: pixgate's identity publishes every device's jobs and reads every device's acks
-/// and status; a device (username = its id) reads its own jobs and writes its own acks and
-/// status, nothing else.
-pub fn acl() -> String {
-    format!(
-        "user {GATEWAY_IDENTITY}\n\
-         topic write pixgate/v1/devices/+/jobs\n\
-         topic read pixgate/v1/devices/+/acks\n\
-         topic read pixgate/v1/devices/+/status\n\
-         \n\
-         pattern read pixgate/v1/devices/%u/jobs\n\
-         pattern write pixgate/v1/devices/%u/acks\n\
-         pattern readwrite pixgate/v1/devices/%u/status\n"
-    )
-}
-
 /// A generated scenario running on pixgate with the devices on a [`DevicesBroker`]
 /// ([`DevicesBroker::run_scenario`]).
 pub struct Running {
@@ -62,43 +48,61 @@ pub struct Running {
     pub feeder: JoinHandle<anyhow::Result<Vec<Position>>>,
 }
 
-/// A fleet CA with certificates for some devices and for pixgate, and the configuration of
-/// a mosquitto for them on a free loopback port. Start (and restart) the broker with
-/// [`DevicesBroker::start`]; each start gets a folder of its own (`mosquitto-N/`).
+/// A fleet CA with certificates for some devices, a gateway CA with pixgate's, and the
+/// configuration `pixgate devices broker-config mosquitto` writes for them, on two free
+/// loopback ports (the devices' listener and pixgate's). Start (and restart) the broker
+/// with [`DevicesBroker::start`]; each start gets a folder of its own (`mosquitto-N/`).
 pub struct DevicesBroker {
     dir: PathBuf,
     port: u16,
+    gateway_port: u16,
     pki: pki::Fleet,
+    gateway_pki: pki::Fleet,
     config: String,
     starts: usize,
 }
 
 impl DevicesBroker {
-    /// Writes the CA, a certificate per id of `devices` and one for [`GATEWAY_IDENTITY`],
-    /// and the ACL under `dir` (replaced).
+    /// Writes the fleet CA with a certificate per id of `devices`, the gateway CA with one
+    /// for [`GATEWAY_IDENTITY`], and the broker's configuration as the `pixgate` binary
+    /// writes it, under `dir` (replaced).
     ///
     /// # Panics
-    /// A file cannot be written, or a device id is not one.
+    /// A file cannot be written, a device id is not one, or `pixgate devices broker-config`
+    /// failed.
     pub fn prepare(dir: &Path, devices: &[DeviceSpec]) -> DevicesBroker {
         let _ = std::fs::remove_dir_all(dir);
-        let mut ids: Vec<&str> = devices.iter().map(|d| d.id()).collect();
-        ids.push(GATEWAY_IDENTITY);
+        let ids: Vec<&str> = devices.iter().map(|d| d.id()).collect();
         let pki = pki::Fleet::create_without_other(&dir.join("pki"), &ids)
             .unwrap_or_else(|e| panic!("making the fleet CA in {}: {e:#}", dir.display()));
-        let acl_file = dir.join("acl");
-        std::fs::write(&acl_file, acl()).unwrap_or_else(|e| panic!("writing {}: {e}", acl_file.display()));
-        let port = free_port();
-        // No persistence: a restart loses every session and every queued message.
-        let config = format!(
-            "per_listener_settings false\npersistence false\nallow_anonymous false\n\
-             listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\n\
-             require_certificate true\nuse_identity_as_username true\nacl_file {}\n",
-            pki.ca_cert().display(),
-            pki.server_cert().display(),
-            pki.server_key().display(),
-            acl_file.display(),
-        );
-        DevicesBroker { dir: dir.to_path_buf(), port, pki, config, starts: 0 }
+        let gateway_pki = pki::Fleet::create_without_other(&dir.join("gateway-pki"), &[GATEWAY_IDENTITY])
+            .unwrap_or_else(|e| panic!("making the gateway CA in {}: {e:#}", dir.display()));
+        let (port, gateway_port) = (free_port(), free_port());
+        let out = dir.join("broker");
+        let bin = crate::gateway::find_binary().unwrap_or_else(|e| panic!("{e:#}"));
+        let (devices_listener, gateway_listener) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{gateway_port}"));
+        let args = [
+            "devices",
+            "broker-config",
+            "mosquitto",
+            "--ca",
+            &pki.dir().display().to_string(),
+            "--gateway-ca",
+            &gateway_pki.dir().display().to_string(),
+            "--out",
+            &out.display().to_string(),
+            "--devices-listener",
+            &devices_listener,
+            "--gateway-listener",
+            &gateway_listener,
+            "--gateway-identity",
+            GATEWAY_IDENTITY,
+        ];
+        let (ok, stdout, stderr) = crate::gateway::cli(&bin, free_port(), &args, &[]);
+        assert!(ok, "pixgate devices broker-config mosquitto: {stdout}{stderr}");
+        let conf = out.join("mosquitto.conf");
+        let config = std::fs::read_to_string(&conf).unwrap_or_else(|e| panic!("reading {}: {e}", conf.display()));
+        DevicesBroker { dir: dir.to_path_buf(), port, gateway_port, pki, gateway_pki, config, starts: 0 }
     }
 
     /// Starts mosquitto (again) on the port, logging connections only.
@@ -111,16 +115,21 @@ impl DevicesBroker {
         Broker::start_logging(&dir, &self.config, self.port, WAIT, false).await.unwrap_or_else(|e| panic!("{e:#}"))
     }
 
-    /// The `PIXGATE_BROKER__*` settings that make pixgate use this broker with its own
-    /// certificate.
+    /// The `PIXGATE_BROKER__*` settings that make pixgate use this broker's listener of
+    /// its own with its gateway-CA certificate.
     pub fn gateway_env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("PIXGATE_BROKER__HOST", "127.0.0.1".to_string()),
-            ("PIXGATE_BROKER__PORT", self.port.to_string()),
+            ("PIXGATE_BROKER__PORT", self.gateway_port.to_string()),
             ("PIXGATE_BROKER__TLS__CA", self.pki.ca_cert().display().to_string()),
-            ("PIXGATE_BROKER__TLS__CERT", self.pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
-            ("PIXGATE_BROKER__TLS__KEY", self.pki.device_key(GATEWAY_IDENTITY).display().to_string()),
+            ("PIXGATE_BROKER__TLS__CERT", self.gateway_pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
+            ("PIXGATE_BROKER__TLS__KEY", self.gateway_pki.device_key(GATEWAY_IDENTITY).display().to_string()),
         ]
+    }
+
+    /// pixgate's listener's port.
+    pub fn gateway_port(&self) -> u16 {
+        self.gateway_port
     }
 
     /// A fleet of `devices` on this broker, each with its certificate, writing into `out`.
@@ -137,7 +146,7 @@ impl DevicesBroker {
         }
     }
 
-    /// The broker's port.
+    /// The devices' listener's port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -145,6 +154,16 @@ impl DevicesBroker {
     /// How `mosquitto_pub`/`mosquitto_sub` connect with `id`'s certificate.
     pub fn client_auth(&self, id: &str) -> ClientAuth {
         ClientAuth::certificate(&self.pki.ca_cert(), &self.pki.device_cert(id), &self.pki.device_key(id))
+    }
+
+    /// How `mosquitto_pub`/`mosquitto_sub` connect as pixgate: its gateway-CA certificate
+    /// (connect to [`DevicesBroker::gateway_port`]).
+    pub fn gateway_client_auth(&self) -> ClientAuth {
+        ClientAuth::certificate(
+            &self.pki.ca_cert(),
+            &self.gateway_pki.device_cert(GATEWAY_IDENTITY),
+            &self.gateway_pki.device_key(GATEWAY_IDENTITY),
+        )
     }
 
     /// The fleet CA's certificate (what a client without a certificate of its own trusts).
