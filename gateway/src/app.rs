@@ -37,6 +37,10 @@ use tokio::sync::mpsc;
 /// server get to end after the consumer has stopped (they end at once when asked).
 const TASKS_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long each request of the start-up check for jobs left on the device-jobs topic
+/// (`cluster.enabled` off) waits: short, since an edge box starts without Kafka too.
+const UNREAD_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How long the start-up check of the device-jobs topic waits for Kafka's metadata.
 const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -45,7 +49,8 @@ const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// # Errors
 /// The outbox cannot be opened, the MQTT broker or a Kafka client cannot be started; with
 /// `cluster.enabled`, the device-jobs topic cannot be checked, is missing, or has another
-/// partition count than `cluster.device_job_partitions`.
+/// partition count than `cluster.device_job_partitions`; without it, jobs are left unread
+/// on that topic.
 pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let stats = Arc::new(Stats::default());
     let health = Arc::new(Monitor::new(&cfg));
@@ -186,6 +191,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let deadletter_wake = deadletters.notifier();
     let deadletter_task = shutdown.spawn(deadletters.run(shutdown.clone()));
 
+    if !cfg.cluster.enabled {
+        refuse_unread_jobs(&cfg).await?;
+    }
     let jobs_out = if cfg.cluster.enabled {
         let (brokers, topic, partitions) =
             (cfg.kafka.brokers.clone(), cfg.cluster.device_jobs_topic.clone(), cfg.cluster.device_job_partitions);
@@ -239,6 +247,33 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     result
+}
+
+/// With `cluster.enabled` off, nothing reads the device-jobs topic: jobs a central-shape
+/// run left there unread would never be delivered. Refuses to start while there are some;
+/// starts anyway, with a warning, when Kafka cannot say (an edge box starts without Kafka).
+///
+/// # Errors
+/// Jobs are left on the topic (how many, and what to do).
+async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
+    let topic = cfg.cluster.device_jobs_topic.clone();
+    let group = format!("{}-deliver", cfg.kafka.group_id);
+    let (brokers, t, g) = (cfg.kafka.brokers.clone(), topic.clone(), group.clone());
+    let unread = tokio::task::spawn_blocking(move || {
+        crate::ingest::device_jobs::unread_jobs(&brokers, &t, &g, UNREAD_CHECK_TIMEOUT)
+    })
+    .await
+    .context("checking the device-jobs topic")?;
+    match unread {
+        Ok(None) => Ok(()),
+        Ok(Some(n)) => anyhow::bail!(
+            "{n} jobs on {topic} were never delivered (consumer group {group}), and with cluster.enabled off nothing reads that topic: start with cluster.enabled until its lag is 0, or move {group} past them with `pixgate kafka reposition --group {group} --topic {topic} --to end` (they are then not delivered)"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), topic = %topic, "cannot tell whether jobs are left on the device-jobs topic (cluster.enabled is off, so nothing would read them); starting anyway");
+            Ok(())
+        }
+    }
 }
 
 async fn wait_for_signal() {

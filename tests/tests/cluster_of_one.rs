@@ -19,6 +19,9 @@
 //! joins the groups only once the registry has read to the ends it saw, and readiness's lag
 //! of the device topic ends at 0.
 //!
+//! Then, with `cluster.enabled` turned off, pixgate starts while nothing is left on the
+//! device-jobs topic, and refuses to start once a job is left there unread.
+//!
 //! Real tansu, real mosquitto, real TLS, the `pixgate` binary, the devices in-process.
 //! Scale: `PIXGATE_CLUSTER_EVENTS` (default 1,500), `PIXGATE_CLUSTER_DEVICES` (default 40),
 //! `PIXGATE_CLUSTER_SEED`.
@@ -31,6 +34,7 @@ use pixgate_tests::gateway::GatewayProcess;
 use pixgate_tests::harness::Rig;
 use pixgate_tests::kafka::{committed_offsets, java_partition, read_topic};
 use pixgate_tests::scenario::{self, env_scale, Plan};
+use rdkafka::producer::FutureRecord;
 use serde_json::Value;
 use simulators::capture::generate::ScenarioConfig;
 use simulators::capture::PIXGATE_TOPICS;
@@ -158,6 +162,26 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
         records.len() - on_topic.len(),
         report.stats.raw_jobs,
         began.elapsed().as_secs_f64()
+    );
+
+    // cluster.enabled turned off: pixgate starts while the deliver group has read every
+    // job, and refuses to start once a job is left on the topic that nothing would read.
+    assert!(rig.stop_gateway(Duration::from_secs(30)), "pixgate stopped cleanly");
+    let edge: Vec<(&str, String)> = vec![("PIXGATE_CLUSTER__ENABLED", "false".to_string())];
+    let start = |n: usize| {
+        let log = rig.dir().join(format!("pixgate-off-{n}.log"));
+        (GatewayProcess::spawn_with_env(rig.bin(), rig.settings().clone(), &edge, &log, Duration::from_secs(60)), log)
+    };
+    let (clean, _) = start(1);
+    drop(clean.expect("pixgate with cluster.enabled off starts when no job is left unread"));
+    let record = FutureRecord::to(DEVICE_JOBS.0).key("some-device").payload("{}");
+    rig.producer().send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e).unwrap();
+    let (refused, log) = start(2);
+    assert!(refused.is_err(), "pixgate started with a job left on {} and nothing to read it", DEVICE_JOBS.0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!("1 jobs on {} were never delivered", DEVICE_JOBS.0)),
+        "the refusal says why: {text}"
     );
     broker.stop().await;
     rig.shutdown();

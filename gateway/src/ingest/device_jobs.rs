@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::time::Duration;
 
 /// How long librdkafka keeps trying to deliver a job record before the batch's hand-off
@@ -118,6 +118,46 @@ pub fn check_partitions(brokers: &str, topic: &str, partitions: i32, timeout: Du
         bail!("the device-jobs topic {topic} has {found} partitions, cluster.device_job_partitions says {partitions}: a device's partition is its owner, so the two must agree");
     }
     Ok(())
+}
+
+/// Blocking: the jobs on `topic` that consumer group `group` (the deliver stage's) has not
+/// read, when `topic` exists: per partition, from the group's committed offset (from the
+/// log start when it has none) to the end. `None` when the topic does not exist or nothing
+/// is left. Asked when `cluster.enabled` is off, since nothing would then read them. Every
+/// request waits at most `timeout`; the topic is looked up in the whole metadata, so that a
+/// broker with `auto.create.topics.enable` does not create it.
+///
+/// # Errors
+/// Kafka cannot be asked (the text of the failed request).
+pub fn unread_jobs(brokers: &str, topic: &str, group: &str, timeout: Duration) -> anyhow::Result<Option<u64>> {
+    let client: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating a metadata client")?;
+    let md = client.fetch_metadata(None, timeout).context("metadata")?;
+    let Some(t) = md.topics().iter().find(|t| t.name() == topic && t.error().is_none()) else { return Ok(None) };
+    let parts: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in &parts {
+        tpl.add_partition(topic, *p);
+    }
+    let committed = client.committed_offsets(tpl, timeout).with_context(|| format!("committed offsets of {group}"))?;
+    let mut unread = 0u64;
+    for p in parts {
+        let (low, end) =
+            client.fetch_watermarks(topic, p, timeout).with_context(|| format!("end offset of {topic}/{p}"))?;
+        let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o.max(low),
+            _ => low,
+        };
+        unread += u64::try_from(end - from).unwrap_or(0);
+    }
+    Ok((unread > 0).then_some(unread))
 }
 
 /// The record that carries `job` of `accept` (planned from the change event
