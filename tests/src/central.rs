@@ -228,7 +228,7 @@ async fn settle(
 }
 
 /// The device records the registry reader had to read at start, from its log line
-/// (`… before joining it topic=… partitions=… records=N`).
+/// (`reading the device registry in full … records=N`).
 fn registry_at_start(log: &str) -> Option<usize> {
     let line = log.lines().find(|l| l.contains("reading the device registry in full"))?;
     line.split("records=").nth(1)?.split_whitespace().next()?.parse().ok()

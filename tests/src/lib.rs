@@ -90,6 +90,16 @@ pub fn replay_clock_env(fixtures: &Path) -> Vec<(&'static str, String)> {
     vec![("PIXGATE_CLOCK__OFFSET_MS", offset.to_string())]
 }
 
+/// Logs of the harness's command-line tools: to stderr, filtered by `RUST_LOG` (default:
+/// warnings), coloured on a terminal.
+pub fn init_cli_logs() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
 /// The repository root (this crate's parent directory).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()

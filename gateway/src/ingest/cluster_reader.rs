@@ -33,6 +33,7 @@
 use crate::config::Config;
 use crate::ingest::backpressure::Action;
 use crate::ingest::group_reader::GroupReader;
+use crate::ingest::kafka_metadata::topic_partitions;
 use crate::ingest::member::create;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
 use crate::model::Partition;
@@ -78,7 +79,7 @@ pub struct ClusterReader {
     saved: Arc<Saved>,
 }
 
-/// The ends to read to before joining the group.
+/// The ends to read to before joining the groups.
 struct Gate {
     ends: BTreeMap<i32, i64>,
     started: Instant,
@@ -126,15 +127,8 @@ impl ClusterReader {
         let deliver = create(cfg, &health, &group(device_jobs_topic), "-deliver")?;
         let topic = cfg.kafka.device_topic.clone();
         let feed = feed_consumer(cfg, health)?;
-        let md = feed
-            .fetch_metadata(Some(&topic), START_TIMEOUT)
+        let parts = topic_partitions(&feed, &topic, START_TIMEOUT)
             .with_context(|| format!("reading the metadata of {topic}"))?;
-        let parts: Vec<i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
         anyhow::ensure!(!parts.is_empty(), "the device topic {topic} has no partitions in Kafka's metadata");
         let saved = outbox.read_positions(&topic).context("reading the device topic's saved positions")?;
         let (mut tpl, mut at, mut ends) = (TopicPartitionList::new(), BTreeMap::new(), BTreeMap::new());
@@ -156,7 +150,7 @@ impl ClusterReader {
         }
         feed.store_offsets(&stored).with_context(|| format!("storing the start positions of {topic}"))?;
         let behind: i64 = ends.iter().map(|(p, e)| e - at[p]).sum();
-        tracing::info!(topic = %topic, partitions = parts.len(), records = behind, "reading the device registry in full (outside the consumer group) before joining it");
+        tracing::info!(topic = %topic, partitions = parts.len(), records = behind, "reading the device registry in full (outside any consumer group) before joining the route and deliver groups");
         let reader = ClusterReader {
             route,
             charge_topic: charge_topic.clone(),

@@ -20,6 +20,7 @@
 //! - [`group_reader`]: what the loop asks of its consumer-group member, behind a trait
 //!   (librdkafka's consumer, or a fake in the loop's unit tests).
 //! - [`member`]: a consumer-group member's librdkafka settings.
+//! - [`kafka_metadata`]: a topic's partitions, as Kafka's metadata says.
 //! - [`plan`]: one record into an [`Accept`](crate::store::Accept): decode (`cdc`),
 //!   route, render, dead letters.
 //! - [`batch`]: the batch being built and its timer.
@@ -95,6 +96,7 @@ pub mod consumer;
 pub mod device_jobs;
 pub mod group_reader;
 pub mod handoff;
+pub mod kafka_metadata;
 pub mod member;
 pub mod offsets;
 pub mod plan;

@@ -40,6 +40,7 @@
 //! partition) per charge that would otherwise be dead-lettered for a registry reason; every
 //! other charge is routed at once.
 
+use crate::ingest::kafka_metadata::topic_partitions;
 use crate::model::{DeadLetterReason, Partition};
 use crate::telemetry::health::RegistryWaitFact;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -323,13 +324,7 @@ impl RegistryProbe {
     /// # Errors
     /// Kafka did not answer, or the topic has no partitions (the error's text).
     pub fn ask(client: &BaseConsumer, topic: &str, timeout: Duration) -> Answer {
-        let md = client.fetch_metadata(Some(topic), timeout).map_err(|e| format!("metadata of {topic}: {e}"))?;
-        let parts: Vec<i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
+        let parts = topic_partitions(client, topic, timeout).map_err(|e| format!("metadata of {topic}: {e}"))?;
         if parts.is_empty() {
             return Err(format!("{topic} has no partitions in Kafka's metadata"));
         }

@@ -28,11 +28,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    pixgate_tests::init_cli_logs();
     if !demo::is_fixtures_dir(&args.fixtures) {
         anyhow::bail!("{} has no devices.jsonl: not a fixtures folder", args.fixtures.display());
     }
