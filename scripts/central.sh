@@ -2,9 +2,10 @@
 # The central shape on one machine: tansu, Debian's mosquitto as the devices' broker (TLS,
 # client certificates, an ACL), three pixgate replicas with cluster.enabled and a generated
 # scenario's simulated fleet; prints what each replica did and checks every effect against
-# an independent model. Steady state: no replica stops while jobs are queued.
+# an independent model. With --kills N, replicas other than the first are SIGKILLed and
+# started again mid-run; their queues move to the others through the delivery log.
 #
-#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed)
+#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills)
 #
 # Installs tansu (~15 min, once) and mosquitto if missing.
 set -euo pipefail

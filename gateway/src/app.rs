@@ -119,6 +119,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let transport = deliver::direct::Routed::new(shared, link);
 
+    if cfg.cluster.enabled {
+        // The central shape's queues are a cache of the delivery log: what this replica
+        // owns is restored from there as its partitions are assigned.
+        let n = outbox.forget_all()?;
+        if n > 0 {
+            tracing::info!(jobs = n, "queued jobs left from the last run forgotten: each device-jobs partition's owner restores its queues from the delivery log (cluster.enabled)");
+        }
+    }
     let pending = outbox.pending_headers()?;
     let mut per_device = std::collections::HashMap::new();
     for s in &pending {
@@ -197,15 +205,27 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let jobs_out = if cfg.cluster.enabled {
         let (brokers, topic, partitions) =
             (cfg.kafka.brokers.clone(), cfg.cluster.device_jobs_topic.clone(), cfg.cluster.device_job_partitions);
+        let log_topic = cfg.cluster.delivery_log_topic.clone();
         tokio::task::spawn_blocking(move || {
-            crate::ingest::device_jobs::check_partitions(&brokers, &topic, partitions, CHECK_TIMEOUT)
+            crate::ingest::device_jobs::check_partitions(&brokers, &topic, partitions, CHECK_TIMEOUT)?;
+            crate::ingest::device_jobs::check_partitions(&brokers, &log_topic, partitions, CHECK_TIMEOUT)
         })
         .await
-        .context("checking the device-jobs topic")??;
+        .context("checking the device-jobs and delivery log topics")??;
         tracing::info!(topic = %cfg.cluster.device_jobs_topic, partitions = cfg.cluster.device_job_partitions, "jobs go through the device-jobs topic (cluster.enabled)");
         Some(Arc::new(crate::ingest::device_jobs::JobProducer::new(
             &cfg.kafka.brokers,
             &cfg.cluster.device_jobs_topic,
+        )?))
+    } else {
+        None
+    };
+    let delivery_log = if cfg.cluster.enabled {
+        let reader_group = format!("{}-delivery-log", cfg.kafka.group_id);
+        Some(Arc::new(crate::ingest::delivery_log::DeliveryLog::new(
+            &cfg.kafka.brokers,
+            &cfg.cluster.delivery_log_topic,
+            &reader_group,
         )?))
     } else {
         None
@@ -224,6 +244,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         deadletters: deadletter_wake,
         shutdown: shutdown.clone(),
         jobs_out,
+        delivery_log,
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.

@@ -348,11 +348,20 @@ pub struct ClusterConfig {
     /// The partition count `device_jobs_topic` must have: a device's partition is its
     /// owner, so pixgate refuses to start on a topic with another count.
     pub device_job_partitions: i32,
+    /// The deliver stage's log (`docs/cluster.md` "Accepting a job"): compacted, with
+    /// `device_job_partitions` partitions, partition `p` holding what the owner of
+    /// `device_jobs_topic` partition `p` accepted and has not finished.
+    pub delivery_log_topic: String,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { enabled: false, device_jobs_topic: "pixgate.device-jobs".into(), device_job_partitions: 48 }
+        ClusterConfig {
+            enabled: false,
+            device_jobs_topic: "pixgate.device-jobs".into(),
+            device_job_partitions: 48,
+            delivery_log_topic: "pixgate.delivery-log".into(),
+        }
     }
 }
 

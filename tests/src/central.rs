@@ -7,8 +7,10 @@
 //! The first replica starts first and reads the registry as it is published; the others
 //! start on fresh outboxes once the registry is on Kafka, so their registry readers read
 //! every device record before they join the route and deliver groups (the start gate). The
-//! charge events are produced once the groups have settled: a steady state, since moving a
-//! device's queued jobs to another replica needs the delivery log (`docs/cluster.md`).
+//! charge events are produced once the groups have settled. With
+//! [`CentralOptions::kills`], replicas other than the first are SIGKILLed and started again
+//! meanwhile: their queues move to the other replicas through the delivery log
+//! (`docs/cluster.md`, "Hand-over").
 
 use crate::devices_broker::DevicesBroker;
 use crate::gateway::{count, GatewayProcess, GatewaySettings};
@@ -27,6 +29,8 @@ use std::time::{Duration, Instant};
 
 /// The device-jobs topic and its partition count.
 pub const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 6);
+/// The deliver stage's log: as many partitions as the device-jobs topic.
+pub const DELIVERY_LOG: (&str, i32) = ("pixgate.delivery-log", DEVICE_JOBS.1);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -42,6 +46,10 @@ pub struct CentralOptions {
     pub devices: usize,
     /// The scenario's seed.
     pub seed: u64,
+    /// Replicas other than the first SIGKILLed and started again while the events are fed,
+    /// one after another, each once the devices have carried out its share of the expected
+    /// effects (`kills + 1` equal shares); 0: a steady state.
+    pub kills: usize,
 }
 
 /// One replica at the end.
@@ -75,6 +83,11 @@ pub struct CentralReport {
     pub replicas: Vec<ReplicaReport>,
     /// The groups' committed offsets on the device topic (negative: none).
     pub device_topic_commits: Vec<(String, Vec<i64>)>,
+    /// Replicas SIGKILLed and started again.
+    pub kills: usize,
+    /// Jobs restored from the delivery log by replicas taking device-jobs partitions, in
+    /// all (from their `device-jobs partition taken` lines).
+    pub restored_jobs: u64,
     /// Wall time.
     pub secs: f64,
 }
@@ -95,6 +108,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let broker = mosquitto.start().await;
     let mut topics = PIXGATE_TOPICS.to_vec();
     topics.push(DEVICE_JOBS);
+    topics.push(DELIVERY_LOG);
     let partitions = |name: &str| topics.iter().find(|(t, _)| *t == name).map_or(0, |(_, n)| *n as usize);
     let (device_parts, charge_parts) = (partitions("device.upserted"), partitions("charge.upserted"));
     if !(2..=charge_parts).contains(&opts.replicas) {
@@ -127,9 +141,46 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     }
     let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let shares = settle(&all, device_parts, charge_parts).await?;
+    drop(all);
 
-    let deadline = Instant::now() + Duration::from_secs(240) + Duration::from_millis(60 * opts.events as u64);
-    let positions = scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline).await?;
+    let deadline = Instant::now()
+        + Duration::from_secs(240 + 60 * opts.kills as u64)
+        + Duration::from_millis(60 * opts.events as u64);
+    let expected_effects = plan.expected_count() as u64;
+    let kills = async {
+        let mut logs = Vec::new();
+        for k in 0..opts.kills {
+            let target = expected_effects * (k as u64 + 1) / (opts.kills as u64 + 1);
+            while stats.carried_out() < target {
+                if Instant::now() > deadline {
+                    bail!("stuck at {} effects before kill {k}", stats.carried_out());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let r = 1 + k % (opts.replicas - 1);
+            let replica = &mut others[r - 1];
+            let settings = replica.settings().clone();
+            replica.kill();
+            println!("SIGKILL replica r{r} at {} effects carried out", stats.carried_out());
+            let env = replica_env(&mosquitto, &opts.name, r);
+            let log = rig.dir().join(format!("pixgate-r{r}-after-kill-{k}.log"));
+            let bin = rig.bin().to_path_buf();
+            let log_path = log.clone();
+            let restarted = tokio::task::spawn_blocking(move || {
+                let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+                GatewayProcess::spawn_with_env(&bin, settings, &env, &log_path, Duration::from_secs(60))
+            })
+            .await?
+            .with_context(|| format!("starting replica r{r} again after kill {k}"))?;
+            *replica = restarted;
+            logs.push(log);
+        }
+        Ok::<_, anyhow::Error>(logs)
+    };
+    let (positions, kill_logs) =
+        tokio::join!(scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline), kills);
+    let (positions, kill_logs) = (positions?, kill_logs?);
+    let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let charge_ends = scenario::end_offsets(&positions);
     let group = rig.settings().group_id.clone();
     let route = format!("{group}-route");
@@ -158,6 +209,13 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
         });
     }
+    let mut restored_jobs = 0;
+    let logs = (0..opts.replicas)
+        .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
+        .chain(kill_logs);
+    for log in logs {
+        restored_jobs += restored_in(&std::fs::read_to_string(log).unwrap_or_default());
+    }
     let mut device_topic_commits = Vec::new();
     for g in [route, format!("{group}-deliver"), format!("{group}-registry")] {
         let committed = committed_offsets(rig.brokers(), &g, "device.upserted", device_parts as i32)?;
@@ -175,8 +233,18 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         device_records,
         replicas,
         device_topic_commits,
+        kills: opts.kills,
+        restored_jobs,
         secs: began.elapsed().as_secs_f64(),
     })
+}
+
+/// The jobs a replica's log says it restored from the delivery log, in all.
+fn restored_in(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("device-jobs partition taken"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("jobs=")).and_then(|n| n.parse::<u64>().ok()))
+        .sum()
 }
 
 /// Replica `r`'s settings beyond the rig's: the central shape, its own client ids on the

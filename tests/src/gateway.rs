@@ -254,6 +254,11 @@ impl GatewayProcess {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// The settings it was started with.
+    pub fn settings(&self) -> &GatewaySettings {
+        &self.settings
+    }
+
     /// SIGKILL: the process dies at once, mid-whatever it was doing.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -37,6 +37,7 @@ use tokio::sync::mpsc;
 
 /// The central shape's topic between the stages, when `cluster_partitions` > 0.
 const DEVICE_JOBS_TOPIC: &str = "pixgate.device-jobs";
+const DELIVERY_LOG_TOPIC: &str = "pixgate.delivery-log";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -233,7 +234,11 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let brokers = broker.addr().to_string();
     capture::ensure_topics(&brokers, &capture::PIXGATE_TOPICS).await?;
     if cfg.cluster_partitions > 0 {
-        capture::ensure_topics(&brokers, &[(DEVICE_JOBS_TOPIC, cfg.cluster_partitions)]).await?;
+        capture::ensure_topics(
+            &brokers,
+            &[(DEVICE_JOBS_TOPIC, cfg.cluster_partitions), (DELIVERY_LOG_TOPIC, cfg.cluster_partitions)],
+        )
+        .await?;
     }
     let settings = GatewaySettings {
         brokers: brokers.clone(),

@@ -10,8 +10,8 @@
 //! after the device's dedupe, in order per device; each replica routed charges and
 //! delivered jobs; no group committed a `device.upserted` offset.
 //!
-//! Steady state only: no replica dies or joins while jobs are queued. Moving a device's
-//! queue to another replica needs the delivery log (`docs/cluster.md`, "Status").
+//! A steady state: no replica dies or joins while jobs are queued (`cluster_handover.rs`
+//! kills replicas mid-run).
 //! Scale: `PIXGATE_REPLICAS` (default 3, at most the charge topic's 3 partitions),
 //! `PIXGATE_REPLICAS_EVENTS` (default 1,500), `PIXGATE_REPLICAS_DEVICES` (default 40),
 //! `PIXGATE_REPLICAS_SEED`.
@@ -30,6 +30,7 @@ async fn replicas_share_the_partitions_and_each_routes_with_the_whole_registry()
         events: env_scale("PIXGATE_REPLICAS_EVENTS", 1_500),
         devices: env_scale("PIXGATE_REPLICAS_DEVICES", 40),
         seed: env_scale("PIXGATE_REPLICAS_SEED", 20_261_203) as u64,
+        kills: 0,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("replicas: {opts:?}: {} expected effects", r.expected);

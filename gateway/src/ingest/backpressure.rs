@@ -186,6 +186,19 @@ impl Backpressure {
         decisions
     }
 
+    /// Every job of `device` left this replica (the central shape: its partition went to
+    /// another replica): counted out as if finished.
+    pub fn forgotten(&mut self, device: &str) -> Vec<Decision> {
+        let n = self.device_jobs.get(device).copied().unwrap_or(0);
+        let mut decisions = Vec::new();
+        for _ in 0..n {
+            decisions.extend(self.count_out(device));
+        }
+        self.device_jobs.remove(device);
+        decisions.extend(self.check_outbox_bound());
+        decisions
+    }
+
     /// One job of `device` fewer; resumes the partitions waiting on `device` once its
     /// queue is half drained.
     fn count_out(&mut self, device: &str) -> Vec<Decision> {

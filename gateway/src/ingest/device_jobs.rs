@@ -97,7 +97,7 @@ impl JobProducer {
     }
 }
 
-/// Checks that `topic` exists on `brokers` with `partitions` partitions (blocking: a
+/// Checks that `topic` (the device-jobs topic or the delivery log) exists on `brokers` with `partitions` partitions (blocking: a
 /// metadata request, up to `timeout`).
 ///
 /// # Errors
@@ -108,14 +108,19 @@ pub fn check_partitions(brokers: &str, topic: &str, partitions: i32, timeout: Du
         ClientConfig::new().set("bootstrap.servers", brokers).create().context("creating a metadata client")?;
     let md = client.fetch_metadata(Some(topic), timeout).with_context(|| format!("metadata of {topic}"))?;
     let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
-        bail!("the device-jobs topic {topic} does not exist: create it with {partitions} partitions (cluster.device_job_partitions)");
+        bail!(
+            "the topic {topic} does not exist: create it with {partitions} partitions (cluster.device_job_partitions)"
+        );
     };
     if let Some(e) = t.error() {
-        bail!("the device-jobs topic {topic}: {:?}; create it with {partitions} partitions (cluster.device_job_partitions)", RDKafkaErrorCode::from(e));
+        bail!(
+            "the topic {topic}: {:?}; create it with {partitions} partitions (cluster.device_job_partitions)",
+            RDKafkaErrorCode::from(e)
+        );
     }
     let found = t.partitions().len() as i32;
     if found != partitions {
-        bail!("the device-jobs topic {topic} has {found} partitions, cluster.device_job_partitions says {partitions}: a device's partition is its owner, so the two must agree");
+        bail!("the topic {topic} has {found} partitions, cluster.device_job_partitions says {partitions}: a device's partition is its owner, so the two must agree");
     }
     Ok(())
 }

@@ -30,6 +30,7 @@
 use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
+use crate::ingest::delivery_log::DeliveryLog;
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
@@ -38,6 +39,7 @@ use crate::route::render as jobs;
 use crate::shutdown::Shutdown;
 use crate::store::{Accept, Outbox, OutboxError, Removal, ReplayError, Written};
 use crate::telemetry::Monitor;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -61,6 +63,20 @@ pub struct Handoff {
     /// A batch was given up at shutdown: nothing more is written, so no later record's
     /// jobs get a `seq` before the given-up ones' (they are read again at the next start).
     gave_up: bool,
+    /// With `cluster.enabled`: the deliver stage's log, the device-jobs topic and the
+    /// partitions of it this replica owns ([`Handoff::logged`]).
+    log: Option<Logged>,
+}
+
+/// The deliver stage's log and what it needs to know (`cluster.enabled`).
+struct Logged {
+    log: Arc<DeliveryLog>,
+    device_jobs_topic: String,
+    owned: BTreeSet<i32>,
+    /// Per owned partition, the `pos` the log has: never written lower (records below it
+    /// read again are skipped, and a lower `pos` would have the next owner queue them
+    /// twice).
+    pos: BTreeMap<i32, i64>,
 }
 
 /// A batch being written on a blocking thread.
@@ -122,7 +138,7 @@ impl Handoff {
         health: Arc<Monitor>,
         shutdown: Shutdown,
     ) -> Handoff {
-        Handoff { outbox, jobs_out: None, clock, commands, health, shutdown, gave_up: false }
+        Handoff { outbox, jobs_out: None, clock, commands, health, shutdown, gave_up: false, log: None }
     }
 
     /// The central shape's form of the seam: the jobs planned from change events are
@@ -133,6 +149,35 @@ impl Handoff {
     pub fn routed(mut self, producer: Arc<JobProducer>) -> Handoff {
         self.jobs_out = Some(producer);
         self
+    }
+
+    /// The deliver stage's durable acceptance (`docs/cluster.md` "Accepting a job"): a job
+    /// read back from `device_jobs_topic` goes to the dispatcher only once `log` has it,
+    /// with its partition's read position; a job of a partition no longer owned
+    /// ([`Handoff::owned`]) is forgotten instead, its partition's new owner reads it.
+    pub fn logged(mut self, log: Arc<DeliveryLog>, device_jobs_topic: &str) -> Handoff {
+        self.log = Some(Logged {
+            log,
+            device_jobs_topic: device_jobs_topic.to_string(),
+            owned: BTreeSet::new(),
+            pos: BTreeMap::new(),
+        });
+        self
+    }
+
+    /// The device-jobs partitions this replica owns now (after a rebalance).
+    pub fn owned(&mut self, partitions: BTreeSet<i32>) {
+        if let Some(l) = &mut self.log {
+            l.pos.retain(|p, _| partitions.contains(p));
+            l.owned = partitions;
+        }
+    }
+
+    /// Partition `p` was restored from its log, whose `pos` is `pos`.
+    pub fn restored(&mut self, p: i32, pos: Option<i64>) {
+        if let (Some(l), Some(pos)) = (&mut self.log, pos) {
+            l.pos.insert(p, pos);
+        }
     }
 
     /// Whether a batch was given up at shutdown (nothing more is written).
@@ -200,6 +245,13 @@ impl Handoff {
             return None;
         };
         let mut accepted = Accepted::default();
+        let (stored, unowned) = match self.log_accepted(&records, &accepts, stored).await {
+            Some(s) => s,
+            None => {
+                self.gave_up = true;
+                return None;
+            }
+        };
         for ((accept, (queued, dls)), rec) in accepts.iter().zip(stored).zip(&records) {
             accepted.parked |= !dls.is_empty();
             // A traced record's line: what its producer's trace led to.
@@ -217,8 +269,85 @@ impl Handoff {
                 self.enqueue(q).await;
             }
         }
-        accepted.records = records;
+        // A record of a partition given up meanwhile is not accepted here: its offset is
+        // not stored, so its partition's owner reads it.
+        accepted.records =
+            records.into_iter().enumerate().filter(|(i, _)| !unowned.contains(i)).map(|(_, r)| r).collect();
         Some(accepted)
+    }
+
+    /// With the deliver stage's log: logs each owned device-jobs partition's queued jobs
+    /// and its next read position, retrying (backing off from 100 ms to 10 s) until Kafka
+    /// has them or shutdown is requested (`None`: the batch's offsets are not stored, its
+    /// records are read again). The records of partitions no longer owned are returned by
+    /// index (their offsets must not be stored) and their jobs forgotten, dedupe window
+    /// included, and taken out of `stored`: the partition's owner reads them.
+    async fn log_accepted(
+        &mut self,
+        records: &[RecordRef],
+        accepts: &[Accept],
+        mut stored: Written,
+    ) -> Option<(Written, BTreeSet<usize>)> {
+        let Some(l) = &mut self.log else { return Some((stored, BTreeSet::new())) };
+        let mut by_partition: BTreeMap<i32, (Vec<Queued>, i64)> = BTreeMap::new();
+        let mut forget = Vec::new();
+        let mut unowned = BTreeSet::new();
+        for (i, ((rec, (queued, _)), accept)) in records.iter().zip(stored.iter_mut()).zip(accepts).enumerate() {
+            if rec.part.0 != l.device_jobs_topic {
+                continue;
+            }
+            let p = rec.part.1;
+            if !l.owned.contains(&p) {
+                unowned.insert(i);
+                forget.extend(queued.drain(..).map(|q| {
+                    let key = (q.stored.device, q.stored.job.seq);
+                    (key.0, key.1, accept.event_time, q.stored.job.message_id)
+                }));
+                continue;
+            }
+            let entry = by_partition.entry(p).or_default();
+            entry.0.extend(queued.iter().cloned());
+            entry.1 = entry.1.max(rec.offset + 1);
+        }
+        if !forget.is_empty() {
+            tracing::info!(
+                jobs = forget.len(),
+                "jobs read from a device-jobs partition given up meanwhile: forgotten, its new owner delivers them"
+            );
+            let outbox = self.outbox.clone();
+            if let Err(e) = blocking(move || outbox.forget_jobs(&forget)).await {
+                tracing::warn!(error = %e, "cannot forget the jobs of a partition given up; forgotten at the next start");
+            }
+        }
+        let (mut pause, mut failed) = (Duration::from_millis(100), false);
+        for (p, (queued, pos)) in by_partition {
+            let logged = l.pos.get(&p).copied().unwrap_or(0);
+            if queued.is_empty() && pos <= logged {
+                continue;
+            }
+            let pos = pos.max(logged);
+            loop {
+                match l.log.accepted(p, &queued, pos).await {
+                    Ok(()) => {
+                        l.pos.insert(p, pos);
+                        break;
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::error!(error = %e, partition = p, retry_ms = pause.as_millis() as u64, "the accepted jobs did not reach the delivery log; retrying (reading is held)");
+                        self.health.outbox_failing(Some(format!("delivery log: {e}")));
+                        if self.shutdown.sleep(pause).await {
+                            return None;
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+        }
+        if failed {
+            self.health.outbox_failing(None);
+        }
+        Some((stored, unowned))
     }
 
     /// Tries a routed batch again after `error`, whole (its jobs produced again, then the
@@ -289,6 +418,13 @@ impl Handoff {
         outcome
     }
 
+    /// Sends `cmd` to the dispatcher (waits while its channel is full).
+    pub async fn command(&self, cmd: Command) {
+        if self.commands.send(cmd).await.is_err() {
+            tracing::error!("dispatcher is gone");
+        }
+    }
+
     /// Sends a job the outbox holds to the dispatcher (waits while its channel is full).
     pub async fn enqueue(&self, q: Queued) {
         if self.commands.send(Command::Enqueue(q)).await.is_err() {
@@ -355,7 +491,7 @@ mod tests {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|c| match c {
                 Command::Enqueue(q) => (q.stored.device, q.stored.job.seq, q.stored.job.message_id),
-                Command::Device(_) => panic!("not a job"),
+                Command::Device(_) | Command::Forget(_) | Command::Restore(_) => panic!("not a job"),
             })
             .collect()
     }

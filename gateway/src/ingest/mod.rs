@@ -48,6 +48,9 @@
 //!   dead-letter publisher).
 //! - [`device_jobs`]: the central shape's hand-off over Kafka (`cluster.enabled`): jobs
 //!   produced to the device-jobs topic, and read back from it.
+//! - [`delivery_log`]: the deliver stage's log on Kafka: each job accepted and each job's
+//!   end, read back by a partition's next owner; [`ownership`]: which device-jobs
+//!   partitions and devices this replica owns.
 //!
 //! # Group commit
 //!
@@ -93,12 +96,14 @@ pub mod batch;
 pub mod cluster_reader;
 pub mod consume_error;
 pub mod consumer;
+pub mod delivery_log;
 pub mod device_jobs;
 pub mod group_reader;
 pub mod handoff;
 pub mod kafka_metadata;
 pub mod member;
 pub mod offsets;
+pub mod ownership;
 pub mod plan;
 pub mod prune;
 pub mod rebalance;

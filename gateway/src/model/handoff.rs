@@ -48,6 +48,14 @@ pub enum Command {
     Enqueue(Queued),
     /// A message from a device.
     Device(Incoming),
+    /// The central shape: these devices' partition went to another replica; their queues
+    /// and jobs in flight are dropped, nothing more is sent to them, and nothing of them is
+    /// reported finished.
+    Forget(Vec<String>),
+    /// The central shape: the queues of a partition just taken, as its delivery log had
+    /// them (headers, each device's jobs in `seq` order; the wire bytes are read back from
+    /// the outbox). Queued as at start-up, the supersede rule applied again.
+    Restore(Vec<StoredJob>),
 }
 
 /// How a job ended.

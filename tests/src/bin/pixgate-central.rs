@@ -21,6 +21,10 @@ struct Args {
     /// The scenario's seed.
     #[arg(long, default_value_t = 20_261_203)]
     seed: u64,
+    /// Replicas (not the first) SIGKILLed and started again while the events are fed; each
+    /// one's queues move to the others through the delivery log.
+    #[arg(long, default_value_t = 0)]
+    kills: usize,
 }
 
 #[tokio::main]
@@ -33,12 +37,19 @@ async fn main() -> anyhow::Result<()> {
         events: args.events,
         devices: args.devices,
         seed: args.seed,
+        kills: args.kills,
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",
         opts.replicas, opts.devices, opts.events
     );
     let r = central::run(&opts).await?;
+    if r.kills > 0 {
+        println!(
+            "[central] {} replicas SIGKILLed and started again; {} queued jobs restored from the delivery log by the partitions' next owners",
+            r.kills, r.restored_jobs
+        );
+    }
     println!(
         "[central] {} device records published; replicas started after them read them all before joining",
         r.device_records

@@ -79,6 +79,29 @@ impl Machine {
         over.into_iter().map(|w| Finished { stored: w.stored, outcome: Outcome::Superseded }).collect()
     }
 
+    /// Drops `devices`' queues and jobs in flight, reporting nothing: another replica owns
+    /// them now (the central shape). A late ack of theirs then changes nothing.
+    pub fn forget(&mut self, devices: &[String]) {
+        for d in devices {
+            if let Some(mut q) = self.devices.remove(d) {
+                for w in q.take_where(|_| true) {
+                    self.held.release(&w);
+                }
+            }
+        }
+    }
+
+    /// Queues a taken partition's jobs ([`preload`](Machine::preload)'s rules, the
+    /// supersede rule included) and sends each of their devices' head that can take it.
+    pub fn restore(&mut self, jobs: Vec<StoredJob>, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+        let devices: std::collections::BTreeSet<String> = jobs.iter().map(|j| j.device.clone()).collect();
+        let mut out: Vec<Action> = self.preload(jobs).into_iter().map(Action::Finish).collect();
+        for device in devices {
+            self.pump(&device, now, wall, &mut out);
+        }
+        out
+    }
+
     /// Sends the head of every device's queue that can take it: what [`preload`](Machine::preload)
     /// queued.
     pub fn start(&mut self, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {

@@ -122,6 +122,11 @@ impl<T: Transport> Dispatcher<T> {
         let (now, wall) = (Instant::now(), self.clock.now());
         match cmd {
             Command::Enqueue(queued) => self.machine.enqueue(queued, now, wall),
+            Command::Forget(devices) => {
+                self.machine.forget(&devices);
+                Vec::new()
+            }
+            Command::Restore(jobs) => self.machine.restore(jobs, now, wall),
             Command::Device(Incoming::Ack { device, ack }) => {
                 self.health.acked();
                 self.machine.ack(&device, ack, now, wall)

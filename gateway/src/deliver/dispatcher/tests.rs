@@ -488,3 +488,39 @@ async fn queued_jobs_are_held_up_to_the_budget_then_read_back() {
         "the device did not carry out the one found gone"
     );
 }
+
+/// The central shape's moves: a device whose partition went to another replica is
+/// forgotten (its job in flight is neither sent again nor reported when its ack comes), and
+/// the queues of a partition taken are queued with their `seq`s, the supersede rule
+/// applied again.
+#[tokio::test(start_paused = true)]
+async fn a_forgotten_device_gets_nothing_more_and_a_restored_queue_is_sent_in_order() {
+    let mut h = harness(1_000, 5);
+    h.enqueue("a", job("a1", EffectKind::PrintReceipt, "c0"), 1).await;
+    assert_eq!(h.next_sent().await.message_id, "a1");
+    h.cmd.send(Command::Forget(vec!["a".into()])).await.unwrap();
+    h.ack("a", "a1", AckResult::Done, false).await;
+    h.nothing_sent(3_000).await;
+    assert!(h.finished.try_recv().is_err(), "nothing of a forgotten device is reported");
+
+    let stored = |id: &str, kind, charge: &str, seq| {
+        let mut j = job(id, kind, charge);
+        j.seq = seq;
+        StoredJob { device: "t".into(), job: j, source: src() }
+    };
+    let restored = vec![
+        stored("qr1", EffectKind::DisplayQr, "c1", 41),
+        stored("paid1", EffectKind::PaymentConfirmed, "c1", 42),
+        stored("r1", EffectKind::PrintReceipt, "c1", 43),
+    ];
+    h.cmd.send(Command::Restore(restored)).await.unwrap();
+    let f = h.next_finished().await;
+    assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("qr1", Outcome::Superseded));
+    for (id, seq) in [("paid1", 42), ("r1", 43)] {
+        let j = h.next_sent().await;
+        assert_eq!((j.message_id.as_str(), j.seq), (id, seq), "the log's seq, in order");
+        h.ack("t", id, AckResult::Done, false).await;
+        let f = h.next_finished().await;
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), (id, Outcome::Done));
+    }
+}

@@ -21,11 +21,13 @@ use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
 use crate::ingest::cluster_reader::ClusterReader;
 use crate::ingest::consume_error::{self, ConsumeErrors};
+use crate::ingest::delivery_log::DeliveryLog;
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::group_reader::GroupReader;
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
 use crate::ingest::member::create;
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
+use crate::ingest::ownership::{GivenUp, Ownership};
 use crate::ingest::plan::{Planner, Source};
 use crate::ingest::prune::Pruner;
 use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
@@ -43,7 +45,7 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -78,6 +80,9 @@ pub struct Services {
     /// With `cluster.enabled`: where the jobs planned from change events go (the
     /// device-jobs topic, read back by this same loop).
     pub jobs_out: Option<Arc<JobProducer>>,
+    /// With `cluster.enabled`: the deliver stage's log, where each job read back is
+    /// accepted and each job's end recorded, and from which a partition taken is restored.
+    pub delivery_log: Option<Arc<DeliveryLog>>,
 }
 
 /// What the loop waits on, one at a time.
@@ -127,6 +132,13 @@ struct Pipeline {
     deadletters: Arc<Notify>,
     /// Requested on SIGTERM: a failing dead-letter write then gives up instead of retrying.
     shutdown: Shutdown,
+    /// With `cluster.enabled`: the deliver stage's log.
+    delivery_log: Option<Arc<DeliveryLog>>,
+    /// The device-jobs partitions owned and their devices.
+    ownership: Ownership,
+    /// Device-jobs partitions taken and given up by rebalances not yet carried out
+    /// ([`Pipeline::move_queues`]).
+    moves: Option<(Vec<i32>, Vec<GivenUp>)>,
 }
 
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
@@ -169,10 +181,14 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         deadletters,
         shutdown,
         jobs_out,
+        delivery_log,
     } = services;
     let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
     if let Some(producer) = jobs_out {
         handoff = handoff.routed(producer);
+    }
+    if let Some(log) = &delivery_log {
+        handoff = handoff.logged(log.clone(), &cfg.cluster.device_jobs_topic);
     }
     let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
@@ -199,6 +215,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         device_jobs_topic: cfg.cluster.enabled.then(|| cfg.cluster.device_jobs_topic.clone()),
         deadletters,
         shutdown: shutdown.clone(),
+        delivery_log: delivery_log.clone(),
+        ownership: Ownership::default(),
+        moves: None,
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -228,6 +247,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         // against the current assignment, and a newly assigned partition is paused before
         // the loop takes more than one record from it.
         p.after_rebalance(&*consumer);
+        if p.moves.is_some() {
+            p.move_queues(&*consumer).await;
+        }
         match event {
             Event::Shutdown => break,
             Event::Written(a) => {
@@ -303,6 +325,13 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             "shutdown bound reached before the final commit; what was not committed is read again at the next start"
         );
     }
+    if let Some(log) = delivery_log {
+        // Jobs' ends not yet on Kafka: lost, their jobs would be sent again by the next owner.
+        let flushed = tokio::task::spawn_blocking(move || log.flush(Duration::from_secs(5))).await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            tracing::warn!("some jobs' ends did not reach the delivery log before shutdown: the partition's next owner sends those jobs again (their devices dedupe them)");
+        }
+    }
     stats.update(|s| s.consumer_running = false);
     // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
     let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
@@ -352,7 +381,13 @@ impl Pipeline {
             timestamp_ms: m.timestamp().to_millis(),
         };
         let accept = if self.device_jobs_topic.as_deref() == Some(m.topic()) {
-            device_jobs::accept(&src, &self.stats)
+            let device = std::str::from_utf8(src.key.unwrap_or_default()).unwrap_or_default();
+            if self.delivery_log.is_some() && self.ownership.read(device, src.partition, src.offset) {
+                // In the delivery log already: restored from there when the partition was taken.
+                crate::store::Accept::default()
+            } else {
+                device_jobs::accept(&src, &self.stats)
+            }
         } else if upstream::is_tombstone(&m) {
             self.planner.tombstone(&src)
         } else {
@@ -555,6 +590,14 @@ impl Pipeline {
                 self.deadletters.notify_one();
             }
         }
+        if let Some(log) = &self.delivery_log {
+            // A replayed job was never logged: its end is not either.
+            if let Some(p) = self.ownership.partition_of(&stored.device) {
+                if let Err(e) = log.ended(p, &stored).await {
+                    tracing::error!(device = %stored.device, seq = stored.job.seq, error = %e, "cannot log a job's end: its partition's next owner sends it again (the device dedupes it)");
+                }
+            }
+        }
         let decisions = self.backpressure.finished(&stored.device);
         self.apply(consumer, decisions);
         let (jobs, at_bound) = (self.backpressure.jobs() as u64, self.backpressure.devices_at_bound() as u64);
@@ -638,6 +681,16 @@ impl Pipeline {
             Ok(parts) => {
                 self.health.assigned(parts.iter().cloned());
                 self.registry.assigned(&parts);
+                if let (Some(topic), Some(_)) = (&self.device_jobs_topic, &self.delivery_log) {
+                    let now: BTreeSet<i32> = parts.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p).collect();
+                    let (taken, given_up) = self.ownership.reassigned(now);
+                    if !taken.is_empty() || !given_up.is_empty() {
+                        let moves = self.moves.get_or_insert_with(Default::default);
+                        moves.0.retain(|p| !given_up.iter().any(|(g, _)| g == p));
+                        moves.0.extend(taken);
+                        moves.1.extend(given_up);
+                    }
+                }
                 parts
             }
             Err(e) => {
@@ -653,6 +706,82 @@ impl Pipeline {
             s.assigned_partitions = count;
             s.paused_partitions = paused;
         });
+    }
+
+    /// Carries out the device-jobs partitions' moves noted at a rebalance (`docs/cluster.md`
+    /// "Hand-over"): a partition given up has its devices' queues dropped from the
+    /// dispatcher and the outbox (its new owner restores them from the delivery log); a
+    /// partition taken has its queues restored from its delivery log, with their `seq`s,
+    /// and its records already logged are skipped when read again. Reading waits
+    /// meanwhile; a restore Kafka refuses is tried again until shutdown.
+    async fn move_queues(&mut self, consumer: &impl GroupReader) {
+        let Some((taken, given_up)) = self.moves.take() else { return };
+        let Some(log) = self.delivery_log.clone() else { return };
+        self.handoff.owned(self.ownership.owned().clone());
+        for (p, devices) in given_up {
+            self.handoff.command(Command::Forget(devices.clone())).await;
+            for d in &devices {
+                let decisions = self.backpressure.forgotten(d);
+                self.apply(consumer, decisions);
+            }
+            let outbox = self.outbox.clone();
+            let names = devices.clone();
+            let forgotten =
+                crate::ingest::retry::blocking(move || outbox.forget_devices(names.iter().map(String::as_str))).await;
+            match forgotten {
+                Ok(jobs) => tracing::info!(partition = p, devices = devices.len(), jobs, "device-jobs partition given up: its queues are dropped here, its new owner restores them from the delivery log"),
+                Err(e) => tracing::warn!(partition = p, error = %e, "device-jobs partition given up, but its queues could not be dropped from the outbox; dropped at the next start"),
+            }
+        }
+        for p in taken {
+            if !self.ownership.owned().contains(&p) {
+                continue;
+            }
+            let started = Instant::now();
+            let mut pause = Duration::from_millis(100);
+            let restored = loop {
+                let reader = log.clone();
+                let result = tokio::task::spawn_blocking(move || reader.restore(p, Duration::from_secs(10)))
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::anyhow!("the restore's thread failed: {e}")));
+                match result {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read the delivery log of a partition taken; retrying (its devices wait)");
+                        if self.shutdown.sleep(pause).await {
+                            return;
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(10));
+                    }
+                }
+            };
+            for (key, why) in &restored.unreadable {
+                tracing::warn!(partition = p, key, why, "a delivery log record cannot be read; left out");
+            }
+            let devices: BTreeSet<String> =
+                restored.seqs.keys().cloned().chain(restored.jobs.iter().map(|j| j.device.clone())).collect();
+            self.ownership.restored(p, restored.pos, devices.iter().map(String::as_str));
+            self.handoff.restored(p, restored.pos);
+            let (jobs, seqs) = (restored.jobs, restored.seqs);
+            let state = (self.outbox.clone(), jobs, seqs);
+            let (_, headers) =
+                until_stored(&self.health, "a restored queue", &self.shutdown, state, |(outbox, jobs, seqs)| {
+                    outbox.restore(jobs.clone(), seqs)
+                })
+                .await;
+            let Some(headers) = headers else { return };
+            for h in &headers {
+                let decisions = self.backpressure.replayed(&h.device);
+                self.apply(consumer, decisions);
+            }
+            let count = headers.len();
+            if count > 0 {
+                self.handoff.command(Command::Restore(headers)).await;
+            }
+            tracing::info!(partition = p, devices = devices.len(), jobs = count, pos = ?restored.pos, ms = started.elapsed().as_millis() as u64, "device-jobs partition taken: its queues restored from the delivery log");
+        }
+        let jobs = self.backpressure.jobs() as u64;
+        self.stats.update(|s| s.outbox_jobs = jobs);
     }
 
     /// Carries out [`Backpressure`]'s decisions: pauses or resumes the partitions in

@@ -218,6 +218,7 @@ impl Rig {
             deadletters: Arc::new(Notify::new()),
             shutdown: shutdown.clone(),
             jobs_out: None,
+            delivery_log: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }

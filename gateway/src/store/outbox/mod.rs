@@ -35,12 +35,14 @@
 //! One file per concept: the tables and the row layout (`schema.rs`), the queues
 //! (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
-//! (`direct_marks.rs`), read positions (`read_positions.rs`).
+//! (`direct_marks.rs`), read positions (`read_positions.rs`), queues moving between the
+//! central shape's replicas (`moves.rs`).
 
 mod dead_letters;
 mod dedupe;
 mod direct_marks;
 mod error;
+mod moves;
 mod queue;
 mod read_positions;
 pub(crate) mod schema;

@@ -1,0 +1,94 @@
+//! Which device-jobs partitions this replica owns, and which partition each device it has
+//! seen is on (the central shape's deliver stage, `docs/cluster.md` "Hand-over").
+//!
+//! The devices' partitions are learnt from the records read (key = device id) and from
+//! the delivery logs restored, not computed: a device this replica never read a job of has
+//! no queue here to forget.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A partition given up, with the devices this replica knew on it.
+pub type GivenUp = (i32, Vec<String>);
+
+/// The partitions owned, the devices' partitions and each owned partition's first offset
+/// not yet in the delivery log.
+#[derive(Debug, Default)]
+pub struct Ownership {
+    owned: BTreeSet<i32>,
+    devices: HashMap<String, i32>,
+    /// Per owned partition: records below this offset are in the delivery log already
+    /// (its `pos`), so they are skipped when read again.
+    floor: BTreeMap<i32, i64>,
+}
+
+impl Ownership {
+    /// The partitions owned.
+    pub fn owned(&self) -> &BTreeSet<i32> {
+        &self.owned
+    }
+
+    /// Given the assignment `now`: the partitions newly taken and those given up (whose
+    /// devices are dropped from the map), in order.
+    pub fn reassigned(&mut self, now: BTreeSet<i32>) -> (Vec<i32>, Vec<GivenUp>) {
+        let taken: Vec<i32> = now.difference(&self.owned).copied().collect();
+        let given: Vec<i32> = self.owned.difference(&now).copied().collect();
+        let mut given_up = Vec::new();
+        for p in given {
+            let devices: Vec<String> = self.devices.iter().filter(|(_, q)| **q == p).map(|(d, _)| d.clone()).collect();
+            for d in &devices {
+                self.devices.remove(d);
+            }
+            self.floor.remove(&p);
+            given_up.push((p, devices));
+        }
+        self.owned = now;
+        (taken, given_up)
+    }
+
+    /// Partition `p` was restored from its log, whose `pos` is `pos`, with `devices`.
+    pub fn restored<'a>(&mut self, p: i32, pos: Option<i64>, devices: impl IntoIterator<Item = &'a str>) {
+        for d in devices {
+            self.devices.insert(d.to_string(), p);
+        }
+        if let Some(pos) = pos {
+            self.floor.insert(p, pos);
+        }
+    }
+
+    /// A job record of `device` was read from partition `p` at `offset`: whether it is
+    /// already in the delivery log (below the partition's `pos`), to be skipped.
+    pub fn read(&mut self, device: &str, p: i32, offset: i64) -> bool {
+        if self.devices.get(device) != Some(&p) {
+            self.devices.insert(device.to_string(), p);
+        }
+        self.floor.get(&p).is_some_and(|&floor| offset < floor)
+    }
+
+    /// The partition of `device`, when known.
+    pub fn partition_of(&self, device: &str) -> Option<i32> {
+        self.devices.get(device).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_given_up_takes_its_devices_and_one_taken_skips_what_its_log_has() {
+        let mut o = Ownership::default();
+        let (taken, given) = o.reassigned(BTreeSet::from([0, 1]));
+        assert_eq!((taken, given.len()), (vec![0, 1], 0));
+        o.restored(1, Some(5), ["b"]);
+        assert!(o.read("b", 1, 4), "below the log's pos: in the log already");
+        assert!(!o.read("b", 1, 5));
+        assert!(!o.read("a", 0, 0), "no log pos: nothing skipped");
+        assert_eq!(o.partition_of("a"), Some(0));
+        let (taken, given) = o.reassigned(BTreeSet::from([0, 2]));
+        assert_eq!(taken, [2]);
+        assert_eq!(given, [(1, vec!["b".to_string()])]);
+        assert_eq!(o.partition_of("b"), None);
+        o.restored(1, None, []);
+        assert!(!o.read("b", 1, 0), "the old floor went with the partition");
+    }
+}
