@@ -167,7 +167,13 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
             Inspection::DeadLetter(DeadLetterCmd::Replay { id }) => {
                 let now = Clock::with_offset(cfg.clock.offset_ms).now_ms();
                 let ttl = &cfg.delivery.ttl;
+                let central = cfg.cluster.enabled;
                 run(t, format!("/deadletters/{id}/replay"), true, |o| {
+                    // Queued in this outbox alone, the job would be forgotten at the next
+                    // start of a central-shape replica (its queues come from the delivery log).
+                    if central {
+                        return Err(crate::store::ReplayError::CentralShape(id).into());
+                    }
                     Ok(inspect::replayed(&Replayed::Job(o.replay(id, now, |k| crate::route::render::ttl_of(k, ttl))?)))
                 })
                 .await

@@ -202,11 +202,12 @@ impl Backpressure {
     /// One job of `device` fewer; resumes the partitions waiting on `device` once its
     /// queue is half drained.
     fn count_out(&mut self, device: &str) -> Vec<Decision> {
+        // A device with nothing counted has nothing to count out: its jobs were counted
+        // out already when its partition went to another replica ([`Backpressure::forgotten`]).
+        let Some(n) = self.device_jobs.get_mut(device).filter(|n| **n > 0) else { return Vec::new() };
+        *n -= 1;
+        let left = Some(*n);
         self.jobs = self.jobs.saturating_sub(1);
-        let left = self.device_jobs.get_mut(device).map(|n| {
-            *n = n.saturating_sub(1);
-            *n
-        });
         let mut decisions = Vec::new();
         if left.is_some_and(|n| n <= self.bounds.jobs_per_device / 2) {
             let parts: Vec<Partition> =

@@ -27,11 +27,14 @@ impl Ownership {
         &self.owned
     }
 
-    /// Given the assignment `now`: the partitions newly taken and those given up (whose
-    /// devices are dropped from the map), in order.
-    pub fn reassigned(&mut self, now: BTreeSet<i32>) -> (Vec<i32>, Vec<GivenUp>) {
-        let taken: Vec<i32> = now.difference(&self.owned).copied().collect();
-        let given: Vec<i32> = self.owned.difference(&now).copied().collect();
+    /// Given the assignment `now` and the partitions `revoked` since the last call: the
+    /// partitions newly taken and those given up (whose devices are dropped from the map),
+    /// in order. A partition revoked and assigned again is both given up and taken:
+    /// another replica may have owned it meanwhile.
+    pub fn reassigned(&mut self, now: BTreeSet<i32>, revoked: &BTreeSet<i32>) -> (Vec<i32>, Vec<GivenUp>) {
+        let kept: BTreeSet<i32> = self.owned.difference(revoked).copied().collect();
+        let taken: Vec<i32> = now.difference(&kept).copied().collect();
+        let given: Vec<i32> = self.owned.iter().filter(|p| revoked.contains(p) || !now.contains(p)).copied().collect();
         let mut given_up = Vec::new();
         for p in given {
             let devices: Vec<String> = self.devices.iter().filter(|(_, q)| **q == p).map(|(d, _)| d.clone()).collect();
@@ -77,16 +80,21 @@ mod tests {
     #[test]
     fn a_partition_given_up_takes_its_devices_and_one_taken_skips_what_its_log_has() {
         let mut o = Ownership::default();
-        let (taken, given) = o.reassigned(BTreeSet::from([0, 1]));
+        let none = BTreeSet::new();
+        let (taken, given) = o.reassigned(BTreeSet::from([0, 1]), &none);
         assert_eq!((taken, given.len()), (vec![0, 1], 0));
         o.restored(1, Some(5), ["b"]);
         assert!(o.read("b", 1, 4), "below the log's pos: in the log already");
         assert!(!o.read("b", 1, 5));
         assert!(!o.read("a", 0, 0), "no log pos: nothing skipped");
         assert_eq!(o.partition_of("a"), Some(0));
-        let (taken, given) = o.reassigned(BTreeSet::from([0, 2]));
+        let (taken, given) = o.reassigned(BTreeSet::from([0, 2]), &none);
         assert_eq!(taken, [2]);
         assert_eq!(given, [(1, vec!["b".to_string()])]);
+        o.read("a", 0, 9);
+        let (taken, given) = o.reassigned(BTreeSet::from([0, 2]), &BTreeSet::from([0]));
+        assert_eq!(taken, [0], "revoked and assigned again: taken again, from its log");
+        assert_eq!(given, [(0, vec!["a".to_string()])], "and given up first");
         assert_eq!(o.partition_of("b"), None);
         o.restored(1, None, []);
         assert!(!o.read("b", 1, 0), "the old floor went with the partition");

@@ -52,6 +52,11 @@ pub enum ReplayError {
         /// Its reason.
         reason: DeadLetterReason,
     },
+    /// The central shape (`cluster.enabled`): a replayed job would be queued in this
+    /// replica's outbox only, outside the delivery log, so it would be lost when its
+    /// partition moves and could take a `seq` the partition's next owner gives too.
+    #[error("dead letter {0}: replays are not supported with cluster.enabled yet (the job would bypass the delivery log); nothing was replayed")]
+    CentralShape(u64),
     /// Replayed before; a second replay would queue the effect twice.
     #[error("dead letter {0} was already replayed")]
     AlreadyReplayed(u64),
