@@ -3,9 +3,11 @@
 # client certificates, an ACL), three pixgate replicas with cluster.enabled and a generated
 # scenario's simulated fleet; prints what each replica did and checks every effect against
 # an independent model. With --kills N, replicas other than the first are SIGKILLed and
-# started again mid-run; their queues move to the others through the delivery log.
+# started again mid-run; their queues move to the others through the delivery log. With
+# --freeze-ms MS, replica r1 is frozen (SIGSTOP) and replaced by a process with its
+# identity, then continued: the broker's log shows whose connections were cut for whom.
 #
-#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills)
+#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills, --freeze-ms)
 #
 # Installs tansu (~15 min, once) and mosquitto if missing.
 set -euo pipefail

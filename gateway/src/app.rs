@@ -94,6 +94,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
+    let mut partition_links = None;
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
             let publisher =
@@ -104,9 +105,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             (DeviceLink::Listener(publisher), presence)
         }
         Some(broker) => {
-            let (publisher, board) =
-                deliver::broker::start(broker, health.clone(), incoming_tx.clone(), devices.clone())
-                    .context("starting the external MQTT broker's connections")?;
+            let (publisher, board) = deliver::broker::start(
+                broker,
+                cfg.cluster.enabled.then_some(cfg.cluster.device_job_partitions),
+                health.clone(),
+                incoming_tx.clone(),
+                devices.clone(),
+            )
+            .context("starting the external MQTT broker's connections")?;
+            partition_links = publisher.partitions();
             (DeviceLink::Broker(publisher), Some(board as Arc<dyn Presence>))
         }
     };
@@ -222,11 +229,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let delivery_log = if cfg.cluster.enabled {
         let reader_group = format!("{}-delivery-log", cfg.kafka.group_id);
-        Some(Arc::new(crate::ingest::delivery_log::DeliveryLog::new(
+        let log = Arc::new(crate::ingest::delivery_log::DeliveryLog::new(
             &cfg.kafka.brokers,
             &cfg.cluster.delivery_log_topic,
             &reader_group,
-        )?))
+            &replica_name(&cfg),
+        )?);
+        if let Some(links) = &partition_links {
+            links.set_owner_check(log.clone());
+        }
+        Some(log)
     } else {
         None
     };
@@ -245,6 +257,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         jobs_out,
         delivery_log,
+        partition_links,
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.
@@ -276,6 +289,16 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Jobs are left on the topic (how many, and what to do).
+/// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
+/// (it names the replica to Kafka too), else the host name and process id.
+fn replica_name(cfg: &Config) -> String {
+    if !cfg.kafka.instance_id.is_empty() {
+        return cfg.kafka.instance_id.replace('/', "_");
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim().replace('/', "_"), std::process::id())
+}
+
 async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
     let topic = cfg.cluster.device_jobs_topic.clone();
     let group = format!("{}-deliver", cfg.kafka.group_id);

@@ -389,6 +389,11 @@ pub struct BrokerConfig {
     /// Client id of the connection that reads acks and status (persistent session: acks
     /// sent while it reconnects wait in the broker).
     pub acks_client_id: String,
+    /// With `cluster.enabled`: jobs go out on one connection per device-jobs partition
+    /// owned, client id `{prefix}-{partition}`, the same on every replica, so a new owner's
+    /// connection closes the old owner's (`docs/cluster.md`, "Fencing"); `client_id` is not
+    /// used then.
+    pub partition_client_id_prefix: String,
     /// MQTT keep alive of both connections, s.
     pub keep_alive_s: u64,
     /// Jobs published and not yet acknowledged by the broker (PUBACK) at once.
@@ -406,6 +411,7 @@ impl Default for BrokerConfig {
             tls: None,
             client_id: "pixgate-deliver-0".into(),
             acks_client_id: "pixgate-acks-0".into(),
+            partition_client_id_prefix: "pixgate-partition".into(),
             keep_alive_s: 30,
             max_in_flight: 100,
             max_packet_bytes: 1 << 20,

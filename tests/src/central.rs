@@ -10,7 +10,10 @@
 //! charge events are produced once the groups have settled. With
 //! [`CentralOptions::kills`], replicas other than the first are SIGKILLed and started again
 //! meanwhile: their queues move to the other replicas through the delivery log
-//! (`docs/cluster.md`, "Hand-over").
+//! (`docs/cluster.md`, "Hand-over"). With [`CentralOptions::stop_ms`], replica r1 is frozen
+//! (SIGSTOP) and replaced by a process with its identity, then continued: the fence
+//! (`docs/cluster.md`, "Fencing"). Each replica connects to a listener of its own on the
+//! broker, so that [`CentralReport::takeovers`] can say whose connection the broker closed.
 
 use crate::devices_broker::DevicesBroker;
 use crate::gateway::{count, GatewayProcess, GatewaySettings};
@@ -50,6 +53,12 @@ pub struct CentralOptions {
     /// one after another, each once the devices have carried out its share of the expected
     /// effects (`kills + 1` equal shares); 0: a steady state.
     pub kills: usize,
+    /// When not zero, replica r1 is SIGSTOPped once the devices have carried out a third of
+    /// the expected effects and a replacement is started with its identity (its group
+    /// instance id, as an orchestrator does for a replica it holds dead); r1 is continued
+    /// (SIGCONT) this long (ms) after the replacement has connected as an owner, given 5 s,
+    /// then stopped. The replacement takes its place.
+    pub stop_ms: u64,
 }
 
 /// One replica at the end.
@@ -88,6 +97,16 @@ pub struct CentralReport {
     /// Jobs restored from the delivery log by replicas taking device-jobs partitions, in
     /// all (from their `device-jobs partition taken` lines).
     pub restored_jobs: u64,
+    /// Each time the broker closed a partition connection because another connection
+    /// came with its client id: (client id, the replica that held it, the replica that took
+    /// it), from the broker's log (each replica has a listener of its own).
+    pub takeovers: Vec<(String, Option<usize>, Option<usize>)>,
+    /// Partition connections that stood down after a takeover, found so by their replica's
+    /// delivery log check (`partition connection taken over` lines).
+    pub stood_down: usize,
+    /// Device-jobs partitions whose queues a replica dropped on finding its claim
+    /// overtaken (`another replica's claim overtook this one's` lines, one per partition).
+    pub suspended: usize,
     /// Wall time.
     pub secs: f64,
 }
@@ -105,6 +124,11 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let plan = Arc::new(Plan::new(ScenarioConfig::new(opts.seed, opts.devices, opts.events)));
     let dir = std::env::temp_dir().join(format!("pixgate-{}-mosquitto-{}", opts.name, std::process::id()));
     let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
+    let mut ports = vec![mosquitto.gateway_port()];
+    // One more for a stopped replica's replacement.
+    for _ in 1..opts.replicas + usize::from(opts.stop_ms > 0) {
+        ports.push(mosquitto.add_gateway_listener());
+    }
     let broker = mosquitto.start().await;
     let mut topics = PIXGATE_TOPICS.to_vec();
     topics.push(DEVICE_JOBS);
@@ -114,7 +138,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     if !(2..=charge_parts).contains(&opts.replicas) {
         bail!("between 2 and {charge_parts} replicas (each holds one charge partition at least)");
     }
-    let rig = Rig::builder(&opts.name).topics(&topics).envs(replica_env(&mosquitto, &opts.name, 0)).start().await;
+    let rig = Rig::builder(&opts.name).topics(&topics).envs(replica_env(&mosquitto, &ports, opts, 0)).start().await;
 
     let stats = Arc::new(Stats::default());
     let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
@@ -131,7 +155,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
             ..rig.settings().clone()
         };
-        let env = replica_env(&mosquitto, &opts.name, r);
+        let env = replica_env(&mosquitto, &ports, opts, r);
         let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
         let log = rig.dir().join(format!("pixgate-r{r}.log"));
         others.push(
@@ -143,12 +167,74 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let shares = settle(&all, device_parts, charge_parts).await?;
     drop(all);
 
+    if opts.stop_ms > 0 && opts.kills > 0 {
+        bail!("a stop and kills in one run are not supported: the kills restart r1");
+    }
     let deadline = Instant::now()
+        + Duration::from_millis(opts.stop_ms)
         + Duration::from_secs(240 + 60 * opts.kills as u64)
         + Duration::from_millis(60 * opts.events as u64);
     let expected_effects = plan.expected_count() as u64;
-    let kills = async {
+    let disrupt = async {
         let mut logs = Vec::new();
+        if opts.stop_ms > 0 {
+            while stats.carried_out() < expected_effects / 3 {
+                if Instant::now() > deadline {
+                    bail!("stuck at {} effects before the stop", stats.carried_out());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let pid = others[0].pid().to_string();
+            signal("-STOP", &pid)?;
+            println!("SIGSTOP replica r1 at {} effects carried out", stats.carried_out());
+            // Its replacement: r1's identity (group instance id) and a copy of its outbox
+            // (what an orchestrator does for a replica it holds dead: a new process with the
+            // old one's name and volume), its own ports and broker listener. The copy is
+            // taken while r1 is stopped, so it is what a crash would leave. The route stage's
+            // charge state is only there until the route changelog exists: a replacement
+            // without it shows QRs a later record had superseded (`docs/cluster.md`, Status).
+            let outbox = rig.dir().join("data-r1-replacement/outbox.redb");
+            std::fs::create_dir_all(outbox.parent().expect("a folder"))?;
+            std::fs::copy(&others[0].settings().outbox_path, &outbox).context("copying r1's outbox")?;
+            let settings = GatewaySettings {
+                http_port: free_port(),
+                mqtt_port: free_port(),
+                outbox_path: outbox,
+                ..others[0].settings().clone()
+            };
+            let mut env = replica_env(&mosquitto, &ports, opts, 1);
+            env.retain(|(k, _)| *k != "PIXGATE_BROKER__PORT" && *k != "PIXGATE_BROKER__ACKS_CLIENT_ID");
+            env.push(("PIXGATE_BROKER__PORT", ports[opts.replicas].to_string()));
+            env.push(("PIXGATE_BROKER__ACKS_CLIENT_ID", "pixgate-r1-replacement-acks".to_string()));
+            let log = rig.dir().join("pixgate-r1-replacement.log");
+            let (bin, log_path) = (rig.bin().to_path_buf(), log.clone());
+            let replacement = tokio::task::spawn_blocking(move || {
+                let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+                GatewayProcess::spawn_with_env(&bin, settings, &env, &log_path, Duration::from_secs(60))
+            })
+            .await?
+            .context("starting r1's replacement")?;
+            println!("r1's replacement started at {} effects carried out", stats.carried_out());
+            // Until it has claimed r1's partitions and connected as their owner.
+            while !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("partition connection to the devices' broker up")
+            {
+                if Instant::now() > deadline {
+                    bail!("r1's replacement never connected a partition connection");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(opts.stop_ms)).await;
+            signal("-CONT", &pid)?;
+            println!("SIGCONT replica r1 at {} effects carried out", stats.carried_out());
+            // Long enough for its connections to find themselves closed and ask the log.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let mut stale = std::mem::replace(&mut others[0], replacement);
+            stale.stop(Duration::from_secs(10));
+            logs.push(log);
+            return Ok::<_, anyhow::Error>(logs);
+        }
         for k in 0..opts.kills {
             let target = expected_effects * (k as u64 + 1) / (opts.kills as u64 + 1);
             while stats.carried_out() < target {
@@ -162,7 +248,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             let settings = replica.settings().clone();
             replica.kill();
             println!("SIGKILL replica r{r} at {} effects carried out", stats.carried_out());
-            let env = replica_env(&mosquitto, &opts.name, r);
+            let env = replica_env(&mosquitto, &ports, opts, r);
             let log = rig.dir().join(format!("pixgate-r{r}-after-kill-{k}.log"));
             let bin = rig.bin().to_path_buf();
             let log_path = log.clone();
@@ -178,7 +264,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         Ok::<_, anyhow::Error>(logs)
     };
     let (positions, kill_logs) =
-        tokio::join!(scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline), kills);
+        tokio::join!(scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline), disrupt);
     let (positions, kill_logs) = (positions?, kill_logs?);
     let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let charge_ends = scenario::end_offsets(&positions);
@@ -209,13 +295,18 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
         });
     }
-    let mut restored_jobs = 0;
+    let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
     let logs = (0..opts.replicas)
         .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
         .chain(kill_logs);
     for log in logs {
-        restored_jobs += restored_in(&std::fs::read_to_string(log).unwrap_or_default());
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        restored_jobs += restored_in(&text);
+        stood_down += text.lines().filter(|l| l.contains("partition connection taken over")).count();
+        suspended +=
+            text.lines().filter(|l| l.contains("another replica's claim overtook")).map(partitions_in).sum::<usize>();
     }
+    let takeovers = takeovers(&broker.log_text(), &ports);
     let mut device_topic_commits = Vec::new();
     for g in [route, format!("{group}-deliver"), format!("{group}-registry")] {
         let committed = committed_offsets(rig.brokers(), &g, "device.upserted", device_parts as i32)?;
@@ -235,8 +326,18 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         device_topic_commits,
         kills: opts.kills,
         restored_jobs,
+        takeovers,
+        stood_down,
+        suspended,
         secs: began.elapsed().as_secs_f64(),
     })
+}
+
+/// How many partitions a log line's `partitions=[a, b]` field names.
+fn partitions_in(line: &str) -> usize {
+    line.split_once("partitions=[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map_or(0, |(list, _)| list.split(',').filter(|p| !p.trim().is_empty()).count())
 }
 
 /// The jobs a replica's log says it restored from the delivery log, in all.
@@ -247,18 +348,70 @@ fn restored_in(log: &str) -> u64 {
         .sum()
 }
 
-/// Replica `r`'s settings beyond the rig's: the central shape, its own client ids on the
-/// broker (one client id holds one connection at a time) and its own group instance id (a
-/// shared one makes two replicas one member: tansu then gives each every partition).
-fn replica_env(mosquitto: &DevicesBroker, name: &str, r: usize) -> Vec<(&'static str, String)> {
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid` with kill(1).
+fn signal(sig: &str, pid: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill").args([sig, pid]).status().context("running kill")?;
+    anyhow::ensure!(status.success(), "kill {sig} {pid}: {status}");
+    Ok(())
+}
+
+/// The broker's takeovers, from its log: (client id, replica that held it, replica that
+/// took it), each replica known by its listener's port in `ports` (index = replica).
+fn takeovers(log: &str, ports: &[u16]) -> Vec<(String, Option<usize>, Option<usize>)> {
+    use std::collections::HashMap;
+    // mosquitto 2.0: `New connection from 127.0.0.1:54321 on port 8884.`, then
+    // `Client C already connected, closing old connection.` when C is held, then
+    // `New client connected from 127.0.0.1:54321 as C (…)`.
+    let (mut listener_of, mut holder, mut pending) = (HashMap::new(), HashMap::new(), Vec::new());
+    let mut out = Vec::new();
+    for line in log.lines() {
+        let line = line.split_once(": ").map_or(line, |(_, rest)| rest);
+        if let Some(rest) = line.strip_prefix("New connection from ") {
+            if let Some((from, port)) = rest.split_once(" on port ") {
+                let port: u16 = port.trim_end_matches('.').parse().unwrap_or(0);
+                listener_of.insert(from.to_string(), ports.iter().position(|p| *p == port));
+            }
+        } else if let Some(rest) = line.strip_prefix("Client ") {
+            if let Some(client) = rest.strip_suffix(" already connected, closing old connection.") {
+                pending.push((client.to_string(), holder.get(client).copied().flatten()));
+            }
+        } else if let Some(rest) = line.strip_prefix("New client connected from ") {
+            if let Some((from, rest)) = rest.split_once(" as ") {
+                let client = rest.split_whitespace().next().unwrap_or_default().to_string();
+                let replica = listener_of.get(from).copied().flatten();
+                if let Some(i) = pending.iter().position(|(c, _)| *c == client) {
+                    let (c, old) = pending.remove(i);
+                    out.push((c, old, replica));
+                }
+                holder.insert(client, replica);
+            }
+        }
+    }
+    out
+}
+
+/// Replica `r`'s settings beyond the rig's: the central shape, its own listener on the
+/// broker (`ports[r]`), its own client ids for the single connections (one client id holds
+/// one connection at a time; the partition connections' ids are shared, which is the
+/// fence) and its own group instance id (a shared one makes two replicas one member: tansu
+/// then gives each every partition).
+fn replica_env(
+    mosquitto: &DevicesBroker,
+    ports: &[u16],
+    opts: &CentralOptions,
+    r: usize,
+) -> Vec<(&'static str, String)> {
+    let instance = format!("pixgate-{}-r{r}", opts.name);
     let mut env = mosquitto.gateway_env();
+    env.retain(|(k, _)| *k != "PIXGATE_BROKER__PORT");
+    env.push(("PIXGATE_BROKER__PORT", ports[r].to_string()));
     env.extend([
         ("PIXGATE_CLUSTER__ENABLED", "true".to_string()),
         ("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0.to_string()),
         ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string()),
         ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
         ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
-        ("PIXGATE_KAFKA__INSTANCE_ID", format!("pixgate-{name}-r{r}")),
+        ("PIXGATE_KAFKA__INSTANCE_ID", instance),
     ]);
     env
 }

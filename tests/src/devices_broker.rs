@@ -132,6 +132,23 @@ impl DevicesBroker {
         self.gateway_port
     }
 
+    /// Adds a copy of pixgate's listener on a port of its own (the same CA, ACL and
+    /// settings) and returns the port: replicas each on their own listener let the broker's
+    /// log tell which replica holds a connection (`New connection from … on port P`).
+    /// Takes effect at the next [`DevicesBroker::start`].
+    ///
+    /// # Panics
+    /// The generated configuration has no listener on [`DevicesBroker::gateway_port`].
+    pub fn add_gateway_listener(&mut self) -> u16 {
+        let head = format!("listener {} ", self.gateway_port);
+        let at = self.config.find(&head).unwrap_or_else(|| panic!("no `{head}` block in the broker's configuration"));
+        let block: String = self.config[at..].split("\n\n").next().unwrap_or_default().to_string();
+        let port = free_port();
+        let copy = block.replacen(&head, &format!("listener {port} "), 1);
+        self.config.push_str(&format!("\n{copy}\n"));
+        port
+    }
+
     /// A fleet of `devices` on this broker, each with its certificate, writing into `out`.
     pub fn fleet_config(&self, devices: Vec<DeviceSpec>, out: &Path) -> FleetConfig {
         FleetConfig {

@@ -167,6 +167,17 @@ impl ClusterReader {
         Ok(reader)
     }
 
+    /// Sets what runs for each device-jobs partition revoked, inside the deliver member's
+    /// rebalance hook ([`Rebalances::on_revoke`]).
+    pub fn on_deliver_revoke(&self, hook: impl Fn(i32) + Send + Sync + 'static) {
+        let topic = self.device_jobs_topic.clone();
+        self.deliver.context().on_revoke(Box::new(move |t, p| {
+            if t == topic {
+                hook(p);
+            }
+        }));
+    }
+
     /// Saves the stored device positions to the outbox once a second until `shutdown`
     /// (the last save is [`GroupReader::commit`]'s).
     pub fn save_positions(&self, shutdown: &Shutdown) {
@@ -319,6 +330,19 @@ impl GroupReader for ClusterReader {
         match action {
             Action::Pause => Consumer::pause(&self.feed, &one(part)),
             Action::Resume => Consumer::resume(&self.feed, &one(part)),
+        }
+    }
+
+    fn seek(&self, part: &Partition, offset: i64) -> KafkaResult<()> {
+        match self.member(part) {
+            Some(member) => GroupReader::seek(member, part, offset),
+            None => Consumer::seek(
+                &self.feed,
+                &part.0,
+                part.1,
+                Offset::Offset(offset),
+                crate::ingest::group_reader::SEEK_TIMEOUT,
+            ),
         }
     }
 

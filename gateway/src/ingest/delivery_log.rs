@@ -2,23 +2,60 @@
 //! [`crate::model::delivery_log`]): the owner of a device-jobs partition writes each job it
 //! accepts there before the job goes to the dispatcher and before its offset is stored,
 //! and each job's end once it leaves its queue; the partition's next owner (a rebalance, a
-//! replica's death) reads it to its end ([`DeliveryLog::restore`]) and delivers what is
-//! left, with the `seq`s it had.
+//! replica's death) claims it and reads it to its end ([`DeliveryLog::claim`]) and
+//! delivers what is left, with the `seq`s it had.
 //!
 //! One producer writes both (idempotent, `acks=all`, `message.timeout.ms` = 0: librdkafka
 //! retries until Kafka has the record), so a partition's records land in the order they
 //! were produced: a job's end is never before the job, and a superseded QR's end is before
 //! the end of the screen that superseded it.
+//!
+//! A replica takes a partition by claiming it ([`DeliveryLog::claim`]: an owner record of
+//! the next epoch, the first claim of an epoch wins) and writes every record with its
+//! epoch, so the records of a replica that lost the partition without knowing are left out
+//! by the next reader; before a partition connection to the devices' broker reconnects,
+//! [`DeliveryLog::still_owner_blocking`] asks whether a newer claim exists (`docs/cluster.md`,
+//! "Fencing").
 
-use crate::model::delivery_log::{fold, job_key, seq_key, LoggedJob, Restored, LOGGED_JOB_VERSION, POS_KEY};
+use crate::deliver::broker::OwnerCheck;
+use crate::model::delivery_log::{
+    job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER, LOGGED_JOB_VERSION, POS_KEY,
+};
 use crate::model::{Queued, StoredJob};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+/// Claims of one partition tried before [`DeliveryLog::claim`] gives up (each lost to a
+/// claim of another replica appended at the same moment).
+const CLAIM_ATTEMPTS: u32 = 5;
+
+/// Why the log did not take a record.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Kafka (or librdkafka) refused or failed it.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// This replica has no claim on the partition (never taken, or given up).
+    #[error("partition {0} of the delivery log is not claimed by this replica")]
+    NotClaimed(i32),
+}
+
+/// This replica's claim on a partition: its epoch, and where its owner record is.
+#[derive(Debug, Clone, Copy)]
+struct Take {
+    epoch: u64,
+    offset: i64,
+}
 
 /// The pause before enqueueing again while librdkafka's queue is full.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
@@ -30,14 +67,27 @@ pub struct DeliveryLog {
     brokers: String,
     /// The group id the restore's reader gives librdkafka (it never joins nor commits).
     reader_group: String,
+    /// This replica's name in its owner records.
+    replica: String,
+    /// The start of this replica's take ids: its name, process id and start time (ns), so
+    /// that a replacement with the same name and process id (pid 1 in a container) never
+    /// writes another's take id.
+    take_prefix: String,
+    /// Claims made, for unique take ids.
+    claims: AtomicU64,
+    /// The partitions this replica holds a claim on.
+    takes: Mutex<HashMap<i32, Take>>,
+    /// Claims another replica's overtook, and since when.
+    overtaken: Mutex<HashMap<i32, Instant>>,
 }
 
 impl DeliveryLog {
-    /// The log `topic` on `brokers`; `reader_group` names the restore's reader to Kafka.
+    /// The log `topic` on `brokers`; `reader_group` names the restore's reader to Kafka;
+    /// `replica` names this replica in its owner records.
     ///
     /// # Errors
     /// librdkafka refuses the configuration.
-    pub fn new(brokers: &str, topic: &str, reader_group: &str) -> anyhow::Result<DeliveryLog> {
+    pub fn new(brokers: &str, topic: &str, reader_group: &str, replica: &str) -> anyhow::Result<DeliveryLog> {
         let producer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("enable.idempotence", "true")
@@ -46,12 +96,141 @@ impl DeliveryLog {
             .set("message.timeout.ms", "0")
             .create()
             .context("creating the delivery log's producer")?;
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Ok(DeliveryLog {
             producer,
             topic: topic.to_string(),
             brokers: brokers.to_string(),
             reader_group: reader_group.to_string(),
+            replica: replica.to_string(),
+            take_prefix: format!("{replica}.{}.{started}", std::process::id()),
+            claims: AtomicU64::new(0),
+            takes: Mutex::default(),
+            overtaken: Mutex::default(),
         })
+    }
+
+    fn take(&self, partition: i32) -> Option<Take> {
+        self.takes.lock().unwrap_or_else(PoisonError::into_inner).get(&partition).copied()
+    }
+
+    /// The partitions whose claim another replica's overtook, each with when this replica
+    /// found out (a partition claimed again leaves the list).
+    pub fn overtaken(&self) -> Vec<(i32, Instant)> {
+        self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(p, t)| (*p, *t)).collect()
+    }
+
+    /// The epoch this replica writes `partition`'s records under, when it holds a claim.
+    pub fn epoch(&self, partition: i32) -> Option<u64> {
+        self.take(partition).map(|t| t.epoch)
+    }
+
+    /// Takes `partition`: reads its log to the end, appends an owner record of the next
+    /// epoch and reads on to it; returns what the log holds when the claim won. A claim
+    /// that lost (another of the same epoch came first) is made again at the epoch after,
+    /// up to [`CLAIM_ATTEMPTS`] times. Each read waits at most `timeout` for a record.
+    ///
+    /// # Errors
+    /// Kafka cannot be read or written, or every claim lost, or the log's epoch is at its
+    /// maximum.
+    pub async fn claim(&self, partition: i32, timeout: Duration) -> anyhow::Result<Restored> {
+        let mut reader = Some(self.reader(partition));
+        let claimed = self.claim_with(partition, timeout, &mut reader).await;
+        if let Some(reader) = reader {
+            // Closing a librdkafka client can block (while Kafka is unreachable).
+            drop(tokio::task::spawn_blocking(move || drop(reader)));
+        }
+        claimed
+    }
+
+    async fn claim_with(
+        &self,
+        partition: i32,
+        timeout: Duration,
+        reader: &mut Option<Reader>,
+    ) -> anyhow::Result<Restored> {
+        let mut folder = Folder::default();
+        read_blocking(reader, &mut folder, timeout, None).await?;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let epoch = folder
+                .owner()
+                .map_or(0, |o| o.epoch)
+                .checked_add(1)
+                .with_context(|| format!("{}/{partition}: the owner epoch is at its maximum", self.topic))?;
+            let n = self.claims.fetch_add(1, Ordering::Relaxed);
+            let take = format!("{}.{n}", self.take_prefix);
+            let key = owner_key(epoch, &take);
+            let offset = self.produce_one(partition, &key, Some(self.replica.as_bytes()), None).await?;
+            read_blocking(reader, &mut folder, timeout, Some(offset + 1)).await?;
+            match folder.owner() {
+                Some(o) if o.take == take => {
+                    self.takes.lock().unwrap_or_else(PoisonError::into_inner).insert(partition, Take { epoch, offset });
+                    self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
+                    return Ok(folder.finish());
+                }
+                o => {
+                    let winner = o.map(|o| o.replica.clone()).unwrap_or_default();
+                    tracing::warn!(
+                        partition,
+                        epoch,
+                        winner,
+                        "a claim of a delivery log partition lost to another replica's; claiming again"
+                    );
+                }
+            }
+        }
+        anyhow::bail!("{CLAIM_ATTEMPTS} claims of {}/{partition} lost to other replicas' claims", self.topic)
+    }
+
+    /// Gives `partition` up: nothing more is written to it by this replica.
+    pub fn release(&self, partition: i32) {
+        self.takes.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
+        self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
+    }
+
+    /// Whether this replica's claim on `partition` is still the last one (blocking): reads
+    /// the log from its owner record to the end, looking for a claim of a higher epoch.
+    /// `false` without a claim; a claim overtaken is released ([`DeliveryLog::epoch`] is
+    /// `None` after).
+    ///
+    /// # Errors
+    /// Kafka cannot be read within `timeout`.
+    pub fn still_owner_blocking(&self, partition: i32, timeout: Duration) -> anyhow::Result<bool> {
+        let Some(take) = self.take(partition) else { return Ok(false) };
+        let mut reader = self.reader(partition);
+        reader.next = take.offset + 1;
+        let end = reader.end(timeout)?;
+        let mut newer = false;
+        reader.scan_to(end, timeout, |key, _, _| {
+            let epoch = key
+                .strip_prefix(b"owner/")
+                .and_then(|rest| std::str::from_utf8(rest).ok()?.split('/').next()?.parse::<u64>().ok());
+            newer |= epoch.is_some_and(|e| e > take.epoch);
+        })?;
+        if newer {
+            let mut takes = self.takes.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only the claim read at the start: one made since (this replica took the
+            // partition again meanwhile) is newer than what was found, and its own.
+            if takes.get(&partition).is_some_and(|t| t.offset == take.offset) {
+                // Nothing more is written under the old claim; the consumer drops the
+                // partition's queues and claims it again if the group still gives it here
+                // a session timeout later.
+                takes.remove(&partition);
+                self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).insert(partition, Instant::now());
+            }
+        }
+        Ok(!newer)
+    }
+
+    fn reader(&self, partition: i32) -> Reader {
+        Reader {
+            brokers: self.brokers.clone(),
+            group: self.reader_group.clone(),
+            topic: self.topic.clone(),
+            partition,
+            consumer: None,
+            next: 0,
+        }
     }
 
     /// The topic.
@@ -65,8 +244,9 @@ impl DeliveryLog {
     ///
     /// # Errors
     /// Kafka did not take a record: the caller logs them again (the same keys, so the log
-    /// ends the same).
-    pub async fn accepted(&self, partition: i32, queued: &[Queued], pos: i64) -> Result<(), KafkaError> {
+    /// ends the same); or this replica holds no claim on `partition`.
+    pub async fn accepted(&self, partition: i32, queued: &[Queued], pos: i64) -> Result<(), LogError> {
+        let epoch = self.epoch(partition).ok_or(LogError::NotClaimed(partition))?;
         let mut records = Vec::with_capacity(queued.len() * 2 + 1);
         for q in queued {
             let job = match serde_json::from_slice(&q.wire) {
@@ -82,24 +262,30 @@ impl DeliveryLog {
                 device: q.stored.device.clone(),
                 job,
                 source: q.stored.source.clone(),
+                epoch,
             };
             let value = serde_json::to_vec(&logged).expect("a logged job serialises");
             records.push((job_key(&q.stored.device, q.stored.job.seq), Some(value)));
-            records.push((seq_key(&q.stored.device), Some(q.stored.job.seq.to_string().into_bytes())));
+            records.push((seq_key(&q.stored.device), Some(numbered(q.stored.job.seq, epoch).into_bytes())));
         }
-        records.push((POS_KEY.to_string(), Some(pos.to_string().into_bytes())));
-        self.produce(partition, records).await
+        records.push((POS_KEY.to_string(), Some(numbered(pos, epoch).into_bytes())));
+        Ok(self.produce(partition, epoch, records).await?)
     }
 
     /// Logs that `stored` left its queue (a tombstone of its job's key), on `partition`.
     /// Not waited for: librdkafka delivers it in order with the partition's other records.
+    /// Nothing is written for a partition this replica holds no claim on: its owner ends
+    /// the job.
     ///
     /// # Errors
     /// librdkafka refused to queue it (its configuration, or a fatal producer error).
     pub async fn ended(&self, partition: i32, stored: &StoredJob) -> Result<(), KafkaError> {
+        let Some(epoch) = self.epoch(partition) else { return Ok(()) };
         let key = job_key(&stored.device, stored.job.seq);
+        let epoch = epoch.to_string();
         loop {
-            let record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.topic).partition(partition).key(&key);
+            let record: FutureRecord<'_, str, [u8]> =
+                FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
             match self.producer.send_result(record) {
                 Ok(delivery) => {
                     let (device, seq) = (stored.device.clone(), stored.job.seq);
@@ -127,12 +313,52 @@ impl DeliveryLog {
         self.producer.flush(timeout)
     }
 
-    async fn produce(&self, partition: i32, records: Vec<(String, Option<Vec<u8>>)>) -> Result<(), KafkaError> {
+    /// Produces one record (with `epoch` as its header, if any) and waits for Kafka to
+    /// have it; returns its offset.
+    async fn produce_one(
+        &self,
+        partition: i32,
+        key: &str,
+        value: Option<&[u8]>,
+        epoch: Option<u64>,
+    ) -> Result<i64, KafkaError> {
+        let epoch = epoch.map(|e| e.to_string());
+        loop {
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.topic).partition(partition).key(key);
+            if let Some(v) = value {
+                record = record.payload(v);
+            }
+            if let Some(e) = &epoch {
+                record = record.headers(epoch_header(e));
+            }
+            match self.producer.send_result(record) {
+                Ok(delivery) => {
+                    return match delivery.await {
+                        Ok(Ok(d)) => Ok(d.offset),
+                        Ok(Err((e, _))) => Err(e),
+                        Err(_) => Err(KafkaError::Canceled),
+                    };
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    async fn produce(
+        &self,
+        partition: i32,
+        epoch: u64,
+        records: Vec<(String, Option<Vec<u8>>)>,
+    ) -> Result<(), KafkaError> {
+        let epoch = epoch.to_string();
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in &records {
             loop {
                 let mut record: FutureRecord<'_, str, [u8]> =
-                    FutureRecord::to(&self.topic).partition(partition).key(key.as_str());
+                    FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
                 if let Some(v) = value {
                     record = record.payload(v.as_slice());
                 }
@@ -157,41 +383,109 @@ impl DeliveryLog {
         }
         Ok(())
     }
+}
 
-    /// Blocking: reads partition `partition` of the log from its start to the end it has
-    /// when asked, and folds it ([`fold`]). Each request waits at most `timeout`.
-    ///
-    /// # Errors
-    /// Kafka cannot be asked, or the end is not reached within `timeout` of the last record
-    /// read.
-    pub fn restore(&self, partition: i32, timeout: Duration) -> anyhow::Result<Restored> {
-        let reader: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("group.id", &self.reader_group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .create()
-            .context("creating the delivery log's reader")?;
-        let topic = self.topic.as_str();
-        let (low, end) = reader
-            .fetch_watermarks(topic, partition, timeout)
-            .with_context(|| format!("the ends of {topic}/{partition}"))?;
-        if end <= low {
-            return Ok(Restored::default());
+/// Reads `reader`'s partition on a blocking thread, into `folder`, up to `end` (exclusive;
+/// `None`: the partition's end now). The reader is handed back unless its thread panicked.
+async fn read_blocking(
+    reader: &mut Option<Reader>,
+    folder: &mut Folder,
+    timeout: Duration,
+    end: Option<i64>,
+) -> anyhow::Result<()> {
+    let mut r = reader.take().context("the delivery log's reader was lost with a failed thread")?;
+    let mut f = std::mem::take(folder);
+    let (r, f, read) = tokio::task::spawn_blocking(move || {
+        let read = match end {
+            Some(end) => r.read_to(end, &mut f, timeout),
+            None => r.end(timeout).and_then(|end| r.read_to(end, &mut f, timeout)),
+        };
+        (r, f, read)
+    })
+    .await
+    .context("the delivery log reader's thread")?;
+    *reader = Some(r);
+    *folder = f;
+    read
+}
+
+/// The [`EPOCH_HEADER`] header with `epoch` (decimal).
+fn epoch_header(epoch: &str) -> OwnedHeaders {
+    OwnedHeaders::new().insert(Header { key: EPOCH_HEADER, value: Some(epoch) })
+}
+
+/// Reads one partition of the log, from where it stopped (blocking).
+struct Reader {
+    brokers: String,
+    group: String,
+    topic: String,
+    partition: i32,
+    /// Created at the first read.
+    consumer: Option<BaseConsumer>,
+    /// The next offset to read.
+    next: i64,
+}
+
+impl Reader {
+    fn consumer(&mut self) -> anyhow::Result<&BaseConsumer> {
+        if self.consumer.is_none() {
+            let c: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &self.brokers)
+                .set("group.id", &self.group)
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                .set("enable.partition.eof", "false")
+                .create()
+                .context("creating the delivery log's reader")?;
+            self.consumer = Some(c);
         }
+        Ok(self.consumer.as_ref().expect("just created"))
+    }
+
+    /// The partition's end offset now (and moves the start past what retention deleted).
+    fn end(&mut self, timeout: Duration) -> anyhow::Result<i64> {
+        let (topic, partition) = (self.topic.clone(), self.partition);
+        let (low, end) = self
+            .consumer()?
+            .fetch_watermarks(&topic, partition, timeout)
+            .with_context(|| format!("the ends of {topic}/{partition}"))?;
+        self.next = self.next.max(low);
+        Ok(end)
+    }
+
+    /// Pushes every record up to `end` (exclusive) into `folder`.
+    fn read_to(&mut self, end: i64, folder: &mut Folder, timeout: Duration) -> anyhow::Result<()> {
+        self.scan_to(end, timeout, |key, value, epoch| folder.push(key, value, epoch))
+    }
+
+    /// Calls `each` with every record's key, value and epoch header up to `end`
+    /// (exclusive); waits at most `timeout` for each.
+    fn scan_to(
+        &mut self,
+        end: i64,
+        timeout: Duration,
+        mut each: impl FnMut(&[u8], Option<&[u8]>, Option<u64>),
+    ) -> anyhow::Result<()> {
+        if self.next >= end {
+            return Ok(());
+        }
+        let (topic, partition, from) = (self.topic.clone(), self.partition, self.next);
+        let consumer = self.consumer()?;
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(low)).context("an assignment")?;
-        reader.assign(&tpl).with_context(|| format!("reading {topic}/{partition}"))?;
-        let mut records: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        tpl.add_partition_offset(&topic, partition, Offset::Offset(from)).context("an assignment")?;
+        consumer.assign(&tpl).with_context(|| format!("reading {topic}/{partition}"))?;
         let mut last = Instant::now();
-        let mut next = low;
+        let mut next = from;
         while next < end {
-            match reader.poll(Duration::from_millis(200)) {
+            match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
                     next = m.offset() + 1;
                     last = Instant::now();
-                    records.push((m.key().unwrap_or_default().to_vec(), m.payload().map(<[u8]>::to_vec)));
+                    let epoch = m.headers().and_then(|h| {
+                        let v = h.iter().find(|h| h.key == EPOCH_HEADER)?.value?;
+                        std::str::from_utf8(v).ok()?.parse::<u64>().ok()
+                    });
+                    each(m.key().unwrap_or_default(), m.payload(), epoch);
                 }
                 Some(Err(e)) => return Err(e).with_context(|| format!("reading {topic}/{partition}")),
                 None if last.elapsed() > timeout => {
@@ -200,6 +494,21 @@ impl DeliveryLog {
                 None => {}
             }
         }
-        Ok(fold(records.iter().map(|(k, v)| (k.as_slice(), v.as_deref()))))
+        self.next = next;
+        Ok(())
+    }
+}
+
+/// A partition connection to the devices' broker asks before it reconnects.
+impl OwnerCheck for DeliveryLog {
+    fn still_owner(
+        self: std::sync::Arc<Self>,
+        partition: i32,
+    ) -> Pin<Box<dyn Future<Output = anyhow::Result<bool>> + Send>> {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || self.still_owner_blocking(partition, Duration::from_secs(10)))
+                .await
+                .context("the owner check's thread")?
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! What the consumer loop asks of its consumer-group member, behind [`GroupReader`]: the next
-//! record, an offset stored, a partition paused or resumed, the assignment, the rebalances
-//! since it last looked, the positions, and the final commit. librdkafka's
+//! record, an offset stored, a partition paused or resumed or moved to another offset, the
+//! assignment, the rebalances since it last looked, the positions, and the final commit. librdkafka's
 //! `StreamConsumer` is the implementation that runs ([`GatewayConsumer`]); the loop's unit
 //! tests drive it with a fake on paused time.
 
@@ -12,10 +12,16 @@ use rdkafka::error::KafkaResult;
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use std::future::Future;
+use std::time::Duration;
+
+/// How long [`GroupReader::seek`] waits for librdkafka's fetcher to carry a seek out (a
+/// local hand-over between librdkafka's threads, no request to Kafka).
+pub const SEEK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A consumer-group member as the consumer loop uses it. Every call returns at once except
-/// [`GroupReader::recv`], which waits for a record, and [`GroupReader::commit`], which
-/// blocks (call it on a blocking thread).
+/// [`GroupReader::recv`], which waits for a record, [`GroupReader::seek`], which waits
+/// for librdkafka's fetcher briefly, and [`GroupReader::commit`], which blocks (call it on
+/// a blocking thread).
 pub trait GroupReader: Send + Sync + 'static {
     /// The next record of the assigned, unpaused partitions, or a consume error. Cancel
     /// safe: the loop selects on it with its other events.
@@ -33,6 +39,14 @@ pub trait GroupReader: Send + Sync + 'static {
     /// # Errors
     /// As librdkafka says (a partition not assigned).
     fn pause(&self, part: &Partition, action: Action) -> KafkaResult<()>;
+
+    /// Reads `part` on from `offset` (`rd_kafka_seek`, waited for up to [`SEEK_TIMEOUT`]):
+    /// the records librdkafka had fetched before are dropped (its version barrier), so
+    /// the next record of `part` read is the one at `offset`.
+    ///
+    /// # Errors
+    /// As librdkafka says (a partition not assigned, or the seek not done in time).
+    fn seek(&self, part: &Partition, offset: i64) -> KafkaResult<()>;
 
     /// The partitions assigned now.
     ///
@@ -81,6 +95,10 @@ impl GroupReader for GatewayConsumer {
             Action::Pause => Consumer::pause(self, &one(part)),
             Action::Resume => Consumer::resume(self, &one(part)),
         }
+    }
+
+    fn seek(&self, part: &Partition, offset: i64) -> KafkaResult<()> {
+        Consumer::seek(self, &part.0, part.1, Offset::Offset(offset), SEEK_TIMEOUT)
     }
 
     fn assignment(&self) -> KafkaResult<Vec<Partition>> {

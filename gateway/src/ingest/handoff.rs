@@ -30,7 +30,7 @@
 use crate::clock::Clock;
 use crate::config::TtlConfig;
 use crate::ingest::batch::{Batch, Sealed};
-use crate::ingest::delivery_log::DeliveryLog;
+use crate::ingest::delivery_log::{DeliveryLog, LogError};
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
@@ -173,10 +173,13 @@ impl Handoff {
         }
     }
 
-    /// Partition `p` was restored from its log, whose `pos` is `pos`.
+    /// Partition `p` was restored from its log, whose `pos` is `pos` (`None`: none yet).
     pub fn restored(&mut self, p: i32, pos: Option<i64>) {
-        if let (Some(l), Some(pos)) = (&mut self.log, pos) {
-            l.pos.insert(p, pos);
+        if let Some(l) = &mut self.log {
+            match pos {
+                Some(pos) => l.pos.insert(p, pos),
+                None => l.pos.remove(&p),
+            };
         }
     }
 
@@ -289,49 +292,37 @@ impl Handoff {
         mut stored: Written,
     ) -> Option<(Written, BTreeSet<usize>)> {
         let Some(l) = &mut self.log else { return Some((stored, BTreeSet::new())) };
-        let mut by_partition: BTreeMap<i32, (Vec<Queued>, i64)> = BTreeMap::new();
-        let mut forget = Vec::new();
-        let mut unowned = BTreeSet::new();
-        for (i, ((rec, (queued, _)), accept)) in records.iter().zip(stored.iter_mut()).zip(accepts).enumerate() {
+        let mut by_partition: BTreeMap<i32, PartitionBatch> = BTreeMap::new();
+        for (i, ((rec, (queued, _)), accept)) in records.iter().zip(stored.iter()).zip(accepts).enumerate() {
             if rec.part.0 != l.device_jobs_topic {
                 continue;
             }
-            let p = rec.part.1;
-            if !l.owned.contains(&p) {
-                unowned.insert(i);
-                forget.extend(queued.drain(..).map(|q| {
-                    let key = (q.stored.device, q.stored.job.seq);
-                    (key.0, key.1, accept.event_time, q.stored.job.message_id)
-                }));
-                continue;
-            }
-            let entry = by_partition.entry(p).or_default();
-            entry.0.extend(queued.iter().cloned());
-            entry.1 = entry.1.max(rec.offset + 1);
-        }
-        if !forget.is_empty() {
-            tracing::info!(
-                jobs = forget.len(),
-                "jobs read from a device-jobs partition given up meanwhile: forgotten, its new owner delivers them"
-            );
-            let outbox = self.outbox.clone();
-            if let Err(e) = blocking(move || outbox.forget_jobs(&forget)).await {
-                tracing::warn!(error = %e, "cannot forget the jobs of a partition given up; forgotten at the next start");
-            }
+            let entry = by_partition.entry(rec.part.1).or_default();
+            entry.queued.extend(queued.iter().cloned());
+            entry.pos = entry.pos.max(rec.offset + 1);
+            entry.records.push(i);
+            entry.forget.extend(queued.iter().map(|q| {
+                (q.stored.device.clone(), q.stored.job.seq, accept.event_time, q.stored.job.message_id.clone())
+            }));
         }
         let (mut pause, mut failed) = (Duration::from_millis(100), false);
-        for (p, (queued, pos)) in by_partition {
+        let (mut unowned, mut forget) = (BTreeSet::new(), Vec::new());
+        for (p, PartitionBatch { queued, pos, records: indices, forget: forgettable }) in by_partition {
+            // Given up meanwhile, or its claim overtaken by another replica's (claimed again
+            // a session timeout later if still assigned): whoever owns it reads them again.
+            let mut ours = l.owned.contains(&p) && l.log.epoch(p).is_some();
             let logged = l.pos.get(&p).copied().unwrap_or(0);
-            if queued.is_empty() && pos <= logged {
+            if ours && queued.is_empty() && pos <= logged {
                 continue;
             }
             let pos = pos.max(logged);
-            loop {
+            while ours {
                 match l.log.accepted(p, &queued, pos).await {
                     Ok(()) => {
                         l.pos.insert(p, pos);
                         break;
                     }
+                    Err(LogError::NotClaimed(_)) => ours = false,
                     Err(e) => {
                         failed = true;
                         tracing::error!(error = %e, partition = p, retry_ms = pause.as_millis() as u64, "the accepted jobs did not reach the delivery log; retrying (reading is held)");
@@ -343,9 +334,26 @@ impl Handoff {
                     }
                 }
             }
+            if !ours {
+                unowned.extend(indices.iter().copied());
+                forget.extend(forgettable);
+                for i in indices {
+                    stored[i].0.clear();
+                }
+            }
         }
         if failed {
             self.health.outbox_failing(None);
+        }
+        if !forget.is_empty() {
+            tracing::info!(
+                jobs = forget.len(),
+                "jobs read from a device-jobs partition no longer this replica's: forgotten, its owner delivers them"
+            );
+            let outbox = self.outbox.clone();
+            if let Err(e) = blocking(move || outbox.forget_jobs(&forget)).await {
+                tracing::warn!(error = %e, "cannot forget the jobs of a partition given up; forgotten at the next start");
+            }
         }
         Some((stored, unowned))
     }
@@ -464,6 +472,20 @@ async fn route_then_write(
         (accepts, removals, result)
     })
     .await
+}
+
+/// One device-jobs partition's share of a batch being logged.
+#[derive(Default)]
+struct PartitionBatch {
+    /// Its jobs.
+    queued: Vec<Queued>,
+    /// The offset after its last record.
+    pos: i64,
+    /// Its records' indexes in the batch.
+    records: Vec<usize>,
+    /// What forgetting its jobs takes (device, seq, event time, message id), should the
+    /// partition not be this replica's.
+    forget: Vec<(String, u64, u64, String)>,
 }
 
 #[cfg(test)]

@@ -13,7 +13,11 @@ use crate::telemetry::Monitor;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::ClientContext;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Called with each partition revoked, inside librdkafka's rebalance hook (so before the
+/// group hands it to another member); must not wait.
+pub type RevokeHook = Box<dyn Fn(&str, i32) + Send + Sync>;
 
 /// The consumer the loop reads with.
 pub type GatewayConsumer = StreamConsumer<Rebalances>;
@@ -25,12 +29,19 @@ pub struct Rebalances {
     /// A rebalance (assign, revoke or error) happened since the loop last looked.
     changed: AtomicBool,
     health: Arc<Monitor>,
+    on_revoke: OnceLock<RevokeHook>,
 }
 
 impl Rebalances {
     /// Nothing noted yet; statistics go to `health`.
     pub fn new(health: Arc<Monitor>) -> Rebalances {
-        Rebalances { revoked: Mutex::default(), changed: AtomicBool::default(), health }
+        Rebalances { revoked: Mutex::default(), changed: AtomicBool::default(), health, on_revoke: OnceLock::new() }
+    }
+
+    /// Sets what runs for each partition revoked, before the revoke completes (the central
+    /// shape closes the partition's connection to the devices' broker there). Once only.
+    pub fn on_revoke(&self, hook: RevokeHook) {
+        let _ = self.on_revoke.set(hook);
     }
 
     /// The partitions revoked since the last call, when a rebalance happened since (the
@@ -58,6 +69,14 @@ impl ClientContext for Rebalances {
 }
 
 impl ConsumerContext for Rebalances {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let (Rebalance::Revoke(tpl), Some(hook)) = (rebalance, self.on_revoke.get()) {
+            for e in tpl.elements() {
+                hook(e.topic(), e.partition());
+            }
+        }
+    }
+
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {

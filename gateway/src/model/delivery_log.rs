@@ -5,12 +5,22 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `job/{device}/{seq}` | a job accepted into its device's queue ([`LoggedJob`], JSON); a null value (tombstone) once it ended: done, superseded, expired or dead-lettered |
-//! | `seq/{device}` | the last `seq` given to a job of the device (decimal) |
-//! | `pos` | the next device-jobs offset of the partition whose jobs are not yet in the log (decimal) |
+//! | `job/{device}/{seq}` | a job accepted into its device's queue ([`LoggedJob`], JSON, with its writer's epoch); a null value (tombstone) once it ended: done, superseded, expired or dead-lettered |
+//! | `seq/{device}` | the last `seq` given to a job of the device: `{seq}@{epoch}` |
+//! | `pos` | the next device-jobs offset of the partition whose jobs are not yet in the log: `{offset}@{epoch}` |
+//! | `owner/{epoch}/{take}` | a replica's claim of the partition (its name); never deleted |
 //!
 //! Keys are compacted: only a key's last record matters, so [`fold`] reads the log as a
 //! map. Every record is produced to an explicit partition number, never hashed by key.
+//!
+//! **Owners.** A replica that takes the partition reads the log to its end, appends an
+//! owner record of the next epoch and reads on to it: the first claim of an epoch wins, a
+//! later one of the same epoch lost. Every other record carries its writer's epoch (in its
+//! value; a tombstone, which has none, in the [`EPOCH_HEADER`] header); one whose epoch is
+//! below the owner's when it is read was written by a replica that had lost the partition
+//! without knowing (frozen while the group gave the partition away) and is left out
+//! (`docs/cluster.md`, "Fencing"). A tombstone without a readable header is applied: at
+//! worst a stale end removes a job, never keeps one that ended.
 
 use crate::model::{SourceRef, StoredJob};
 use device_protocol::Job;
@@ -32,6 +42,14 @@ pub struct LoggedJob {
     pub job: Job,
     /// The change event it was planned from.
     pub source: SourceRef,
+    /// The owner epoch it was written under.
+    #[serde(default)]
+    pub epoch: u64,
+}
+
+/// A `seq/` or `pos` value: `number@epoch`.
+pub fn numbered(number: impl std::fmt::Display, epoch: u64) -> String {
+    format!("{number}@{epoch}")
 }
 
 /// The key of `device`'s job `seq`.
@@ -47,6 +65,25 @@ pub fn seq_key(device: &str) -> String {
 /// The key of the partition's read position on the device-jobs topic.
 pub const POS_KEY: &str = "pos";
 
+/// The Kafka header carrying the owner epoch a record was written under (decimal).
+pub const EPOCH_HEADER: &str = "pixgate-owner-epoch";
+
+/// The key of a claim of epoch `epoch` by the take `take` (unique per claim).
+pub fn owner_key(epoch: u64, take: &str) -> String {
+    format!("owner/{epoch}/{take}")
+}
+
+/// A partition's owner: the first claim of the highest epoch in its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// Grows by one per claim that wins.
+    pub epoch: u64,
+    /// The claim's own id (`{replica}.{pid}.{n}`).
+    pub take: String,
+    /// The replica that claimed (the record's value).
+    pub replica: String,
+}
+
 /// What a partition's log holds once read to its end.
 #[derive(Debug, Default, PartialEq)]
 pub struct Restored {
@@ -60,39 +97,86 @@ pub struct Restored {
     /// Records that could not be read (key and why): logged by the reader, never fatal,
     /// since a job left out is sent again from the device-jobs topic or was ended.
     pub unreadable: Vec<(String, String)>,
+    /// The owner when the log was read (`None`: never claimed).
+    pub owner: Option<Owner>,
+    /// Records left out because a replica wrote them after it had lost the partition.
+    pub stale: u64,
 }
 
-/// Folds a partition's records (key, value; `None` = tombstone), in log order, into what
-/// they leave: the last record of a key wins.
-pub fn fold<'a>(records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>) -> Restored {
-    let mut out = Restored::default();
-    let mut jobs: BTreeMap<(String, u64), StoredJob> = BTreeMap::new();
-    for (key, value) in records {
+/// Folds a partition's records (key, value, epoch header; `None` value = tombstone), in
+/// log order, into what they leave: the last valid record of a key wins ([`Folder`]).
+pub fn fold<'a>(records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>, Option<u64>)>) -> Restored {
+    let mut f = Folder::default();
+    for (key, value, epoch) in records {
+        f.push(key, value, epoch);
+    }
+    f.finish()
+}
+
+/// Reads a partition's records one at a time, in log order, so that a reader can read on
+/// past where it stopped (to its own owner record, `docs/cluster.md` "Fencing").
+#[derive(Debug, Default)]
+pub struct Folder {
+    out: Restored,
+    jobs: BTreeMap<(String, u64), StoredJob>,
+}
+
+impl Folder {
+    /// The owner as of the records pushed so far.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.out.owner.as_ref()
+    }
+
+    /// Adds the next record: `header` is its [`EPOCH_HEADER`], read for a tombstone only
+    /// (`None`: absent or unreadable).
+    pub fn push(&mut self, key: &[u8], value: Option<&[u8]>, header: Option<u64>) {
+        let out = &mut self.out;
         let key = String::from_utf8_lossy(key);
+        if let Some(rest) = key.strip_prefix("owner/") {
+            let Some((epoch, take)) = rest.split_once('/').and_then(|(e, t)| Some((e.parse::<u64>().ok()?, t))) else {
+                out.unreadable.push((key.to_string(), "not owner/{epoch}/{take}".into()));
+                return;
+            };
+            // The first claim of a higher epoch wins; a later claim of the same epoch lost.
+            if out.owner.as_ref().is_none_or(|o| epoch > o.epoch) {
+                let replica = value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+                out.owner = Some(Owner { epoch, take: take.to_string(), replica });
+            }
+            return;
+        }
+        let current = out.owner.as_ref().map_or(0, |o| o.epoch);
+        let stale = |epoch: u64| epoch < current;
         if key == POS_KEY {
-            match value.map(parse_number) {
-                Some(Some(pos)) => out.pos = Some(pos as i64),
-                _ => out.unreadable.push((key.to_string(), "not a number".into())),
+            match value.and_then(parse_numbered) {
+                Some((_, epoch)) if stale(epoch) => out.stale += 1,
+                Some((pos, _)) => out.pos = Some(pos as i64),
+                None => out.unreadable.push((key.to_string(), "not {offset}@{epoch}".into())),
             }
         } else if let Some(device) = key.strip_prefix("seq/") {
-            match value.map(parse_number) {
-                Some(Some(seq)) => {
+            match value.and_then(parse_numbered) {
+                Some((_, epoch)) if stale(epoch) => out.stale += 1,
+                Some((seq, _)) => {
                     out.seqs.insert(device.to_string(), seq);
                 }
-                _ => out.unreadable.push((key.to_string(), "not a number".into())),
+                None => out.unreadable.push((key.to_string(), "not {seq}@{epoch}".into())),
             }
         } else if let Some(rest) = key.strip_prefix("job/") {
             let Some((device, seq)) = rest.rsplit_once('/').and_then(|(d, s)| Some((d, s.parse::<u64>().ok()?))) else {
                 out.unreadable.push((key.to_string(), "not job/{device}/{seq}".into()));
-                continue;
+                return;
             };
             let Some(value) = value else {
-                jobs.remove(&(device.to_string(), seq));
-                continue;
+                if header.is_some_and(stale) {
+                    out.stale += 1;
+                } else {
+                    self.jobs.remove(&(device.to_string(), seq));
+                }
+                return;
             };
             match serde_json::from_slice::<LoggedJob>(value) {
+                Ok(l) if stale(l.epoch) => out.stale += 1,
                 Ok(l) if l.v == LOGGED_JOB_VERSION && l.device == device && l.job.seq == seq => {
-                    jobs.insert(
+                    self.jobs.insert(
                         (device.to_string(), seq),
                         StoredJob { device: l.device, job: l.job, source: l.source },
                     );
@@ -104,16 +188,23 @@ pub fn fold<'a>(records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>)
             out.unreadable.push((key.to_string(), "unknown key".into()));
         }
     }
-    for (device, seq) in jobs.keys() {
-        let last = out.seqs.entry(device.clone()).or_default();
-        *last = (*last).max(*seq);
+
+    /// What the records pushed leave.
+    pub fn finish(self) -> Restored {
+        let mut out = self.out;
+        for (device, seq) in self.jobs.keys() {
+            let last = out.seqs.entry(device.clone()).or_default();
+            *last = (*last).max(*seq);
+        }
+        out.jobs = self.jobs.into_values().collect();
+        out
     }
-    out.jobs = jobs.into_values().collect();
-    out
 }
 
-fn parse_number(v: &[u8]) -> Option<u64> {
-    std::str::from_utf8(v).ok()?.parse().ok()
+/// `number@epoch` (see [`numbered`]).
+fn parse_numbered(v: &[u8]) -> Option<(u64, u64)> {
+    let (n, e) = std::str::from_utf8(v).ok()?.split_once('@')?;
+    Some((n.parse().ok()?, e.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -122,10 +213,18 @@ mod tests {
     use device_protocol::EffectKind;
 
     fn logged(device: &str, seq: u64, id: &str) -> Vec<u8> {
+        logged_in(device, seq, id, 0)
+    }
+
+    fn logged_in(device: &str, seq: u64, id: &str, epoch: u64) -> Vec<u8> {
         let mut job = crate::test_fixtures::job(id, EffectKind::PrintReceipt, "c1");
         job.seq = seq;
         let source = SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 3, key: None };
-        serde_json::to_vec(&LoggedJob { v: LOGGED_JOB_VERSION, device: device.into(), job, source }).unwrap()
+        serde_json::to_vec(&LoggedJob { v: LOGGED_JOB_VERSION, device: device.into(), job, source, epoch }).unwrap()
+    }
+
+    fn n(number: u64, epoch: u64) -> Option<Vec<u8>> {
+        Some(numbered(number, epoch).into_bytes())
     }
 
     #[test]
@@ -133,19 +232,20 @@ mod tests {
         let (a1, a2, b7) = (logged("a", 1, "m1"), logged("a", 2, "m2"), logged("b/x", 7, "m7"));
         let records: Vec<(String, Option<Vec<u8>>)> = vec![
             (job_key("a", 1), Some(a1)),
-            (seq_key("a"), Some(b"1".to_vec())),
+            (seq_key("a"), n(1, 0)),
             (job_key("b/x", 7), Some(b7)),
-            (seq_key("b/x"), Some(b"7".to_vec())),
-            (POS_KEY.into(), Some(b"10".to_vec())),
+            (seq_key("b/x"), n(7, 0)),
+            (POS_KEY.into(), n(10, 0)),
             (job_key("a", 2), Some(a2)),
-            (seq_key("a"), Some(b"2".to_vec())),
-            (POS_KEY.into(), Some(b"12".to_vec())),
+            (seq_key("a"), n(2, 0)),
+            (POS_KEY.into(), n(12, 0)),
             (job_key("a", 1), None),
             (job_key("b/x", 7), None),
             (job_key("a", 5), Some(b"{".to_vec())),
             ("what".into(), Some(b"1".to_vec())),
+            (seq_key("c"), Some(b"3".to_vec())),
         ];
-        let r = fold(records.iter().map(|(k, v)| (k.as_bytes(), v.as_deref())));
+        let r = fold(records.iter().map(|(k, v)| (k.as_bytes(), v.as_deref(), None)));
         let left: Vec<(&str, u64, &str)> =
             r.jobs.iter().map(|s| (s.device.as_str(), s.job.seq, s.job.message_id.as_str())).collect();
         assert_eq!(left, [("a", 2, "m2")], "a job ended is not restored; the one left keeps its seq");
@@ -154,7 +254,46 @@ mod tests {
         assert_eq!(r.seqs.get("b/x"), Some(&7), "a device with no job left keeps its last seq");
         assert_eq!(r.pos, Some(12));
         let bad: Vec<&str> = r.unreadable.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(bad, ["job/a/5", "what"]);
+        assert_eq!(bad, ["job/a/5", "what", "seq/c"], "a number without its epoch is not read");
+    }
+
+    #[test]
+    fn the_first_claim_of_an_epoch_wins_and_a_stale_owners_writes_are_left_out() {
+        let (a1, a2, a3) = (logged_in("a", 1, "m1", 1), logged_in("a", 2, "m2", 1), logged_in("a", 3, "m3", 1));
+        let records: Vec<(String, Option<Vec<u8>>, Option<u64>)> = vec![
+            (owner_key(1, "r1.1.0"), Some(b"r1".to_vec()), None),
+            (job_key("a", 1), Some(a1), None),
+            (job_key("a", 2), Some(a2), None),
+            (job_key("b", 1), Some(logged_in("b", 1, "mb1", 1)), None),
+            (job_key("c", 1), Some(logged_in("c", 1, "mc1", 1)), None),
+            (seq_key("a"), n(2, 1), None),
+            (POS_KEY.into(), n(5, 1), None),
+            // r2 claims epoch 2 first; r3's claim of epoch 2 comes later and loses.
+            (owner_key(2, "r2.1.0"), Some(b"r2".to_vec()), None),
+            (owner_key(2, "r3.1.0"), Some(b"r3".to_vec()), None),
+            // r1 wakes: its end of job a/1, its new job a/3, seq and pos are all stale.
+            (job_key("a", 1), None, Some(1)),
+            (job_key("a", 3), Some(a3), None),
+            (seq_key("a"), n(3, 1), None),
+            (POS_KEY.into(), n(9, 1), None),
+            // The owner's own writes count; so does an end whose header cannot be read.
+            (job_key("a", 2), None, Some(2)),
+            (job_key("b", 1), None, None),
+            (POS_KEY.into(), n(6, 2), None),
+        ];
+        let r = fold(records.iter().map(|(k, v, e)| (k.as_bytes(), v.as_deref(), *e)));
+        let owner = r.owner.clone().unwrap();
+        assert_eq!((owner.epoch, owner.take.as_str(), owner.replica.as_str()), (2, "r2.1.0", "r2"));
+        let left: Vec<(&str, u64)> = r.jobs.iter().map(|s| (s.device.as_str(), s.job.seq)).collect();
+        assert_eq!(
+            left,
+            [("a", 1), ("c", 1)],
+            "the stale end of a/1 and the stale job a/3 are left out; a/2 and b/1 ended"
+        );
+        assert_eq!(r.seqs.get("a"), Some(&2));
+        assert_eq!(r.pos, Some(6));
+        assert_eq!(r.stale, 4);
+        assert!(r.unreadable.is_empty(), "{:?}", r.unreadable);
     }
 
     #[test]

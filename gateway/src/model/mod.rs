@@ -1,12 +1,14 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
 //! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), what passes between the consumer and the dispatcher ([`handoff`]),
-//! a job between the central shape's stages ([`device_job`]) and the deliver stage's log
+//! a job between the central shape's stages ([`device_job`]) and its partition
+//! ([`device_partition`]) and the deliver stage's log
 //! ([`delivery_log`]), the effect flags of a
 //! cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
 pub mod dead_letter;
 pub mod delivery_log;
 pub mod device_job;
+pub mod device_partition;
 pub mod direct_printers;
 pub mod directory;
 pub mod endpoint;

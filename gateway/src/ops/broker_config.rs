@@ -100,7 +100,8 @@ impl MosquittoSetup {
              \n\
              # The devices: fleet CA, client id forced to the certificate's CN.\n\
              {}\n\
-             # pixgate: the gateway CA only, free client ids (one pair per replica).\n\
+             # pixgate: the gateway CA only, free client ids (a pair per replica, and one per\n\
+             # device-jobs partition shared by the replicas).\n\
              {}",
             listener(&self.devices_listener, fleet, true, "acl-devices"),
             listener(&self.gateway_listener, gateway, false, "acl-gateway"),

@@ -25,6 +25,12 @@ struct Args {
     /// one's queues move to the others through the delivery log.
     #[arg(long, default_value_t = 0)]
     kills: usize,
+    /// Freeze replica r1 (SIGSTOP) a third of the way in and start a replacement with its
+    /// identity; continue r1 (SIGCONT) this many ms after the replacement owns its
+    /// partitions, then stop it. Shows the fence: which replica's connections the broker
+    /// closed for whom. Not with --kills.
+    #[arg(long, default_value_t = 0)]
+    freeze_ms: u64,
 }
 
 #[tokio::main]
@@ -38,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         devices: args.devices,
         seed: args.seed,
         kills: args.kills,
+        stop_ms: args.freeze_ms,
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",
@@ -48,6 +55,20 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "[central] {} replicas SIGKILLed and started again; {} queued jobs restored from the delivery log by the partitions' next owners",
             r.kills, r.restored_jobs
+        );
+    }
+    if args.freeze_ms > 0 {
+        for (client, from, by) in &r.takeovers {
+            let name = |r: &Option<usize>| match r {
+                Some(i) if *i == args.replicas => "r1's replacement".to_string(),
+                Some(i) => format!("r{i}"),
+                None => "?".to_string(),
+            };
+            println!("[central] the broker gave {client} to {} and closed {}'s connection", name(by), name(from));
+        }
+        println!(
+            "[central] r1 froze and was replaced; {} of its partition connections stood down on waking after asking the delivery log",
+            r.stood_down
         );
     }
     println!(

@@ -21,10 +21,12 @@
 
 pub mod link;
 pub mod options;
+pub mod partitions;
 pub mod publisher;
 pub mod receiver;
 pub mod status_board;
 
+pub use partitions::{OwnerCheck, PartitionLinks};
 pub use publisher::BrokerPublisher;
 pub use status_board::StatusBoard;
 
@@ -41,10 +43,12 @@ use tokio::sync::mpsc;
 /// a send is refused.
 const REQUESTS: usize = 256;
 
-/// Connects to the broker `cfg` names: the jobs connection behind the returned publisher,
-/// and the acks connection, which forwards device acks and status to `incoming` and
-/// records presence on the returned board. Both reconnect until `shutdown` is requested,
-/// and are tracked by it; their state goes to `health`.
+/// Connects to the broker `cfg` names: the jobs connection behind the returned publisher
+/// (with `partitions`, the device-jobs topic's partition count in the central shape: one
+/// connection per partition owned, opened as partitions are taken,
+/// [`BrokerPublisher::partitions`]), and the acks connection, which forwards device acks
+/// and status to `incoming` and records presence on the returned board. All reconnect
+/// until `shutdown` is requested, and are tracked by it; their state goes to `health`.
 ///
 /// # Errors
 /// The settings are inconsistent (neither TLS nor `plain`, both, a certificate without a
@@ -52,6 +56,7 @@ const REQUESTS: usize = 256;
 /// connected yet: a broker that is down at start is retried, not an error.
 pub fn start(
     cfg: &BrokerConfig,
+    partitions: Option<i32>,
     health: Arc<Monitor>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
@@ -67,11 +72,20 @@ pub fn start(
         tracing::warn!(host = %cfg.host, port = cfg.port, "MQTT to the devices' broker over plain TCP (broker.plain): job payloads are not encrypted");
     }
     let links = Arc::new(Links::new(health));
-    let jobs = options::mqtt_options(cfg, &cfg.client_id, true, tls.clone());
-    let acks = options::mqtt_options(cfg, &cfg.acks_client_id, false, tls);
+    let acks = options::mqtt_options(cfg, &cfg.acks_client_id, false, tls.clone());
     let board = Arc::new(StatusBoard::default());
-    let publisher = publisher::start(jobs, links.clone(), shutdown.clone());
+    let publisher = match partitions {
+        None => {
+            let jobs = options::mqtt_options(cfg, &cfg.client_id, true, tls);
+            tracing::info!(host = %cfg.host, port = cfg.port, jobs = %cfg.client_id, acks = %cfg.acks_client_id, "devices through an external MQTT broker");
+            publisher::start(jobs, links.clone(), shutdown.clone())
+        }
+        Some(n) => {
+            let parts = Arc::new(PartitionLinks::new(cfg, tls, n, links.clone(), shutdown.clone()));
+            tracing::info!(host = %cfg.host, port = cfg.port, jobs = %format!("{}-{{partition}}", cfg.partition_client_id_prefix), acks = %cfg.acks_client_id, "devices through an external MQTT broker, one jobs connection per device-jobs partition owned");
+            publisher::partitioned(parts, links.clone())
+        }
+    };
     receiver::start(acks, links, board.clone(), incoming, shutdown);
-    tracing::info!(host = %cfg.host, port = cfg.port, jobs = %cfg.client_id, acks = %cfg.acks_client_id, "devices through an external MQTT broker");
     Ok((publisher, board))
 }

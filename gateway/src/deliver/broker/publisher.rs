@@ -1,6 +1,8 @@
-//! The jobs connection (`broker.client_id`): jobs go to the devices at QoS 1.
+//! The jobs connection (`broker.client_id`), or in the central shape one connection per
+//! device-jobs partition owned ([`super::partitions`]): jobs go to the devices at QoS 1.
 
 use super::link::{Backoff, Links, Which};
+use super::partitions::PartitionLinks;
 use super::REQUESTS;
 use crate::deliver::transport::{Transport, TransportError};
 use crate::shutdown::Shutdown;
@@ -16,8 +18,27 @@ const LINK: &str = "external MQTT broker";
 /// jobs connection. Cheap to share: a send is a hand-off to the connection's event loop.
 #[derive(Clone)]
 pub struct BrokerPublisher {
-    client: AsyncClient,
+    jobs: Jobs,
     links: Arc<Links>,
+}
+
+/// Which connections carry the jobs.
+#[derive(Clone)]
+enum Jobs {
+    /// One connection (`broker.client_id`).
+    One(AsyncClient),
+    /// The connection of each device's device-jobs partition (the central shape).
+    Partitions(Arc<PartitionLinks>),
+}
+
+impl BrokerPublisher {
+    /// The partition connections, in the central shape.
+    pub fn partitions(&self) -> Option<Arc<PartitionLinks>> {
+        match &self.jobs {
+            Jobs::One(_) => None,
+            Jobs::Partitions(p) => Some(p.clone()),
+        }
+    }
 }
 
 /// Starts the jobs connection with `options` and its event loop (tracked by `shutdown`,
@@ -25,7 +46,13 @@ pub struct BrokerPublisher {
 pub fn start(options: MqttOptions, links: Arc<Links>, shutdown: Shutdown) -> BrokerPublisher {
     let (client, eventloop) = AsyncClient::new(options, REQUESTS);
     shutdown.spawn(drive(eventloop, links.clone(), shutdown.clone()));
-    BrokerPublisher { client, links }
+    BrokerPublisher { jobs: Jobs::One(client), links }
+}
+
+/// A publisher that sends each job on its device's partition connection (opened and
+/// closed by the consumer as partitions move).
+pub fn partitioned(partitions: Arc<PartitionLinks>, links: Arc<Links>) -> BrokerPublisher {
+    BrokerPublisher { jobs: Jobs::Partitions(partitions), links }
 }
 
 /// The jobs connection's event loop: polls it (which connects, sends the queued jobs and
@@ -65,10 +92,23 @@ async fn drive(mut eventloop: EventLoop, links: Arc<Links>, shutdown: Shutdown) 
 /// goes on with acks, timeouts and direct printers meanwhile.
 impl Transport for BrokerPublisher {
     async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
-        if !self.links.is_up(Which::Jobs) {
-            return Err(TransportError::Down(LINK));
-        }
         let topic = Topic::Jobs(device.to_string()).path();
-        self.client.try_publish(topic, QoS::AtLeastOnce, false, wire.to_vec()).map_err(|_| TransportError::Down(LINK))
+        match &self.jobs {
+            Jobs::One(client) => {
+                if !self.links.is_up(Which::Jobs) {
+                    return Err(TransportError::Down(LINK));
+                }
+                client
+                    .try_publish(topic, QoS::AtLeastOnce, false, wire.to_vec())
+                    .map_err(|_| TransportError::Down(LINK))
+            }
+            Jobs::Partitions(p) => {
+                if p.publish(device, topic, wire.to_vec()) {
+                    Ok(())
+                } else {
+                    Err(TransportError::Down(LINK))
+                }
+            }
+        }
     }
 }

@@ -17,6 +17,7 @@
 
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
+use crate::deliver::broker::PartitionLinks;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
 use crate::ingest::cluster_reader::ClusterReader;
@@ -45,7 +46,7 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
@@ -83,7 +84,15 @@ pub struct Services {
     /// With `cluster.enabled`: the deliver stage's log, where each job read back is
     /// accepted and each job's end recorded, and from which a partition taken is restored.
     pub delivery_log: Option<Arc<DeliveryLog>>,
+    /// With `cluster.enabled` and an external broker: the jobs connections, one per
+    /// device-jobs partition owned, opened once the partition is claimed and closed when it
+    /// is given up.
+    pub partition_links: Option<Arc<PartitionLinks>>,
 }
+
+/// How long taking a partition waits for its connection to the devices' broker before it
+/// hands the restored queues to the dispatcher anyway.
+const PARTITION_CONNECT_WAIT: Duration = Duration::from_secs(5);
 
 /// What the loop waits on, one at a time.
 enum Event {
@@ -139,6 +148,15 @@ struct Pipeline {
     /// Device-jobs partitions taken and given up by rebalances not yet carried out
     /// ([`Pipeline::move_queues`]).
     moves: Option<(Vec<i32>, Vec<GivenUp>)>,
+    /// The jobs connections per partition owned (an external broker in the central shape).
+    partition_links: Option<Arc<PartitionLinks>>,
+    /// How long a partition whose claim was overtaken waits before it is claimed again
+    /// (`kafka.session_timeout_ms`).
+    reclaim_after: Duration,
+    /// Device-jobs partitions the group gives here whose claim another replica overtook:
+    /// their queues are dropped here, and each is claimed again at the instant noted
+    /// ([`Pipeline::claims_overtaken`]).
+    suspended: BTreeMap<i32, Instant>,
 }
 
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
@@ -154,6 +172,9 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             .await
             .context("opening the central shape's consumers")??;
         reader.save_positions(&services.shutdown);
+        if let Some(links) = services.partition_links.clone() {
+            reader.on_deliver_revoke(move |p| links.close(p));
+        }
         run_with(services, Arc::new(reader)).await;
         return Ok(());
     }
@@ -182,6 +203,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         shutdown,
         jobs_out,
         delivery_log,
+        partition_links,
     } = services;
     let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
     if let Some(producer) = jobs_out {
@@ -218,6 +240,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         delivery_log: delivery_log.clone(),
         ownership: Ownership::default(),
         moves: None,
+        partition_links,
+        reclaim_after: Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms)),
+        suspended: BTreeMap::new(),
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -248,9 +273,11 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         // the loop takes more than one record from it.
         p.after_rebalance(&*consumer);
         let event = if p.moves.is_some() {
-            // The batch in flight lands first, against the new ownership: its jobs of a
-            // partition given up are forgotten, not logged, so the queues moved next are
-            // whole (no row of a job on its way to the dispatcher is dropped under it).
+            // The batch in flight lands first, then the one being filled, against the new
+            // ownership: their jobs of a partition given up, or not claimed yet, are
+            // forgotten, not logged, so the queues moved next are whole (no row of a job
+            // on its way to the dispatcher is dropped under it) and a partition claimed
+            // next logs nothing it read before its claim.
             p.handoff.owned(p.ownership.owned().clone());
             let event = match event {
                 Event::Written(a) => {
@@ -266,8 +293,21 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
                     other
                 }
             };
-            p.move_queues(&*consumer).await;
-            event
+            if let Some(mut w) = p.handoff.start(&mut p.batch) {
+                let a = w.attempt().await;
+                p.on_written(&*consumer, a).await;
+            }
+            let sought = p.move_queues(&*consumer).await;
+            match event {
+                // Read before its partition was sought back to the log's position: read
+                // again from there.
+                Event::Record(Ok(m))
+                    if p.device_jobs_topic.as_deref() == Some(m.topic()) && sought.contains(&m.partition()) =>
+                {
+                    Event::Tick
+                }
+                other => other,
+            }
         } else {
             event
         };
@@ -647,6 +687,7 @@ impl Pipeline {
             self.release_held(consumer);
         }
         self.consume_errors.tick(Instant::now(), &self.health);
+        self.claims_overtaken(consumer);
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         self.pruner.tick(&self.outbox, &self.clock);
@@ -708,8 +749,15 @@ impl Pipeline {
                 self.health.assigned(parts.iter().cloned());
                 self.registry.assigned(&parts);
                 if let (Some(topic), Some(_)) = (&self.device_jobs_topic, &self.delivery_log) {
-                    let now: BTreeSet<i32> = parts.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p).collect();
                     let gone: BTreeSet<i32> = revoked.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p).collect();
+                    // A suspended partition revoked is done with; one the group keeps here
+                    // stays suspended until its time (a fresh assignment is claimed now).
+                    self.suspended.retain(|p, _| !gone.contains(p));
+                    let now: BTreeSet<i32> = parts
+                        .iter()
+                        .filter(|(t, p)| t == topic && !self.suspended.contains_key(p))
+                        .map(|(_, p)| *p)
+                        .collect();
                     let (taken, given_up) = self.ownership.reassigned(now, &gone);
                     if !taken.is_empty() || !given_up.is_empty() {
                         let moves = self.moves.get_or_insert_with(Default::default);
@@ -735,17 +783,86 @@ impl Pipeline {
         });
     }
 
+    /// Device-jobs partitions whose claim in the delivery log another replica has overtaken
+    /// (found by a partition connection the broker closed,
+    /// [`DeliveryLog::still_owner_blocking`]): at once, each is suspended, given up as by a
+    /// revoke (its devices' queues dropped from the dispatcher and the outbox, so nothing
+    /// of it is retried, expired or dead-lettered here while its owner delivers it; its
+    /// records read meanwhile are left to the owner: not logged, offsets not stored). If
+    /// the group still gives it here a session timeout later, it is taken again: claimed
+    /// anew, its queues restored from the log, read on from the log's position. The wait
+    /// is what keeps two replicas from taking the partition from each other over and over:
+    /// the one that was stale (frozen while the group moved the partition) hears of its
+    /// revoke within it.
+    fn claims_overtaken(&mut self, consumer: &impl GroupReader) {
+        let (Some(log), Some(topic)) = (&self.delivery_log, &self.device_jobs_topic) else { return };
+        if self.moves.is_some() {
+            return;
+        }
+        let owned = self.ownership.owned().clone();
+        let lost: BTreeMap<i32, Instant> = log
+            .overtaken()
+            .into_iter()
+            .filter(|(p, _)| owned.contains(p) && !self.suspended.contains_key(p))
+            .map(|(p, since)| (p, since + self.reclaim_after))
+            .collect();
+        let now = Instant::now();
+        let due: BTreeSet<i32> = self.suspended.iter().filter(|(_, at)| **at <= now).map(|(p, _)| *p).collect();
+        if lost.is_empty() && due.is_empty() {
+            return;
+        }
+        if !lost.is_empty() {
+            tracing::warn!(partitions = ?lost.keys().collect::<Vec<_>>(), wait_ms = self.reclaim_after.as_millis() as u64, "another replica's claim overtook this one's: the partitions' queues are dropped here and claimed again after the wait if the group still gives them here");
+        }
+        let assigned: BTreeSet<i32> = match consumer.assignment() {
+            Ok(parts) => parts.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the assignment to claim overtaken partitions again; tried at the next tick");
+                owned.iter().chain(due.iter()).copied().collect()
+            }
+        };
+        for p in &due {
+            self.suspended.remove(p);
+        }
+        let reclaim: BTreeSet<i32> = due.intersection(&assigned).copied().collect();
+        if !reclaim.is_empty() {
+            tracing::warn!(partitions = ?reclaim, "partitions whose claim was overtaken are still given here by the group a session timeout later: claiming them again");
+        }
+        for p in lost.keys().chain(&reclaim) {
+            // Its records read meanwhile are left to the owner; after a claim they are
+            // read again from the log's position.
+            let part = (topic.clone(), *p);
+            self.tracker.forget(&part);
+            let decision = self.backpressure.record_done(&part, 0);
+            self.apply(consumer, decision);
+        }
+        let lost_parts: BTreeSet<i32> = lost.keys().copied().collect();
+        let keep: BTreeSet<i32> = owned.difference(&lost_parts).copied().chain(reclaim).collect();
+        self.suspended.extend(lost);
+        let (taken, given_up) = self.ownership.reassigned(keep, &lost_parts);
+        if !taken.is_empty() || !given_up.is_empty() {
+            self.moves = Some((taken, given_up));
+        }
+    }
+
     /// Carries out the device-jobs partitions' moves noted at a rebalance (`docs/cluster.md`
     /// "Hand-over"): a partition given up has its devices' queues dropped from the
     /// dispatcher and the outbox (its new owner restores them from the delivery log); a
     /// partition taken has its queues restored from its delivery log, with their `seq`s,
-    /// and its records already logged are skipped when read again. Reading waits
-    /// meanwhile; a restore Kafka refuses is tried again until shutdown.
-    async fn move_queues(&mut self, consumer: &impl GroupReader) {
-        let Some((taken, given_up)) = self.moves.take() else { return };
-        let Some(log) = self.delivery_log.clone() else { return };
+    /// and its records already logged are skipped when read again; it is read on from the
+    /// log's position. Reading waits meanwhile; a claim, restore or seek that fails is
+    /// tried again until shutdown. Returns the partitions sought back to their log's
+    /// position.
+    async fn move_queues(&mut self, consumer: &impl GroupReader) -> BTreeSet<i32> {
+        let mut sought = BTreeSet::new();
+        let Some((taken, given_up)) = self.moves.take() else { return sought };
+        let Some(log) = self.delivery_log.clone() else { return sought };
         self.handoff.owned(self.ownership.owned().clone());
         for (p, devices) in given_up {
+            if let Some(links) = &self.partition_links {
+                links.close(p);
+            }
+            log.release(p);
             self.handoff.command(Command::Forget(devices.clone())).await;
             for d in &devices {
                 let decisions = self.backpressure.forgotten(d);
@@ -767,21 +884,32 @@ impl Pipeline {
             let started = Instant::now();
             let mut pause = Duration::from_millis(100);
             let restored = loop {
-                let reader = log.clone();
-                let result = tokio::task::spawn_blocking(move || reader.restore(p, Duration::from_secs(10)))
-                    .await
-                    .unwrap_or_else(|e| Err(anyhow::anyhow!("the restore's thread failed: {e}")));
-                match result {
+                match log.claim(p, Duration::from_secs(10)).await {
                     Ok(r) => break r,
                     Err(e) => {
-                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read the delivery log of a partition taken; retrying (its devices wait)");
+                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot claim a partition taken in its delivery log; retrying (its devices wait)");
                         if self.shutdown.sleep(pause).await {
-                            return;
+                            return sought;
                         }
                         pause = (pause * 2).min(Duration::from_secs(10));
                     }
                 }
             };
+            if let Some(links) = &self.partition_links {
+                // The fence: the broker closes the previous owner's connection of this
+                // client id before this one sends anything.
+                links.open(p);
+                if !links.wait_up(p, PARTITION_CONNECT_WAIT).await {
+                    tracing::warn!(partition = p, wait_ms = PARTITION_CONNECT_WAIT.as_millis() as u64, "the partition's connection to the devices' broker is not up yet; its jobs go out once it is (at their ack timeout)");
+                }
+            }
+            if restored.stale > 0 {
+                tracing::warn!(
+                    partition = p,
+                    records = restored.stale,
+                    "delivery log records written by a replica after it had lost the partition: left out"
+                );
+            }
             for (key, why) in &restored.unreadable {
                 tracing::warn!(partition = p, key, why, "a delivery log record cannot be read; left out");
             }
@@ -796,7 +924,38 @@ impl Pipeline {
                     outbox.restore(jobs.clone(), seqs)
                 })
                 .await;
-            let Some(headers) = headers else { return };
+            let Some(headers) = headers else { return sought };
+            if let (Some(topic), Some(pos)) = (&self.device_jobs_topic, restored.pos) {
+                // Read on from where the log says, not from the group's committed offset:
+                // a replica that held the partition without knowing it had lost it may
+                // have committed past records whose jobs the log left out.
+                let part = (topic.clone(), p);
+                let mut pause = Duration::from_millis(100);
+                loop {
+                    match consumer.seek(&part, pos) {
+                        Ok(()) => {
+                            sought.insert(p);
+                            // Every record below `pos` has its jobs in the log (accepted):
+                            // stored now, as none of them is read again to store it.
+                            if let Err(e) = consumer.store_offset(&part, pos) {
+                                tracing::warn!(partition = p, pos, error = %e, "the delivery log's position not stored as the group's offset; stored with the next record done");
+                            }
+                            break;
+                        }
+                        Err(e) if consumer.assignment().is_ok_and(|a| !a.contains(&part)) => {
+                            tracing::info!(partition = p, error = %e, "device-jobs partition revoked before it was read on from its delivery log's position");
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::error!(partition = p, pos, error = %e, retry_ms = pause.as_millis() as u64, "cannot read the device-jobs partition on from its delivery log's position; retrying (records between it and the group's committed offset would not be delivered)");
+                            if self.shutdown.sleep(pause).await {
+                                return sought;
+                            }
+                            pause = (pause * 2).min(Duration::from_secs(10));
+                        }
+                    }
+                }
+            }
             for h in &headers {
                 let decisions = self.backpressure.replayed(&h.device);
                 self.apply(consumer, decisions);
@@ -805,10 +964,12 @@ impl Pipeline {
             if count > 0 {
                 self.handoff.command(Command::Restore(headers)).await;
             }
-            tracing::info!(partition = p, devices = devices.len(), jobs = count, pos = ?restored.pos, ms = started.elapsed().as_millis() as u64, "device-jobs partition taken: its queues restored from the delivery log");
+            let epoch = restored.owner.as_ref().map_or(0, |o| o.epoch);
+            tracing::info!(partition = p, epoch, devices = devices.len(), jobs = count, pos = ?restored.pos, ms = started.elapsed().as_millis() as u64, "device-jobs partition taken: its queues restored from the delivery log");
         }
         let jobs = self.backpressure.jobs() as u64;
         self.stats.update(|s| s.outbox_jobs = jobs);
+        sought
     }
 
     /// Carries out [`Backpressure`]'s decisions: pauses or resumes the partitions in

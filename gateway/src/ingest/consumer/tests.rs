@@ -22,6 +22,7 @@ enum Call {
     Stored(Partition, i64, BTreeSet<String>),
     Paused(Partition),
     Resumed(Partition),
+    Sought(Partition, i64),
     Committed,
 }
 
@@ -144,6 +145,11 @@ impl GroupReader for FakeReader {
         Ok(())
     }
 
+    fn seek(&self, part: &Partition, offset: i64) -> KafkaResult<()> {
+        self.calls.lock().unwrap().push(Call::Sought(part.clone(), offset));
+        Ok(())
+    }
+
     fn assignment(&self) -> KafkaResult<Vec<Partition>> {
         Ok(self.assigned.lock().unwrap().clone())
     }
@@ -219,6 +225,7 @@ impl Rig {
             shutdown: shutdown.clone(),
             jobs_out: None,
             delivery_log: None,
+            partition_links: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }
