@@ -6,8 +6,9 @@
 # started again mid-run; their queues move to the others through the delivery log. With
 # --freeze-ms MS, replica r1 is frozen (SIGSTOP) and replaced by a process with its
 # identity, then continued: the broker's log shows whose connections were cut for whom.
+# With --broker-restarts N, mosquitto is SIGKILLed and started again mid-run.
 #
-#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills, --freeze-ms)
+#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills, --freeze-ms, --broker-restarts)
 #
 # Installs tansu (~15 min, once) and mosquitto if missing.
 set -euo pipefail

@@ -59,6 +59,10 @@ pub struct CentralOptions {
     /// (SIGCONT) this long (ms) after the replacement has connected as an owner, given 5 s,
     /// then stopped. The replacement takes its place.
     pub stop_ms: u64,
+    /// mosquitto SIGKILLed and started again (empty: it keeps no sessions) while the events
+    /// are fed, each once the devices have carried out its share of the expected effects
+    /// (`broker_restarts + 1` equal shares). Not with kills or a stop.
+    pub broker_restarts: usize,
 }
 
 /// One replica at the end.
@@ -104,6 +108,16 @@ pub struct CentralReport {
     /// Partition connections that stood down after a takeover, found so by their replica's
     /// delivery log check (`partition connection taken over` lines).
     pub stood_down: usize,
+    /// Times mosquitto was SIGKILLed and started again.
+    pub broker_restarts: usize,
+    /// Partition connections that came up (`partition connection to the devices' broker
+    /// up` lines), all replicas: one per partition taken, and one per reconnection.
+    pub partition_connections_up: usize,
+    /// Partition connections that dropped while up (the broker cut them), all replicas.
+    pub partition_connections_dropped: usize,
+    /// Partitions whose connection's last word in its replica's log is that it dropped:
+    /// never back, never given up (replica log index, partition).
+    pub partition_connections_not_back: Vec<(usize, i32)>,
     /// Device-jobs partitions whose queues a replica dropped on finding its claim
     /// overtaken (`another replica's claim overtook this one's` lines, one per partition).
     pub suspended: usize,
@@ -129,7 +143,9 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     for _ in 1..opts.replicas + usize::from(opts.stop_ms > 0) {
         ports.push(mosquitto.add_gateway_listener());
     }
-    let broker = mosquitto.start().await;
+    let mut broker = Some(mosquitto.start().await);
+    // The log of each mosquitto run stopped, for the takeovers.
+    let mut broker_logs = String::new();
     let mut topics = PIXGATE_TOPICS.to_vec();
     topics.push(DEVICE_JOBS);
     topics.push(DELIVERY_LOG);
@@ -170,6 +186,9 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     if opts.stop_ms > 0 && opts.kills > 0 {
         bail!("a stop and kills in one run are not supported: the kills restart r1");
     }
+    if opts.broker_restarts > 0 && (opts.stop_ms > 0 || opts.kills > 0) {
+        bail!("broker restarts with kills or a stop in one run are not supported");
+    }
     let deadline = Instant::now()
         + Duration::from_millis(opts.stop_ms)
         + Duration::from_secs(240 + 60 * opts.kills as u64)
@@ -177,6 +196,22 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let expected_effects = plan.expected_count() as u64;
     let disrupt = async {
         let mut logs = Vec::new();
+        for k in 0..opts.broker_restarts {
+            let target = expected_effects * (k as u64 + 1) / (opts.broker_restarts as u64 + 1);
+            while stats.carried_out() < target {
+                if Instant::now() > deadline {
+                    bail!("stuck at {} effects before broker restart {k}", stats.carried_out());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let old = broker.take().expect("a broker runs between restarts");
+            broker_logs.push_str(&old.log_text());
+            old.stop().await;
+            println!("mosquitto SIGKILLed at {} effects carried out", stats.carried_out());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            broker = Some(mosquitto.start().await);
+            println!("mosquitto started again at {} effects carried out", stats.carried_out());
+        }
         if opts.stop_ms > 0 {
             while stats.carried_out() < expected_effects / 3 {
                 if Instant::now() > deadline {
@@ -295,18 +330,26 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
         });
     }
-    let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
+    let (mut restored_jobs, mut stood_down, mut suspended, mut partition_connections_up) = (0, 0, 0, 0);
+    let (mut partition_connections_dropped, mut partition_connections_not_back) = (0, Vec::new());
     let logs = (0..opts.replicas)
         .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
         .chain(kill_logs);
-    for log in logs {
+    for (i, log) in logs.enumerate() {
         let text = std::fs::read_to_string(log).unwrap_or_default();
+        let (dropped, not_back) = partition_connection_drops(&text);
+        partition_connections_dropped += dropped;
+        partition_connections_not_back.extend(not_back.into_iter().map(|p| (i, p)));
         restored_jobs += restored_in(&text);
         stood_down += text.lines().filter(|l| l.contains("partition connection taken over")).count();
+        partition_connections_up +=
+            text.lines().filter(|l| l.contains("partition connection to the devices' broker up")).count();
         suspended +=
             text.lines().filter(|l| l.contains("another replica's claim overtook")).map(partitions_in).sum::<usize>();
     }
-    let takeovers = takeovers(&broker.log_text(), &ports);
+    let broker = broker.expect("a broker runs after the restarts");
+    broker_logs.push_str(&broker.log_text());
+    let takeovers = takeovers(&broker_logs, &ports);
     let mut device_topic_commits = Vec::new();
     for g in [route, format!("{group}-deliver"), format!("{group}-registry")] {
         let committed = committed_offsets(rig.brokers(), &g, "device.upserted", device_parts as i32)?;
@@ -328,9 +371,38 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         restored_jobs,
         takeovers,
         stood_down,
+        broker_restarts: opts.broker_restarts,
+        partition_connections_up,
+        partition_connections_dropped,
+        partition_connections_not_back,
         suspended,
         secs: began.elapsed().as_secs_f64(),
     })
+}
+
+/// In a replica's log: how many times a partition connection dropped while up, and the
+/// partitions whose connection's last line is such a drop (not up again, not closed).
+fn partition_connection_drops(log: &str) -> (usize, Vec<i32>) {
+    let mut last: BTreeMap<i32, bool> = BTreeMap::new();
+    let mut dropped = 0;
+    for line in log.lines() {
+        let down = line.contains("a partition connection to the devices' broker dropped");
+        let back = line.contains("partition connection to the devices' broker up")
+            || line.contains("partition connection to the devices' broker closed")
+            || line.contains("partition connection taken over");
+        if !(down || back) {
+            continue;
+        }
+        let Some(p) = line
+            .split_once(" partition=")
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        else {
+            continue;
+        };
+        dropped += usize::from(down);
+        last.insert(p, down);
+    }
+    (dropped, last.into_iter().filter(|(_, down)| *down).map(|(p, _)| p).collect())
 }
 
 /// How many partitions a log line's `partitions=[a, b]` field names.

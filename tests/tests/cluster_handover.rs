@@ -29,6 +29,7 @@ async fn a_killed_replicas_queues_are_restored_by_the_next_owners_and_nothing_is
         seed: env_scale("PIXGATE_HANDOVER_SEED", 20_261_204) as u64,
         kills: env_scale("PIXGATE_HANDOVER_KILLS", 3),
         stop_ms: 0,
+        broker_restarts: 0,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("handover: {opts:?}: {} expected effects", r.expected);

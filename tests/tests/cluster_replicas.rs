@@ -32,6 +32,7 @@ async fn replicas_share_the_partitions_and_each_routes_with_the_whole_registry()
         seed: env_scale("PIXGATE_REPLICAS_SEED", 20_261_203) as u64,
         kills: 0,
         stop_ms: 0,
+        broker_restarts: 0,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("replicas: {opts:?}: {} expected effects", r.expected);

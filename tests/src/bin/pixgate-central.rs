@@ -31,6 +31,11 @@ struct Args {
     /// closed for whom. Not with --kills.
     #[arg(long, default_value_t = 0)]
     freeze_ms: u64,
+    /// SIGKILL mosquitto (which keeps no sessions) and start it again this many times
+    /// while the events are fed: devices and replicas reconnect. Not with --kills or
+    /// --freeze-ms.
+    #[arg(long, default_value_t = 0)]
+    broker_restarts: usize,
 }
 
 #[tokio::main]
@@ -45,6 +50,7 @@ async fn main() -> anyhow::Result<()> {
         seed: args.seed,
         kills: args.kills,
         stop_ms: args.freeze_ms,
+        broker_restarts: args.broker_restarts,
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",
@@ -55,6 +61,14 @@ async fn main() -> anyhow::Result<()> {
         println!(
             "[central] {} replicas SIGKILLed and started again; {} queued jobs restored from the delivery log by the partitions' next owners",
             r.kills, r.restored_jobs
+        );
+    }
+    if r.broker_restarts > 0 {
+        println!(
+            "[central] mosquitto SIGKILLed and started again {} times; {} partition connections cut and reconnected, {} not back",
+            r.broker_restarts,
+            r.partition_connections_dropped,
+            r.partition_connections_not_back.len()
         );
     }
     if args.freeze_ms > 0 {
