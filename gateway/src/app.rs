@@ -289,16 +289,6 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
 ///
 /// # Errors
 /// Jobs are left on the topic (how many, and what to do).
-/// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
-/// (it names the replica to Kafka too), else the host name and process id.
-fn replica_name(cfg: &Config) -> String {
-    if !cfg.kafka.instance_id.is_empty() {
-        return cfg.kafka.instance_id.replace('/', "_");
-    }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{}-{}", host.trim().replace('/', "_"), std::process::id())
-}
-
 async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
     let topic = cfg.cluster.device_jobs_topic.clone();
     let group = format!("{}-deliver", cfg.kafka.group_id);
@@ -318,6 +308,16 @@ async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
+/// (it names the replica to Kafka too), else the host name and process id.
+fn replica_name(cfg: &Config) -> String {
+    if !cfg.kafka.instance_id.is_empty() {
+        return cfg.kafka.instance_id.replace('/', "_");
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}-{}", host.trim().replace('/', "_"), std::process::id())
 }
 
 async fn wait_for_signal() {

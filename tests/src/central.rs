@@ -110,9 +110,6 @@ pub struct CentralReport {
     pub stood_down: usize,
     /// Times mosquitto was SIGKILLed and started again.
     pub broker_restarts: usize,
-    /// Partition connections that came up (`partition connection to the devices' broker
-    /// up` lines), all replicas: one per partition taken, and one per reconnection.
-    pub partition_connections_up: usize,
     /// Partition connections that dropped while up (the broker cut them), all replicas.
     pub partition_connections_dropped: usize,
     /// Partitions whose connection's last word in its replica's log is that it dropped:
@@ -330,7 +327,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
         });
     }
-    let (mut restored_jobs, mut stood_down, mut suspended, mut partition_connections_up) = (0, 0, 0, 0);
+    let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
     let (mut partition_connections_dropped, mut partition_connections_not_back) = (0, Vec::new());
     let logs = (0..opts.replicas)
         .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
@@ -342,8 +339,6 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         partition_connections_not_back.extend(not_back.into_iter().map(|p| (i, p)));
         restored_jobs += restored_in(&text);
         stood_down += text.lines().filter(|l| l.contains("partition connection taken over")).count();
-        partition_connections_up +=
-            text.lines().filter(|l| l.contains("partition connection to the devices' broker up")).count();
         suspended +=
             text.lines().filter(|l| l.contains("another replica's claim overtook")).map(partitions_in).sum::<usize>();
     }
@@ -372,7 +367,6 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         takeovers,
         stood_down,
         broker_restarts: opts.broker_restarts,
-        partition_connections_up,
         partition_connections_dropped,
         partition_connections_not_back,
         suspended,

@@ -18,13 +18,14 @@
 //! "Fencing").
 
 use crate::deliver::broker::OwnerCheck;
+use crate::ingest::device_jobs::{delivered, send_waiting};
 use crate::model::delivery_log::{
     job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER, LOGGED_JOB_VERSION, POS_KEY,
 };
 use crate::model::{Queued, StoredJob};
 use anyhow::Context;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -56,9 +57,6 @@ struct Take {
     epoch: u64,
     offset: i64,
 }
-
-/// The pause before enqueueing again while librdkafka's queue is full.
-const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 
 /// The delivery log of one replica: its producer, and how to read a partition back.
 pub struct DeliveryLog {
@@ -160,7 +158,7 @@ impl DeliveryLog {
             let n = self.claims.fetch_add(1, Ordering::Relaxed);
             let take = format!("{}.{n}", self.take_prefix);
             let key = owner_key(epoch, &take);
-            let offset = self.produce_one(partition, &key, Some(self.replica.as_bytes()), None).await?;
+            let offset = self.produce_one(partition, &key, self.replica.as_bytes()).await?;
             read_blocking(reader, &mut folder, timeout, Some(offset + 1)).await?;
             match folder.owner() {
                 Some(o) if o.take == take => {
@@ -283,25 +281,16 @@ impl DeliveryLog {
         let Some(epoch) = self.epoch(partition) else { return Ok(()) };
         let key = job_key(&stored.device, stored.job.seq);
         let epoch = epoch.to_string();
-        loop {
-            let record: FutureRecord<'_, str, [u8]> =
-                FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
-            match self.producer.send_result(record) {
-                Ok(delivery) => {
-                    let (device, seq) = (stored.device.clone(), stored.job.seq);
-                    tokio::spawn(async move {
-                        if let Ok(Err((e, _))) = delivery.await {
-                            tracing::error!(device, seq, error = %e, "a job's end did not reach the delivery log: its partition's next owner sends it again (the device dedupes it)");
-                        }
-                    });
-                    return Ok(());
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                }
-                Err((e, _)) => return Err(e),
+        let record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
+        let delivery = send_waiting(&self.producer, record).await?;
+        let (device, seq) = (stored.device.clone(), stored.job.seq);
+        tokio::spawn(async move {
+            if let Ok(Err((e, _))) = delivery.await {
+                tracing::error!(device, seq, error = %e, "a job's end did not reach the delivery log: its partition's next owner sends it again (the device dedupes it)");
             }
-        }
+        });
+        Ok(())
     }
 
     /// Waits up to `timeout` for every record produced to reach Kafka (at shutdown).
@@ -313,37 +302,15 @@ impl DeliveryLog {
         self.producer.flush(timeout)
     }
 
-    /// Produces one record (with `epoch` as its header, if any) and waits for Kafka to
+    /// Produces one record without an epoch header (an owner record) and waits for Kafka to
     /// have it; returns its offset.
-    async fn produce_one(
-        &self,
-        partition: i32,
-        key: &str,
-        value: Option<&[u8]>,
-        epoch: Option<u64>,
-    ) -> Result<i64, KafkaError> {
-        let epoch = epoch.map(|e| e.to_string());
-        loop {
-            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.topic).partition(partition).key(key);
-            if let Some(v) = value {
-                record = record.payload(v);
-            }
-            if let Some(e) = &epoch {
-                record = record.headers(epoch_header(e));
-            }
-            match self.producer.send_result(record) {
-                Ok(delivery) => {
-                    return match delivery.await {
-                        Ok(Ok(d)) => Ok(d.offset),
-                        Ok(Err((e, _))) => Err(e),
-                        Err(_) => Err(KafkaError::Canceled),
-                    };
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                }
-                Err((e, _)) => return Err(e),
-            }
+    async fn produce_one(&self, partition: i32, key: &str, value: &[u8]) -> Result<i64, KafkaError> {
+        let record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(&self.topic).partition(partition).key(key).payload(value);
+        match send_waiting(&self.producer, record).await?.await {
+            Ok(Ok(d)) => Ok(d.offset),
+            Ok(Err((e, _))) => Err(e),
+            Err(_) => Err(KafkaError::Canceled),
         }
     }
 
@@ -356,32 +323,14 @@ impl DeliveryLog {
         let epoch = epoch.to_string();
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in &records {
-            loop {
-                let mut record: FutureRecord<'_, str, [u8]> =
-                    FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
-                if let Some(v) = value {
-                    record = record.payload(v.as_slice());
-                }
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        deliveries.push(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                    }
-                    Err((e, _)) => return Err(e),
-                }
+            let mut record: FutureRecord<'_, str, [u8]> =
+                FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
+            if let Some(v) = value {
+                record = record.payload(v.as_slice());
             }
+            deliveries.push(send_waiting(&self.producer, record).await?);
         }
-        for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(e),
-                Err(_) => return Err(KafkaError::Canceled),
-            }
-        }
-        Ok(())
+        delivered(deliveries).await
     }
 }
 

@@ -16,7 +16,8 @@ use crate::telemetry::Stats;
 use anyhow::{bail, Context};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::time::Duration;
 
@@ -71,30 +72,47 @@ impl JobProducer {
     pub async fn produce(&self, records: &[(String, Vec<u8>)]) -> Result<(), KafkaError> {
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in records {
-            loop {
-                let record = FutureRecord::to(&self.topic).key(key).payload(value);
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        deliveries.push(delivery);
-                        break;
-                    }
-                    // librdkafka's own thread drains the queue meanwhile.
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                    }
-                    Err((e, _)) => return Err(e),
-                }
-            }
+            deliveries.push(send_waiting(&self.producer, FutureRecord::to(&self.topic).key(key).payload(value)).await?);
         }
-        for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(e),
-                Err(_) => return Err(KafkaError::Canceled),
-            }
-        }
-        Ok(())
+        delivered(deliveries).await
     }
+}
+
+/// Hands `record` to librdkafka, waiting while its queue is full (its own thread drains
+/// it meanwhile); returns the delivery to await.
+///
+/// # Errors
+/// librdkafka refused the record for another reason (its configuration, a fatal producer
+/// error).
+pub(crate) async fn send_waiting<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, K, P>,
+) -> Result<DeliveryFuture, KafkaError> {
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                record = r;
+                tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// Waits for every one of `deliveries`, in order.
+///
+/// # Errors
+/// The first record Kafka did not take (or whose delivery librdkafka dropped).
+pub(crate) async fn delivered(deliveries: Vec<DeliveryFuture>) -> Result<(), KafkaError> {
+    for delivery in deliveries {
+        match delivery.await {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(e),
+            Err(_) => return Err(KafkaError::Canceled),
+        }
+    }
+    Ok(())
 }
 
 /// Checks that `topic` (the device-jobs topic or the delivery log) exists on `brokers` with `partitions` partitions (blocking: a
