@@ -329,10 +329,22 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     }
     let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
     let (mut partition_connections_dropped, mut partition_connections_not_back) = (0, Vec::new());
-    let logs = (0..opts.replicas)
+    let logs: Vec<std::path::PathBuf> = (0..opts.replicas)
         .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
-        .chain(kill_logs);
-    for (i, log) in logs.enumerate() {
+        .chain(kill_logs)
+        .collect();
+    if opts.broker_restarts > 0 {
+        // A partition connection whose devices had nothing left to receive reconnects
+        // after its backoff, maybe after the last effect: waited for, under the deadline.
+        let not_back = || {
+            logs.iter()
+                .any(|log| !partition_connection_drops(&std::fs::read_to_string(log).unwrap_or_default()).1.is_empty())
+        };
+        while not_back() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for (i, log) in logs.iter().enumerate() {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let (dropped, not_back) = partition_connection_drops(&text);
         partition_connections_dropped += dropped;
