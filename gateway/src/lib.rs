@@ -18,7 +18,7 @@
 //! | 2 | [`ingest`] | the Kafka consumer loop; records read back by position |
 //! | 1 | [`route`] | device registry, router (which effect for which device), render (effect → job) |
 //! | 0 | [`store`] | the durable per-device outbox (redb) |
-//! | base | [`config`], [`clock`], [`model`], [`telemetry`], [`shutdown`] | settings, the wall clock, shared records, counters and health observations, the shutdown request and the tasks it ends |
+//! | base | [`config`], [`clock`], [`kafka_client`], [`model`], [`telemetry`], [`shutdown`] | settings, the wall clock, the settings every Kafka client shares, shared records, counters and health observations, the shutdown request and the tasks it ends |
 //!
 //! Change events are decoded by the `cdc` crate; the device protocol (topics, jobs, acks)
 //! is the `device-protocol` crate; rendering (BR Code, QR, ESC/POS, screens) is `render`.
@@ -29,6 +29,7 @@ pub mod clock;
 pub mod config;
 pub mod deliver;
 pub mod ingest;
+pub mod kafka_client;
 pub mod model;
 pub mod ops;
 pub mod route;

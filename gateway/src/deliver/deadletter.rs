@@ -20,12 +20,12 @@
 use crate::clock::Clock;
 use crate::ingest::retry::blocking;
 use crate::ingest::source_reader::{SourceReader, SourceRecord};
+use crate::kafka_client;
 use crate::model::DeadLetter;
 use crate::shutdown::Shutdown;
 use crate::store::Outbox;
 use crate::telemetry::Stats;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -54,8 +54,7 @@ impl Publisher {
         clock: Clock,
         stats: Arc<Stats>,
     ) -> anyhow::Result<Self> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let producer = kafka_client::client(brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", "30000")

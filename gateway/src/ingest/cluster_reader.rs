@@ -36,6 +36,7 @@ use crate::ingest::group_reader::GroupReader;
 use crate::ingest::kafka_metadata::topic_partitions;
 use crate::ingest::member::create;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
+use crate::kafka_client;
 use crate::model::Partition;
 use crate::shutdown::Shutdown;
 use crate::store::Outbox;
@@ -44,7 +45,7 @@ use anyhow::Context;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -260,8 +261,7 @@ impl ClusterReader {
 /// (`group.id` is set because librdkafka wants one, and names what reads).
 fn feed_consumer(cfg: &Config, health: Arc<Monitor>) -> anyhow::Result<GatewayConsumer> {
     let k = &cfg.kafka;
-    ClientConfig::new()
-        .set("bootstrap.servers", &k.brokers)
+    kafka_client::client(&k.brokers)
         .set("group.id", format!("{}-registry", k.group_id))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

@@ -18,12 +18,13 @@
 
 use crate::ingest::group_reader::GroupReader;
 use crate::ingest::source_reader::{SourceReader, SourceRecord};
+use crate::kafka_client;
 use crate::model::Partition;
 use crate::telemetry::health::ConsumeErrorFact;
 use crate::telemetry::Monitor;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -140,8 +141,7 @@ pub fn locate(
 
 /// `group`'s committed offsets of `parts` (empty if Kafka does not say).
 fn committed(brokers: &str, group: &str, parts: &[Partition]) -> Vec<(Partition, i64)> {
-    let Ok(c) = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let Ok(c) = kafka_client::client(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create::<BaseConsumer>()

@@ -19,6 +19,7 @@
 
 use crate::deliver::broker::OwnerCheck;
 use crate::ingest::device_jobs::{delivered, send_waiting};
+use crate::kafka_client;
 use crate::model::delivery_log::{
     job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER, LOGGED_JOB_VERSION, POS_KEY,
 };
@@ -28,7 +29,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -86,8 +87,7 @@ impl DeliveryLog {
     /// # Errors
     /// librdkafka refuses the configuration.
     pub fn new(brokers: &str, topic: &str, reader_group: &str, replica: &str) -> anyhow::Result<DeliveryLog> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let producer = kafka_client::client(brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "1")
@@ -378,8 +378,7 @@ struct Reader {
 impl Reader {
     fn consumer(&mut self) -> anyhow::Result<&BaseConsumer> {
         if self.consumer.is_none() {
-            let c: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", &self.brokers)
+            let c: BaseConsumer = kafka_client::client(&self.brokers)
                 .set("group.id", &self.group)
                 .set("enable.auto.commit", "false")
                 .set("enable.auto.offset.store", "false")

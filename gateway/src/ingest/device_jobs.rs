@@ -10,6 +10,7 @@
 //! outbox's dedupe window queues it once.
 
 use crate::ingest::plan::Source;
+use crate::kafka_client;
 use crate::model::{DeadLetter, DeadLetterReason, DeviceJobRecord, SourceRef};
 use crate::store::Accept;
 use crate::telemetry::Stats;
@@ -18,7 +19,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 
 /// How long librdkafka keeps trying to deliver a job record before the batch's hand-off
@@ -45,8 +46,7 @@ impl JobProducer {
     /// # Errors
     /// librdkafka refuses the configuration.
     pub fn new(brokers: &str, topic: &str) -> anyhow::Result<JobProducer> {
-        let producer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let producer = kafka_client::client(brokers)
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("partitioner", "murmur2_random")
@@ -122,8 +122,7 @@ pub(crate) async fn delivered(deliveries: Vec<DeliveryFuture>) -> Result<(), Kaf
 /// Kafka cannot be asked, the topic does not exist, or it has another partition count (a
 /// device's partition is its owner: growing the count is a migration, `docs/cluster.md`).
 pub fn check_partitions(brokers: &str, topic: &str, partitions: i32, timeout: Duration) -> anyhow::Result<()> {
-    let client: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().context("creating a metadata client")?;
+    let client: BaseConsumer = kafka_client::client(brokers).create().context("creating a metadata client")?;
     let md = client.fetch_metadata(Some(topic), timeout).with_context(|| format!("metadata of {topic}"))?;
     let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
         bail!(
@@ -153,8 +152,7 @@ pub fn check_partitions(brokers: &str, topic: &str, partitions: i32, timeout: Du
 /// # Errors
 /// Kafka cannot be asked (the text of the failed request).
 pub fn unread_jobs(brokers: &str, topic: &str, group: &str, timeout: Duration) -> anyhow::Result<Option<u64>> {
-    let client: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let client: BaseConsumer = kafka_client::client(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()

@@ -4,9 +4,9 @@
 
 use crate::config::Config;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
+use crate::kafka_client;
 use crate::telemetry::Monitor;
 use anyhow::Context;
-use rdkafka::ClientConfig;
 use std::sync::Arc;
 
 /// A member of consumer group `group`, configured as [`crate::ingest`] describes (offsets
@@ -20,7 +20,7 @@ pub fn create(
     instance_suffix: &str,
 ) -> anyhow::Result<GatewayConsumer> {
     let k = &cfg.kafka;
-    let mut client = ClientConfig::new();
+    let mut client = kafka_client::client(&k.brokers);
     if !k.instance_id.is_empty() {
         client.set("group.instance.id", format!("{}{instance_suffix}", k.instance_id));
     }
@@ -28,7 +28,6 @@ pub fn create(
         client.set("debug", &k.debug);
     }
     client
-        .set("bootstrap.servers", &k.brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", "1000")

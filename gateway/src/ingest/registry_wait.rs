@@ -41,11 +41,12 @@
 //! other charge is routed at once.
 
 use crate::ingest::kafka_metadata::topic_partitions;
+use crate::kafka_client;
 use crate::model::{DeadLetterReason, Partition};
 use crate::telemetry::health::RegistryWaitFact;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -306,8 +307,7 @@ impl RegistryProbe {
         if let Some(c) = &self.client {
             return Ok(c.clone());
         }
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
+        let c: BaseConsumer = kafka_client::client(&self.brokers)
             .set("group.id", &self.group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

@@ -2,10 +2,11 @@
 //! (for the dead-letter publisher, which keeps positions rather than bytes), a record-level
 //! dead letter routed again, a partition whose consume errors must be located.
 
+use crate::kafka_client;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 
 /// What [`SourceReader::read`] found at a position.
@@ -30,8 +31,7 @@ impl SourceReader {
     /// # Errors
     /// Invalid consumer configuration.
     pub fn new(brokers: &str) -> anyhow::Result<Self> {
-        let consumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let consumer = kafka_client::client(brokers)
             // Required by librdkafka; this consumer never joins the group nor commits.
             .set("group.id", "pixgate-deadletter-source")
             .set("enable.auto.commit", "false")

@@ -2,13 +2,13 @@
 //! transitions, and probes the end offsets of paused partitions (librdkafka does not fetch
 //! a paused partition, so its statistics stop showing the partition's end).
 
+use crate::kafka_client;
 use crate::model::Partition;
 use crate::ops::readiness::{AlarmLog, Reason};
 use crate::ops::report as snapshot;
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Monitor, Stats};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ struct Prober {
 impl Prober {
     fn client(&mut self) -> Option<Arc<BaseConsumer>> {
         if self.client.is_none() {
-            match ClientConfig::new().set("bootstrap.servers", &self.brokers).create::<BaseConsumer>() {
+            match kafka_client::client(&self.brokers).create::<BaseConsumer>() {
                 Ok(c) => self.client = Some(Arc::new(c)),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot create the Kafka client that probes paused partitions' end offsets")

@@ -15,9 +15,10 @@
 //! (`rd_kafka_list_groups`); the commit is an `OffsetCommit` outside a generation, which
 //! Kafka accepts for an empty group (the way `kafka-consumer-groups --reset-offsets` does).
 
+use crate::kafka_client;
 use anyhow::{bail, Context};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -226,8 +227,7 @@ impl Repositioner {
     /// # Errors
     /// librdkafka refuses the configuration.
     pub fn new(brokers: &str, group: &str) -> anyhow::Result<Repositioner> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
+        let consumer: BaseConsumer = kafka_client::client(brokers)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
