@@ -6,9 +6,10 @@
 # started again mid-run; their queues move to the others through the delivery log. With
 # --freeze-ms MS, replica r1 is frozen (SIGSTOP) and replaced by a process with its
 # identity, then continued: the broker's log shows whose connections were cut for whom.
-# With --broker-restarts N, mosquitto is SIGKILLed and started again mid-run.
+# With --broker-restarts N, mosquitto is SIGKILLed and started again mid-run. With --scale
+# (and --replicas 2), a third replica joins and r1 then leaves on SIGTERM.
 #
-#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills, --freeze-ms, --broker-restarts)
+#   scripts/central.sh [pixgate-central options]   (--replicas 2|3, --events, --devices, --seed, --kills, --freeze-ms, --broker-restarts, --scale)
 #
 # Installs tansu (~15 min, once) and mosquitto if missing.
 set -euo pipefail

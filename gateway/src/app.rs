@@ -213,12 +213,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         let (brokers, topic, partitions) =
             (cfg.kafka.brokers.clone(), cfg.cluster.device_jobs_topic.clone(), cfg.cluster.device_job_partitions);
         let log_topic = cfg.cluster.delivery_log_topic.clone();
+        let (charge_topic, changelog) = (cfg.kafka.charge_topic.clone(), cfg.cluster.route_changelog_topic.clone());
         tokio::task::spawn_blocking(move || {
             crate::ingest::device_jobs::check_partitions(&brokers, &topic, partitions, CHECK_TIMEOUT)?;
-            crate::ingest::device_jobs::check_partitions(&brokers, &log_topic, partitions, CHECK_TIMEOUT)
+            crate::ingest::device_jobs::check_partitions(&brokers, &log_topic, partitions, CHECK_TIMEOUT)?;
+            crate::ingest::route_changelog::check_partitions(&brokers, &charge_topic, &changelog, CHECK_TIMEOUT)
         })
         .await
-        .context("checking the device-jobs and delivery log topics")??;
+        .context("checking the device-jobs, delivery log and route changelog topics")??;
         tracing::info!(topic = %cfg.cluster.device_jobs_topic, partitions = cfg.cluster.device_job_partitions, "jobs go through the device-jobs topic (cluster.enabled)");
         Some(Arc::new(crate::ingest::device_jobs::JobProducer::new(
             &cfg.kafka.brokers,
@@ -242,6 +244,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     } else {
         None
     };
+    let route_changelog = if cfg.cluster.enabled {
+        Some(Arc::new(crate::ingest::route_changelog::RouteChangelog::new(
+            &cfg.kafka.brokers,
+            &cfg.cluster.route_changelog_topic,
+            &format!("{}-route-changelog", cfg.kafka.group_id),
+        )?))
+    } else {
+        None
+    };
     let services = consumer::Services {
         cfg,
         stats,
@@ -258,6 +269,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         jobs_out,
         delivery_log,
         partition_links,
+        route_changelog,
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.

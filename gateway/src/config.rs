@@ -352,6 +352,10 @@ pub struct ClusterConfig {
     /// `device_job_partitions` partitions, partition `p` holding what the owner of
     /// `device_jobs_topic` partition `p` accepted and has not finished.
     pub delivery_log_topic: String,
+    /// The route stage's changelog (`docs/cluster.md` "The route stage"): compacted, with
+    /// as many partitions as `kafka.charge_topic`, partition `p` holding the last applied
+    /// state (`__v`, status) of each charge whose records are on charge partition `p`.
+    pub route_changelog_topic: String,
 }
 
 impl Default for ClusterConfig {
@@ -361,6 +365,7 @@ impl Default for ClusterConfig {
             device_jobs_topic: "pixgate.device-jobs".into(),
             device_job_partitions: 48,
             delivery_log_topic: "pixgate.delivery-log".into(),
+            route_changelog_topic: "pixgate.route-changelog".into(),
         }
     }
 }

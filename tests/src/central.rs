@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 pub const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 6);
 /// The deliver stage's log: as many partitions as the device-jobs topic.
 pub const DELIVERY_LOG: (&str, i32) = ("pixgate.delivery-log", DEVICE_JOBS.1);
+/// The route stage's changelog: as many partitions as the charge topic.
+pub const ROUTE_CHANGELOG: (&str, i32) = ("pixgate.route-changelog", 3);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -63,6 +65,13 @@ pub struct CentralOptions {
     /// are fed, each once the devices have carried out its share of the expected effects
     /// (`broker_restarts + 1` equal shares). Not with kills or a stop.
     pub broker_restarts: usize,
+    /// Scale out, then in: once the devices have carried out a fifth of the expected
+    /// effects a new replica joins (a fresh outbox, a listener of its own); once the group
+    /// has settled on it and it has delivered, replica r1 is stopped with SIGTERM and not
+    /// started again (the run fails when four fifths are carried out by then: too few
+    /// left to scale in under load). Not with kills, a
+    /// stop or broker restarts; `replicas` is the count before the new one joins.
+    pub scale: bool,
 }
 
 /// One replica at the end.
@@ -110,6 +119,17 @@ pub struct CentralReport {
     pub stood_down: usize,
     /// Times mosquitto was SIGKILLed and started again.
     pub broker_restarts: usize,
+    /// With `scale`: whether r1 exited cleanly (status 0) within 30 s of its SIGTERM.
+    pub sigterm_clean: Option<bool>,
+    /// Devices of the device-jobs partitions taken, summed over every take (the
+    /// `devices=` of each `device-jobs partition taken` line, all replicas): how many
+    /// devices' queues moved, at most, so how many jobs in flight a move may repeat.
+    pub moved_devices: u64,
+    /// The longest take (claim, connection, restore), in ms.
+    pub longest_take_ms: u64,
+    /// Jobs the devices received again after carrying them out (absorbed by their
+    /// dedupe).
+    pub duplicates: u64,
     /// Partition connections that dropped while up (the broker cut them), all replicas.
     pub partition_connections_dropped: usize,
     /// Partitions whose connection's last word in its replica's log is that it dropped:
@@ -137,7 +157,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
     let mut ports = vec![mosquitto.gateway_port()];
     // One more for a stopped replica's replacement.
-    for _ in 1..opts.replicas + usize::from(opts.stop_ms > 0) {
+    for _ in 1..opts.replicas + usize::from(opts.stop_ms > 0 || opts.scale) {
         ports.push(mosquitto.add_gateway_listener());
     }
     let mut broker = Some(mosquitto.start().await);
@@ -146,6 +166,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let mut topics = PIXGATE_TOPICS.to_vec();
     topics.push(DEVICE_JOBS);
     topics.push(DELIVERY_LOG);
+    topics.push(ROUTE_CHANGELOG);
     let partitions = |name: &str| topics.iter().find(|(t, _)| *t == name).map_or(0, |(_, n)| *n as usize);
     let (device_parts, charge_parts) = (partitions("device.upserted"), partitions("charge.upserted"));
     if !(2..=charge_parts).contains(&opts.replicas) {
@@ -186,13 +207,78 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     if opts.broker_restarts > 0 && (opts.stop_ms > 0 || opts.kills > 0) {
         bail!("broker restarts with kills or a stop in one run are not supported");
     }
+    if opts.scale && (opts.stop_ms > 0 || opts.kills > 0 || opts.broker_restarts > 0) {
+        bail!("scaling with kills, a stop or broker restarts in one run is not supported");
+    }
+    if opts.scale && opts.replicas >= charge_parts {
+        bail!(
+            "scaling out needs fewer than {charge_parts} replicas at start (each holds one charge partition at least)"
+        );
+    }
     let deadline = Instant::now()
         + Duration::from_millis(opts.stop_ms)
         + Duration::from_secs(240 + 60 * opts.kills as u64)
         + Duration::from_millis(60 * opts.events as u64);
     let expected_effects = plan.expected_count() as u64;
+    let mut sigterm_clean = None;
     let disrupt = async {
         let mut logs = Vec::new();
+        if opts.scale {
+            while stats.carried_out() < expected_effects / 5 {
+                if Instant::now() > deadline {
+                    bail!("stuck at {} effects before scaling out", stats.carried_out());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let r = opts.replicas;
+            let settings = GatewaySettings {
+                http_port: free_port(),
+                mqtt_port: free_port(),
+                outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
+                ..rig.settings().clone()
+            };
+            let env = replica_env(&mosquitto, &ports, opts, r);
+            let log = rig.dir().join(format!("pixgate-r{r}.log"));
+            let (bin, log_path) = (rig.bin().to_path_buf(), log.clone());
+            println!("replica r{r} joins at {} effects carried out", stats.carried_out());
+            let joined = tokio::task::spawn_blocking(move || {
+                let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+                GatewayProcess::spawn_with_env(&bin, settings, &env, &log_path, Duration::from_secs(60))
+            })
+            .await?
+            .with_context(|| format!("starting replica r{r}"))?;
+            others.push(joined);
+            // The scale-in comes only once the group has settled on the new member and it
+            // has delivered: otherwise the join and the leave could fall into one rebalance.
+            let grown: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
+            settle(&grown, device_parts, charge_parts).await.context("after the scale-out")?;
+            drop(grown);
+            let newcomer = others.last().expect("the replica that joined");
+            while newcomer.stats().map_or(0, |s| s.counters.effects_done.values().sum::<u64>()) == 0 {
+                if Instant::now() > deadline {
+                    bail!("the replica that joined delivered nothing (at {} effects)", stats.carried_out());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            println!("replica r{r} holds partitions and delivers at {} effects carried out", stats.carried_out());
+            if stats.carried_out() >= expected_effects * 4 / 5 {
+                bail!(
+                    "the scale-out took until {} of {expected_effects} effects: too few left to scale in under load (more events)",
+                    stats.carried_out()
+                );
+            }
+            println!("SIGTERM replica r1 at {} effects carried out", stats.carried_out());
+            let mut leaving = others.remove(0);
+            logs.push(leaving.log().to_path_buf());
+            let clean = tokio::task::spawn_blocking(move || leaving.stop(Duration::from_secs(30))).await?;
+            println!(
+                "replica r1 exited ({}) at {} effects carried out",
+                if clean { "cleanly" } else { "not cleanly" },
+                stats.carried_out()
+            );
+            sigterm_clean = Some(clean);
+            return Ok::<_, anyhow::Error>(logs);
+        }
         for k in 0..opts.broker_restarts {
             let target = expected_effects * (k as u64 + 1) / (opts.broker_restarts as u64 + 1);
             while stats.carried_out() < target {
@@ -219,15 +305,12 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             let pid = others[0].pid().to_string();
             signal("-STOP", &pid)?;
             println!("SIGSTOP replica r1 at {} effects carried out", stats.carried_out());
-            // Its replacement: r1's identity (group instance id) and a copy of its outbox
-            // (what an orchestrator does for a replica it holds dead: a new process with the
-            // old one's name and volume), its own ports and broker listener. The copy is
-            // taken while r1 is stopped, so it is what a crash would leave. The route stage's
-            // charge state is only there until the route changelog exists: a replacement
-            // without it shows QRs a later record had superseded (`docs/cluster.md`, Status).
+            // Its replacement: r1's identity (group instance id) on an empty outbox (what an
+            // orchestrator does for a replica it holds dead when the volume is gone), its
+            // own ports and broker listener. Its queues come from the delivery log and its
+            // charges' states from the route changelog: without them it would show QRs a
+            // later record had superseded.
             let outbox = rig.dir().join("data-r1-replacement/outbox.redb");
-            std::fs::create_dir_all(outbox.parent().expect("a folder"))?;
-            std::fs::copy(&others[0].settings().outbox_path, &outbox).context("copying r1's outbox")?;
             let settings = GatewaySettings {
                 http_port: free_port(),
                 mqtt_port: free_port(),
@@ -264,7 +347,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             tokio::time::sleep(Duration::from_secs(5)).await;
             let mut stale = std::mem::replace(&mut others[0], replacement);
             stale.stop(Duration::from_secs(10));
-            logs.push(log);
+            logs.push(stale.log().to_path_buf());
             return Ok::<_, anyhow::Error>(logs);
         }
         for k in 0..opts.kills {
@@ -278,6 +361,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             let r = 1 + k % (opts.replicas - 1);
             let replica = &mut others[r - 1];
             let settings = replica.settings().clone();
+            logs.push(replica.log().to_path_buf());
             replica.kill();
             println!("SIGKILL replica r{r} at {} effects carried out", stats.carried_out());
             let env = replica_env(&mosquitto, &ports, opts, r);
@@ -291,13 +375,13 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             .await?
             .with_context(|| format!("starting replica r{r} again after kill {k}"))?;
             *replica = restarted;
-            logs.push(log);
         }
         Ok::<_, anyhow::Error>(logs)
     };
-    let (positions, kill_logs) =
+    // The logs of the replicas no longer running (killed, frozen, scaled in).
+    let (positions, gone_logs) =
         tokio::join!(scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline), disrupt);
-    let (positions, kill_logs) = (positions?, kill_logs?);
+    let (positions, gone_logs) = (positions?, gone_logs?);
     let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let charge_ends = scenario::end_offsets(&positions);
     let group = rig.settings().group_id.clone();
@@ -316,10 +400,11 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     drop(producer);
     let delivery = scenario::check_delivery(&plan, &positions, &report.effects)?;
 
+    let shares = if opts.scale { settle(&all, device_parts, charge_parts).await? } else { shares };
     let mut replicas = Vec::new();
-    for (r, (g, share)) in all.iter().zip(shares).enumerate() {
+    for (g, share) in all.iter().zip(shares) {
         let s = g.stats()?;
-        let log = if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) };
+        let log = g.log();
         replicas.push(ReplicaReport {
             partitions: share,
             routed: count(&s.counters.events_read, "charge.upserted"),
@@ -329,10 +414,8 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     }
     let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
     let (mut partition_connections_dropped, mut partition_connections_not_back) = (0, Vec::new());
-    let logs: Vec<std::path::PathBuf> = (0..opts.replicas)
-        .map(|r| if r == 0 { rig.dir().join("pixgate.log") } else { rig.dir().join(format!("pixgate-r{r}.log")) })
-        .chain(kill_logs)
-        .collect();
+    let (mut moved_devices, mut longest_take_ms) = (0, 0);
+    let logs: Vec<std::path::PathBuf> = all.iter().map(|g| g.log().to_path_buf()).chain(gone_logs).collect();
     if opts.broker_restarts > 0 {
         // A partition connection whose devices had nothing left to receive reconnects
         // after its backoff, maybe after the last effect: waited for, under the deadline.
@@ -346,6 +429,13 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     }
     for (i, log) in logs.iter().enumerate() {
         let text = std::fs::read_to_string(log).unwrap_or_default();
+        for take in text.lines().filter(|l| l.contains("device-jobs partition taken")) {
+            let field = |name: &str| {
+                take.split_whitespace().find_map(|w| w.strip_prefix(name)).and_then(|n| n.parse::<u64>().ok())
+            };
+            moved_devices += field("devices=").unwrap_or(0);
+            longest_take_ms = longest_take_ms.max(field("ms=").unwrap_or(0));
+        }
         let (dropped, not_back) = partition_connection_drops(&text);
         partition_connections_dropped += dropped;
         partition_connections_not_back.extend(not_back.into_iter().map(|p| (i, p)));
@@ -379,6 +469,10 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         takeovers,
         stood_down,
         broker_restarts: opts.broker_restarts,
+        sigterm_clean,
+        moved_devices,
+        longest_take_ms,
+        duplicates: report.stats.duplicates,
         partition_connections_dropped,
         partition_connections_not_back,
         suspended,
@@ -471,7 +565,7 @@ fn takeovers(log: &str, ports: &[u16]) -> Vec<(String, Option<usize>, Option<usi
 /// Replica `r`'s settings beyond the rig's: the central shape, its own listener on the
 /// broker (`ports[r]`), its own client ids for the single connections (one client id holds
 /// one connection at a time; the partition connections' ids are shared, which is the
-/// fence) and its own group instance id (a shared one makes two replicas one member: tansu
+/// fence) and its own group instance id, none with `scale` (a shared one makes two replicas one member: tansu
 /// then gives each every partition).
 fn replica_env(
     mosquitto: &DevicesBroker,
@@ -489,7 +583,10 @@ fn replica_env(
         ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string()),
         ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
         ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
-        ("PIXGATE_KAFKA__INSTANCE_ID", instance),
+        // Scaling in needs the leaving replica's LeaveGroup: librdkafka sends none for a
+        // static member, whose partitions then wait for its session timeout, and tansu
+        // 0.6.0 has no session timer (docs/cluster.md), so they would never move.
+        ("PIXGATE_KAFKA__INSTANCE_ID", if opts.scale { String::new() } else { instance }),
     ]);
     env
 }

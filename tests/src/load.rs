@@ -38,6 +38,8 @@ use tokio::sync::mpsc;
 /// The central shape's topic between the stages, when `cluster_partitions` > 0.
 const DEVICE_JOBS_TOPIC: &str = "pixgate.device-jobs";
 const DELIVERY_LOG_TOPIC: &str = "pixgate.delivery-log";
+/// The route stage's changelog: as many partitions as the charge topic.
+const ROUTE_CHANGELOG_TOPIC: &str = "pixgate.route-changelog";
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -234,9 +236,15 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     let brokers = broker.addr().to_string();
     capture::ensure_topics(&brokers, &capture::PIXGATE_TOPICS).await?;
     if cfg.cluster_partitions > 0 {
+        let charge_partitions =
+            capture::PIXGATE_TOPICS.iter().find(|(t, _)| *t == "charge.upserted").map_or(1, |(_, n)| *n);
         capture::ensure_topics(
             &brokers,
-            &[(DEVICE_JOBS_TOPIC, cfg.cluster_partitions), (DELIVERY_LOG_TOPIC, cfg.cluster_partitions)],
+            &[
+                (DEVICE_JOBS_TOPIC, cfg.cluster_partitions),
+                (DELIVERY_LOG_TOPIC, cfg.cluster_partitions),
+                (ROUTE_CHANGELOG_TOPIC, charge_partitions),
+            ],
         )
         .await?;
     }

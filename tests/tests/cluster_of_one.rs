@@ -64,6 +64,8 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     let mut topics = PIXGATE_TOPICS.to_vec();
     topics.push(DEVICE_JOBS);
     topics.push(("pixgate.delivery-log", DEVICE_JOBS.1));
+    // As many partitions as charge.upserted.
+    topics.push(("pixgate.route-changelog", 3));
     let mut rig = Rig::builder("cluster-of-one")
         .topics(&topics)
         .envs(mosquitto.gateway_env())

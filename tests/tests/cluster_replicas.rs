@@ -33,6 +33,7 @@ async fn replicas_share_the_partitions_and_each_routes_with_the_whole_registry()
         kills: 0,
         stop_ms: 0,
         broker_restarts: 0,
+        scale: false,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("replicas: {opts:?}: {} expected effects", r.expected);

@@ -34,6 +34,7 @@ use crate::ingest::delivery_log::{DeliveryLog, LogError};
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
+use crate::ingest::route_changelog::{RouteChangelog, StateRecord};
 use crate::model::{Command, Queued, StoredJob};
 use crate::route::render as jobs;
 use crate::shutdown::Shutdown;
@@ -52,6 +53,9 @@ pub struct Handoff {
     /// With `cluster.enabled`: the jobs planned from change events go to the device-jobs
     /// topic through it, before the rest of their records is written ([`Handoff::routed`]).
     jobs_out: Option<Arc<JobProducer>>,
+    /// With `cluster.enabled`: the route changelog and the charge topic whose records'
+    /// states go to it ([`Handoff::changelog`]).
+    changelog: Option<(Arc<RouteChangelog>, String)>,
     /// Stamps the writes (jobs' acceptance time, a replayed job's expiry).
     clock: Clock,
     /// The dispatcher's commands.
@@ -102,6 +106,9 @@ pub enum HandoffError {
     /// Kafka did not take a job record (`cluster.enabled`).
     #[error("producing jobs to the device-jobs topic: {0}")]
     Produce(#[from] rdkafka::error::KafkaError),
+    /// Kafka did not take a charge state (`cluster.enabled`).
+    #[error("producing charge states to the route changelog: {0}")]
+    Changelog(rdkafka::error::KafkaError),
 }
 
 /// A batch across the seam: stored in the outbox, its jobs sent to the dispatcher.
@@ -138,7 +145,17 @@ impl Handoff {
         health: Arc<Monitor>,
         shutdown: Shutdown,
     ) -> Handoff {
-        Handoff { outbox, jobs_out: None, clock, commands, health, shutdown, gave_up: false, log: None }
+        Handoff {
+            outbox,
+            jobs_out: None,
+            changelog: None,
+            clock,
+            commands,
+            health,
+            shutdown,
+            gave_up: false,
+            log: None,
+        }
     }
 
     /// The central shape's form of the seam: the jobs planned from change events are
@@ -149,6 +166,25 @@ impl Handoff {
     pub fn routed(mut self, producer: Arc<JobProducer>) -> Handoff {
         self.jobs_out = Some(producer);
         self
+    }
+
+    /// With [`Handoff::routed`]: the charge state each record of `charge_topic` applied
+    /// goes to `changelog` on the record's partition number once its jobs are on the
+    /// device-jobs topic, before the outbox write (so before its offset is stored).
+    pub fn changelog(mut self, changelog: Arc<RouteChangelog>, charge_topic: &str) -> Handoff {
+        self.changelog = Some((changelog, charge_topic.to_string()));
+        self
+    }
+
+    /// The states the records of a batch applied, for the changelog.
+    fn states_of(&self, records: &[RecordRef], accepts: &[Accept]) -> Vec<StateRecord> {
+        let Some((_, topic)) = &self.changelog else { return Vec::new() };
+        records
+            .iter()
+            .zip(accepts)
+            .filter(|(rec, _)| rec.part.0 == *topic)
+            .filter_map(|(rec, a)| a.charge.as_ref().map(|(id, st)| (rec.part.1, id.clone(), *st)))
+            .collect()
     }
 
     /// The deliver stage's durable acceptance (`docs/cluster.md` "Accepting a job"): a job
@@ -198,13 +234,17 @@ impl Handoff {
         }
         let Sealed { records, mut accepts, removals } = batch.take()?;
         let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
+        let states = self.states_of(&records, &accepts);
+        let changelog = self.changelog.as_ref().map(|(c, _)| c.clone());
         let handle = match self.jobs_out.clone() {
             None => tokio::task::spawn_blocking(move || {
                 let result = outbox.write(&mut accepts, &removals, now_ms).map_err(HandoffError::from);
                 Attempt { records, accepts, removals, result }
             }),
             Some(producer) => tokio::spawn(async move {
-                let (accepts, removals, result) = route_then_write(&producer, outbox, accepts, removals, now_ms).await;
+                let changelog = changelog.as_ref().map(|c| (&**c, states.as_slice()));
+                let (accepts, removals, result) =
+                    route_then_write(&producer, changelog, outbox, accepts, removals, now_ms).await;
                 Attempt { records, accepts, removals, result }
             }),
         };
@@ -221,7 +261,8 @@ impl Handoff {
         let stored = match result {
             Ok(s) => Some(s),
             Err(e) if self.jobs_out.is_some() => {
-                let (written, stored) = self.retry_routed(e, accepts, removals).await;
+                let states = self.states_of(&records, &accepts);
+                let (written, stored) = self.retry_routed(e, accepts, removals, &states).await;
                 accepts = written;
                 stored
             }
@@ -366,8 +407,10 @@ impl Handoff {
         mut error: HandoffError,
         mut accepts: Vec<Accept>,
         mut removals: Vec<Removal>,
+        states: &[StateRecord],
     ) -> (Vec<Accept>, Option<Written>) {
         let producer = self.jobs_out.clone().expect("routed");
+        let changelog = self.changelog.as_ref().map(|(c, _)| (&**c, states));
         let mut pause = Duration::from_millis(100);
         loop {
             tracing::error!(error = %error, retry_ms = pause.as_millis() as u64, "the batch did not cross to the device-jobs topic and the outbox; retrying (reading is held)");
@@ -377,7 +420,8 @@ impl Handoff {
             }
             pause = (pause * 2).min(Duration::from_secs(10));
             let (a, r, result) =
-                route_then_write(&producer, self.outbox.clone(), accepts, removals, self.clock.now_ms()).await;
+                route_then_write(&producer, changelog, self.outbox.clone(), accepts, removals, self.clock.now_ms())
+                    .await;
             (accepts, removals) = (a, r);
             match result {
                 Ok(written) => {
@@ -442,11 +486,14 @@ impl Handoff {
 }
 
 /// The routed batch's crossing: the jobs of every change event of `accepts` are produced
-/// (each accept's jobs move to its `produced` list once Kafka has them all), then the batch
-/// is written to the outbox with `removals`. Jobs read back from the device-jobs topic
-/// stay in their accepts and are queued by the write. Returns the batch for a retry.
+/// (each accept's jobs move to its `produced` list once Kafka has them all), then the
+/// charge states to `changelog` (after the jobs: a state on the changelog means its jobs
+/// are on the topic), then the batch is written to the outbox with `removals`. Jobs read
+/// back from the device-jobs topic stay in their accepts and are queued by the write.
+/// Returns the batch for a retry.
 async fn route_then_write(
     producer: &JobProducer,
+    changelog: Option<(&RouteChangelog, &[StateRecord])>,
     outbox: Arc<Outbox>,
     mut accepts: Vec<Accept>,
     removals: Vec<Removal>,
@@ -464,6 +511,11 @@ async fn route_then_write(
         }
         for a in accepts.iter_mut().filter(|a| is_route(a)) {
             a.produced = a.jobs.drain(..).map(|(device, job)| (device, job.kind)).collect();
+        }
+    }
+    if let Some((changelog, states)) = changelog.filter(|(_, s)| !s.is_empty()) {
+        if let Err(e) = changelog.produce(states).await {
+            return (accepts, removals, Err(HandoffError::Changelog(e)));
         }
     }
     blocking(move || {
@@ -513,7 +565,9 @@ mod tests {
         std::iter::from_fn(|| rx.try_recv().ok())
             .map(|c| match c {
                 Command::Enqueue(q) => (q.stored.device, q.stored.job.seq, q.stored.job.message_id),
-                Command::Device(_) | Command::Forget(_) | Command::Restore(_) => panic!("not a job"),
+                Command::Device(_) | Command::Forget(_) | Command::Restore(_) | Command::Barrier(_) => {
+                    panic!("not a job")
+                }
             })
             .collect()
     }

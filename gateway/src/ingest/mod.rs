@@ -112,5 +112,6 @@ pub mod registry_hold;
 pub mod registry_wait;
 pub mod replay;
 pub mod retry;
+pub mod route_changelog;
 pub mod source_reader;
 pub mod upstream;

@@ -67,6 +67,11 @@ impl Ownership {
         self.floor.get(&p).is_some_and(|&floor| offset < floor)
     }
 
+    /// Every device known on the partitions owned.
+    pub fn devices(&self) -> Vec<String> {
+        self.devices.keys().cloned().collect()
+    }
+
     /// The partition of `device`, when known.
     pub fn partition_of(&self, device: &str) -> Option<i32> {
         self.devices.get(device).copied()

@@ -157,6 +157,24 @@ impl Planner {
         RecordTally { event_time_s, counters: std::mem::take(&mut self.tally) }
     }
 
+    /// Charge states read from the route changelog of a charge partition taken: the router
+    /// keeps each one newer than what it knows; returns those, for the outbox to store.
+    ///
+    /// # Errors
+    /// A charge's stored state cannot be read (the outbox's error text).
+    pub fn restore_charge_states(
+        &mut self,
+        states: impl IntoIterator<Item = (String, ChargeState)>,
+    ) -> Result<Vec<(String, ChargeState)>, String> {
+        let mut newer = Vec::new();
+        for (id, state) in states {
+            if self.router.restore_state(&id, state.version, state.status)? {
+                newer.push((id, state));
+            }
+        }
+        Ok(newer)
+    }
+
     /// A tombstone (a record with a null value, the marker a compacted topic keeps for a
     /// deleted key): ignored on either topic, since the capture job's deletes are change
     /// events with an envelope. Its offset is stored like any finished record's.

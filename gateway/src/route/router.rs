@@ -148,6 +148,21 @@ impl Router {
         }
     }
 
+    /// A charge's state read from elsewhere (the route changelog of a charge partition
+    /// taken): kept when its `__v` is newer than the state known here (memory, else the
+    /// outbox), so that an event it makes stale is ignored. Returns whether it was newer
+    /// (the caller then stores it in the outbox).
+    ///
+    /// # Errors
+    /// The outbox cannot be read (nothing changed).
+    pub fn restore_state(&mut self, id: &str, version: i64, status: ChargeStatus) -> Result<bool, String> {
+        let newer = self.previous(id)?.is_none_or(|(v, _)| v < version);
+        if newer {
+            self.charges.insert(id.to_string(), (version, status));
+        }
+        Ok(newer)
+    }
+
     /// The charge state the last [`Router::route_charge`] call applied, if it applied one
     /// (taken: a second call returns `None`). The outbox persists it with the jobs.
     pub fn take_applied(&mut self) -> Option<(String, i64, ChargeStatus)> {

@@ -36,6 +36,11 @@ struct Args {
     /// --freeze-ms.
     #[arg(long, default_value_t = 0)]
     broker_restarts: usize,
+    /// Scale out and in: a new replica joins a fifth of the way in, and r1 is stopped with
+    /// SIGTERM once the new one holds partitions and delivers. --replicas is the count
+    /// before the new one (2). Not with --kills, --freeze-ms or --broker-restarts.
+    #[arg(long)]
+    scale: bool,
 }
 
 #[tokio::main]
@@ -51,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         kills: args.kills,
         stop_ms: args.freeze_ms,
         broker_restarts: args.broker_restarts,
+        scale: args.scale,
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",
@@ -69,6 +75,15 @@ async fn main() -> anyhow::Result<()> {
             r.broker_restarts,
             r.partition_connections_dropped,
             r.partition_connections_not_back.len()
+        );
+    }
+    if let Some(clean) = r.sigterm_clean {
+        println!(
+            "[central] a replica joined and r1 left on SIGTERM ({}); queues of {} devices moved in all, the longest take {} ms; {} jobs received again by their devices (deduplicated)",
+            if clean { "exited cleanly" } else { "did not exit cleanly" },
+            r.moved_devices,
+            r.longest_take_ms,
+            r.duplicates
         );
     }
     if args.freeze_ms > 0 {

@@ -127,6 +127,10 @@ impl<T: Transport> Dispatcher<T> {
                 Vec::new()
             }
             Command::Restore(jobs) => self.machine.restore(jobs, now, wall),
+            Command::Barrier(answer) => {
+                let _ = answer.send(());
+                Vec::new()
+            }
             Command::Device(Incoming::Ack { device, ack }) => {
                 self.health.acked();
                 self.machine.ack(&device, ack, now, wall)

@@ -524,3 +524,26 @@ async fn a_forgotten_device_gets_nothing_more_and_a_restored_queue_is_sent_in_or
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), (id, Outcome::Done));
     }
 }
+
+/// The central shape's shutdown: once the barrier after a `Forget` is answered, every job
+/// the dispatcher finished before is already reported (its end can be logged), and
+/// nothing more is sent or reported.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_is_answered_after_what_came_before_is_reported() {
+    let mut h = harness(1_000, 5);
+    for (id, seq) in [("a1", 1), ("a2", 2), ("a3", 3)] {
+        h.enqueue("a", job(id, EffectKind::PrintReceipt, "c0"), seq).await;
+    }
+    assert_eq!(h.next_sent().await.message_id, "a1");
+    h.ack("a", "a1", AckResult::Done, false).await;
+    assert_eq!(h.next_sent().await.message_id, "a2", "sent once a1 is done: in flight at the Forget");
+    h.cmd.send(Command::Forget(vec!["a".into()])).await.unwrap();
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    h.cmd.send(Command::Barrier(answer)).await.unwrap();
+    soon(answered).await.expect("the barrier is answered");
+    let f = h.finished.try_recv().expect("a1's end is reported before the barrier's answer");
+    assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("a1", Outcome::Done));
+    h.ack("a", "a2", AckResult::Done, false).await;
+    h.nothing_sent(3_000).await;
+    assert!(h.finished.try_recv().is_err(), "a2 and a3 are not reported: their next owner sends them");
+}

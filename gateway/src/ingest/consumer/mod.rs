@@ -36,6 +36,7 @@ use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
 use crate::ingest::replay::{Replay, Replayed};
 use crate::ingest::retry::until_stored;
+use crate::ingest::route_changelog::RouteChangelog;
 use crate::ingest::upstream;
 use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued};
 use crate::shutdown::Shutdown;
@@ -88,6 +89,9 @@ pub struct Services {
     /// device-jobs partition owned, opened once the partition is claimed and closed when it
     /// is given up.
     pub partition_links: Option<Arc<PartitionLinks>>,
+    /// With `cluster.enabled`: the route stage's changelog, where each charge state applied
+    /// goes and from which a charge partition taken is restored.
+    pub route_changelog: Option<Arc<RouteChangelog>>,
 }
 
 /// How long taking a partition waits for its connection to the devices' broker before it
@@ -157,6 +161,14 @@ struct Pipeline {
     /// their queues are dropped here, and each is claimed again at the instant noted
     /// ([`Pipeline::claims_overtaken`]).
     suspended: BTreeMap<i32, Instant>,
+    /// With `cluster.enabled`: the route changelog ([`Pipeline::restore_routes`]).
+    route_changelog: Option<Arc<RouteChangelog>>,
+    /// The charge topic.
+    charge_topic: String,
+    /// The charge partitions assigned, as of the last rebalance.
+    charge_owned: BTreeSet<i32>,
+    /// Charge partitions taken whose states are not yet read from the changelog.
+    route_restores: BTreeSet<i32>,
 }
 
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
@@ -204,6 +216,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         jobs_out,
         delivery_log,
         partition_links,
+        route_changelog,
     } = services;
     let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
     if let Some(producer) = jobs_out {
@@ -211,6 +224,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     }
     if let Some(log) = &delivery_log {
         handoff = handoff.logged(log.clone(), &cfg.cluster.device_jobs_topic);
+    }
+    if let Some(changelog) = &route_changelog {
+        handoff = handoff.changelog(changelog.clone(), &cfg.kafka.charge_topic);
     }
     let mut backpressure = Backpressure::new(Bounds::of(&cfg), outbox_jobs);
     let total = backpressure.jobs();
@@ -243,6 +259,10 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         partition_links,
         reclaim_after: Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms)),
         suspended: BTreeMap::new(),
+        route_changelog,
+        charge_topic: cfg.kafka.charge_topic.clone(),
+        charge_owned: BTreeSet::new(),
+        route_restores: BTreeSet::new(),
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -272,6 +292,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         // against the current assignment, and a newly assigned partition is paused before
         // the loop takes more than one record from it.
         p.after_rebalance(&*consumer);
+        if !p.route_restores.is_empty() {
+            p.restore_routes().await;
+        }
         let event = if p.moves.is_some() {
             // The batch in flight lands first, then the one being filled, against the new
             // ownership: their jobs of a partition given up, or not claimed yet, are
@@ -358,8 +381,11 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             let a = w.attempt().await;
             p.on_written(&*consumer, a).await;
         }
+        if p.delivery_log.is_some() {
+            p.stop_sending().await;
+        }
         // Jobs finished meanwhile are removed with the last batch rather than sent again
-        // after the restart.
+        // after the restart (the central shape: their ends are logged).
         while let Ok(f) = finished.try_recv() {
             p.on_finished(&*consumer, f).await;
         }
@@ -748,6 +774,17 @@ impl Pipeline {
             Ok(parts) => {
                 self.health.assigned(parts.iter().cloned());
                 self.registry.assigned(&parts);
+                if self.route_changelog.is_some() {
+                    let gone: BTreeSet<i32> =
+                        revoked.iter().filter(|(t, _)| *t == self.charge_topic).map(|(_, p)| *p).collect();
+                    let now: BTreeSet<i32> =
+                        parts.iter().filter(|(t, _)| *t == self.charge_topic).map(|(_, p)| *p).collect();
+                    // Revoked and assigned again: another replica may have applied states meanwhile.
+                    let kept: BTreeSet<i32> = self.charge_owned.difference(&gone).copied().collect();
+                    self.route_restores.retain(|p| now.contains(p));
+                    self.route_restores.extend(now.difference(&kept));
+                    self.charge_owned = now;
+                }
                 if let (Some(topic), Some(_)) = (&self.device_jobs_topic, &self.delivery_log) {
                     let gone: BTreeSet<i32> = revoked.iter().filter(|(t, _)| t == topic).map(|(_, p)| *p).collect();
                     // A suspended partition revoked is done with; one the group keeps here
@@ -845,6 +882,97 @@ impl Pipeline {
         }
     }
 
+    /// Charge partitions taken (`cluster.enabled`): before any of their records is routed,
+    /// each one's route changelog partition is read to its end and the states newer than
+    /// what this replica knows are kept (the router's memory and the outbox), so an event
+    /// another replica's state makes stale is ignored here too. Reading waits meanwhile; a
+    /// read or a store that fails is tried again until shutdown.
+    async fn restore_routes(&mut self) {
+        let Some(changelog) = self.route_changelog.clone() else { return };
+        let partitions = std::mem::take(&mut self.route_restores);
+        for p in partitions {
+            if !self.charge_owned.contains(&p) {
+                continue;
+            }
+            let started = Instant::now();
+            let mut pause = Duration::from_millis(100);
+            let (states, unreadable) = loop {
+                let reader = changelog.clone();
+                let read = tokio::task::spawn_blocking(move || reader.read_blocking(p, Duration::from_secs(10)))
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::anyhow!("the changelog reader's thread: {e}")));
+                match read {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read a charge partition's route changelog; retrying (reading waits)");
+                        if self.shutdown.sleep(pause).await {
+                            return;
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(10));
+                    }
+                }
+            };
+            if unreadable > 0 {
+                tracing::warn!(
+                    partition = p,
+                    records = unreadable,
+                    topic = changelog.topic(),
+                    "route changelog records that do not read: left out"
+                );
+            }
+            let charges = states.len();
+            let newer = match self.planner.restore_charge_states(states) {
+                Ok(newer) => newer,
+                Err(e) => {
+                    // The router keeps what it did take; the rest is read again at the next take.
+                    tracing::error!(partition = p, error = %e, "cannot read charge states from the outbox while restoring a charge partition's states; some are not restored");
+                    Vec::new()
+                }
+            };
+            let count = newer.len();
+            if !newer.is_empty() {
+                let (_, stored) = until_stored(
+                    &self.health,
+                    "restored charge states",
+                    &self.shutdown,
+                    (self.outbox.clone(), newer),
+                    |(outbox, newer)| outbox.store_charge_states(newer),
+                )
+                .await;
+                if stored.is_none() {
+                    return;
+                }
+            }
+            tracing::info!(
+                partition = p,
+                charges,
+                newer = count,
+                ms = started.elapsed().as_millis() as u64,
+                "charge partition taken: its charges' states read from the route changelog"
+            );
+        }
+    }
+
+    /// The central shape's shutdown, once intake has stopped: the dispatcher drops every
+    /// owned partition's queues and sends nothing more, and this waits until it has (a
+    /// [`Command::Barrier`]), so every job it finished before is already reported and its
+    /// end can be logged. Without it the dispatcher sends on until it closes, and the jobs
+    /// it finishes then are left in the log for the next owner to send again. A job in
+    /// flight is sent again by the next owner (its device dedupes it).
+    async fn stop_sending(&mut self) {
+        let devices = self.ownership.devices();
+        if !devices.is_empty() {
+            self.handoff.command(Command::Forget(devices)).await;
+        }
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.handoff.command(Command::Barrier(answer)).await;
+        if answered.await.is_err() {
+            tracing::warn!(
+                "the dispatcher ended before it stopped sending: jobs it finished since may not be in the delivery log"
+            );
+        }
+    }
+
     /// Carries out the device-jobs partitions' moves noted at a rebalance (`docs/cluster.md`
     /// "Hand-over"): a partition given up has its devices' queues dropped from the
     /// dispatcher and the outbox (its new owner restores them from the delivery log); a
@@ -879,6 +1007,12 @@ impl Pipeline {
         }
         for p in taken {
             if !self.ownership.owned().contains(&p) {
+                continue;
+            }
+            if self.shutdown.is_requested() {
+                // A replica on its way out claims nothing: its queues would be sent and
+                // then left without their ends logged (`Pipeline::stop_sending`).
+                tracing::info!(partition = p, "device-jobs partition not taken: shutting down");
                 continue;
             }
             let started = Instant::now();

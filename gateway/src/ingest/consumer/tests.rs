@@ -226,6 +226,7 @@ impl Rig {
             jobs_out: None,
             delivery_log: None,
             partition_links: None,
+            route_changelog: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }

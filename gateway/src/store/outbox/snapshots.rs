@@ -57,6 +57,28 @@ impl Outbox {
         }))
     }
 
+    /// Stores each of `states` whose `__v` is newer than the charge's stored one (a charge
+    /// partition taken, its changelog read, `ingest::route_changelog`); returns how many.
+    ///
+    /// # Errors
+    /// Disk or database failure (nothing stored).
+    pub fn store_charge_states(&self, states: &[(String, ChargeState)]) -> Result<usize, OutboxError> {
+        let tx = self.db.begin_write().map_err(err)?;
+        let mut stored = 0;
+        {
+            let mut table = tx.open_table(CHARGES).map_err(err)?;
+            for (id, state) in states {
+                let newer = table.get(id.as_str()).map_err(err)?.is_none_or(|v| v.value().0 < state.version);
+                if newer {
+                    table.insert(id.as_str(), (state.version, status_code(state.status))).map_err(err)?;
+                    stored += 1;
+                }
+            }
+        }
+        tx.commit().map_err(err)?;
+        Ok(stored)
+    }
+
     /// Every registry entry stored by [`Outbox::write`] ([`Accept::device`]): id, oplog
     /// position, document.
     ///
