@@ -26,7 +26,7 @@ use simulators::capture::generate::ScenarioConfig;
 use simulators::capture::PIXGATE_TOPICS;
 use simulators::device::Stats;
 use simulators::fleet;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,9 @@ pub struct CentralOptions {
     /// left to scale in under load). Not with kills, a
     /// stop or broker restarts; `replicas` is the count before the new one joins.
     pub scale: bool,
+    /// After delivery, a bare rdkafka consumer with a fresh group reads the whole charge
+    /// topic on the same broker: the baseline a benchmark compares with.
+    pub baseline: bool,
 }
 
 /// One replica at the end.
@@ -130,6 +133,10 @@ pub struct CentralReport {
     /// Jobs the devices received again after carrying them out (absorbed by their
     /// dedupe).
     pub duplicates: u64,
+    /// Extra copies of jobs on the device-jobs topic (a message id produced more than
+    /// once: the route stage routed its record again, e.g. after a charge partition moved
+    /// before the record's state reached the route changelog).
+    pub job_copies: u64,
     /// Partition connections that dropped while up (the broker cut them), all replicas.
     pub partition_connections_dropped: usize,
     /// Partitions whose connection's last word in its replica's log is that it dropped:
@@ -138,6 +145,13 @@ pub struct CentralReport {
     /// Device-jobs partitions whose queues a replica dropped on finding its claim
     /// overtaken (`another replica's claim overtook this one's` lines, one per partition).
     pub suspended: usize,
+    /// From the first event handed to the producer to every effect carried out.
+    pub feed: Duration,
+    /// Produce → effect latency: from an event handed to the producer to each of its
+    /// effects carried out by its device (just before its `done` ack), sorted.
+    pub latencies: Vec<Duration>,
+    /// With `baseline`: records the bare consumer read, and how long it took.
+    pub bare: Option<(u64, Duration)>,
     /// Wall time.
     pub secs: f64,
 }
@@ -169,12 +183,48 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     topics.push(ROUTE_CHANGELOG);
     let partitions = |name: &str| topics.iter().find(|(t, _)| *t == name).map_or(0, |(_, n)| *n as usize);
     let (device_parts, charge_parts) = (partitions("device.upserted"), partitions("charge.upserted"));
-    if !(2..=charge_parts).contains(&opts.replicas) {
-        bail!("between 2 and {charge_parts} replicas (each holds one charge partition at least)");
+    if !(1..=charge_parts).contains(&opts.replicas) {
+        bail!("between 1 and {charge_parts} replicas (each holds one charge partition at least)");
+    }
+    if opts.replicas < 2 && (opts.kills > 0 || opts.stop_ms > 0 || opts.scale) {
+        bail!("kills, a stop or scaling need two replicas at least");
     }
     let rig = Rig::builder(&opts.name).topics(&topics).envs(replica_env(&mosquitto, &ports, opts, 0)).start().await;
 
-    let stats = Arc::new(Stats::default());
+    let (carried_tx, mut carried_rx) = tokio::sync::mpsc::unbounded_channel();
+    let stats = Arc::new(Stats::with_sink(carried_tx));
+    // When each charge's events were handed to the producer: a charge's next event goes out
+    // only once its last one's effects are carried out, so an effect belongs to the latest
+    // event handed before it was carried out.
+    let handed: Arc<std::sync::Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+    let (stop_timing, mut timing_stopped) = tokio::sync::oneshot::channel::<()>();
+    let timing = {
+        let handed = handed.clone();
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let latency = |c: simulators::device::Carried| {
+                let handed = handed.lock().expect("handed lock");
+                let at = handed.get(&c.charge).and_then(|t| t.iter().rev().find(|&&h| h <= c.done_at).copied());
+                at.map(|at| c.done_at - at)
+            };
+            loop {
+                tokio::select! {
+                    c = carried_rx.recv() => match c {
+                        Some(c) => latencies.extend(latency(c)),
+                        None => break,
+                    },
+                    _ = &mut timing_stopped => {
+                        while let Ok(c) = carried_rx.try_recv() {
+                            latencies.extend(latency(c));
+                        }
+                        break;
+                    }
+                }
+            }
+            latencies.sort_unstable();
+            latencies
+        })
+    };
     let fleet_cfg = mosquitto.fleet_config(plan.devices.clone(), &rig.dir().join("devices"));
     let fleet = fleet::start_with_options(fleet_cfg, verifying_devices(&stats)).await?;
     fleet.wait_connected(fleet_connect_timeout(plan.devices.len())).await?;
@@ -379,8 +429,11 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         Ok::<_, anyhow::Error>(logs)
     };
     // The logs of the replicas no longer running (killed, frozen, scaled in).
+    let fed = Instant::now();
+    let note =
+        |charge: &str, at: Instant| handed.lock().expect("handed lock").entry(charge.to_string()).or_default().push(at);
     let (positions, gone_logs) =
-        tokio::join!(scenario::feed_keeping_up(&producer, &plan, stats.clone(), deadline), disrupt);
+        tokio::join!(scenario::feed_keeping_up_noting(&producer, &plan, stats.clone(), deadline, note), disrupt);
     let (positions, gone_logs) = (positions?, gone_logs?);
     let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let charge_ends = scenario::end_offsets(&positions);
@@ -388,6 +441,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let route = format!("{group}-route");
     scenario::wait_all_delivered_in(rig.gateway(), &route, &plan, &charge_ends, &BTreeMap::new(), &stats, deadline)
         .await?;
+    let feed = fed.elapsed();
     for (r, g) in all.iter().enumerate().skip(1) {
         while !g.stats().is_ok_and(|s| s.counters.pending_records == 0 && s.counters.outbox_jobs == 0) {
             if Instant::now() > deadline {
@@ -398,7 +452,16 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     }
     let report = fleet.shutdown().await;
     drop(producer);
+    let bare = if opts.baseline {
+        let charges = plan.charges.len() as u64;
+        Some(crate::kafka::bare_consume(rig.brokers(), &["charge.upserted"], charges).await?)
+    } else {
+        None
+    };
+    let _ = stop_timing.send(());
+    let latencies = timing.await.context("the latency task")?;
     let delivery = scenario::check_delivery(&plan, &positions, &report.effects)?;
+    let job_copies = job_copies(rig.brokers(), delivery.effects).await?;
 
     let shares = if opts.scale { settle(&all, device_parts, charge_parts).await? } else { shares };
     let mut replicas = Vec::new();
@@ -473,11 +536,36 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
         moved_devices,
         longest_take_ms,
         duplicates: report.stats.duplicates,
+        job_copies,
         partition_connections_dropped,
         partition_connections_not_back,
         suspended,
+        feed,
+        latencies,
+        bare,
         secs: began.elapsed().as_secs_f64(),
     })
+}
+
+/// The extra copies of jobs on the device-jobs topic: every record read (at least
+/// `at_least`, then until none came for 3 s), counted by message id.
+async fn job_copies(brokers: &str, at_least: usize) -> anyhow::Result<u64> {
+    let records = crate::kafka::read_topic(
+        brokers,
+        DEVICE_JOBS.0,
+        DEVICE_JOBS.1,
+        at_least,
+        Duration::from_secs(3),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    for r in &records {
+        let v: serde_json::Value = serde_json::from_slice(&r.value).context("a device-jobs record")?;
+        let id = v["job"]["message_id"].as_str().context("a device-jobs record without job.message_id")?;
+        *seen.entry(id.to_string()).or_default() += 1;
+    }
+    Ok(seen.values().map(|n| n - 1).sum())
 }
 
 /// In a replica's log: how many times a partition connection dropped while up, and the

@@ -108,6 +108,21 @@ pub async fn feed_keeping_up(
     stats: Arc<Stats>,
     deadline: Instant,
 ) -> anyhow::Result<Vec<Position>> {
+    feed_keeping_up_noting(producer, plan, stats, deadline, |_, _| {}).await
+}
+
+/// [`feed_keeping_up`], calling `noted(charge id, when)` as each event is handed to the
+/// producer (for produce → effect latencies).
+///
+/// # Errors
+/// As [`feed_keeping_up`].
+pub async fn feed_keeping_up_noting(
+    producer: &FutureProducer,
+    plan: &Plan,
+    stats: Arc<Stats>,
+    deadline: Instant,
+    mut noted: impl FnMut(&str, Instant),
+) -> anyhow::Result<Vec<Position>> {
     let n = plan.charges.len();
     let key = |i: usize| plan.charges[i].key.clone().unwrap_or_default();
     let mut queued: HashMap<String, VecDeque<usize>> = HashMap::new();
@@ -131,6 +146,10 @@ pub async fn feed_keeping_up(
         if !ready.is_empty() {
             ready.sort_unstable();
             let batch: Vec<CaptureRecord> = ready.iter().map(|&i| plan.charges[i].clone()).collect();
+            let handed = Instant::now();
+            for &i in &ready {
+                noted(&key(i), handed);
+            }
             let landed = publish_records_at(producer, &batch, None).await?;
             let released = std::mem::take(&mut ready);
             for (&i, pos) in released.iter().zip(landed) {

@@ -31,6 +31,7 @@ async fn every_replica_and_device_reconnects_after_the_broker_restarts_and_nothi
         stop_ms: 0,
         broker_restarts: 2,
         scale: false,
+        baseline: false,
     };
     let r = central::run(&opts).await.unwrap();
     assert_eq!(r.broker_restarts, opts.broker_restarts);

@@ -49,6 +49,7 @@ async fn a_frozen_replica_never_sends_beside_the_owner_that_replaced_it() {
         stop_ms: 500,
         broker_restarts: 0,
         scale: false,
+        baseline: false,
     };
     let r = central::run(&opts).await.unwrap();
     assert_eq!(r.delivery.effects, r.expected, "every expected effect once");

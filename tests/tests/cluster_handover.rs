@@ -31,6 +31,7 @@ async fn a_killed_replicas_queues_are_restored_by_the_next_owners_and_nothing_is
         stop_ms: 0,
         broker_restarts: 0,
         scale: false,
+        baseline: false,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("handover: {opts:?}: {} expected effects", r.expected);

@@ -34,6 +34,7 @@ async fn replicas_share_the_partitions_and_each_routes_with_the_whole_registry()
         stop_ms: 0,
         broker_restarts: 0,
         scale: false,
+        baseline: false,
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("replicas: {opts:?}: {} expected effects", r.expected);

@@ -57,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         stop_ms: args.freeze_ms,
         broker_restarts: args.broker_restarts,
         scale: args.scale,
+        baseline: false,
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",
@@ -79,11 +80,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(clean) = r.sigterm_clean {
         println!(
-            "[central] a replica joined and r1 left on SIGTERM ({}); queues of {} devices moved in all, the longest take {} ms; {} jobs received again by their devices (deduplicated)",
+            "[central] a replica joined and r1 left on SIGTERM ({}); queues of {} devices moved in all, the longest take {} ms; {} jobs received again by their devices (deduplicated); {} job copies on the device-jobs topic",
             if clean { "exited cleanly" } else { "did not exit cleanly" },
             r.moved_devices,
             r.longest_take_ms,
-            r.duplicates
+            r.duplicates,
+            r.job_copies
         );
     }
     if args.freeze_ms > 0 {

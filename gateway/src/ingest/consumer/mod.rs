@@ -94,6 +94,10 @@ pub struct Services {
     pub route_changelog: Option<Arc<RouteChangelog>>,
 }
 
+/// How long a revoke waits for the delivery log's producer to deliver the ends it holds
+/// (inside librdkafka's rebalance hook: reading waits meanwhile).
+const REVOKE_FLUSH: Duration = Duration::from_secs(2);
+
 /// How long taking a partition waits for its connection to the devices' broker before it
 /// hands the restored queues to the dispatcher anyway.
 const PARTITION_CONNECT_WAIT: Duration = Duration::from_secs(5);
@@ -185,7 +189,18 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             .context("opening the central shape's consumers")??;
         reader.save_positions(&services.shutdown);
         if let Some(links) = services.partition_links.clone() {
-            reader.on_deliver_revoke(move |p| links.close(p));
+            let log = services.delivery_log.clone();
+            reader.on_deliver_revoke(move |p| {
+                links.close(p);
+                // The ends already produced reach the log before this member rejoins, so
+                // before the next owner reads it: otherwise they come after its claim, are
+                // left out as a stale owner's, and their jobs are sent again.
+                if let Some(log) = &log {
+                    if let Err(e) = log.flush(REVOKE_FLUSH) {
+                        tracing::warn!(partition = p, error = %e, "the delivery log was not flushed when a partition was revoked: its next owner may send jobs again that are done");
+                    }
+                }
+            });
         }
         run_with(services, Arc::new(reader)).await;
         return Ok(());
@@ -291,6 +306,24 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         // select although another branch won: applied first, so every event is handled
         // against the current assignment, and a newly assigned partition is paused before
         // the loop takes more than one record from it.
+        let event = if p.delivery_log.is_some() {
+            // Jobs finished before a revoke are ended in the log while their partition is
+            // still this replica's: once it is given up their devices are unknown here,
+            // and the next owner would send them again.
+            let event = match event {
+                Event::Finished(f) => {
+                    p.on_finished(&*consumer, f).await;
+                    Event::Tick
+                }
+                other => other,
+            };
+            while let Ok(f) = finished.try_recv() {
+                p.on_finished(&*consumer, f).await;
+            }
+            event
+        } else {
+            event
+        };
         p.after_rebalance(&*consumer);
         if !p.route_restores.is_empty() {
             p.restore_routes().await;
@@ -986,6 +1019,14 @@ impl Pipeline {
         let Some((taken, given_up)) = self.moves.take() else { return sought };
         let Some(log) = self.delivery_log.clone() else { return sought };
         self.handoff.owned(self.ownership.owned().clone());
+        if !given_up.is_empty() {
+            // The ends logged up to now reach Kafka before the next owner reads the log, as
+            // far as this replica can hurry them (the group does not wait for it).
+            let flushing = log.clone();
+            if !matches!(tokio::task::spawn_blocking(move || flushing.flush(REVOKE_FLUSH)).await, Ok(Ok(()))) {
+                tracing::warn!("the delivery log was not flushed when partitions were given up: their next owners may send jobs again that are done");
+            }
+        }
         for (p, devices) in given_up {
             if let Some(links) = &self.partition_links {
                 links.close(p);
