@@ -21,6 +21,16 @@ pub fn client(brokers: &str) -> ClientConfig {
     c
 }
 
+/// [`client`] for a producer whose records must land once and in order per partition,
+/// however long Kafka is away: idempotent (`enable.idempotence`, `acks=all`), no message
+/// timeout (`message.timeout.ms = 0`: librdkafka retries until Kafka has the record),
+/// `linger.ms = 1`. The delivery log and the route changelog write this way.
+pub fn ordered_producer(brokers: &str) -> ClientConfig {
+    let mut c = client(brokers);
+    c.set("enable.idempotence", "true").set("acks", "all").set("linger.ms", "1").set("message.timeout.ms", "0");
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

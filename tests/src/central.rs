@@ -233,19 +233,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
 
     let mut others = Vec::new();
     for r in 1..opts.replicas {
-        let settings = GatewaySettings {
-            http_port: free_port(),
-            mqtt_port: free_port(),
-            outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
-            ..rig.settings().clone()
-        };
-        let env = replica_env(&mosquitto, &ports, opts, r);
-        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
-        let log = rig.dir().join(format!("pixgate-r{r}.log"));
-        others.push(
-            GatewayProcess::spawn_with_env(rig.bin(), settings, &env, &log, Duration::from_secs(60))
-                .with_context(|| format!("starting replica r{r}"))?,
-        );
+        others.push(start_replica(&rig, r, replica_env(&mosquitto, &ports, opts, r)).await?);
     }
     let all: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
     let shares = settle(&all, device_parts, charge_parts).await?;
@@ -281,23 +269,8 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let r = opts.replicas;
-            let settings = GatewaySettings {
-                http_port: free_port(),
-                mqtt_port: free_port(),
-                outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
-                ..rig.settings().clone()
-            };
-            let env = replica_env(&mosquitto, &ports, opts, r);
-            let log = rig.dir().join(format!("pixgate-r{r}.log"));
-            let (bin, log_path) = (rig.bin().to_path_buf(), log.clone());
             println!("replica r{r} joins at {} effects carried out", stats.carried_out());
-            let joined = tokio::task::spawn_blocking(move || {
-                let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
-                GatewayProcess::spawn_with_env(&bin, settings, &env, &log_path, Duration::from_secs(60))
-            })
-            .await?
-            .with_context(|| format!("starting replica r{r}"))?;
-            others.push(joined);
+            others.push(start_replica(&rig, r, replica_env(&mosquitto, &ports, opts, r)).await?);
             // The scale-in comes only once the group has settled on the new member and it
             // has delivered: otherwise the join and the leave could fall into one rebalance.
             let grown: Vec<&GatewayProcess> = std::iter::once(rig.gateway()).chain(others.iter()).collect();
@@ -648,6 +621,25 @@ fn takeovers(log: &str, ports: &[u16]) -> Vec<(String, Option<usize>, Option<usi
         }
     }
     out
+}
+
+/// Starts replica `r` (`r` ≥ 1) with the rig's settings but ports and an outbox of its own
+/// (`data-r{r}/`), `env` beyond them, logging to `pixgate-r{r}.log` in the rig's folder;
+/// waits off the async threads until it listens.
+async fn start_replica(rig: &Rig, r: usize, env: Vec<(&'static str, String)>) -> anyhow::Result<GatewayProcess> {
+    let settings = GatewaySettings {
+        http_port: free_port(),
+        mqtt_port: free_port(),
+        outbox_path: rig.dir().join(format!("data-r{r}/outbox.redb")),
+        ..rig.settings().clone()
+    };
+    let (bin, log) = (rig.bin().to_path_buf(), rig.dir().join(format!("pixgate-r{r}.log")));
+    tokio::task::spawn_blocking(move || {
+        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
+        GatewayProcess::spawn_with_env(&bin, settings, &env, &log, Duration::from_secs(60))
+    })
+    .await?
+    .with_context(|| format!("starting replica r{r}"))
 }
 
 /// Replica `r`'s settings beyond the rig's: the central shape, its own listener on the

@@ -87,13 +87,8 @@ impl DeliveryLog {
     /// # Errors
     /// librdkafka refuses the configuration.
     pub fn new(brokers: &str, topic: &str, reader_group: &str, replica: &str) -> anyhow::Result<DeliveryLog> {
-        let producer = kafka_client::client(brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "1")
-            .set("message.timeout.ms", "0")
-            .create()
-            .context("creating the delivery log's producer")?;
+        let producer =
+            kafka_client::ordered_producer(brokers).create().context("creating the delivery log's producer")?;
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Ok(DeliveryLog {
             producer,

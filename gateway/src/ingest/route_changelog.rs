@@ -14,19 +14,17 @@
 //!
 //! Record value: `{__v}@{status}` (`7@COMPLETED`); a null value removes the key.
 
+use crate::ingest::device_jobs::{delivered, send_waiting};
 use crate::kafka_client;
 use crate::store::ChargeState;
 use anyhow::{bail, Context};
 use cdc::ChargeStatus;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-/// The pause before enqueueing again while librdkafka's queue is full.
-const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 
 /// One state to write: the charge record's partition, the charge id, its state.
 pub type StateRecord = (i32, String, ChargeState);
@@ -46,15 +44,8 @@ impl RouteChangelog {
     /// # Errors
     /// librdkafka refuses the configuration.
     pub fn new(brokers: &str, topic: &str, reader_group: &str) -> anyhow::Result<RouteChangelog> {
-        // Idempotent, `acks=all`, no message timeout: librdkafka retries until Kafka has
-        // the record, in order per partition.
-        let producer = kafka_client::client(brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "1")
-            .set("message.timeout.ms", "0")
-            .create()
-            .context("creating the route changelog's producer")?;
+        let producer =
+            kafka_client::ordered_producer(brokers).create().context("creating the route changelog's producer")?;
         Ok(RouteChangelog {
             producer,
             topic: topic.to_string(),
@@ -77,29 +68,11 @@ impl RouteChangelog {
         let mut deliveries = Vec::with_capacity(states.len());
         for (partition, charge, state) in states {
             let value = encode(state);
-            loop {
-                let record: FutureRecord<'_, str, str> =
-                    FutureRecord::to(&self.topic).partition(*partition).key(charge.as_str()).payload(value.as_str());
-                match self.producer.send_result(record) {
-                    Ok(delivery) => {
-                        deliveries.push(delivery);
-                        break;
-                    }
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                        tokio::time::sleep(QUEUE_FULL_PAUSE).await;
-                    }
-                    Err((e, _)) => return Err(e),
-                }
-            }
+            let record: FutureRecord<'_, str, str> =
+                FutureRecord::to(&self.topic).partition(*partition).key(charge.as_str()).payload(value.as_str());
+            deliveries.push(send_waiting(&self.producer, record).await?);
         }
-        for delivery in deliveries {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(e),
-                Err(_) => return Err(KafkaError::Canceled),
-            }
-        }
-        Ok(())
+        delivered(deliveries).await
     }
 
     /// Reads `partition` from its start to its end now (blocking) and returns each
