@@ -77,6 +77,26 @@ pub struct CentralOptions {
     pub baseline: bool,
 }
 
+impl CentralOptions {
+    /// A steady run (no kill, stop, broker restart, scale or baseline) of `replicas`
+    /// replicas on a scenario of `events` charge events for `devices` devices from `seed`;
+    /// a test sets what it disrupts with struct update syntax.
+    pub fn steady(name: &str, replicas: usize, events: usize, devices: usize, seed: u64) -> CentralOptions {
+        CentralOptions {
+            name: name.to_string(),
+            replicas,
+            events,
+            devices,
+            seed,
+            kills: 0,
+            stop_ms: 0,
+            broker_restarts: 0,
+            scale: false,
+            baseline: false,
+        }
+    }
+}
+
 /// One replica at the end.
 #[derive(Debug, Clone)]
 pub struct ReplicaReport {

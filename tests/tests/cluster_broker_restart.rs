@@ -22,16 +22,14 @@ use pixgate_tests::scenario::env_scale;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_and_device_reconnects_after_the_broker_restarts_and_nothing_is_lost() {
     let opts = CentralOptions {
-        name: "broker-restart".into(),
-        replicas: 3,
-        events: env_scale("PIXGATE_BROKER_RESTART_EVENTS", 2_000),
-        devices: env_scale("PIXGATE_BROKER_RESTART_DEVICES", 40),
-        seed: env_scale("PIXGATE_BROKER_RESTART_SEED", 5) as u64,
-        kills: 0,
-        stop_ms: 0,
         broker_restarts: 2,
-        scale: false,
-        baseline: false,
+        ..CentralOptions::steady(
+            "broker-restart",
+            3,
+            env_scale("PIXGATE_BROKER_RESTART_EVENTS", 2_000),
+            env_scale("PIXGATE_BROKER_RESTART_DEVICES", 40),
+            env_scale("PIXGATE_BROKER_RESTART_SEED", 5) as u64,
+        )
     };
     let r = central::run(&opts).await.unwrap();
     assert_eq!(r.broker_restarts, opts.broker_restarts);

@@ -40,16 +40,14 @@ use pixgate_tests::scenario::env_scale;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_replica_never_sends_beside_the_owner_that_replaced_it() {
     let opts = CentralOptions {
-        name: "fence".into(),
-        replicas: 3,
-        events: env_scale("PIXGATE_FENCE_EVENTS", 2_000),
-        devices: env_scale("PIXGATE_FENCE_DEVICES", 40),
-        seed: env_scale("PIXGATE_FENCE_SEED", 26) as u64,
-        kills: 0,
         stop_ms: 500,
-        broker_restarts: 0,
-        scale: false,
-        baseline: false,
+        ..CentralOptions::steady(
+            "fence",
+            3,
+            env_scale("PIXGATE_FENCE_EVENTS", 2_000),
+            env_scale("PIXGATE_FENCE_DEVICES", 40),
+            env_scale("PIXGATE_FENCE_SEED", 26) as u64,
+        )
     };
     let r = central::run(&opts).await.unwrap();
     assert_eq!(r.delivery.effects, r.expected, "every expected effect once");

@@ -22,16 +22,14 @@ use pixgate_tests::scenario::env_scale;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replicas_queues_are_restored_by_the_next_owners_and_nothing_is_lost() {
     let opts = CentralOptions {
-        name: "cluster-handover".into(),
-        replicas: 3,
-        events: env_scale("PIXGATE_HANDOVER_EVENTS", 2_000),
-        devices: env_scale("PIXGATE_HANDOVER_DEVICES", 40),
-        seed: env_scale("PIXGATE_HANDOVER_SEED", 20_261_204) as u64,
         kills: env_scale("PIXGATE_HANDOVER_KILLS", 3),
-        stop_ms: 0,
-        broker_restarts: 0,
-        scale: false,
-        baseline: false,
+        ..CentralOptions::steady(
+            "cluster-handover",
+            3,
+            env_scale("PIXGATE_HANDOVER_EVENTS", 2_000),
+            env_scale("PIXGATE_HANDOVER_DEVICES", 40),
+            env_scale("PIXGATE_HANDOVER_SEED", 20_261_204) as u64,
+        )
     };
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("handover: {opts:?}: {} expected effects", r.expected);

@@ -24,18 +24,13 @@ use pixgate_tests::scenario::env_scale;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_partitions_and_each_routes_with_the_whole_registry() {
-    let opts = CentralOptions {
-        name: "cluster-replicas".into(),
-        replicas: env_scale("PIXGATE_REPLICAS", 3),
-        events: env_scale("PIXGATE_REPLICAS_EVENTS", 1_500),
-        devices: env_scale("PIXGATE_REPLICAS_DEVICES", 40),
-        seed: env_scale("PIXGATE_REPLICAS_SEED", 20_261_203) as u64,
-        kills: 0,
-        stop_ms: 0,
-        broker_restarts: 0,
-        scale: false,
-        baseline: false,
-    };
+    let opts = CentralOptions::steady(
+        "cluster-replicas",
+        env_scale("PIXGATE_REPLICAS", 3),
+        env_scale("PIXGATE_REPLICAS_EVENTS", 1_500),
+        env_scale("PIXGATE_REPLICAS_DEVICES", 40),
+        env_scale("PIXGATE_REPLICAS_SEED", 20_261_203) as u64,
+    );
     let r = central::run(&opts).await.unwrap_or_else(|e| panic!("{e:#}"));
     println!("replicas: {opts:?}: {} expected effects", r.expected);
     assert_eq!(r.delivery.effects, r.expected, "every expected effect, once (checked by the model)");

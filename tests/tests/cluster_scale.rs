@@ -23,16 +23,14 @@ use pixgate_tests::scenario::env_scale;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_joins_and_one_leaves_on_sigterm_and_only_jobs_in_flight_repeat() {
     let opts = CentralOptions {
-        name: "scale".into(),
-        replicas: 2,
-        events: env_scale("PIXGATE_SCALE_OUT_EVENTS", 5_000),
-        devices: env_scale("PIXGATE_SCALE_OUT_DEVICES", 40),
-        seed: env_scale("PIXGATE_SCALE_OUT_SEED", 4) as u64,
-        kills: 0,
-        stop_ms: 0,
-        broker_restarts: 0,
         scale: true,
-        baseline: false,
+        ..CentralOptions::steady(
+            "scale",
+            2,
+            env_scale("PIXGATE_SCALE_OUT_EVENTS", 5_000),
+            env_scale("PIXGATE_SCALE_OUT_DEVICES", 40),
+            env_scale("PIXGATE_SCALE_OUT_SEED", 4) as u64,
+        )
     };
     let r = central::run(&opts).await.unwrap();
     assert_eq!(r.delivery.effects, r.expected, "every expected effect once");

@@ -48,16 +48,11 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     pixgate_tests::init_cli_logs();
     let opts = CentralOptions {
-        name: "central".into(),
-        replicas: args.replicas,
-        events: args.events,
-        devices: args.devices,
-        seed: args.seed,
         kills: args.kills,
         stop_ms: args.freeze_ms,
         broker_restarts: args.broker_restarts,
         scale: args.scale,
-        baseline: false,
+        ..CentralOptions::steady("central", args.replicas, args.events, args.devices, args.seed)
     };
     println!(
         "[central] tansu, mosquitto (TLS, client certificates, ACL), {} pixgate replicas, {} devices, {} charge events",

@@ -46,16 +46,8 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &n in &args.replicas {
         let opts = CentralOptions {
-            name: format!("bench-r{n}"),
-            replicas: n,
-            events: args.events,
-            devices: args.devices,
-            seed: args.seed,
-            kills: 0,
-            stop_ms: 0,
-            broker_restarts: 0,
-            scale: false,
             baseline: true,
+            ..CentralOptions::steady(&format!("bench-r{n}"), n, args.events, args.devices, args.seed)
         };
         println!("[replicas] {n} replica(s), {} devices, {} charge events", args.devices, args.events);
         let r = central::run(&opts).await?;
