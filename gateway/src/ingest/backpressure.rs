@@ -94,6 +94,8 @@ pub struct Backpressure {
     outbox_full: bool,
     /// Partitions whose records wait for the device registry.
     registry_wait: HashSet<Partition>,
+    /// Partitions taken whose state is being read back from their log (the central shape).
+    restoring: HashSet<Partition>,
     /// A topic whose partitions stay paused (`kafka.hold_device_topic_ms`, testing only).
     held_topic: Option<String>,
     /// The consumer's assignment, as of the last rebalance.
@@ -114,6 +116,7 @@ impl Backpressure {
             waiting_on: HashMap::new(),
             outbox_full: false,
             registry_wait: HashSet::new(),
+            restoring: HashSet::new(),
             held_topic: None,
             assigned: Vec::new(),
             paused: HashSet::new(),
@@ -233,6 +236,14 @@ impl Backpressure {
         changed.then(|| self.reconcile(part))
     }
 
+    /// `part` was taken and waits for its state to be read back from its log
+    /// (`restoring`), or no longer does: pauses or resumes it; `None` when that changes
+    /// nothing.
+    pub fn restoring(&mut self, part: &Partition, restoring: bool) -> Option<Decision> {
+        let changed = if restoring { self.restoring.insert(part.clone()) } else { self.restoring.remove(part) };
+        changed.then(|| self.reconcile(part))
+    }
+
     /// Keeps every partition of `topic` paused (`None`: none): for
     /// `kafka.hold_device_topic_ms` (testing only).
     pub fn hold_topic(&mut self, topic: Option<String>) -> Vec<Decision> {
@@ -269,6 +280,7 @@ impl Backpressure {
             self.pending_bound.remove(part);
             self.waiting_on.remove(part);
             self.registry_wait.remove(part);
+            self.restoring.remove(part);
         }
         self.paused.clear();
         self.assigned = assigned;
@@ -294,6 +306,7 @@ impl Backpressure {
     fn reconcile(&mut self, part: &Partition) -> Decision {
         let mut cause = PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part));
         cause.registry_wait = self.registry_wait.contains(part);
+        cause.restoring = self.restoring.contains(part);
         let want = cause.is_paused() || self.held_topic.as_deref() == Some(part.0.as_str());
         let action = (want != self.paused.contains(part)).then(|| {
             if want {
@@ -341,6 +354,28 @@ mod tests {
             decisions.iter().filter(|d| d.action == Some(action)).map(|d| d.part.clone()).collect();
         parts.sort();
         parts
+    }
+
+    /// A taken partition stays paused while its state is restored, whatever else resumes
+    /// partitions meanwhile, and reads once it is restored; a revoke forgets it.
+    #[test]
+    fn a_restoring_partition_stays_paused_until_restored() {
+        let mut b = assigned(bounds(2, 100, 10), &[part(0), part(1)]);
+        let d = b.restoring(&part(1), true).expect("paused");
+        assert_eq!((d.action, d.cause.restoring), (Some(Action::Pause), true));
+        assert!(b.restoring(&part(1), true).is_none(), "already restoring: nothing changes");
+        // The pending bound reached and left again on it: still paused for the restore.
+        assert_eq!(b.record_read(&part(1), 2).and_then(|d| d.action), None);
+        assert_eq!(b.record_done(&part(1), 0).and_then(|d| d.action), None);
+        assert!(b.check_outbox_bound().is_empty());
+        let d = b.restoring(&part(1), false).expect("resumed");
+        assert_eq!((d.action, d.cause.is_paused()), (Some(Action::Resume), false));
+
+        b.restoring(&part(0), true);
+        let d = b.rebalanced(&[part(0)], vec![part(1)]);
+        assert!(d.iter().all(|d| !d.cause.restoring), "a revoked partition's restore is forgotten");
+        let again = b.rebalanced(&[], vec![part(0), part(1)]);
+        assert!(again.iter().all(|d| d.action.is_none() && !d.cause.is_paused()), "{again:?}");
     }
 
     #[test]

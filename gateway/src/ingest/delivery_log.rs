@@ -19,17 +19,16 @@
 
 use crate::deliver::broker::OwnerCheck;
 use crate::ingest::device_jobs::{delivered, send_waiting};
+use crate::ingest::partition_reader::PartitionReader;
 use crate::kafka_client;
 use crate::model::delivery_log::{
     job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER, LOGGED_JOB_VERSION, POS_KEY,
 };
 use crate::model::{Queued, StoredJob};
 use anyhow::Context;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -118,32 +117,26 @@ impl DeliveryLog {
         self.take(partition).map(|t| t.epoch)
     }
 
-    /// Takes `partition`: reads its log to the end, appends an owner record of the next
-    /// epoch and reads on to it; returns what the log holds when the claim won. A claim
-    /// that lost (another of the same epoch came first) is made again at the epoch after,
-    /// up to [`CLAIM_ATTEMPTS`] times. Each read waits at most `timeout` for a record.
+    /// A take of `partition` about to begin: pass it to [`DeliveryLog::claim`] until a
+    /// claim wins. It keeps what was read of the log across tries.
+    pub fn take_of(&self, partition: i32) -> TakeProgress {
+        TakeProgress { partition, reader: Some(self.reader(partition)), folder: Folder::default() }
+    }
+
+    /// Takes `progress`'s partition: reads its log to the end, appends an owner record of
+    /// the next epoch and reads on to it; returns what the log holds when the claim won. A
+    /// claim that lost (another of the same epoch came first) is made again at the epoch
+    /// after, up to [`CLAIM_ATTEMPTS`] times. Each read waits at most `timeout` for a
+    /// record. Called again after an error with the same `progress`, it reads on from the
+    /// last record it read.
     ///
     /// # Errors
     /// Kafka cannot be read or written, or every claim lost, or the log's epoch is at its
     /// maximum.
-    pub async fn claim(&self, partition: i32, timeout: Duration) -> anyhow::Result<Restored> {
-        let mut reader = Some(self.reader(partition));
-        let claimed = self.claim_with(partition, timeout, &mut reader).await;
-        if let Some(reader) = reader {
-            // Closing a librdkafka client can block (while Kafka is unreachable).
-            drop(tokio::task::spawn_blocking(move || drop(reader)));
-        }
-        claimed
-    }
-
-    async fn claim_with(
-        &self,
-        partition: i32,
-        timeout: Duration,
-        reader: &mut Option<Reader>,
-    ) -> anyhow::Result<Restored> {
-        let mut folder = Folder::default();
-        read_blocking(reader, &mut folder, timeout, None).await?;
+    pub async fn claim(&self, progress: &mut TakeProgress, timeout: Duration) -> anyhow::Result<Restored> {
+        let partition = progress.partition;
+        let TakeProgress { reader, folder, .. } = progress;
+        read_blocking(reader, folder, timeout, None).await?;
         for _ in 0..CLAIM_ATTEMPTS {
             let epoch = folder
                 .owner()
@@ -154,12 +147,12 @@ impl DeliveryLog {
             let take = format!("{}.{n}", self.take_prefix);
             let key = owner_key(epoch, &take);
             let offset = self.produce_one(partition, &key, self.replica.as_bytes()).await?;
-            read_blocking(reader, &mut folder, timeout, Some(offset + 1)).await?;
+            read_blocking(reader, folder, timeout, Some(offset + 1)).await?;
             match folder.owner() {
                 Some(o) if o.take == take => {
                     self.takes.lock().unwrap_or_else(PoisonError::into_inner).insert(partition, Take { epoch, offset });
                     self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
-                    return Ok(folder.finish());
+                    return Ok(std::mem::take(folder).finish());
                 }
                 o => {
                     let winner = o.map(|o| o.replica.clone()).unwrap_or_default();
@@ -190,12 +183,13 @@ impl DeliveryLog {
     /// Kafka cannot be read within `timeout`.
     pub fn still_owner_blocking(&self, partition: i32, timeout: Duration) -> anyhow::Result<bool> {
         let Some(take) = self.take(partition) else { return Ok(false) };
-        let mut reader = self.reader(partition);
-        reader.next = take.offset + 1;
+        let mut reader = self.reader(partition).starting_at(take.offset + 1);
         let end = reader.end(timeout)?;
         let mut newer = false;
-        reader.scan_to(end, timeout, |key, _, _| {
-            let epoch = key
+        reader.scan_to(end, timeout, |m| {
+            let epoch = m
+                .key()
+                .unwrap_or_default()
                 .strip_prefix(b"owner/")
                 .and_then(|rest| std::str::from_utf8(rest).ok()?.split('/').next()?.parse::<u64>().ok());
             newer |= epoch.is_some_and(|e| e > take.epoch);
@@ -215,15 +209,8 @@ impl DeliveryLog {
         Ok(!newer)
     }
 
-    fn reader(&self, partition: i32) -> Reader {
-        Reader {
-            brokers: self.brokers.clone(),
-            group: self.reader_group.clone(),
-            topic: self.topic.clone(),
-            partition,
-            consumer: None,
-            next: 0,
-        }
+    fn reader(&self, partition: i32) -> PartitionReader {
+        PartitionReader::new(&self.brokers, &self.reader_group, &self.topic, partition)
     }
 
     /// The topic.
@@ -330,9 +317,10 @@ impl DeliveryLog {
 }
 
 /// Reads `reader`'s partition on a blocking thread, into `folder`, up to `end` (exclusive;
-/// `None`: the partition's end now). The reader is handed back unless its thread panicked.
+/// `None`: the partition's end now). The reader is handed back unless its thread panicked;
+/// after an error it is where it got to, and `folder` holds what it read.
 async fn read_blocking(
-    reader: &mut Option<Reader>,
+    reader: &mut Option<PartitionReader>,
     folder: &mut Folder,
     timeout: Duration,
     end: Option<i64>,
@@ -341,8 +329,8 @@ async fn read_blocking(
     let mut f = std::mem::take(folder);
     let (r, f, read) = tokio::task::spawn_blocking(move || {
         let read = match end {
-            Some(end) => r.read_to(end, &mut f, timeout),
-            None => r.end(timeout).and_then(|end| r.read_to(end, &mut f, timeout)),
+            Some(end) => read_to(&mut r, end, &mut f, timeout),
+            None => r.end(timeout).and_then(|end| read_to(&mut r, end, &mut f, timeout)),
         };
         (r, f, read)
     })
@@ -353,93 +341,28 @@ async fn read_blocking(
     read
 }
 
+/// Pushes every record of `reader` up to `end` (exclusive) into `folder`.
+fn read_to(reader: &mut PartitionReader, end: i64, folder: &mut Folder, timeout: Duration) -> anyhow::Result<()> {
+    reader.scan_to(end, timeout, |m| {
+        let epoch = m.headers().and_then(|h| {
+            let v = h.iter().find(|h| h.key == EPOCH_HEADER)?.value?;
+            std::str::from_utf8(v).ok()?.parse::<u64>().ok()
+        });
+        folder.push(m.key().unwrap_or_default(), m.payload(), epoch);
+    })
+}
+
 /// The [`EPOCH_HEADER`] header with `epoch` (decimal).
 fn epoch_header(epoch: &str) -> OwnedHeaders {
     OwnedHeaders::new().insert(Header { key: EPOCH_HEADER, value: Some(epoch) })
 }
 
-/// Reads one partition of the log, from where it stopped (blocking).
-struct Reader {
-    brokers: String,
-    group: String,
-    topic: String,
+/// A take of one partition in progress ([`DeliveryLog::take_of`]): the log read so far.
+pub struct TakeProgress {
     partition: i32,
-    /// Created at the first read.
-    consumer: Option<BaseConsumer>,
-    /// The next offset to read.
-    next: i64,
-}
-
-impl Reader {
-    fn consumer(&mut self) -> anyhow::Result<&BaseConsumer> {
-        if self.consumer.is_none() {
-            let c: BaseConsumer = kafka_client::client(&self.brokers)
-                .set("group.id", &self.group)
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .set("enable.partition.eof", "false")
-                .create()
-                .context("creating the delivery log's reader")?;
-            self.consumer = Some(c);
-        }
-        Ok(self.consumer.as_ref().expect("just created"))
-    }
-
-    /// The partition's end offset now (and moves the start past what retention deleted).
-    fn end(&mut self, timeout: Duration) -> anyhow::Result<i64> {
-        let (topic, partition) = (self.topic.clone(), self.partition);
-        let (low, end) = self
-            .consumer()?
-            .fetch_watermarks(&topic, partition, timeout)
-            .with_context(|| format!("the ends of {topic}/{partition}"))?;
-        self.next = self.next.max(low);
-        Ok(end)
-    }
-
-    /// Pushes every record up to `end` (exclusive) into `folder`.
-    fn read_to(&mut self, end: i64, folder: &mut Folder, timeout: Duration) -> anyhow::Result<()> {
-        self.scan_to(end, timeout, |key, value, epoch| folder.push(key, value, epoch))
-    }
-
-    /// Calls `each` with every record's key, value and epoch header up to `end`
-    /// (exclusive); waits at most `timeout` for each.
-    fn scan_to(
-        &mut self,
-        end: i64,
-        timeout: Duration,
-        mut each: impl FnMut(&[u8], Option<&[u8]>, Option<u64>),
-    ) -> anyhow::Result<()> {
-        if self.next >= end {
-            return Ok(());
-        }
-        let (topic, partition, from) = (self.topic.clone(), self.partition, self.next);
-        let consumer = self.consumer()?;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&topic, partition, Offset::Offset(from)).context("an assignment")?;
-        consumer.assign(&tpl).with_context(|| format!("reading {topic}/{partition}"))?;
-        let mut last = Instant::now();
-        let mut next = from;
-        while next < end {
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    next = m.offset() + 1;
-                    last = Instant::now();
-                    let epoch = m.headers().and_then(|h| {
-                        let v = h.iter().find(|h| h.key == EPOCH_HEADER)?.value?;
-                        std::str::from_utf8(v).ok()?.parse::<u64>().ok()
-                    });
-                    each(m.key().unwrap_or_default(), m.payload(), epoch);
-                }
-                Some(Err(e)) => return Err(e).with_context(|| format!("reading {topic}/{partition}")),
-                None if last.elapsed() > timeout => {
-                    anyhow::bail!("{topic}/{partition}: no record for {timeout:?} at offset {next}, end {end}")
-                }
-                None => {}
-            }
-        }
-        self.next = next;
-        Ok(())
-    }
+    /// `None` only after its reading thread panicked.
+    reader: Option<PartitionReader>,
+    folder: Folder,
 }
 
 /// A partition connection to the devices' broker asks before it reconnects.

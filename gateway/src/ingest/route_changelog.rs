@@ -2,7 +2,7 @@
 //! many partitions as the charge topic): each charge's last applied state (`__v` and
 //! status), key = charge id, on the partition number of the charge record that applied
 //! it. A replica taking a charge partition reads the changelog's partition to its end
-//! before it routes a record of it ([`RouteChangelog::read_blocking`]), so a redelivered
+//! before it routes a record of it ([`RouteChangelog::states_of`]), so a redelivered
 //! or late event older than one another replica applied is ignored as `stale_version`
 //! instead of routed again (a QR after "paid"). Kafka Streams keeps a task's state the
 //! same way (`docs/cluster.md`, "The route stage").
@@ -15,6 +15,7 @@
 //! Record value: `{__v}@{status}` (`7@COMPLETED`); a null value removes the key.
 
 use crate::ingest::device_jobs::{delivered, send_waiting};
+use crate::ingest::partition_reader::PartitionReader;
 use crate::kafka_client;
 use crate::store::ChargeState;
 use anyhow::{bail, Context};
@@ -22,9 +23,9 @@ use cdc::ChargeStatus;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Message, Offset, TopicPartitionList};
+use rdkafka::Message;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One state to write: the charge record's partition, the charge id, its state.
 pub type StateRecord = (i32, String, ChargeState);
@@ -75,63 +76,55 @@ impl RouteChangelog {
         delivered(deliveries).await
     }
 
-    /// Reads `partition` from its start to its end now (blocking) and returns each
-    /// charge's last state there; waits at most `timeout` for each record. Values that do
-    /// not read are skipped and counted (second of the pair).
+    /// A read of `partition` from its start to its end ([`StatesRead::read_blocking`]).
+    pub fn states_of(&self, partition: i32) -> StatesRead {
+        StatesRead {
+            reader: PartitionReader::new(&self.brokers, &self.reader_group, &self.topic, partition),
+            states: HashMap::new(),
+            unreadable: 0,
+        }
+    }
+}
+
+/// A read of one changelog partition's states, kept across tries: a try that fails goes
+/// on from the last record read at the next.
+pub struct StatesRead {
+    reader: PartitionReader,
+    /// Each charge's last state read so far.
+    states: HashMap<String, ChargeState>,
+    /// Values read so far that did not read as a state.
+    unreadable: usize,
+}
+
+impl StatesRead {
+    /// Reads on to the partition's end now (blocking), waiting at most `timeout` for each
+    /// record.
     ///
     /// # Errors
-    /// Kafka cannot be read within `timeout`.
-    pub fn read_blocking(
-        &self,
-        partition: i32,
-        timeout: Duration,
-    ) -> anyhow::Result<(HashMap<String, ChargeState>, usize)> {
-        let topic = &self.topic;
-        let consumer: BaseConsumer = kafka_client::client(&self.brokers)
-            .set("group.id", &self.reader_group)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("enable.partition.eof", "false")
-            .create()
-            .context("creating the route changelog's reader")?;
-        let (low, end) = consumer
-            .fetch_watermarks(topic, partition, timeout)
-            .with_context(|| format!("the ends of {topic}/{partition}"))?;
-        let (mut states, mut unreadable) = (HashMap::new(), 0);
-        if low >= end {
-            return Ok((states, unreadable));
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(low)).context("an assignment")?;
-        consumer.assign(&tpl).with_context(|| format!("reading {topic}/{partition}"))?;
-        let (mut next, mut last) = (low, Instant::now());
-        while next < end {
-            match consumer.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    next = m.offset() + 1;
-                    last = Instant::now();
-                    let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-                        unreadable += 1;
-                        continue;
-                    };
-                    match m.payload().map(decode) {
-                        None => {
-                            states.remove(key);
-                        }
-                        Some(Some(state)) => {
-                            states.insert(key.to_string(), state);
-                        }
-                        Some(None) => unreadable += 1,
-                    }
+    /// Kafka cannot be read within `timeout`: called again, it reads on from there.
+    pub fn read_blocking(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let end = self.reader.end(timeout)?;
+        let StatesRead { reader, states, unreadable } = self;
+        reader.scan_to(end, timeout, |m| {
+            let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+                *unreadable += 1;
+                return;
+            };
+            match m.payload().map(decode) {
+                None => {
+                    states.remove(key);
                 }
-                Some(Err(e)) => return Err(e).with_context(|| format!("reading {topic}/{partition}")),
-                None if last.elapsed() > timeout => {
-                    bail!("{topic}/{partition}: no record for {timeout:?} at offset {next}, end {end}")
+                Some(Some(state)) => {
+                    states.insert(key.to_string(), state);
                 }
-                None => {}
+                Some(None) => *unreadable += 1,
             }
-        }
-        Ok((states, unreadable))
+        })
+    }
+
+    /// Each charge's last state on the partition, and how many values did not read.
+    pub fn finish(self) -> (HashMap<String, ChargeState>, usize) {
+        (self.states, self.unreadable)
     }
 }
 

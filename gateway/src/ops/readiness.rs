@@ -345,6 +345,9 @@ fn stall_causes(
         if t.pause.registry_wait {
             causes.push("charges waiting for the device registry".to_string());
         }
+        if t.pause.restoring {
+            causes.push("taken partitions restoring their state from the delivery log or route changelog".to_string());
+        }
         why.push(format!("{} of {} partitions paused for backpressure: {}", t.paused, t.assigned, causes.join(", ")));
     }
     if let Some((ms, e)) = outbox {

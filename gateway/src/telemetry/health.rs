@@ -38,6 +38,9 @@ pub struct PauseCause {
     pub devices_at_bound: Vec<String>,
     /// Its records wait for the device registry (`ingest::registry_wait`).
     pub registry_wait: bool,
+    /// Taken in the central shape, it waits for its state to be read back from its log
+    /// (the delivery log or the route changelog, `ingest::restores`).
+    pub restoring: bool,
 }
 
 impl PauseCause {
@@ -45,12 +48,16 @@ impl PauseCause {
     pub fn new(pending_bound: bool, outbox_full: bool, devices_at_bound: Option<&HashSet<String>>) -> PauseCause {
         let mut devices: Vec<String> = devices_at_bound.map(|d| d.iter().cloned().collect()).unwrap_or_default();
         devices.sort();
-        PauseCause { pending_bound, outbox_full, devices_at_bound: devices, registry_wait: false }
+        PauseCause { pending_bound, outbox_full, devices_at_bound: devices, registry_wait: false, restoring: false }
     }
 
     /// Whether any cause holds (the partition is paused).
     pub fn is_paused(&self) -> bool {
-        self.pending_bound || self.outbox_full || !self.devices_at_bound.is_empty() || self.registry_wait
+        self.pending_bound
+            || self.outbox_full
+            || !self.devices_at_bound.is_empty()
+            || self.registry_wait
+            || self.restoring
     }
 
     /// Merges `other` into `self` (the causes of several partitions of one topic).
@@ -58,6 +65,7 @@ impl PauseCause {
         self.pending_bound |= other.pending_bound;
         self.outbox_full |= other.outbox_full;
         self.registry_wait |= other.registry_wait;
+        self.restoring |= other.restoring;
         for d in &other.devices_at_bound {
             if let Err(i) = self.devices_at_bound.binary_search(d) {
                 self.devices_at_bound.insert(i, d.clone());

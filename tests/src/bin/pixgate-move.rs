@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run(args: &Args, brokers: &str, dir: &std::path::Path) -> anyhow::Result<()> {
     let a = DeliveryLog::new(brokers, TOPIC, "pixgate-move-reader", "a")?;
-    a.claim(0, WAIT).await.context("a's claim")?;
+    a.claim(&mut a.take_of(0), WAIT).await.context("a's claim")?;
     let payload = device_protocol::Job::encode_payload(&vec![0x1b; args.payload_bytes]);
     let started = Instant::now();
     let mut seqs: HashMap<String, u64> = HashMap::new();
@@ -104,7 +104,7 @@ async fn run(args: &Args, brokers: &str, dir: &std::path::Path) -> anyhow::Resul
         let (records, bare) = bare_read(brokers.to_string()).await?;
         let b = DeliveryLog::new(brokers, TOPIC, "pixgate-move-reader", &format!("b{round}"))?;
         let t = Instant::now();
-        let restored = b.claim(0, WAIT).await.context("the new owner's claim")?;
+        let restored = b.claim(&mut b.take_of(0), WAIT).await.context("the new owner's claim")?;
         let claim = t.elapsed();
         let outbox = Outbox::open(&dir.join(format!("outbox-{round}.redb")))?;
         let jobs = restored.jobs.len();

@@ -35,6 +35,7 @@ use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
 use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
 use crate::ingest::replay::{Replay, Replayed};
+use crate::ingest::restores::{self, Done, Restores};
 use crate::ingest::retry::until_stored;
 use crate::ingest::route_changelog::RouteChangelog;
 use crate::ingest::upstream;
@@ -102,6 +103,10 @@ const REVOKE_FLUSH: Duration = Duration::from_secs(2);
 /// hands the restored queues to the dispatcher anyway.
 const PARTITION_CONNECT_WAIT: Duration = Duration::from_secs(5);
 
+/// Ended restores waiting for the loop: more than the partitions one replica takes at once
+/// never wait, and a full channel only holds their tasks back.
+const RESTORES_WAITING: usize = 64;
+
 /// What the loop waits on, one at a time.
 enum Event {
     Shutdown,
@@ -112,6 +117,8 @@ enum Event {
     /// Kafka answered a question about the device topic's ends.
     RegistryAnswer(RegistryAnswer),
     Tick,
+    /// A partition's restore ended ([`Restores`]).
+    Restored(Done),
     /// The batch is due and no write is in flight.
     BatchDue,
     Record(KafkaResult<OwnedMessage>),
@@ -171,8 +178,10 @@ struct Pipeline {
     charge_topic: String,
     /// The charge partitions assigned, as of the last rebalance.
     charge_owned: BTreeSet<i32>,
-    /// Charge partitions taken whose states are not yet read from the changelog.
+    /// Charge partitions taken whose changelog restore is not yet started.
     route_restores: BTreeSet<i32>,
+    /// The restores of partitions taken, running beside the loop.
+    restores: Restores,
 }
 
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
@@ -248,6 +257,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     let (registry, mut answers) = RegistryHold::new(&cfg, health.clone());
     // Nothing is assigned yet: the hold applies from the first rebalance on.
     let _ = backpressure.hold_topic(registry.held_topic());
+    let (restores, mut restored) = Restores::new(RESTORES_WAITING);
     let mut p = Pipeline {
         stats: stats.clone(),
         health: health.clone(),
@@ -278,6 +288,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         charge_topic: cfg.kafka.charge_topic.clone(),
         charge_owned: BTreeSet::new(),
         route_restores: BTreeSet::new(),
+        restores,
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -297,6 +308,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             Some(f) = finished.recv() => Event::Finished(f),
             Some(r) = replays.recv(), if writing.is_none() => Event::Replay(r),
             Some(a) = answers.recv() => Event::RegistryAnswer(a),
+            Some(d) = restored.recv() => Event::Restored(d),
             _ = tick.tick() => Event::Tick,
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Event::BatchDue,
             // A full batch waits for the write in flight: at most two batches in memory.
@@ -326,7 +338,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         };
         p.after_rebalance(&*consumer);
         if !p.route_restores.is_empty() {
-            p.restore_routes().await;
+            p.restore_routes(&*consumer);
         }
         let event = if p.moves.is_some() {
             // The batch in flight lands first, then the one being filled, against the new
@@ -353,17 +365,8 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
                 let a = w.attempt().await;
                 p.on_written(&*consumer, a).await;
             }
-            let sought = p.move_queues(&*consumer).await;
-            match event {
-                // Read before its partition was sought back to the log's position: read
-                // again from there.
-                Event::Record(Ok(m))
-                    if p.device_jobs_topic.as_deref() == Some(m.topic()) && sought.contains(&m.partition()) =>
-                {
-                    Event::Tick
-                }
-                other => other,
-            }
+            p.move_queues(&*consumer).await;
+            event
         } else {
             event
         };
@@ -386,7 +389,13 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
                 p.release_held(&*consumer);
             }
             Event::Tick => p.on_tick(&*consumer),
+            Event::Restored(d) => p.on_restored(&*consumer, d).await,
             Event::BatchDue => writing = p.handoff.start(&mut p.batch),
+            Event::Record(Ok(m)) if p.restores.is_restoring(&(m.topic().to_string(), m.partition())) => {
+                // Fetched before its partition was paused for the restore: read again
+                // from here once restored.
+                p.restores.dropped(&(m.topic().to_string(), m.partition()), m.offset());
+            }
             Event::Record(Ok(m)) => {
                 p.on_record(&*consumer, m);
                 if p.batch.is_full() && writing.is_none() {
@@ -403,6 +412,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         }
     }
 
+    p.restores.cancel_all();
     tracing::info!(
         batch = p.batch.records(),
         writing = writing.is_some(),
@@ -815,6 +825,9 @@ impl Pipeline {
                     // Revoked and assigned again: another replica may have applied states meanwhile.
                     let kept: BTreeSet<i32> = self.charge_owned.difference(&gone).copied().collect();
                     self.route_restores.retain(|p| now.contains(p));
+                    for p in &gone {
+                        self.restores.cancel(&(self.charge_topic.clone(), *p));
+                    }
                     self.route_restores.extend(now.difference(&kept));
                     self.charge_owned = now;
                 }
@@ -916,74 +929,172 @@ impl Pipeline {
     }
 
     /// Charge partitions taken (`cluster.enabled`): before any of their records is routed,
-    /// each one's route changelog partition is read to its end and the states newer than
-    /// what this replica knows are kept (the router's memory and the outbox), so an event
-    /// another replica's state makes stale is ignored here too. Reading waits meanwhile; a
-    /// read or a store that fails is tried again until shutdown.
-    async fn restore_routes(&mut self) {
+    /// each one's route changelog partition is read to its end, beside the loop
+    /// ([`Restores`]; the partition is paused meanwhile), and the states newer than what
+    /// this replica knows are kept ([`Pipeline::states_restored`]), so an event another
+    /// replica's state makes stale is ignored here too. A read that fails is tried again,
+    /// from where it got to, until the partition is revoked or shutdown.
+    fn restore_routes(&mut self, consumer: &impl GroupReader) {
         let Some(changelog) = self.route_changelog.clone() else { return };
         let partitions = std::mem::take(&mut self.route_restores);
         for p in partitions {
-            if !self.charge_owned.contains(&p) {
+            if !self.charge_owned.contains(&p) || self.shutdown.is_requested() {
                 continue;
             }
-            let started = Instant::now();
-            let mut pause = Duration::from_millis(100);
-            let (states, unreadable) = loop {
-                let reader = changelog.clone();
-                let read = tokio::task::spawn_blocking(move || reader.read_blocking(p, Duration::from_secs(10)))
-                    .await
-                    .unwrap_or_else(|e| Err(anyhow::anyhow!("the changelog reader's thread: {e}")));
-                match read {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read a charge partition's route changelog; retrying (reading waits)");
-                        if self.shutdown.sleep(pause).await {
-                            return;
+            let part = (self.charge_topic.clone(), p);
+            let decision = self.backpressure.restoring(&part, true);
+            self.apply(consumer, decision);
+            let (changelog, shutdown) = (changelog.clone(), self.shutdown.clone());
+            self.restores.start(part, async move {
+                let mut pause = Duration::from_millis(100);
+                let mut reading = changelog.states_of(p);
+                loop {
+                    let read = tokio::task::spawn_blocking(move || {
+                        let r = reading.read_blocking(Duration::from_secs(10));
+                        (reading, r)
+                    })
+                    .await;
+                    let e = match read {
+                        Ok((done, Ok(()))) => {
+                            let (states, unreadable) = done.finish();
+                            return restores::Outcome::States(states, unreadable);
                         }
-                        pause = (pause * 2).min(Duration::from_secs(10));
+                        // A failed try keeps what it read: the next goes on from there.
+                        Ok((partial, Err(e))) => {
+                            reading = partial;
+                            e
+                        }
+                        Err(e) => {
+                            reading = changelog.states_of(p);
+                            anyhow::anyhow!("the changelog reader's thread: {e}")
+                        }
+                    };
+                    tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read a charge partition's route changelog; retrying (its records wait)");
+                    if shutdown.sleep(pause).await {
+                        // Cancelled with the loop's other restores.
+                        std::future::pending::<()>().await;
                     }
+                    pause = (pause * 2).min(Duration::from_secs(10));
                 }
-            };
-            if unreadable > 0 {
-                tracing::warn!(
-                    partition = p,
-                    records = unreadable,
-                    topic = changelog.topic(),
-                    "route changelog records that do not read: left out"
-                );
+            });
+        }
+    }
+
+    /// A restore ended ([`Restores`]): one cancelled or replaced since is dropped (a claim it
+    /// won is released when its partition is not this replica's); otherwise the partition's
+    /// state is applied, it is read on from where it must be, and resumed.
+    async fn on_restored(&mut self, consumer: &impl GroupReader, done: Done) {
+        let (current, dropped_from) = self.restores.finished(&done);
+        let (part, started) = (done.part.clone(), done.started);
+        if !current {
+            if let (restores::Outcome::Claimed(_), Some(log)) = (&done.outcome, &self.delivery_log) {
+                if !self.ownership.owned().contains(&part.1) && !self.restores.is_restoring(&part) {
+                    log.release(part.1);
+                }
             }
-            let charges = states.len();
-            let newer = match self.planner.restore_charge_states(states) {
-                Ok(newer) => newer,
-                Err(e) => {
-                    // The router keeps what it did take; the rest is read again at the next take.
-                    tracing::error!(partition = p, error = %e, "cannot read charge states from the outbox while restoring a charge partition's states; some are not restored");
-                    Vec::new()
-                }
-            };
-            let count = newer.len();
-            if !newer.is_empty() {
-                let (_, stored) = until_stored(
-                    &self.health,
-                    "restored charge states",
-                    &self.shutdown,
-                    (self.outbox.clone(), newer),
-                    |(outbox, newer)| outbox.store_charge_states(newer),
-                )
-                .await;
-                if stored.is_none() {
+            return;
+        }
+        let read_from = match done.outcome {
+            restores::Outcome::States(states, unreadable) => {
+                if !self.states_restored(part.1, states, unreadable, started).await {
                     return;
                 }
+                dropped_from
             }
-            tracing::info!(
+            restores::Outcome::Claimed(restored) => {
+                match self.queues_restored(consumer, part.1, restored, started).await {
+                    None => return,
+                    Some(pos) => pos.or(dropped_from),
+                }
+            }
+        };
+        if let Some(offset) = read_from {
+            self.read_on_from(consumer, &part, offset).await;
+        }
+        let decision = self.backpressure.restoring(&part, false);
+        self.apply(consumer, decision);
+    }
+
+    /// Reads `part` on from `offset` (a seek, retried until it takes or the partition is
+    /// no longer assigned); for a device-jobs partition, `offset` is also stored as the
+    /// group's offset (every record below it is in the delivery log).
+    async fn read_on_from(&mut self, consumer: &impl GroupReader, part: &Partition, offset: i64) {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match consumer.seek(part, offset) {
+                Ok(()) => {
+                    if self.device_jobs_topic.as_deref() == Some(part.0.as_str()) {
+                        if let Err(e) = consumer.store_offset(part, offset) {
+                            tracing::warn!(partition = part.1, pos = offset, error = %e, "the delivery log's position not stored as the group's offset; stored with the next record done");
+                        }
+                    }
+                    return;
+                }
+                Err(e) if consumer.assignment().is_ok_and(|a| !a.contains(part)) => {
+                    tracing::info!(topic = %part.0, partition = part.1, error = %e, "partition revoked before it was read on from its restored position");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(topic = %part.0, partition = part.1, offset, error = %e, retry_ms = pause.as_millis() as u64, "cannot read a restored partition on from its position; retrying");
+                    if self.shutdown.sleep(pause).await {
+                        return;
+                    }
+                    pause = (pause * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    /// Keeps the states of charge partition `p` read from the route changelog that are
+    /// newer than what this replica knows, in the router's memory and the outbox; `false`
+    /// when shutdown came first.
+    async fn states_restored(
+        &mut self,
+        p: i32,
+        states: std::collections::HashMap<String, crate::store::ChargeState>,
+        unreadable: usize,
+        started: Instant,
+    ) -> bool {
+        if unreadable > 0 {
+            let topic = self.route_changelog.as_ref().map(|c| c.topic().to_string()).unwrap_or_default();
+            tracing::warn!(
                 partition = p,
-                charges,
-                newer = count,
-                ms = started.elapsed().as_millis() as u64,
-                "charge partition taken: its charges' states read from the route changelog"
+                records = unreadable,
+                topic,
+                "route changelog records that do not read: left out"
             );
         }
+        let charges = states.len();
+        let newer = match self.planner.restore_charge_states(states) {
+            Ok(newer) => newer,
+            Err(e) => {
+                // The router keeps what it did take; the rest is read again at the next take.
+                tracing::error!(partition = p, error = %e, "cannot read charge states from the outbox while restoring a charge partition's states; some are not restored");
+                Vec::new()
+            }
+        };
+        let count = newer.len();
+        if !newer.is_empty() {
+            let (_, stored) = until_stored(
+                &self.health,
+                "restored charge states",
+                &self.shutdown,
+                (self.outbox.clone(), newer),
+                |(outbox, newer)| outbox.store_charge_states(newer),
+            )
+            .await;
+            if stored.is_none() {
+                return false;
+            }
+        }
+        tracing::info!(
+            partition = p,
+            charges,
+            newer = count,
+            ms = started.elapsed().as_millis() as u64,
+            "charge partition taken: its charges' states read from the route changelog"
+        );
+        true
     }
 
     /// The central shape's shutdown, once intake has stopped: the dispatcher drops every
@@ -1007,17 +1118,16 @@ impl Pipeline {
     }
 
     /// Carries out the device-jobs partitions' moves noted at a rebalance (`docs/cluster.md`
-    /// "Hand-over"): a partition given up has its devices' queues dropped from the
-    /// dispatcher and the outbox (its new owner restores them from the delivery log); a
-    /// partition taken has its queues restored from its delivery log, with their `seq`s,
-    /// and its records already logged are skipped when read again; it is read on from the
-    /// log's position. Reading waits meanwhile; a claim, restore or seek that fails is
-    /// tried again until shutdown. Returns the partitions sought back to their log's
-    /// position.
-    async fn move_queues(&mut self, consumer: &impl GroupReader) -> BTreeSet<i32> {
-        let mut sought = BTreeSet::new();
-        let Some((taken, given_up)) = self.moves.take() else { return sought };
-        let Some(log) = self.delivery_log.clone() else { return sought };
+    /// "Hand-over"): a partition given up has its restore cancelled and its devices' queues
+    /// dropped from the dispatcher and the outbox (its new owner restores them from the
+    /// delivery log); a partition taken is paused and claimed beside the loop
+    /// ([`Restores`]: the claim reads its log, and is tried again, from where it got to,
+    /// until it wins or the partition is revoked), then restored
+    /// ([`Pipeline::queues_restored`]).
+    async fn move_queues(&mut self, consumer: &impl GroupReader) {
+        let Some((taken, given_up)) = self.moves.take() else { return };
+        let Some(log) = self.delivery_log.clone() else { return };
+        let Some(topic) = self.device_jobs_topic.clone() else { return };
         self.handoff.owned(self.ownership.owned().clone());
         if !given_up.is_empty() {
             // The ends logged up to now reach Kafka before the next owner reads the log, as
@@ -1028,6 +1138,8 @@ impl Pipeline {
             }
         }
         for (p, devices) in given_up {
+            // A claim still running stops before the partition's connection closes.
+            self.restores.cancel(&(topic.clone(), p));
             if let Some(links) = &self.partition_links {
                 links.close(p);
             }
@@ -1056,95 +1168,88 @@ impl Pipeline {
                 tracing::info!(partition = p, "device-jobs partition not taken: shutting down");
                 continue;
             }
-            let started = Instant::now();
-            let mut pause = Duration::from_millis(100);
-            let restored = loop {
-                match log.claim(p, Duration::from_secs(10)).await {
-                    Ok(r) => break r,
-                    Err(e) => {
-                        tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot claim a partition taken in its delivery log; retrying (its devices wait)");
-                        if self.shutdown.sleep(pause).await {
-                            return sought;
-                        }
-                        pause = (pause * 2).min(Duration::from_secs(10));
-                    }
-                }
-            };
-            if let Some(links) = &self.partition_links {
-                // The fence: the broker closes the previous owner's connection of this
-                // client id before this one sends anything.
-                links.open(p);
-                if !links.wait_up(p, PARTITION_CONNECT_WAIT).await {
-                    tracing::warn!(partition = p, wait_ms = PARTITION_CONNECT_WAIT.as_millis() as u64, "the partition's connection to the devices' broker is not up yet; its jobs go out once it is (at their ack timeout)");
-                }
-            }
-            if restored.stale > 0 {
-                tracing::warn!(
-                    partition = p,
-                    records = restored.stale,
-                    "delivery log records written by a replica after it had lost the partition: left out"
-                );
-            }
-            for (key, why) in &restored.unreadable {
-                tracing::warn!(partition = p, key, why, "a delivery log record cannot be read; left out");
-            }
-            let devices: BTreeSet<String> =
-                restored.seqs.keys().cloned().chain(restored.jobs.iter().map(|j| j.device.clone())).collect();
-            self.ownership.restored(p, restored.pos, devices.iter().map(String::as_str));
-            self.handoff.restored(p, restored.pos);
-            let (jobs, seqs) = (restored.jobs, restored.seqs);
-            let state = (self.outbox.clone(), jobs, seqs);
-            let (_, headers) =
-                until_stored(&self.health, "a restored queue", &self.shutdown, state, |(outbox, jobs, seqs)| {
-                    outbox.restore(jobs.clone(), seqs)
-                })
-                .await;
-            let Some(headers) = headers else { return sought };
-            if let (Some(topic), Some(pos)) = (&self.device_jobs_topic, restored.pos) {
-                // Read on from where the log says, not from the group's committed offset:
-                // a replica that held the partition without knowing it had lost it may
-                // have committed past records whose jobs the log left out.
-                let part = (topic.clone(), p);
+            let part = (topic.clone(), p);
+            let decision = self.backpressure.restoring(&part, true);
+            self.apply(consumer, decision);
+            let (log, links, shutdown) = (log.clone(), self.partition_links.clone(), self.shutdown.clone());
+            self.restores.start(part, async move {
                 let mut pause = Duration::from_millis(100);
-                loop {
-                    match consumer.seek(&part, pos) {
-                        Ok(()) => {
-                            sought.insert(p);
-                            // Every record below `pos` has its jobs in the log (accepted):
-                            // stored now, as none of them is read again to store it.
-                            if let Err(e) = consumer.store_offset(&part, pos) {
-                                tracing::warn!(partition = p, pos, error = %e, "the delivery log's position not stored as the group's offset; stored with the next record done");
-                            }
-                            break;
-                        }
-                        Err(e) if consumer.assignment().is_ok_and(|a| !a.contains(&part)) => {
-                            tracing::info!(partition = p, error = %e, "device-jobs partition revoked before it was read on from its delivery log's position");
-                            break;
-                        }
+                let mut progress = log.take_of(p);
+                let restored = loop {
+                    match log.claim(&mut progress, Duration::from_secs(10)).await {
+                        Ok(r) => break r,
                         Err(e) => {
-                            tracing::error!(partition = p, pos, error = %e, retry_ms = pause.as_millis() as u64, "cannot read the device-jobs partition on from its delivery log's position; retrying (records between it and the group's committed offset would not be delivered)");
-                            if self.shutdown.sleep(pause).await {
-                                return sought;
+                            tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot claim a partition taken in its delivery log; retrying (its devices wait)");
+                            if shutdown.sleep(pause).await {
+                                // Cancelled with the loop's other restores.
+                                std::future::pending::<()>().await;
                             }
                             pause = (pause * 2).min(Duration::from_secs(10));
                         }
                     }
+                };
+                if let Some(links) = links {
+                    // The fence: the broker closes the previous owner's connection of this
+                    // client id before this one sends anything.
+                    links.open(p);
+                    if !links.wait_up(p, PARTITION_CONNECT_WAIT).await {
+                        tracing::warn!(partition = p, wait_ms = PARTITION_CONNECT_WAIT.as_millis() as u64, "the partition's connection to the devices' broker is not up yet; its jobs go out once it is (at their ack timeout)");
+                    }
                 }
-            }
-            for h in &headers {
-                let decisions = self.backpressure.replayed(&h.device);
-                self.apply(consumer, decisions);
-            }
-            let count = headers.len();
-            if count > 0 {
-                self.handoff.command(Command::Restore(headers)).await;
-            }
-            let epoch = restored.owner.as_ref().map_or(0, |o| o.epoch);
-            tracing::info!(partition = p, epoch, devices = devices.len(), jobs = count, pos = ?restored.pos, ms = started.elapsed().as_millis() as u64, "device-jobs partition taken: its queues restored from the delivery log");
+                restores::Outcome::Claimed(restored)
+            });
         }
         let jobs = self.backpressure.jobs() as u64;
         self.stats.update(|s| s.outbox_jobs = jobs);
-        sought
+    }
+
+    /// Device-jobs partition `p` claimed with what its delivery log holds: its devices'
+    /// queues replace what the outbox had of them (their `seq`s kept) and go to the
+    /// dispatcher with the supersede rule applied again, and its records below the log's
+    /// `pos` are skipped when read again. Returns the log's `pos` (where to read on from;
+    /// `None` inside: none yet), or `None` when shutdown came first.
+    async fn queues_restored(
+        &mut self,
+        consumer: &impl GroupReader,
+        p: i32,
+        restored: crate::model::delivery_log::Restored,
+        started: Instant,
+    ) -> Option<Option<i64>> {
+        if restored.stale > 0 {
+            tracing::warn!(
+                partition = p,
+                records = restored.stale,
+                "delivery log records written by a replica after it had lost the partition: left out"
+            );
+        }
+        for (key, why) in &restored.unreadable {
+            tracing::warn!(partition = p, key, why, "a delivery log record cannot be read; left out");
+        }
+        let devices: BTreeSet<String> =
+            restored.seqs.keys().cloned().chain(restored.jobs.iter().map(|j| j.device.clone())).collect();
+        self.ownership.restored(p, restored.pos, devices.iter().map(String::as_str));
+        self.handoff.restored(p, restored.pos);
+        let (jobs, seqs) = (restored.jobs, restored.seqs);
+        let state = (self.outbox.clone(), jobs, seqs);
+        let (_, headers) =
+            until_stored(&self.health, "a restored queue", &self.shutdown, state, |(outbox, jobs, seqs)| {
+                outbox.restore(jobs.clone(), seqs)
+            })
+            .await;
+        let headers = headers?;
+        for h in &headers {
+            let decisions = self.backpressure.replayed(&h.device);
+            self.apply(consumer, decisions);
+        }
+        let count = headers.len();
+        if count > 0 {
+            self.handoff.command(Command::Restore(headers)).await;
+        }
+        let jobs = self.backpressure.jobs() as u64;
+        self.stats.update(|s| s.outbox_jobs = jobs);
+        let epoch = restored.owner.as_ref().map_or(0, |o| o.epoch);
+        tracing::info!(partition = p, epoch, devices = devices.len(), jobs = count, pos = ?restored.pos, ms = started.elapsed().as_millis() as u64, "device-jobs partition taken: its queues restored from the delivery log");
+        Some(restored.pos)
     }
 
     /// Carries out [`Backpressure`]'s decisions: pauses or resumes the partitions in
