@@ -245,11 +245,11 @@ impl DeliveryLog {
                 epoch,
             };
             let value = serde_json::to_vec(&logged).expect("a logged job serialises");
-            records.push((job_key(&q.stored.device, q.stored.job.seq), Some(value)));
-            records.push((seq_key(&q.stored.device), Some(numbered(q.stored.job.seq, epoch).into_bytes())));
+            records.push((job_key(&q.stored.device, q.stored.job.seq), value));
+            records.push((seq_key(&q.stored.device), numbered(q.stored.job.seq, epoch).into_bytes()));
         }
-        records.push((POS_KEY.to_string(), Some(numbered(pos, epoch).into_bytes())));
-        Ok(self.produce(partition, epoch, records).await?)
+        records.push((POS_KEY.to_string(), numbered(pos, epoch).into_bytes()));
+        Ok(self.produce(partition, records).await?)
     }
 
     /// Logs that `stored` left its queue (a tombstone of its job's key), on `partition`.
@@ -296,20 +296,16 @@ impl DeliveryLog {
         }
     }
 
-    async fn produce(
-        &self,
-        partition: i32,
-        epoch: u64,
-        records: Vec<(String, Option<Vec<u8>>)>,
-    ) -> Result<(), KafkaError> {
-        let epoch = epoch.to_string();
+    /// Produces `records` (each carrying its epoch in its value) to `partition` and waits
+    /// until Kafka has every one.
+    async fn produce(&self, partition: i32, records: Vec<(String, Vec<u8>)>) -> Result<(), KafkaError> {
         let mut deliveries = Vec::with_capacity(records.len());
         for (key, value) in &records {
-            let mut record: FutureRecord<'_, str, [u8]> =
-                FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
-            if let Some(v) = value {
-                record = record.payload(v.as_slice());
-            }
+            // No header: the epoch is in the value, and a header costs some brokers more
+            // than its bytes (tansu 0.6.0 scans its whole header table for every record it
+            // serves, of any topic).
+            let record: FutureRecord<'_, str, [u8]> =
+                FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).payload(value.as_slice());
             deliveries.push(send_waiting(&self.producer, record).await?);
         }
         delivered(deliveries).await
