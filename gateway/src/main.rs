@@ -114,6 +114,10 @@ fn init_logs(format: LogFormat) {
     tracing_subscriber::registry().with(filter).with(fmt).init();
 }
 
+/// How long the process waits at exit for what still runs on its blocking threads (a
+/// librdkafka client closing), once the gateway has stopped.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(Cmd::Brcode(cmd)) = &cli.command {
@@ -133,7 +137,14 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Brcode(_) | Cmd::Print(_) => unreachable!("brcode and print run before the configuration is loaded"),
-        Cmd::Run => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(gateway::app::run(cfg)),
+        Cmd::Run => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let result = runtime.block_on(gateway::app::run(cfg));
+            // A librdkafka client still closing on a blocking thread (its brokers gone,
+            // rust-rdkafka #611) would hold the exit for good: it gets this long.
+            runtime.shutdown_timeout(EXIT_WAIT);
+            result
+        }
         Cmd::Outbox(cmd) => inspect::command(&cfg, Inspection::Outbox(cmd)),
         Cmd::Deadletter(cmd) => inspect::command(&cfg, Inspection::DeadLetter(cmd)),
         Cmd::Flags { cmd } => flags::command(&cfg, cmd),

@@ -1,11 +1,19 @@
 //! SIGTERM: pixgate stops reading, writes what it read, commits and exits 0 within its
 //! shutdown bound. The commit is real: started again on the same group, it reads nothing
-//! twice.
+//! twice. With Kafka gone, on the edge box and in the central shape mid-delivery, it still
+//! exits 0, within seconds of its `stopped` line.
 
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::central::DEVICE_JOBS;
+use pixgate_tests::devices_broker::DevicesBroker;
 use pixgate_tests::gateway::{stats_json, total};
 use pixgate_tests::harness::{replay_devices, Rig};
-use simulators::capture;
+use pixgate_tests::scenario::{self, Plan};
+use simulators::capture::{self, generate::ScenarioConfig, PIXGATE_TOPICS};
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,4 +57,77 @@ async fn sigterm_commits_what_was_read_and_exits_cleanly() {
     assert!(missing.is_empty(), "lost across the SIGTERM: {missing:?}");
     assert!(got.is_subset(&want), "extra: {:?}", got.difference(&want).collect::<Vec<_>>());
     rig.shutdown();
+}
+
+/// SIGTERM while Kafka is away: librdkafka's clients cannot close cleanly (each waits for
+/// brokers that are gone, rust-rdkafka #611), and pixgate still exits within its bound
+/// rather than waiting for them for good (an operator's `systemctl stop` would otherwise
+/// wait for systemd's own kill). On the edge box, and in the central shape mid-delivery,
+/// whose delivery log producer never gives a record up (`message.timeout.ms` = 0) and has
+/// the ends of the jobs done since Kafka went away still to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_kafka_is_away_still_exits() {
+    let mut rig = Rig::builder("sigterm-kafka-away").start().await;
+    rig.gateway().wait_assigned(Duration::from_secs(60)).await.unwrap();
+    rig.broker().kill();
+    // The clients notice: their connections fail and retry.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stops_within_its_bound(&mut rig, "the edge box");
+
+    let plan = Arc::new(Plan::new(ScenarioConfig::new(7, 20, 600)));
+    let dir = std::env::temp_dir().join(format!("pixgate-sigterm-central-mosquitto-{}", std::process::id()));
+    let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
+    let _broker = mosquitto.start().await;
+    let mut topics = PIXGATE_TOPICS.to_vec();
+    topics.extend([
+        (DEVICE_JOBS.0, DEVICE_JOBS.1),
+        ("pixgate.delivery-log", DEVICE_JOBS.1),
+        ("pixgate.route-changelog", 3),
+    ]);
+    let mut rig = Rig::builder("sigterm-central-kafka-away")
+        .topics(&topics)
+        .envs(mosquitto.gateway_env())
+        .env("PIXGATE_CLUSTER__ENABLED", "true")
+        .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0)
+        .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string())
+        .start()
+        .await;
+    let run = mosquitto.run_scenario(&rig, &plan).await;
+    // Mid-delivery: jobs queued, devices acking, ends being logged.
+    scenario::wait_carried(&run.stats, plan.expected_count() as u64 / 3, run.deadline, "Kafka goes away").await;
+    rig.broker().kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stops_within_its_bound(&mut rig, "the central shape");
+}
+
+/// Longest wait from pixgate's `stopped` line to its exit: its exit wait for what still
+/// runs on its blocking threads (5 s), and some slack.
+const EXIT_AFTER_STOPPED: Duration = Duration::from_secs(10);
+
+/// SIGTERMs the rig's pixgate and asserts it ran its shutdown, logged `stopped` and
+/// exited 0 within [`EXIT_AFTER_STOPPED`] of it.
+fn stops_within_its_bound(rig: &mut Rig, shape: &str) {
+    let log = rig.gateway().log().to_path_buf();
+    let started = std::time::Instant::now();
+    let exited = rig.stop_gateway(Duration::from_secs(60));
+    let gone_at = chrono::Utc::now();
+    let text = std::fs::read_to_string(&log).unwrap();
+    let stopped_at = text
+        .lines()
+        .find(|l| l.contains("gateway::app: stopped"))
+        .and_then(|l| chrono::DateTime::parse_from_rfc3339(l.split_whitespace().next()?).ok())
+        .unwrap_or_else(|| panic!("{shape}: no `stopped` line: it did not go through its shutdown:\n{text}"));
+    let after = (gone_at - stopped_at.with_timezone(&chrono::Utc)).to_std().unwrap_or_default();
+    println!(
+        "{shape}: exited {:.1} s after SIGTERM with Kafka away, {:.1} s after its `stopped` line",
+        started.elapsed().as_secs_f64(),
+        after.as_secs_f64()
+    );
+    assert!(exited, "{shape}: not exited 0 within 60 s of SIGTERM with Kafka away; see {}", log.display());
+    assert!(
+        after <= EXIT_AFTER_STOPPED,
+        "{shape}: exited {:.1} s after its `stopped` line (at most {EXIT_AFTER_STOPPED:?}); see {}",
+        after.as_secs_f64(),
+        log.display()
+    );
 }
