@@ -75,6 +75,9 @@ pub struct CentralOptions {
     /// After delivery, a bare rdkafka consumer with a fresh group reads the whole charge
     /// topic on the same broker: the baseline a benchmark compares with.
     pub baseline: bool,
+    /// Dynamic group membership (no `kafka.instance_id`) for every replica, as with
+    /// `scale`; otherwise each replica is a static member.
+    pub dynamic: bool,
 }
 
 impl CentralOptions {
@@ -93,6 +96,7 @@ impl CentralOptions {
             broker_restarts: 0,
             scale: false,
             baseline: false,
+            dynamic: false,
         }
     }
 }
@@ -682,7 +686,7 @@ fn replica_env(
         // Scaling in needs the leaving replica's LeaveGroup: librdkafka sends none for a
         // static member, whose partitions then wait for its session timeout, and tansu
         // 0.6.0 has no session timer (docs/cluster.md), so they would never move.
-        ("PIXGATE_KAFKA__INSTANCE_ID", if opts.scale { String::new() } else { instance }),
+        ("PIXGATE_KAFKA__INSTANCE_ID", if opts.scale || opts.dynamic { String::new() } else { instance }),
     ]);
     env
 }

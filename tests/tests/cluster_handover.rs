@@ -11,7 +11,9 @@
 //! out by its device exactly once after the device's dedupe, in order per device (`seq`
 //! never going backwards), and jobs were restored from the delivery log.
 //! Scale: `PIXGATE_HANDOVER_KILLS` (default 3), `PIXGATE_HANDOVER_EVENTS` (default 2,000),
-//! `PIXGATE_HANDOVER_DEVICES` (default 40), `PIXGATE_HANDOVER_SEED`.
+//! `PIXGATE_HANDOVER_DEVICES` (default 40), `PIXGATE_HANDOVER_SEED`;
+//! `PIXGATE_HANDOVER_MEMBERSHIP=dynamic` runs the replicas without a group instance id
+//! (static members by default).
 
 // Helpers of a test are test steps too: a panic is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -23,6 +25,7 @@ use pixgate_tests::scenario::env_scale;
 async fn a_killed_replicas_queues_are_restored_by_the_next_owners_and_nothing_is_lost() {
     let opts = CentralOptions {
         kills: env_scale("PIXGATE_HANDOVER_KILLS", 3),
+        dynamic: std::env::var("PIXGATE_HANDOVER_MEMBERSHIP").is_ok_and(|m| m == "dynamic"),
         ..CentralOptions::steady(
             "cluster-handover",
             3,
