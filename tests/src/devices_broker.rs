@@ -11,7 +11,7 @@ use crate::mosquitto::{Broker, ClientAuth};
 use crate::net::free_port;
 use crate::pki;
 use crate::scenario::{self, Plan};
-use simulators::capture::Position;
+use simulators::capture::{Position, PIXGATE_TOPICS};
 use simulators::device::Stats;
 use simulators::device::{DeviceIdentity, MqttSecurity};
 use simulators::fleet::FleetConfig;
@@ -125,6 +125,23 @@ impl DevicesBroker {
             ("PIXGATE_BROKER__TLS__CERT", self.gateway_pki.device_cert(GATEWAY_IDENTITY).display().to_string()),
             ("PIXGATE_BROKER__TLS__KEY", self.gateway_pki.device_key(GATEWAY_IDENTITY).display().to_string()),
         ]
+    }
+
+    /// A rig whose pixgate runs the central shape in one process (`cluster.enabled`) on
+    /// this broker, named `name`: the topics of [`PIXGATE_TOPICS`], the device-jobs topic
+    /// `device_jobs` (name, partitions), its delivery log with as many partitions, and the
+    /// route changelog with `charge.upserted`'s 3.
+    pub async fn central_rig(&self, name: &str, device_jobs: (&'static str, i32)) -> Rig {
+        let mut topics = PIXGATE_TOPICS.to_vec();
+        topics.extend([device_jobs, ("pixgate.delivery-log", device_jobs.1), ("pixgate.route-changelog", 3)]);
+        Rig::builder(name)
+            .topics(&topics)
+            .envs(self.gateway_env())
+            .env("PIXGATE_CLUSTER__ENABLED", "true")
+            .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", device_jobs.0)
+            .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", device_jobs.1.to_string())
+            .start()
+            .await
     }
 
     /// pixgate's listener's port.

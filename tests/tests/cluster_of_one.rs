@@ -31,13 +31,11 @@
 
 use pixgate_tests::devices_broker::DevicesBroker;
 use pixgate_tests::gateway::GatewayProcess;
-use pixgate_tests::harness::Rig;
 use pixgate_tests::kafka::{committed_offsets, java_partition, read_topic};
 use pixgate_tests::scenario::{self, env_scale, Plan};
 use rdkafka::producer::FutureRecord;
 use serde_json::Value;
 use simulators::capture::generate::ScenarioConfig;
-use simulators::capture::PIXGATE_TOPICS;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,19 +59,7 @@ async fn every_job_goes_through_the_device_jobs_topic_and_mosquitto_once_and_in_
     let dir = std::env::temp_dir().join(format!("pixgate-cluster-of-one-mosquitto-{}", std::process::id()));
     let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
     let broker = mosquitto.start().await;
-    let mut topics = PIXGATE_TOPICS.to_vec();
-    topics.push(DEVICE_JOBS);
-    topics.push(("pixgate.delivery-log", DEVICE_JOBS.1));
-    // As many partitions as charge.upserted.
-    topics.push(("pixgate.route-changelog", 3));
-    let mut rig = Rig::builder("cluster-of-one")
-        .topics(&topics)
-        .envs(mosquitto.gateway_env())
-        .env("PIXGATE_CLUSTER__ENABLED", "true")
-        .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0)
-        .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string())
-        .start()
-        .await;
+    let mut rig = mosquitto.central_rig("cluster-of-one", DEVICE_JOBS).await;
     let run = mosquitto.run_scenario(&rig, &plan).await;
     let (stats, deadline) = (run.stats.clone(), run.deadline);
     for share in [3, 2] {

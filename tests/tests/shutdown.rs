@@ -11,7 +11,7 @@ use pixgate_tests::devices_broker::DevicesBroker;
 use pixgate_tests::gateway::{stats_json, total};
 use pixgate_tests::harness::{replay_devices, Rig};
 use pixgate_tests::scenario::{self, Plan};
-use simulators::capture::{self, generate::ScenarioConfig, PIXGATE_TOPICS};
+use simulators::capture::{self, generate::ScenarioConfig};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,20 +78,7 @@ async fn sigterm_while_kafka_is_away_still_exits() {
     let dir = std::env::temp_dir().join(format!("pixgate-sigterm-central-mosquitto-{}", std::process::id()));
     let mut mosquitto = DevicesBroker::prepare(&dir, &plan.devices);
     let _broker = mosquitto.start().await;
-    let mut topics = PIXGATE_TOPICS.to_vec();
-    topics.extend([
-        (DEVICE_JOBS.0, DEVICE_JOBS.1),
-        ("pixgate.delivery-log", DEVICE_JOBS.1),
-        ("pixgate.route-changelog", 3),
-    ]);
-    let mut rig = Rig::builder("sigterm-central-kafka-away")
-        .topics(&topics)
-        .envs(mosquitto.gateway_env())
-        .env("PIXGATE_CLUSTER__ENABLED", "true")
-        .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0)
-        .env("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string())
-        .start()
-        .await;
+    let mut rig = mosquitto.central_rig("sigterm-central-kafka-away", DEVICE_JOBS).await;
     let run = mosquitto.run_scenario(&rig, &plan).await;
     // Mid-delivery: jobs queued, devices acking, ends being logged.
     scenario::wait_carried(&run.stats, plan.expected_count() as u64 / 3, run.deadline, "Kafka goes away").await;
