@@ -7,9 +7,7 @@
 //! flight, rather than from the start with a new client. A broker slow enough to time one
 //! read out then costs a take more tries, not every try: assigning again throws away the
 //! fetch in flight, and on a broker that answers each fetch in more than the timeout a
-//! take read from the start at every try never ends (seen on tansu 0.6.0 with 20,000
-//! charge events behind ten replica kills: every replica stuck claiming, nothing
-//! delivered).
+//! take read from the start at every try never ends.
 
 use crate::kafka_client;
 use anyhow::Context;

@@ -2,12 +2,11 @@
 //! than inside it (`docs/cluster.md`, "Hand-over"): a device-jobs partition's claim and
 //! delivery log, a charge partition's route changelog.
 //!
-//! Reading a log can take seconds (tansu 0.6.0 serves about 900 records a second). While
-//! the loop waited for one, it polled neither group member, so neither could take part in
-//! a rebalance: the other group's rebalance waited for this member, ended without it, and
-//! the next one moved every partition again, which started more restores. With 20,000
-//! charge events and ten replica kills the groups never settled. Kafka Streams restores
-//! the same way: a restoring task's partitions are paused and the thread keeps polling.
+//! Reading a log can take seconds. A loop waiting for one would poll neither group member,
+//! so neither could take part in a rebalance: the other group's rebalance would end
+//! without this member, and the next one would move every partition again (eager
+//! assignors), starting more restores. Kafka Streams restores the same way: a restoring
+//! task's partitions are paused and the thread keeps polling.
 //!
 //! A restore is started per partition taken ([`Restores::start`]; its partition is
 //! paused meanwhile), tried again inside its task until it succeeds, and cancelled when
@@ -102,6 +101,12 @@ impl Restores {
         self.running.contains_key(part)
     }
 
+    /// Whether partition `partition` of `topic` is restoring, without building a
+    /// [`Partition`]: asked for every record read, and nothing runs most of the time.
+    pub fn is_restoring_at(&self, topic: &str, partition: i32) -> bool {
+        !self.running.is_empty() && self.running.keys().any(|(t, p)| t == topic && *p == partition)
+    }
+
     /// A record of `part` at `offset` was read and dropped while it restored.
     pub fn dropped(&mut self, part: &Partition, offset: i64) {
         let low = self.dropped.entry(part.clone()).or_insert(offset);
@@ -140,6 +145,7 @@ mod tests {
         let (mut r, mut rx) = Restores::new(4);
         r.start(part(1), async { states(1) });
         assert!(r.is_restoring(&part(1)));
+        assert!(r.is_restoring_at("pixgate.device-jobs", 1) && !r.is_restoring_at("pixgate.device-jobs", 2));
         r.dropped(&part(1), 9);
         r.dropped(&part(1), 7);
         let done = rx.recv().await.expect("an outcome");

@@ -391,7 +391,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             Event::Tick => p.on_tick(&*consumer),
             Event::Restored(d) => p.on_restored(&*consumer, d).await,
             Event::BatchDue => writing = p.handoff.start(&mut p.batch),
-            Event::Record(Ok(m)) if p.restores.is_restoring(&(m.topic().to_string(), m.partition())) => {
+            Event::Record(Ok(m)) if p.restores.is_restoring_at(m.topic(), m.partition()) => {
                 // Fetched before its partition was paused for the restore: read again
                 // from here once restored.
                 p.restores.dropped(&(m.topic().to_string(), m.partition()), m.offset());
