@@ -33,6 +33,7 @@
 use crate::config::Config;
 use crate::ingest::backpressure::Action;
 use crate::ingest::group_reader::GroupReader;
+use crate::ingest::group_watch::{Members, Watched};
 use crate::ingest::kafka_metadata::topic_partitions;
 use crate::ingest::member::create;
 use crate::ingest::rebalance::{GatewayConsumer, Rebalances};
@@ -63,9 +64,11 @@ const SAVE_EVERY: Duration = Duration::from_secs(1);
 pub struct ClusterReader {
     /// Group `{kafka.group_id}-route`, the charge topic.
     route: GatewayConsumer,
+    route_group: String,
     charge_topic: String,
     /// Group `{kafka.group_id}-deliver`, the device-jobs topic.
     deliver: GatewayConsumer,
+    deliver_group: String,
     device_jobs_topic: String,
     feed: GatewayConsumer,
     device_topic: String,
@@ -124,8 +127,9 @@ impl ClusterReader {
     pub fn open(cfg: &Config, health: Arc<Monitor>, outbox: Arc<Outbox>) -> anyhow::Result<ClusterReader> {
         let (charge_topic, device_jobs_topic) = (&cfg.kafka.charge_topic, &cfg.cluster.device_jobs_topic);
         let group = |topic: &str| cfg.group_of(topic).expect("the central shape's groups");
-        let route = create(cfg, &health, &group(charge_topic), "-route")?;
-        let deliver = create(cfg, &health, &group(device_jobs_topic), "-deliver")?;
+        let (route_group, deliver_group) = (group(charge_topic), group(device_jobs_topic));
+        let route = create(cfg, &health, &route_group, "-route")?;
+        let deliver = create(cfg, &health, &deliver_group, "-deliver")?;
         let topic = cfg.kafka.device_topic.clone();
         let feed = feed_consumer(cfg, health)?;
         let parts = topic_partitions(&feed, &topic, START_TIMEOUT)
@@ -154,8 +158,10 @@ impl ClusterReader {
         tracing::info!(topic = %topic, partitions = parts.len(), records = behind, "reading the device registry in full (outside any consumer group) before joining the route and deliver groups");
         let reader = ClusterReader {
             route,
+            route_group,
             charge_topic: charge_topic.clone(),
             deliver,
+            deliver_group,
             device_jobs_topic: device_jobs_topic.clone(),
             feed,
             device_topic: topic.clone(),
@@ -166,6 +172,21 @@ impl ClusterReader {
             saved: Arc::new(Saved { topic, outbox, stored: Mutex::new((BTreeMap::new(), false)) }),
         };
         Ok(reader)
+    }
+
+    /// The route and deliver members, once they have joined their groups.
+    fn members(&self) -> Vec<Watched<'_>> {
+        if !self.joined.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        vec![
+            Watched { consumer: &self.route, group: self.route_group.clone(), topics: vec![self.charge_topic.clone()] },
+            Watched {
+                consumer: &self.deliver,
+                group: self.deliver_group.clone(),
+                topics: vec![self.device_jobs_topic.clone()],
+            },
+        ]
     }
 
     /// Sets what runs for each device-jobs partition revoked, inside the deliver member's
@@ -395,5 +416,11 @@ impl GroupReader for ClusterReader {
             (Err(e), _) | (Ok(()), Err(e)) => Err(e),
             (Ok(()), Ok(())) => Ok(()),
         }
+    }
+}
+
+impl Members for ClusterReader {
+    fn watched(&self) -> Vec<Watched<'_>> {
+        self.members()
     }
 }

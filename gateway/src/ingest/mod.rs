@@ -20,6 +20,8 @@
 //! - [`group_reader`]: what the loop asks of its consumer-group member, behind a trait
 //!   (librdkafka's consumer, or a fake in the loop's unit tests).
 //! - [`member`]: a consumer-group member's librdkafka settings.
+//! - [`group_watch`]: a group that gives this member nothing of a topic: a dynamic member
+//!   rejoins.
 //! - [`kafka_metadata`]: a topic's partitions, as Kafka's metadata says.
 //! - [`plan`]: one record into an [`Accept`](crate::store::Accept): decode (`cdc`),
 //!   route, render, dead letters.
@@ -99,6 +101,7 @@ pub mod consumer;
 pub mod delivery_log;
 pub mod device_jobs;
 pub mod group_reader;
+pub mod group_watch;
 pub mod handoff;
 pub mod kafka_metadata;
 pub mod member;

@@ -202,6 +202,12 @@ impl prometheus_client::collector::Collector for Exposition {
         )?;
         counters(
             e,
+            "group_rejoins",
+            "Times this replica rejoined a consumer group that gave it no partition of a topic, by group.",
+            by("group", &s.group_rejoins),
+        )?;
+        counters(
+            e,
             "dead_lettered_records",
             "Whole records dead-lettered, by reason.",
             by("reason", &s.dead_lettered_records),

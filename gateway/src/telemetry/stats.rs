@@ -72,6 +72,9 @@ pub struct Snapshot {
     /// Devices whose queue is held by their last status, by why: `offline` (away,
     /// unplugged, unreachable), `paper_out`, `cover_open`. Counted when served.
     pub held_devices: BTreeMap<String, u64>,
+    /// Times this replica rejoined a consumer group that gave it no partition of a topic
+    /// (`ingest::group_watch`), by group.
+    pub group_rejoins: BTreeMap<String, u64>,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.

@@ -25,12 +25,14 @@ use crate::ingest::consume_error::{self, ConsumeErrors};
 use crate::ingest::delivery_log::DeliveryLog;
 use crate::ingest::device_jobs::{self, JobProducer};
 use crate::ingest::group_reader::GroupReader;
+use crate::ingest::group_watch::{self, Members, Watched};
 use crate::ingest::handoff::{Attempt, Handoff, InFlight};
 use crate::ingest::member::create;
 use crate::ingest::offsets::{OffsetTracker, RecordRef};
 use crate::ingest::ownership::{GivenUp, Ownership};
 use crate::ingest::plan::{Planner, Source};
 use crate::ingest::prune::Pruner;
+use crate::ingest::rebalance::GatewayConsumer;
 use crate::ingest::record_replay::{RecordReplay, RecordReplayed};
 use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
@@ -211,14 +213,39 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
                 }
             });
         }
-        run_with(services, Arc::new(reader)).await;
+        let reader = Arc::new(reader);
+        watch_groups(&services, reader.clone());
+        run_with(services, reader).await;
         return Ok(());
     }
-    let consumer = create(&services.cfg, &services.health, &services.cfg.kafka.group_id, "")?;
+    let group = services.cfg.kafka.group_id.clone();
+    let consumer = Arc::new(create(&services.cfg, &services.health, &group, "")?);
     let topics = services.cfg.subscribed_topics();
     consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).context("subscribing")?;
-    run_with(services, Arc::new(consumer)).await;
+    watch_groups(&services, Arc::new(EdgeMember { consumer: consumer.clone(), group, topics }));
+    run_with(services, consumer).await;
     Ok(())
+}
+
+/// The edge box's one member, for [`group_watch`].
+struct EdgeMember {
+    consumer: Arc<GatewayConsumer>,
+    group: String,
+    topics: Vec<String>,
+}
+
+impl Members for EdgeMember {
+    fn watched(&self) -> Vec<Watched<'_>> {
+        vec![Watched { consumer: &self.consumer, group: self.group.clone(), topics: self.topics.clone() }]
+    }
+}
+
+/// Starts [`group_watch`] on `members` (dynamic members rejoin when `kafka.instance_id`
+/// is empty).
+fn watch_groups<M: Members>(services: &Services, members: Arc<M>) {
+    let after = Duration::from_millis(services.cfg.health.unassigned_after_ms);
+    let dynamic = services.cfg.kafka.instance_id.is_empty();
+    group_watch::spawn(members, dynamic, after, services.stats.clone(), &services.shutdown);
 }
 
 /// [`run`] on a member already subscribed to both topics: the loop itself, until
