@@ -112,13 +112,16 @@ fn empty_topics(w: &Watched<'_>) -> Vec<String> {
 /// `dynamic`) are counted per group in `stats` (`group_rejoins`).
 pub fn spawn<M: Members>(members: Arc<M>, dynamic: bool, after: Duration, stats: Arc<Stats>, shutdown: &Shutdown) {
     let stop = shutdown.clone();
+    // Weak: the consumer loop's is the last reference, so that it closes the consumers.
+    let members = Arc::downgrade(&members);
     shutdown.spawn(async move {
         let mut watch = Watch::default();
         loop {
             if stop.sleep(WATCH_EVERY).await {
                 return;
             }
-            let (m, s, w) = (members.clone(), stats.clone(), std::mem::take(&mut watch));
+            let Some(m) = members.upgrade() else { return };
+            let (s, w) = (stats.clone(), std::mem::take(&mut watch));
             let Ok(w) = tokio::task::spawn_blocking(move || check(&*m, w, dynamic, after, &s)).await else {
                 return;
             };

@@ -186,6 +186,9 @@ struct Pipeline {
     restores: Restores,
 }
 
+/// How long closing the Kafka consumers may take at shutdown.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
@@ -490,8 +493,17 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         }
     }
     stats.update(|s| s.consumer_running = false);
-    // Closing can hang while Kafka is unreachable (rust-rdkafka #611): bound it.
-    let _ = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(move || drop(consumer))).await;
+    // Closing leaves the groups (LeaveGroup), so that the others rebalance now rather than
+    // a session timeout later. It can hang while Kafka is unreachable (rust-rdkafka #611):
+    // bound it.
+    let closing = Instant::now();
+    match tokio::time::timeout(CLOSE_WAIT, tokio::task::spawn_blocking(move || drop(consumer))).await {
+        Ok(_) => tracing::info!(ms = closing.elapsed().as_millis() as u64, "Kafka consumers closed"),
+        Err(_) => tracing::warn!(
+            ms = CLOSE_WAIT.as_millis() as u64,
+            "Kafka consumers not closed in time: a group this replica has not left keeps it as a member until its session timeout (kafka.session_timeout_ms)"
+        ),
+    }
 }
 
 impl Pipeline {
