@@ -1,29 +1,31 @@
-//! A consumer group that gives this member nothing of a topic, and the way out of it.
+//! A consumer group that leaves partitions unread, reported, and the way out of it.
 //!
-//! Readiness already calls a topic of which this member has held no partition for
-//! `health.unassigned_after_ms` a fault (`unassigned`; an operator running more members
-//! than the topic has partitions turns the rule off). Kafka ends such a state by itself
-//! when it comes from a member gone without leaving (it expires the member after its
-//! session timeout and rebalances), but not when the leader assigned from metadata that
-//! lacked the topic (a broker too slow to answer the leader's metadata request): the
-//! group is stable, every member holds nothing, and no rebalance comes until the topic's
-//! metadata changes. tansu 0.6.0 under load does this, and it also keeps a departed
-//! member's share assigned after expiring the member.
+//! Every [`WATCH_EVERY`] a task looks at each member: what it holds (librdkafka's
+//! assignment), each topic's partitions (metadata), and for the partitions it does not
+//! hold the group's committed offsets (OffsetFetch) and ends (ListOffsets). Two faults:
+//! - **nothing held** of a topic that has partitions, for `health.unassigned_after_ms`
+//!   (readiness says `unassigned`): the leader assigned while the topic was missing from
+//!   its metadata (a broker too slow to answer, a topic created after the group formed),
+//!   and the group stays so until librdkafka's next metadata refresh, minutes later;
+//! - **orphaned partitions**: held elsewhere, with records beyond a committed offset that
+//!   has not moved for `health.stall_after_ms` (readiness says `orphaned`): the holder is
+//!   gone (Kafka expires a member after its session timeout; tansu 0.6.0 expires it and
+//!   keeps its share assigned for good), stuck, or holding them back on purpose.
 //!
-//! Every [`WATCH_EVERY`] a task looks at what each member holds (librdkafka's assignment,
-//! no request) and, for a topic it has held nothing of for the threshold while Kafka's
-//! metadata gives the topic partitions, a dynamic member rejoins: unsubscribe (its
-//! partitions revoked as in any rebalance, then LeaveGroup) and subscribe again
-//! (JoinGroup), which makes the leader assign anew; once per threshold at most. A static
-//! member (`kafka.instance_id`) cannot: Kafka gives a known static member its old
-//! assignment back without a rebalance (KIP-345), so it only logs, and `/readyz` says
-//! `unassigned` until an operator restarts a replica.
+//! On either a dynamic member rejoins: unsubscribe (its partitions revoked as in any
+//! rebalance, then LeaveGroup) and subscribe again (JoinGroup), so that the group
+//! rebalances; once per threshold at most. A static member (`kafka.instance_id`) cannot:
+//! Kafka gives a known static member its old assignment back without a rebalance
+//! (KIP-345), so it only reports. DescribeGroups, which would name the members, is not
+//! asked: tansu 0.6.0 fails it and drops the connection.
 
 use crate::ingest::kafka_metadata::topic_partitions;
 use crate::ingest::rebalance::GatewayConsumer;
 use crate::shutdown::Shutdown;
-use crate::telemetry::Stats;
+use crate::telemetry::health::OrphanFact;
+use crate::telemetry::{Monitor, Stats};
 use rdkafka::consumer::Consumer;
+use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,67 +52,150 @@ pub trait Members: Send + Sync + 'static {
     fn watched(&self) -> Vec<Watched<'_>>;
 }
 
+/// The thresholds and the kind of member.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// `health.unassigned_after_ms`: a topic held by nothing for this long is a fault (0:
+    /// never).
+    pub unassigned_after: Duration,
+    /// `health.stall_after_ms`: a partition held elsewhere whose committed offset has not
+    /// moved for this long while records wait is orphaned (0: never).
+    pub stall_after: Duration,
+    /// A dynamic member (no `group.instance.id`): only such a member can rejoin.
+    pub dynamic: bool,
+}
+
 /// What to do about one group after a look.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// It holds a partition of every topic.
-    Held,
-    /// Nothing held of these topics, not yet for the threshold, or rejoined within it,
-    /// or a static member.
-    Empty(Vec<String>),
-    /// Nothing held of these topics for the threshold: rejoin the group.
-    Rejoin(Vec<String>),
+    /// Nothing to mend, not yet, or nothing a rejoin may do (rejoined within the
+    /// threshold, a static member).
+    Stay,
+    /// A fault past its threshold: rejoin the group.
+    Rejoin,
 }
 
-/// Per group: since when it has held nothing of some topic, and when this member last
-/// rejoined it.
+/// One partition not held here as a look found it: its group's committed offset (the log
+/// start when none) and its end offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unheld {
+    /// The partition.
+    pub partition: i32,
+    /// The group's committed offset, or the low watermark when it has none.
+    pub committed: i64,
+    /// The high watermark.
+    pub end: i64,
+}
+
+/// Per group: since when it has held nothing of some topic, how the partitions it does
+/// not hold progress, and when this member last rejoined it.
 #[derive(Debug, Default)]
 pub struct Watch {
     empty_since: BTreeMap<String, Instant>,
+    /// (group, topic, partition) → (committed offset, since when it is so).
+    progress: BTreeMap<(String, String, i32), (i64, Instant)>,
     rejoined: BTreeMap<String, Instant>,
 }
 
 impl Watch {
-    /// Notes a look at `group` at `now` (`empty`: the subscribed topics of which it holds
-    /// no partition) and decides: rejoin once some topic has been empty for `after`, and
-    /// not again within `after` of the last rejoin; never for a static member (`dynamic`
-    /// false) nor with `after` 0 (the rule off).
-    pub fn look(&mut self, group: &str, empty: Vec<String>, now: Instant, after: Duration, dynamic: bool) -> Verdict {
-        if empty.is_empty() {
+    /// Notes the partitions of `group`'s `topic` not held here at `now`; returns those
+    /// orphaned (records beyond a committed offset unchanged for `stall_after`) with
+    /// their lag, and since when the oldest has not moved. A partition held here again is
+    /// forgotten.
+    pub fn orphans(
+        &mut self,
+        group: &str,
+        topic: &str,
+        unheld: &[Unheld],
+        now: Instant,
+        stall_after: Duration,
+    ) -> (Vec<(i32, u64)>, Option<Duration>) {
+        let key = |p: i32| (group.to_string(), topic.to_string(), p);
+        self.progress.retain(|(g, t, p), _| g != group || t != topic || unheld.iter().any(|u| u.partition == *p));
+        let (mut out, mut oldest) = (Vec::new(), None::<Duration>);
+        for u in unheld {
+            let e = self.progress.entry(key(u.partition)).or_insert((u.committed, now));
+            if e.0 != u.committed {
+                *e = (u.committed, now);
+            }
+            let still = now.duration_since(e.1);
+            if u.end > u.committed && !stall_after.is_zero() && still >= stall_after {
+                out.push((u.partition, (u.end - u.committed) as u64));
+                oldest = Some(oldest.map_or(still, |o| o.max(still)));
+            }
+        }
+        (out, oldest)
+    }
+
+    /// Notes a look at `group` at `now` (`empty`: it holds no partition of some topic
+    /// that has some; `orphaned`: some partition held elsewhere is orphaned) and decides:
+    /// rejoin once a topic has been empty for `unassigned_after`, or on orphans, and not
+    /// again within that threshold of the last rejoin; only a dynamic member.
+    pub fn look(&mut self, group: &str, empty: bool, orphaned: bool, now: Instant, rules: Rules) -> Verdict {
+        if !empty {
             self.empty_since.remove(group);
-            return Verdict::Held;
         }
-        let since = *self.empty_since.entry(group.to_string()).or_insert(now);
-        let rested = self.rejoined.get(group).is_none_or(|r| now.duration_since(*r) >= after);
-        if dynamic && !after.is_zero() && now.duration_since(since) >= after && rested {
-            self.rejoined.insert(group.to_string(), now);
+        let since = empty.then(|| *self.empty_since.entry(group.to_string()).or_insert(now));
+        let rested = |after: Duration| self.rejoined.get(group).is_none_or(|r| now.duration_since(*r) >= after);
+        let empty_due = since.is_some_and(|s| {
+            let after = rules.unassigned_after;
+            !after.is_zero() && now.duration_since(s) >= after && rested(after)
+        });
+        let orphan_due = orphaned && !rules.stall_after.is_zero() && rested(rules.stall_after);
+        if !rules.dynamic || !(empty_due || orphan_due) {
+            return Verdict::Stay;
+        }
+        self.rejoined.insert(group.to_string(), now);
+        if empty {
             self.empty_since.insert(group.to_string(), now);
-            return Verdict::Rejoin(empty);
         }
-        Verdict::Empty(empty)
+        // Judged afresh after the new assignment.
+        self.progress.retain(|(g, _, _), _| g != group);
+        Verdict::Rejoin
     }
 }
 
-/// Blocking: the topics of `w` of which it holds no partition, though Kafka's metadata
-/// gives them partitions (a topic without partitions no rejoin would mend). A metadata
-/// request that fails counts the topic as held: nothing is decided on what is not known.
-fn empty_topics(w: &Watched<'_>) -> Vec<String> {
-    let held: BTreeSet<String> = match w.consumer.assignment() {
-        Ok(a) => a.elements().iter().map(|e| e.topic().to_string()).collect(),
-        Err(_) => return Vec::new(),
-    };
-    w.topics
-        .iter()
-        .filter(|t| !held.contains(*t))
-        .filter(|t| topic_partitions(w.consumer, t, ASK_TIMEOUT).is_ok_and(|p| !p.is_empty()))
-        .cloned()
-        .collect()
+/// What one look at a member found, per topic: whether it holds none of it (and Kafka's
+/// metadata gives it partitions), and the partitions it does not hold.
+struct Seen {
+    topics: Vec<(String, bool, Vec<Unheld>)>,
 }
 
-/// Watches `members` every [`WATCH_EVERY`] until `shutdown`; `after` is
-/// `health.unassigned_after_ms` (0: never rejoins). Rejoins (dynamic members only,
-/// `dynamic`) are counted per group in `stats` (`group_rejoins`).
-pub fn spawn<M: Members>(members: Arc<M>, dynamic: bool, after: Duration, stats: Arc<Stats>, shutdown: &Shutdown) {
+/// Blocking: one look at `w`: its assignment (no request), each topic's partitions
+/// (metadata), and for those not held the group's committed offsets (OffsetFetch) and
+/// their ends (ListOffsets). A topic Kafka does not answer for is left out: nothing is
+/// decided on what is not known.
+fn see(w: &Watched<'_>) -> Option<Seen> {
+    let held: BTreeSet<(String, i32)> =
+        w.consumer.assignment().ok()?.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+    let mut topics = Vec::new();
+    for topic in &w.topics {
+        let Ok(parts) = topic_partitions(w.consumer, topic, ASK_TIMEOUT) else { continue };
+        let empty = !parts.is_empty() && !parts.iter().any(|p| held.contains(&(topic.clone(), *p)));
+        let mut tpl = TopicPartitionList::new();
+        for p in parts.iter().filter(|p| !held.contains(&(topic.clone(), **p))) {
+            tpl.add_partition(topic, *p);
+        }
+        let mut unheld = Vec::new();
+        if tpl.count() > 0 {
+            let Ok(committed) = w.consumer.committed_offsets(tpl, ASK_TIMEOUT) else { continue };
+            for e in committed.elements() {
+                let Ok((low, end)) = w.consumer.fetch_watermarks(topic, e.partition(), ASK_TIMEOUT) else { continue };
+                let committed = match e.offset() {
+                    Offset::Offset(o) => o,
+                    _ => low,
+                };
+                unheld.push(Unheld { partition: e.partition(), committed, end });
+            }
+        }
+        topics.push((topic.clone(), empty, unheld));
+    }
+    Some(Seen { topics })
+}
+
+/// Watches `members` every [`WATCH_EVERY`] until `shutdown` under `rules`: orphaned
+/// partitions to `health`, rejoins counted per group in `stats` (`group_rejoins`).
+pub fn spawn<M: Members>(members: Arc<M>, rules: Rules, health: Arc<Monitor>, stats: Arc<Stats>, shutdown: &Shutdown) {
     let stop = shutdown.clone();
     // Weak: the consumer loop's is the last reference, so that it closes the consumers.
     let members = Arc::downgrade(&members);
@@ -121,8 +206,8 @@ pub fn spawn<M: Members>(members: Arc<M>, dynamic: bool, after: Duration, stats:
                 return;
             }
             let Some(m) = members.upgrade() else { return };
-            let (s, w) = (stats.clone(), std::mem::take(&mut watch));
-            let Ok(w) = tokio::task::spawn_blocking(move || check(&*m, w, dynamic, after, &s)).await else {
+            let (h, s, w) = (health.clone(), stats.clone(), std::mem::take(&mut watch));
+            let Ok(w) = tokio::task::spawn_blocking(move || check(&*m, w, rules, &h, &s)).await else {
                 return;
             };
             watch = w;
@@ -131,31 +216,40 @@ pub fn spawn<M: Members>(members: Arc<M>, dynamic: bool, after: Duration, stats:
 }
 
 /// Blocking: one look at every member.
-fn check(members: &impl Members, mut watch: Watch, dynamic: bool, after: Duration, stats: &Stats) -> Watch {
+fn check(members: &impl Members, mut watch: Watch, rules: Rules, health: &Monitor, stats: &Stats) -> Watch {
     for w in members.watched() {
-        let empty = empty_topics(&w);
-        match watch.look(&w.group, empty, Instant::now(), after, dynamic) {
-            Verdict::Rejoin(topics) => {
-                tracing::warn!(
-                    group = %w.group,
-                    topics = ?topics,
-                    ms = after.as_millis() as u64,
-                    "the group has given this member no partition of a topic that has some: a leader that assigned without the topic's metadata, or a member gone whose share is kept; rejoining so that it assigns again"
-                );
-                stats.update(|s| *s.group_rejoins.entry(w.group.clone()).or_default() += 1);
-                w.consumer.unsubscribe();
-                let topics: Vec<&str> = w.topics.iter().map(String::as_str).collect();
-                if let Err(e) = w.consumer.subscribe(&topics) {
-                    tracing::error!(group = %w.group, error = %e, "cannot subscribe again after leaving the group; tried at the next look");
-                    watch.rejoined.remove(&w.group);
-                }
+        let Some(seen) = see(&w) else { continue };
+        let now = Instant::now();
+        let (mut empty, mut orphaned) = (Vec::new(), Vec::new());
+        for (topic, none_held, unheld) in &seen.topics {
+            if *none_held {
+                empty.push(topic.clone());
             }
-            Verdict::Empty(topics) if !dynamic => tracing::debug!(
+            let (parts, oldest) = watch.orphans(&w.group, topic, unheld, now, rules.stall_after);
+            let fact = oldest.map(|d| OrphanFact {
+                group: w.group.clone(),
+                partitions: parts.clone(),
+                for_ms: d.as_millis() as u64,
+            });
+            if !parts.is_empty() {
+                orphaned.push((topic.clone(), parts));
+            }
+            health.orphans(topic, fact);
+        }
+        if watch.look(&w.group, !empty.is_empty(), !orphaned.is_empty(), now, rules) == Verdict::Rejoin {
+            tracing::warn!(
                 group = %w.group,
-                topics = ?topics,
-                "no partition held; a static member cannot ask its group to assign again"
-            ),
-            Verdict::Empty(_) | Verdict::Held => {}
+                unassigned = ?empty,
+                orphaned = ?orphaned,
+                "the group gives this member no partition of a topic that has some (a leader that assigned without the topic's metadata), or leaves partitions to a member that does not read them (gone, or stuck); rejoining so that it assigns again"
+            );
+            stats.update(|s| *s.group_rejoins.entry(w.group.clone()).or_default() += 1);
+            w.consumer.unsubscribe();
+            let topics: Vec<&str> = w.topics.iter().map(String::as_str).collect();
+            if let Err(e) = w.consumer.subscribe(&topics) {
+                tracing::error!(group = %w.group, error = %e, "cannot subscribe again after leaving the group; tried at the next look");
+                watch.rejoined.remove(&w.group);
+            }
         }
     }
     watch
@@ -165,43 +259,72 @@ fn check(members: &impl Members, mut watch: Watch, dynamic: bool, after: Duratio
 mod tests {
     use super::*;
 
-    fn topics(t: &[&str]) -> Vec<String> {
-        t.iter().map(|s| s.to_string()).collect()
-    }
+    const RULES: Rules =
+        Rules { unassigned_after: Duration::from_secs(30), stall_after: Duration::from_secs(60), dynamic: true };
 
     #[test]
     fn rejoins_once_empty_for_the_threshold_and_not_again_within_it() {
-        let (mut w, t0, after) = (Watch::default(), Instant::now(), Duration::from_secs(30));
+        let (mut w, t0) = (Watch::default(), Instant::now());
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let jobs = || topics(&["jobs"]);
-        assert_eq!(w.look("g", jobs(), at(0), after, true), Verdict::Empty(jobs()));
-        assert_eq!(w.look("g", jobs(), at(29), after, true), Verdict::Empty(jobs()));
-        assert_eq!(w.look("g", jobs(), at(30), after, true), Verdict::Rejoin(jobs()));
-        assert_eq!(
-            w.look("g", jobs(), at(40), after, true),
-            Verdict::Empty(jobs()),
-            "within the threshold of the rejoin"
-        );
-        assert_eq!(w.look("g", jobs(), at(60), after, true), Verdict::Rejoin(jobs()), "still empty a threshold later");
-        assert_eq!(w.look("g", vec![], at(70), after, true), Verdict::Held);
-        assert_eq!(
-            w.look("g", jobs(), at(80), after, true),
-            Verdict::Empty(jobs()),
-            "empty again: the clock starts again"
-        );
-        assert_eq!(w.look("g", jobs(), at(110), after, true), Verdict::Rejoin(jobs()));
-        assert_eq!(w.look("other", jobs(), at(110), after, true), Verdict::Empty(jobs()), "per group");
+        assert_eq!(w.look("g", true, false, at(0), RULES), Verdict::Stay);
+        assert_eq!(w.look("g", true, false, at(29), RULES), Verdict::Stay);
+        assert_eq!(w.look("g", true, false, at(30), RULES), Verdict::Rejoin);
+        assert_eq!(w.look("g", true, false, at(40), RULES), Verdict::Stay, "within the threshold of the rejoin");
+        assert_eq!(w.look("g", true, false, at(60), RULES), Verdict::Rejoin, "still empty a threshold later");
+        assert_eq!(w.look("g", false, false, at(70), RULES), Verdict::Stay);
+        assert_eq!(w.look("g", true, false, at(80), RULES), Verdict::Stay, "empty again: the clock starts again");
+        assert_eq!(w.look("g", true, false, at(110), RULES), Verdict::Rejoin);
+        assert_eq!(w.look("other", true, false, at(110), RULES), Verdict::Stay, "per group");
     }
 
     #[test]
-    fn a_static_member_or_the_rule_off_never_rejoins() {
-        let (t0, after, jobs) = (Instant::now(), Duration::from_secs(30), topics(&["jobs"]));
-        let mut w = Watch::default();
-        assert_eq!(w.look("g", jobs.clone(), t0, after, false), Verdict::Empty(jobs.clone()));
+    fn a_static_member_or_the_rules_off_never_rejoin() {
+        let t0 = Instant::now();
         let later = t0 + Duration::from_secs(600);
-        assert_eq!(w.look("g", jobs.clone(), later, after, false), Verdict::Empty(jobs.clone()));
         let mut w = Watch::default();
-        assert_eq!(w.look("g", jobs.clone(), t0, Duration::ZERO, true), Verdict::Empty(jobs.clone()));
-        assert_eq!(w.look("g", jobs.clone(), later, Duration::ZERO, true), Verdict::Empty(jobs));
+        let fixed = Rules { dynamic: false, ..RULES };
+        assert_eq!(w.look("g", true, true, t0, fixed), Verdict::Stay);
+        assert_eq!(w.look("g", true, true, later, fixed), Verdict::Stay);
+        let mut w = Watch::default();
+        let off = Rules { unassigned_after: Duration::ZERO, stall_after: Duration::ZERO, dynamic: true };
+        assert_eq!(w.look("g", true, true, t0, off), Verdict::Stay);
+        assert_eq!(w.look("g", true, true, later, off), Verdict::Stay);
+    }
+
+    fn unheld(partition: i32, committed: i64, end: i64) -> Unheld {
+        Unheld { partition, committed, end }
+    }
+
+    #[test]
+    fn a_partition_held_elsewhere_is_orphaned_when_records_wait_and_its_offset_stands_still() {
+        let (mut w, t0, stall) = (Watch::default(), Instant::now(), RULES.stall_after);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Partition 2 has records waiting; 3 is read to its end; 4 moves.
+        let look = |w: &mut Watch, s: u64, four: i64| {
+            w.orphans("g", "jobs", &[unheld(2, 100, 140), unheld(3, 50, 50), unheld(4, four, four + 9)], at(s), stall)
+        };
+        assert_eq!(look(&mut w, 0, 10), (vec![], None));
+        assert_eq!(look(&mut w, 59, 20), (vec![], None));
+        assert_eq!(look(&mut w, 60, 30), (vec![(2, 40)], Some(Duration::from_secs(60))));
+        // It moves: no longer orphaned, the clock starts again.
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(70), stall), (vec![], None));
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(130), stall), (vec![(2, 39)], Some(stall)));
+        // Held here now: forgotten; held elsewhere again later: timed afresh.
+        assert_eq!(w.orphans("g", "jobs", &[], at(140), stall), (vec![], None));
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(150), stall), (vec![], None));
+        // The rule off.
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(900), Duration::ZERO), (vec![], None));
+    }
+
+    #[test]
+    fn orphans_make_a_dynamic_member_rejoin_then_are_judged_afresh() {
+        let (mut w, t0, stall) = (Watch::default(), Instant::now(), RULES.stall_after);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(0), stall);
+        assert!(!w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(60), stall).0.is_empty());
+        assert_eq!(w.look("g", false, true, at(60), RULES), Verdict::Rejoin);
+        assert_eq!(w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(70), stall), (vec![], None), "timed afresh");
+        assert_eq!(w.look("g", false, true, at(100), RULES), Verdict::Stay, "not within the threshold of the rejoin");
+        assert_eq!(w.look("g", false, true, at(120), RULES), Verdict::Rejoin);
     }
 }

@@ -20,8 +20,8 @@
 //! - [`group_reader`]: what the loop asks of its consumer-group member, behind a trait
 //!   (librdkafka's consumer, or a fake in the loop's unit tests).
 //! - [`member`]: a consumer-group member's librdkafka settings.
-//! - [`group_watch`]: a group that gives this member nothing of a topic: a dynamic member
-//!   rejoins.
+//! - [`group_watch`]: a group that leaves partitions unread (held by nothing, or by a
+//!   member that does not move them on): reported, and a dynamic member rejoins.
 //! - [`kafka_metadata`]: a topic's partitions, as Kafka's metadata says.
 //! - [`plan`]: one record into an [`Accept`](crate::store::Accept): decode (`cdc`),
 //!   route, render, dead letters.

@@ -35,7 +35,7 @@ pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, st
 }
 
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
-const TOPIC_ALARMS: [&str; 4] = ["unassigned", "stalled", "slow", "quiet"];
+const TOPIC_ALARMS: [&str; 5] = ["unassigned", "orphaned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
 const GLOBAL_ALARMS: [&str; 6] = [
     "consumer_not_running",
@@ -149,7 +149,7 @@ impl prometheus_client::collector::Collector for Exposition {
         gauges(
             e,
             "topic_alarm",
-            "1 while the alarm holds on the topic (unassigned, stalled, slow, quiet); each fails /readyz.",
+            "1 while the alarm holds on the topic (unassigned, orphaned, stalled, slow, quiet); each fails /readyz.",
             alarms,
         )?;
 

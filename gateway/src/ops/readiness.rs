@@ -6,6 +6,10 @@
 //!   `UP` for `health.kafka_down_after_ms`;
 //! - this consumer has held no partition of a subscribed topic for
 //!   `health.unassigned_after_ms` (a rebalance takes less);
+//! - partitions of a group's topic that this consumer does not hold make no progress:
+//!   records beyond the group's committed offset, unchanged for `health.stall_after_ms`
+//!   (a member that holds them and does not read them: gone, or stuck;
+//!   `ingest::group_watch`);
 //! - a topic is stalled: it has lag (records on its assigned partitions beyond the stored
 //!   or committed offset) and the consumer made no progress on it (no record read, no
 //!   offset stored) for `health.stall_after_ms`; the reason says why when it is known
@@ -32,7 +36,9 @@
 //! logs each alarm once when it starts (`warn`) and when it clears (`info`).
 
 use crate::config::HealthConfig;
-use crate::telemetry::health::{ConsumeErrorFact, Facts, Monitor, RegistryWaitFact, TopicFacts, DEVICES_NAMED};
+use crate::telemetry::health::{
+    ConsumeErrorFact, Facts, Monitor, OrphanFact, RegistryWaitFact, TopicFacts, DEVICES_NAMED,
+};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -65,6 +71,13 @@ pub enum Reason {
         topic: String,
         /// For how long, ms.
         for_ms: u64,
+    },
+    /// Partitions held elsewhere in the group that make no progress.
+    Orphaned {
+        /// The topic.
+        topic: String,
+        /// The group, the partitions and their lag, and for how long.
+        orphans: OrphanFact,
     },
     /// Lag and no progress.
     Stalled {
@@ -132,7 +145,7 @@ pub enum Reason {
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
-    /// `unassigned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
+    /// `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
     /// `consume_error`, `device_broker_unreachable` (the `alarm` label on `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -140,6 +153,7 @@ impl Reason {
             Reason::ConsumerIdle { .. } => "consumer_idle",
             Reason::KafkaUnreachable { .. } => "kafka_unreachable",
             Reason::Unassigned { .. } => "unassigned",
+            Reason::Orphaned { .. } => "orphaned",
             Reason::Stalled { .. } => "stalled",
             Reason::Slow { .. } => "slow",
             Reason::Quiet { .. } => "quiet",
@@ -154,6 +168,7 @@ impl Reason {
     pub fn topic(&self) -> Option<&str> {
         match self {
             Reason::Unassigned { topic, .. }
+            | Reason::Orphaned { topic, .. }
             | Reason::Stalled { topic, .. }
             | Reason::Slow { topic, .. }
             | Reason::Quiet { topic, .. } => Some(topic),
@@ -189,6 +204,17 @@ impl fmt::Display for Reason {
             }
             Reason::Unassigned { topic, for_ms } => {
                 write!(f, "topic {topic} unassigned: no partition held for {for_ms} ms")
+            }
+            Reason::Orphaned { topic, orphans } => {
+                let parts: Vec<String> =
+                    orphans.partitions.iter().map(|(p, lag)| format!("{topic}/{p} (lag {lag})")).collect();
+                write!(
+                    f,
+                    "topic {topic} orphaned: {} make no progress in group {} for {} ms; another member holds them and does not move them on (gone, stuck, or holding them back: see its /readyz)",
+                    parts.join(", "),
+                    orphans.group,
+                    orphans.for_ms
+                )
             }
             Reason::Stalled { topic, lag, for_ms, why } => {
                 write!(f, "topic {topic} stalled: lag {lag} records, no progress for {for_ms} ms")?;
@@ -265,6 +291,9 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
     for (topic, t) in &facts.topics {
         if let Some(u) = t.unassigned_since.filter(|u| on(rules.unassigned_after_ms, since(*u))) {
             out.push(Reason::Unassigned { topic: topic.clone(), for_ms: since(u) });
+        }
+        if let Some(o) = facts.orphans.get(topic).filter(|_| rules.stall_after_ms > 0) {
+            out.push(Reason::Orphaned { topic: topic.clone(), orphans: o.clone() });
         }
         let expect = rules.topics.get(topic);
         let lag = t.lag.unwrap_or(0);
@@ -553,6 +582,22 @@ mod tests {
         assert_eq!(r[0].to_string(), "topic charge.upserted unassigned: no partition held for 30000 ms");
         // Off with 0.
         assert!(kinds(1_000_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() }).is_empty());
+    }
+
+    #[test]
+    fn partitions_held_elsewhere_without_progress_are_named_until_they_move() {
+        let mut t = healthy();
+        let orphans = OrphanFact { group: "g-deliver".into(), partitions: vec![(2, 40), (5, 7)], for_ms: 61_000 };
+        t.orphans(CH, Some(orphans));
+        let r = evaluate(2_000, &t.facts(true, 0), &rules());
+        assert_eq!(r.iter().map(Reason::key).collect::<Vec<_>>(), [("orphaned", CH.to_string())]);
+        assert_eq!(
+            r[0].to_string(),
+            "topic charge.upserted orphaned: charge.upserted/2 (lag 40), charge.upserted/5 (lag 7) make no progress in group g-deliver for 61000 ms; another member holds them and does not move them on (gone, stuck, or holding them back: see its /readyz)"
+        );
+        assert!(kinds(2_000, &t, &HealthConfig { stall_after_ms: 0, ..rules() }).is_empty(), "off with the stall rule");
+        t.orphans(CH, None);
+        assert!(kinds(3_000, &t, &rules()).is_empty());
     }
 
     #[test]

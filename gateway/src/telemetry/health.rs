@@ -90,6 +90,19 @@ pub struct RegistryWaitFact {
     pub error: Option<String>,
 }
 
+/// Partitions of a group's topic that this member does not hold and that make no
+/// progress: records beyond the group's committed offset, and that offset unchanged for
+/// `health.stall_after_ms` (`ingest::group_watch`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OrphanFact {
+    /// The consumer group.
+    pub group: String,
+    /// Each such partition with its lag (records beyond the committed offset), sorted.
+    pub partitions: Vec<(i32, u64)>,
+    /// Since the oldest of them last moved, ms.
+    pub for_ms: u64,
+}
+
 /// A Kafka consume error that keeps coming back: records that cannot be read (a codec
 /// librdkafka lacks, a corrupt batch, a record over the fetch limit).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -229,6 +242,8 @@ pub struct Facts {
     /// Since when the external MQTT broker is unreachable, and the last error (`None`: up,
     /// or no external broker).
     pub device_broker_down: Option<(u64, String)>,
+    /// Per topic: partitions held elsewhere in the group that make no progress.
+    pub orphans: BTreeMap<String, OrphanFact>,
 }
 
 /// One subscribed topic's history.
@@ -264,6 +279,7 @@ pub struct Tracker {
     registry_wait: Option<(u64, RegistryWaitFact)>,
     consume_error: Option<(u64, ConsumeErrorFact)>,
     device_broker_down: Option<(u64, String)>,
+    orphans: BTreeMap<String, OrphanFact>,
 }
 
 impl Tracker {
@@ -289,7 +305,16 @@ impl Tracker {
             registry_wait: None,
             consume_error: None,
             device_broker_down: None,
+            orphans: BTreeMap::new(),
         }
+    }
+
+    /// `topic`'s partitions held elsewhere that make no progress now (`None`: none).
+    pub fn orphans(&mut self, topic: &str, fact: Option<OrphanFact>) {
+        match fact {
+            Some(f) => self.orphans.insert(topic.to_string(), f),
+            None => self.orphans.remove(topic),
+        };
     }
 
     /// Charge records held for the device registry now (`None`: none).
@@ -533,6 +558,7 @@ impl Tracker {
             registry_wait: self.registry_wait.clone(),
             consume_error: self.consume_error.clone(),
             device_broker_down: self.device_broker_down.clone(),
+            orphans: self.orphans.clone(),
         }
     }
 }
@@ -651,6 +677,11 @@ impl Monitor {
     pub fn registry_wait(&self, fact: Option<RegistryWaitFact>) {
         let now = self.now_ms();
         self.with(|t| t.registry_wait(now, fact));
+    }
+
+    /// See [`Tracker::orphans`].
+    pub fn orphans(&self, topic: &str, fact: Option<OrphanFact>) {
+        self.with(|t| t.orphans(topic, fact));
     }
 
     /// See [`Tracker::consume_error`].

@@ -246,9 +246,13 @@ impl Members for EdgeMember {
 /// Starts [`group_watch`] on `members` (dynamic members rejoin when `kafka.instance_id`
 /// is empty).
 fn watch_groups<M: Members>(services: &Services, members: Arc<M>) {
-    let after = Duration::from_millis(services.cfg.health.unassigned_after_ms);
-    let dynamic = services.cfg.kafka.instance_id.is_empty();
-    group_watch::spawn(members, dynamic, after, services.stats.clone(), &services.shutdown);
+    let h = &services.cfg.health;
+    let rules = group_watch::Rules {
+        unassigned_after: Duration::from_millis(h.unassigned_after_ms),
+        stall_after: Duration::from_millis(h.stall_after_ms),
+        dynamic: services.cfg.kafka.instance_id.is_empty(),
+    };
+    group_watch::spawn(members, rules, services.health.clone(), services.stats.clone(), &services.shutdown);
 }
 
 /// [`run`] on a member already subscribed to both topics: the loop itself, until
