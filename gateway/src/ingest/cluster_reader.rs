@@ -419,8 +419,10 @@ impl GroupReader for ClusterReader {
     }
 }
 
-impl Members for ClusterReader {
-    fn watched(&self) -> Vec<Watched<'_>> {
-        self.members()
+impl Members for std::sync::Weak<ClusterReader> {
+    fn each(&self, f: &mut dyn FnMut(Watched<'_>)) {
+        if let Some(reader) = self.upgrade() {
+            reader.members().into_iter().for_each(f);
+        }
     }
 }

@@ -46,10 +46,12 @@ pub struct Watched<'a> {
 }
 
 /// What holds the members to watch: the central shape's reader (route and deliver, once
-/// joined) or the edge box's one member.
+/// joined) or the edge box's one member. It holds them weakly: the consumer loop's is the
+/// last reference, so that the loop closes them (and leaves the groups) at shutdown.
 pub trait Members: Send + Sync + 'static {
-    /// The members subscribed now (none before they join their groups).
-    fn watched(&self) -> Vec<Watched<'_>>;
+    /// Calls `f` with each member subscribed now (none before they join their groups,
+    /// none once the consumer loop has dropped them).
+    fn each(&self, f: &mut dyn FnMut(Watched<'_>));
 }
 
 /// The thresholds and the kind of member.
@@ -195,18 +197,16 @@ fn see(w: &Watched<'_>) -> Option<Seen> {
 
 /// Watches `members` every [`WATCH_EVERY`] until `shutdown` under `rules`: orphaned
 /// partitions to `health`, rejoins counted per group in `stats` (`group_rejoins`).
-pub fn spawn<M: Members>(members: Arc<M>, rules: Rules, health: Arc<Monitor>, stats: Arc<Stats>, shutdown: &Shutdown) {
+pub fn spawn<M: Members>(members: M, rules: Rules, health: Arc<Monitor>, stats: Arc<Stats>, shutdown: &Shutdown) {
     let stop = shutdown.clone();
-    // Weak: the consumer loop's is the last reference, so that it closes the consumers.
-    let members = Arc::downgrade(&members);
+    let members = Arc::new(members);
     shutdown.spawn(async move {
         let mut watch = Watch::default();
         loop {
             if stop.sleep(WATCH_EVERY).await {
                 return;
             }
-            let Some(m) = members.upgrade() else { return };
-            let (h, s, w) = (health.clone(), stats.clone(), std::mem::take(&mut watch));
+            let (m, h, s, w) = (members.clone(), health.clone(), stats.clone(), std::mem::take(&mut watch));
             let Ok(w) = tokio::task::spawn_blocking(move || check(&*m, w, rules, &h, &s)).await else {
                 return;
             };
@@ -217,42 +217,45 @@ pub fn spawn<M: Members>(members: Arc<M>, rules: Rules, health: Arc<Monitor>, st
 
 /// Blocking: one look at every member.
 fn check(members: &impl Members, mut watch: Watch, rules: Rules, health: &Monitor, stats: &Stats) -> Watch {
-    for w in members.watched() {
-        let Some(seen) = see(&w) else { continue };
-        let now = Instant::now();
-        let (mut empty, mut orphaned) = (Vec::new(), Vec::new());
-        for (topic, none_held, unheld) in &seen.topics {
-            if *none_held {
-                empty.push(topic.clone());
-            }
-            let (parts, oldest) = watch.orphans(&w.group, topic, unheld, now, rules.stall_after);
-            let fact = oldest.map(|d| OrphanFact {
-                group: w.group.clone(),
-                partitions: parts.clone(),
-                for_ms: d.as_millis() as u64,
-            });
-            if !parts.is_empty() {
-                orphaned.push((topic.clone(), parts));
-            }
-            health.orphans(topic, fact);
+    members.each(&mut |w| look_at(&w, &mut watch, rules, health, stats));
+    watch
+}
+
+/// Blocking: one look at one member.
+fn look_at(w: &Watched<'_>, watch: &mut Watch, rules: Rules, health: &Monitor, stats: &Stats) {
+    let Some(seen) = see(w) else { return };
+    let now = Instant::now();
+    let (mut empty, mut orphaned) = (Vec::new(), Vec::new());
+    for (topic, none_held, unheld) in &seen.topics {
+        if *none_held {
+            empty.push(topic.clone());
         }
-        if watch.look(&w.group, !empty.is_empty(), !orphaned.is_empty(), now, rules) == Verdict::Rejoin {
-            tracing::warn!(
-                group = %w.group,
-                unassigned = ?empty,
-                orphaned = ?orphaned,
-                "the group gives this member no partition of a topic that has some (a leader that assigned without the topic's metadata), or leaves partitions to a member that does not read them (gone, or stuck); rejoining so that it assigns again"
-            );
-            stats.update(|s| *s.group_rejoins.entry(w.group.clone()).or_default() += 1);
-            w.consumer.unsubscribe();
-            let topics: Vec<&str> = w.topics.iter().map(String::as_str).collect();
-            if let Err(e) = w.consumer.subscribe(&topics) {
-                tracing::error!(group = %w.group, error = %e, "cannot subscribe again after leaving the group; tried at the next look");
-                watch.rejoined.remove(&w.group);
-            }
+        let (parts, oldest) = watch.orphans(&w.group, topic, unheld, now, rules.stall_after);
+        let fact = oldest.map(|d| OrphanFact {
+            group: w.group.clone(),
+            partitions: parts.clone(),
+            for_ms: d.as_millis() as u64,
+        });
+        if !parts.is_empty() {
+            orphaned.push((topic.clone(), parts));
+        }
+        health.orphans(topic, fact);
+    }
+    if watch.look(&w.group, !empty.is_empty(), !orphaned.is_empty(), now, rules) == Verdict::Rejoin {
+        tracing::warn!(
+            group = %w.group,
+            unassigned = ?empty,
+            orphaned = ?orphaned,
+            "the group gives this member no partition of a topic that has some (a leader that assigned without the topic's metadata), or leaves partitions to a member that does not read them (gone, or stuck); rejoining so that it assigns again"
+        );
+        stats.update(|s| *s.group_rejoins.entry(w.group.clone()).or_default() += 1);
+        w.consumer.unsubscribe();
+        let topics: Vec<&str> = w.topics.iter().map(String::as_str).collect();
+        if let Err(e) = w.consumer.subscribe(&topics) {
+            tracing::error!(group = %w.group, error = %e, "cannot subscribe again after leaving the group; tried at the next look");
+            watch.rejoined.remove(&w.group);
         }
     }
-    watch
 }
 
 #[cfg(test)]

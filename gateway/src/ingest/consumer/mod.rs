@@ -217,7 +217,7 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
             });
         }
         let reader = Arc::new(reader);
-        watch_groups(&services, reader.clone());
+        watch_groups(&services, Arc::downgrade(&reader));
         run_with(services, reader).await;
         return Ok(());
     }
@@ -225,27 +225,29 @@ pub async fn run(services: Services) -> anyhow::Result<()> {
     let consumer = Arc::new(create(&services.cfg, &services.health, &group, "")?);
     let topics = services.cfg.subscribed_topics();
     consumer.subscribe(&topics.iter().map(String::as_str).collect::<Vec<_>>()).context("subscribing")?;
-    watch_groups(&services, Arc::new(EdgeMember { consumer: consumer.clone(), group, topics }));
+    watch_groups(&services, EdgeMember { consumer: Arc::downgrade(&consumer), group, topics });
     run_with(services, consumer).await;
     Ok(())
 }
 
 /// The edge box's one member, for [`group_watch`].
 struct EdgeMember {
-    consumer: Arc<GatewayConsumer>,
+    consumer: std::sync::Weak<GatewayConsumer>,
     group: String,
     topics: Vec<String>,
 }
 
 impl Members for EdgeMember {
-    fn watched(&self) -> Vec<Watched<'_>> {
-        vec![Watched { consumer: &self.consumer, group: self.group.clone(), topics: self.topics.clone() }]
+    fn each(&self, f: &mut dyn FnMut(Watched<'_>)) {
+        if let Some(consumer) = self.consumer.upgrade() {
+            f(Watched { consumer: &consumer, group: self.group.clone(), topics: self.topics.clone() });
+        }
     }
 }
 
 /// Starts [`group_watch`] on `members` (dynamic members rejoin when `kafka.instance_id`
 /// is empty).
-fn watch_groups<M: Members>(services: &Services, members: Arc<M>) {
+fn watch_groups<M: Members>(services: &Services, members: M) {
     let h = &services.cfg.health;
     let rules = group_watch::Rules {
         unassigned_after: Duration::from_millis(h.unassigned_after_ms),
