@@ -78,6 +78,12 @@ pub struct CentralOptions {
     /// Dynamic group membership (no `kafka.instance_id`) for every replica, as with
     /// `scale`; otherwise each replica is a static member.
     pub dynamic: bool,
+    /// With kills: a killed replica is not started again, as when its machine is gone (with
+    /// `dynamic`: a static member's share would wait for its return). The run fails when
+    /// one replica would be left.
+    pub gone: bool,
+    /// More `PIXGATE_*` settings for every replica, applied last.
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl CentralOptions {
@@ -97,6 +103,8 @@ impl CentralOptions {
             scale: false,
             baseline: false,
             dynamic: false,
+            gone: false,
+            env: Vec::new(),
         }
     }
 }
@@ -113,6 +121,8 @@ pub struct ReplicaReport {
     /// Device records its registry reader saw at start before joining the groups
     /// (`None`: the line is not in its log).
     pub registry_at_start: Option<usize>,
+    /// Times it rejoined a group that left partitions unread (`group_rejoins`).
+    pub rejoins: u64,
 }
 
 /// What [`run`] saw.
@@ -266,6 +276,9 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     if opts.stop_ms > 0 && opts.kills > 0 {
         bail!("a stop and kills in one run are not supported: the kills restart r1");
     }
+    if opts.gone && (!opts.dynamic || opts.kills + 2 > opts.replicas) {
+        bail!("replicas killed for good need dynamic membership and one replica besides r0 left");
+    }
     if opts.broker_restarts > 0 && (opts.stop_ms > 0 || opts.kills > 0) {
         bail!("broker restarts with kills or a stop in one run are not supported");
     }
@@ -405,6 +418,18 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            if opts.gone {
+                // The last one started goes, so that r1 stays others[0].
+                let mut replica = others.pop().expect("a replica to kill");
+                logs.push(replica.log().to_path_buf());
+                replica.kill();
+                println!(
+                    "SIGKILL replica r{} for good at {} effects carried out",
+                    others.len() + 1,
+                    stats.carried_out()
+                );
+                continue;
+            }
             let r = 1 + k % (opts.replicas - 1);
             let replica = &mut others[r - 1];
             let settings = replica.settings().clone();
@@ -460,7 +485,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let delivery = scenario::check_delivery(&plan, &positions, &report.effects)?;
     let job_copies = job_copies(rig.brokers(), delivery.effects).await?;
 
-    let shares = if opts.scale { settle(&all, device_parts, charge_parts).await? } else { shares };
+    let shares = if opts.scale || opts.gone { settle(&all, device_parts, charge_parts).await? } else { shares };
     let mut replicas = Vec::new();
     for (g, share) in all.iter().zip(shares) {
         let s = g.stats()?;
@@ -470,6 +495,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
             routed: count(&s.counters.events_read, "charge.upserted"),
             delivered: s.counters.effects_done.values().sum(),
             registry_at_start: registry_at_start(&std::fs::read_to_string(log).unwrap_or_default()),
+            rejoins: s.counters.group_rejoins.values().sum(),
         });
     }
     let (mut restored_jobs, mut stood_down, mut suspended) = (0, 0, 0);
@@ -688,6 +714,7 @@ fn replica_env(
         // 0.6.0 has no session timer (docs/cluster.md), so they would never move.
         ("PIXGATE_KAFKA__INSTANCE_ID", if opts.scale || opts.dynamic { String::new() } else { instance }),
     ]);
+    env.extend(opts.env.iter().cloned());
     env
 }
 
