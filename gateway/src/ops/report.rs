@@ -52,7 +52,7 @@ pub struct TopicStats {
     pub paused_partitions: u64,
     /// Whether the topic is stalled (lag and no progress for `health.stall_after_ms`).
     pub stalled: bool,
-    /// The alarms on this topic: `unassigned`, `stalled`, `slow`, `quiet`.
+    /// The alarms on this topic: `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`.
     pub alarms: Vec<String>,
 }
 
