@@ -15,7 +15,7 @@
 //! (`docs/cluster.md`, "Fencing"). Each replica connects to a listener of its own on the
 //! broker, so that [`CentralReport::takeovers`] can say whose connection the broker closed.
 
-use crate::devices_broker::DevicesBroker;
+use crate::devices_broker::{central_topics, DevicesBroker};
 use crate::gateway::{count, GatewayProcess, GatewaySettings};
 use crate::harness::{fleet_connect_timeout, verifying_devices, Rig};
 use crate::kafka::committed_offsets;
@@ -23,7 +23,6 @@ use crate::net::free_port;
 use crate::scenario::{self, DeliveryReport, Plan};
 use anyhow::{bail, Context};
 use simulators::capture::generate::ScenarioConfig;
-use simulators::capture::PIXGATE_TOPICS;
 use simulators::device::Stats;
 use simulators::fleet;
 use std::collections::{BTreeMap, HashMap};
@@ -32,10 +31,6 @@ use std::time::{Duration, Instant};
 
 /// The device-jobs topic and its partition count.
 pub const DEVICE_JOBS: (&str, i32) = ("pixgate.device-jobs", 6);
-/// The deliver stage's log: as many partitions as the device-jobs topic.
-pub const DELIVERY_LOG: (&str, i32) = ("pixgate.delivery-log", DEVICE_JOBS.1);
-/// The route stage's changelog: as many partitions as the charge topic.
-pub const ROUTE_CHANGELOG: (&str, i32) = ("pixgate.route-changelog", 3);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -211,10 +206,7 @@ pub async fn run(opts: &CentralOptions) -> anyhow::Result<CentralReport> {
     let mut broker = Some(mosquitto.start().await);
     // The log of each mosquitto run stopped, for the takeovers.
     let mut broker_logs = String::new();
-    let mut topics = PIXGATE_TOPICS.to_vec();
-    topics.push(DEVICE_JOBS);
-    topics.push(DELIVERY_LOG);
-    topics.push(ROUTE_CHANGELOG);
+    let topics = central_topics(DEVICE_JOBS);
     let partitions = |name: &str| topics.iter().find(|(t, _)| *t == name).map_or(0, |(_, n)| *n as usize);
     let (device_parts, charge_parts) = (partitions("device.upserted"), partitions("charge.upserted"));
     if !(1..=charge_parts).contains(&opts.replicas) {

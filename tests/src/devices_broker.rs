@@ -128,14 +128,10 @@ impl DevicesBroker {
     }
 
     /// A rig whose pixgate runs the central shape in one process (`cluster.enabled`) on
-    /// this broker, named `name`: the topics of [`PIXGATE_TOPICS`], the device-jobs topic
-    /// `device_jobs` (name, partitions), its delivery log with as many partitions, and the
-    /// route changelog with `charge.upserted`'s 3.
+    /// this broker, named `name`, on [`central_topics`]`(device_jobs)`.
     pub async fn central_rig(&self, name: &str, device_jobs: (&'static str, i32)) -> Rig {
-        let mut topics = PIXGATE_TOPICS.to_vec();
-        topics.extend([device_jobs, ("pixgate.delivery-log", device_jobs.1), ("pixgate.route-changelog", 3)]);
         Rig::builder(name)
-            .topics(&topics)
+            .topics(&central_topics(device_jobs))
             .envs(self.gateway_env())
             .env("PIXGATE_CLUSTER__ENABLED", "true")
             .env("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", device_jobs.0)
@@ -232,4 +228,14 @@ impl DevicesBroker {
     pub fn remove(self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The central shape's topics: those of [`PIXGATE_TOPICS`], the device-jobs topic
+/// `device_jobs` (name, partitions), its delivery log with as many partitions, and the
+/// route changelog with as many as `charge.upserted`.
+pub fn central_topics(device_jobs: (&'static str, i32)) -> Vec<(&'static str, i32)> {
+    let mut topics = PIXGATE_TOPICS.to_vec();
+    let charge = topics.iter().find(|(t, _)| *t == "charge.upserted").map_or(1, |(_, n)| *n);
+    topics.extend([device_jobs, ("pixgate.delivery-log", device_jobs.1), ("pixgate.route-changelog", charge)]);
+    topics
 }

@@ -9,6 +9,7 @@
 //! the offset was committed) has the same message id and event time both times, and the
 //! outbox's dedupe window queues it once.
 
+use crate::ingest::kafka_metadata::group_positions;
 use crate::ingest::plan::Source;
 use crate::kafka_client;
 use crate::model::{DeadLetter, DeadLetterReason, DeviceJobRecord, SourceRef};
@@ -19,7 +20,6 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::ToBytes;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
 
 /// How long librdkafka keeps trying to deliver a job record before the batch's hand-off
@@ -163,21 +163,11 @@ pub fn unread_jobs(brokers: &str, topic: &str, group: &str, timeout: Duration) -
     if parts.is_empty() {
         return Ok(None);
     }
-    let mut tpl = TopicPartitionList::new();
-    for p in &parts {
-        tpl.add_partition(topic, *p);
-    }
-    let committed = client.committed_offsets(tpl, timeout).with_context(|| format!("committed offsets of {group}"))?;
-    let mut unread = 0u64;
-    for p in parts {
-        let (low, end) =
-            client.fetch_watermarks(topic, p, timeout).with_context(|| format!("end offset of {topic}/{p}"))?;
-        let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) => o.max(low),
-            _ => low,
-        };
-        unread += u64::try_from(end - from).unwrap_or(0);
-    }
+    let positions = group_positions(&client, topic, &parts, timeout).map_err(anyhow::Error::msg)?;
+    let unread: u64 = positions
+        .values()
+        .map(|g| u64::try_from(g.end - g.committed.map_or(g.low, |c| c.max(g.low))).unwrap_or(0))
+        .sum();
     Ok((unread > 0).then_some(unread))
 }
 

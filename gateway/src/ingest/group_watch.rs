@@ -19,13 +19,12 @@
 //! (KIP-345), so it only reports. DescribeGroups, which would name the members, is not
 //! asked: tansu 0.6.0 fails it and drops the connection.
 
-use crate::ingest::kafka_metadata::topic_partitions;
+use crate::ingest::kafka_metadata::{group_positions, topic_partitions};
 use crate::ingest::rebalance::GatewayConsumer;
 use crate::shutdown::Shutdown;
 use crate::telemetry::health::OrphanFact;
 use crate::telemetry::{Monitor, Stats};
 use rdkafka::consumer::Consumer;
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,8 +101,8 @@ pub struct Watch {
 impl Watch {
     /// Notes the partitions of `group`'s `topic` not held here at `now`; returns those
     /// orphaned (records beyond a committed offset unchanged for `stall_after`) with
-    /// their lag, and since when the oldest has not moved. A partition held here again is
-    /// forgotten.
+    /// their lag, and for how long the oldest has not moved (`None`: none orphaned). A
+    /// partition held here again is forgotten.
     pub fn orphans(
         &mut self,
         group: &str,
@@ -111,10 +110,10 @@ impl Watch {
         unheld: &[Unheld],
         now: Instant,
         stall_after: Duration,
-    ) -> (Vec<(i32, u64)>, Option<Duration>) {
+    ) -> Option<(Vec<(i32, u64)>, Duration)> {
         let key = |p: i32| (group.to_string(), topic.to_string(), p);
         self.progress.retain(|(g, t, p), _| g != group || t != topic || unheld.iter().any(|u| u.partition == *p));
-        let (mut out, mut oldest) = (Vec::new(), None::<Duration>);
+        let (mut out, mut oldest) = (Vec::new(), Duration::ZERO);
         for u in unheld {
             let e = self.progress.entry(key(u.partition)).or_insert((u.committed, now));
             if e.0 != u.committed {
@@ -123,10 +122,10 @@ impl Watch {
             let still = now.duration_since(e.1);
             if u.end > u.committed && !stall_after.is_zero() && still >= stall_after {
                 out.push((u.partition, (u.end - u.committed) as u64));
-                oldest = Some(oldest.map_or(still, |o| o.max(still)));
+                oldest = oldest.max(still);
             }
         }
-        (out, oldest)
+        (!out.is_empty()).then_some((out, oldest))
     }
 
     /// Notes a look at `group` at `now` (`empty`: it holds no partition of some topic
@@ -157,42 +156,43 @@ impl Watch {
     }
 }
 
-/// What one look at a member found, per topic: whether it holds none of it (and Kafka's
-/// metadata gives it partitions), and the partitions it does not hold.
-struct Seen {
-    topics: Vec<(String, bool, Vec<Unheld>)>,
+/// What one look at a member found of one of its topics.
+struct TopicLook {
+    topic: String,
+    /// It holds no partition of the topic, which has some.
+    none_held: bool,
+    /// The partitions it does not hold.
+    unheld: Vec<Unheld>,
 }
 
 /// Blocking: one look at `w`: its assignment (no request), each topic's partitions
-/// (metadata), and for those not held the group's committed offsets (OffsetFetch) and
-/// their ends (ListOffsets). A topic Kafka does not answer for is left out: nothing is
+/// (metadata), and for those not held where the group stands on them
+/// ([`group_positions`]). A topic Kafka does not answer for is left out: nothing is
 /// decided on what is not known.
-fn see(w: &Watched<'_>) -> Option<Seen> {
+fn see(w: &Watched<'_>) -> Option<Vec<TopicLook>> {
     let held: BTreeSet<(String, i32)> =
         w.consumer.assignment().ok()?.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
-    let mut topics = Vec::new();
+    let mut looks = Vec::new();
     for topic in &w.topics {
         let Ok(parts) = topic_partitions(w.consumer, topic, ASK_TIMEOUT) else { continue };
-        let empty = !parts.is_empty() && !parts.iter().any(|p| held.contains(&(topic.clone(), *p)));
-        let mut tpl = TopicPartitionList::new();
-        for p in parts.iter().filter(|p| !held.contains(&(topic.clone(), **p))) {
-            tpl.add_partition(topic, *p);
-        }
-        let mut unheld = Vec::new();
-        if tpl.count() > 0 {
-            let Ok(committed) = w.consumer.committed_offsets(tpl, ASK_TIMEOUT) else { continue };
-            for e in committed.elements() {
-                let Ok((low, end)) = w.consumer.fetch_watermarks(topic, e.partition(), ASK_TIMEOUT) else { continue };
-                let committed = match e.offset() {
-                    Offset::Offset(o) => o,
-                    _ => low,
-                };
-                unheld.push(Unheld { partition: e.partition(), committed, end });
-            }
-        }
-        topics.push((topic.clone(), empty, unheld));
+        let free: Vec<i32> = parts.iter().copied().filter(|p| !held.contains(&(topic.clone(), *p))).collect();
+        let positions = if free.is_empty() {
+            BTreeMap::new()
+        } else {
+            let Ok(positions) = group_positions(w.consumer, topic, &free, ASK_TIMEOUT) else { continue };
+            positions
+        };
+        let unheld = positions
+            .into_iter()
+            .map(|(partition, g)| Unheld { partition, committed: g.committed.unwrap_or(g.low), end: g.end })
+            .collect();
+        looks.push(TopicLook {
+            topic: topic.clone(),
+            none_held: !parts.is_empty() && free.len() == parts.len(),
+            unheld,
+        });
     }
-    Some(Seen { topics })
+    Some(looks)
 }
 
 /// Watches `members` every [`WATCH_EVERY`] until `shutdown` under `rules`: orphaned
@@ -223,23 +223,23 @@ fn check(members: &impl Members, mut watch: Watch, rules: Rules, health: &Monito
 
 /// Blocking: one look at one member.
 fn look_at(w: &Watched<'_>, watch: &mut Watch, rules: Rules, health: &Monitor, stats: &Stats) {
-    let Some(seen) = see(w) else { return };
+    let Some(looks) = see(w) else { return };
     let now = Instant::now();
     let (mut empty, mut orphaned) = (Vec::new(), Vec::new());
-    for (topic, none_held, unheld) in &seen.topics {
-        if *none_held {
-            empty.push(topic.clone());
+    for t in looks {
+        if t.none_held {
+            empty.push(t.topic.clone());
         }
-        let (parts, oldest) = watch.orphans(&w.group, topic, unheld, now, rules.stall_after);
-        let fact = oldest.map(|d| OrphanFact {
-            group: w.group.clone(),
-            partitions: parts.clone(),
-            for_ms: d.as_millis() as u64,
-        });
-        if !parts.is_empty() {
-            orphaned.push((topic.clone(), parts));
-        }
-        health.orphans(topic, fact);
+        let found = watch.orphans(&w.group, &t.topic, &t.unheld, now, rules.stall_after);
+        health.orphans(
+            &t.topic,
+            found.as_ref().map(|(parts, still)| OrphanFact {
+                group: w.group.clone(),
+                partitions: parts.clone(),
+                for_ms: still.as_millis() as u64,
+            }),
+        );
+        orphaned.extend(found.map(|(parts, _)| (t.topic, parts)));
     }
     if watch.look(&w.group, !empty.is_empty(), !orphaned.is_empty(), now, rules) == Verdict::Rejoin {
         tracing::warn!(
@@ -306,17 +306,17 @@ mod tests {
         let look = |w: &mut Watch, s: u64, four: i64| {
             w.orphans("g", "jobs", &[unheld(2, 100, 140), unheld(3, 50, 50), unheld(4, four, four + 9)], at(s), stall)
         };
-        assert_eq!(look(&mut w, 0, 10), (vec![], None));
-        assert_eq!(look(&mut w, 59, 20), (vec![], None));
-        assert_eq!(look(&mut w, 60, 30), (vec![(2, 40)], Some(Duration::from_secs(60))));
+        assert_eq!(look(&mut w, 0, 10), None);
+        assert_eq!(look(&mut w, 59, 20), None);
+        assert_eq!(look(&mut w, 60, 30), Some((vec![(2, 40)], Duration::from_secs(60))));
         // It moves: no longer orphaned, the clock starts again.
-        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(70), stall), (vec![], None));
-        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(130), stall), (vec![(2, 39)], Some(stall)));
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(70), stall), None);
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(130), stall), Some((vec![(2, 39)], stall)));
         // Held here now: forgotten; held elsewhere again later: timed afresh.
-        assert_eq!(w.orphans("g", "jobs", &[], at(140), stall), (vec![], None));
-        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(150), stall), (vec![], None));
+        assert_eq!(w.orphans("g", "jobs", &[], at(140), stall), None);
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(150), stall), None);
         // The rule off.
-        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(900), Duration::ZERO), (vec![], None));
+        assert_eq!(w.orphans("g", "jobs", &[unheld(2, 101, 140)], at(900), Duration::ZERO), None);
     }
 
     #[test]
@@ -324,9 +324,9 @@ mod tests {
         let (mut w, t0, stall) = (Watch::default(), Instant::now(), RULES.stall_after);
         let at = |s: u64| t0 + Duration::from_secs(s);
         w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(0), stall);
-        assert!(!w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(60), stall).0.is_empty());
+        assert!(w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(60), stall).is_some());
         assert_eq!(w.look("g", false, true, at(60), RULES), Verdict::Rejoin);
-        assert_eq!(w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(70), stall), (vec![], None), "timed afresh");
+        assert_eq!(w.orphans("g", "jobs", &[unheld(5, 0, 9)], at(70), stall), None, "timed afresh");
         assert_eq!(w.look("g", false, true, at(100), RULES), Verdict::Stay, "not within the threshold of the rejoin");
         assert_eq!(w.look("g", false, true, at(120), RULES), Verdict::Rejoin);
     }

@@ -40,13 +40,12 @@
 //! partition) per charge that would otherwise be dead-lettered for a registry reason; every
 //! other charge is routed at once.
 
-use crate::ingest::kafka_metadata::topic_partitions;
+use crate::ingest::kafka_metadata::{group_positions, topic_partitions, GroupPosition};
 use crate::kafka_client;
 use crate::model::{DeadLetterReason, Partition};
 use crate::telemetry::health::RegistryWaitFact;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::OwnedMessage;
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,16 +81,8 @@ pub struct Held {
     pub read_after: u64,
 }
 
-/// One `device.upserted` partition as Kafka answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceEnd {
-    /// The log start (low watermark).
-    pub low: i64,
-    /// The consumer group's committed offset, if any.
-    pub committed: Option<i64>,
-    /// The end (high watermark): one past the last record produced.
-    pub end: i64,
-}
+/// Where the group and the log stand on one `device.upserted` partition.
+pub type DeviceEnd = GroupPosition;
 
 /// The answer to one question: per `device.upserted` partition, or why Kafka gave none.
 pub type Answer = Result<BTreeMap<i32, DeviceEnd>, String>;
@@ -328,22 +319,7 @@ impl RegistryProbe {
         if parts.is_empty() {
             return Err(format!("{topic} has no partitions in Kafka's metadata"));
         }
-        let mut tpl = TopicPartitionList::new();
-        for p in &parts {
-            tpl.add_partition(topic, *p);
-        }
-        let committed =
-            client.committed_offsets(tpl, timeout).map_err(|e| format!("committed offsets of {topic}: {e}"))?;
-        let mut out = BTreeMap::new();
-        for p in parts {
-            let (low, end) =
-                client.fetch_watermarks(topic, p, timeout).map_err(|e| format!("end offset of {topic}/{p}: {e}"))?;
-            let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(o)) => Some(o),
-                _ => None,
-            };
-            out.insert(p, DeviceEnd { low, committed, end });
-        }
+        let out = group_positions(client, topic, &parts, timeout)?;
         // Serve the client's own events (errors, logs) so they do not pile up.
         let _ = client.poll(Duration::ZERO);
         Ok(out)
