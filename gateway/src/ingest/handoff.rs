@@ -29,6 +29,7 @@
 
 use crate::clock::Clock;
 use crate::config::TtlConfig;
+use crate::ingest::backoff::Backoff;
 use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::delivery_log::{DeliveryLog, LogError};
 use crate::ingest::device_jobs::{self, JobProducer};
@@ -346,7 +347,7 @@ impl Handoff {
                 (q.stored.device.clone(), q.stored.job.seq, accept.event_time, q.stored.job.message_id.clone())
             }));
         }
-        let (mut pause, mut failed) = (Duration::from_millis(100), false);
+        let (mut backoff, mut failed) = (Backoff::default(), false);
         let (mut unowned, mut forget) = (BTreeSet::new(), Vec::new());
         for (p, PartitionBatch { queued, pos, records: indices, forget: forgettable }) in by_partition {
             // Given up meanwhile, or its claim overtaken by another replica's (claimed again
@@ -366,12 +367,11 @@ impl Handoff {
                     Err(LogError::NotClaimed(_)) => ours = false,
                     Err(e) => {
                         failed = true;
-                        tracing::error!(error = %e, partition = p, retry_ms = pause.as_millis() as u64, "the accepted jobs did not reach the delivery log; retrying (reading is held)");
+                        tracing::error!(error = %e, partition = p, retry_ms = backoff.next_ms(), "the accepted jobs did not reach the delivery log; retrying (reading is held)");
                         self.health.outbox_failing(Some(format!("delivery log: {e}")));
-                        if self.shutdown.sleep(pause).await {
+                        if backoff.wait(&self.shutdown).await {
                             return None;
                         }
-                        pause = (pause * 2).min(Duration::from_secs(10));
                     }
                 }
             }
@@ -400,7 +400,7 @@ impl Handoff {
     }
 
     /// Tries a routed batch again after `error`, whole (its jobs produced again, then the
-    /// write), backing off from 100 ms doubling to 10 s, until it crosses or shutdown is
+    /// write), backing off ([`Backoff`]), until it crosses or shutdown is
     /// requested (`None`). Reports the failure to health meanwhile.
     async fn retry_routed(
         &self,
@@ -411,14 +411,13 @@ impl Handoff {
     ) -> (Vec<Accept>, Option<Written>) {
         let producer = self.jobs_out.clone().expect("routed");
         let changelog = self.changelog.as_ref().map(|(c, _)| (&**c, states));
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
-            tracing::error!(error = %error, retry_ms = pause.as_millis() as u64, "the batch did not cross to the device-jobs topic and the outbox; retrying (reading is held)");
+            tracing::error!(error = %error, retry_ms = backoff.next_ms(), "the batch did not cross to the device-jobs topic and the outbox; retrying (reading is held)");
             self.health.outbox_failing(Some(error.to_string()));
-            if self.shutdown.sleep(pause).await {
+            if backoff.wait(&self.shutdown).await {
                 return (accepts, None);
             }
-            pause = (pause * 2).min(Duration::from_secs(10));
             let (a, r, result) =
                 route_then_write(&producer, changelog, self.outbox.clone(), accepts, removals, self.clock.now_ms())
                     .await;

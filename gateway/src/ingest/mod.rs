@@ -93,6 +93,7 @@
 //! `shutdown_timeout_ms`. A SIGKILL at any point loses nothing either: what was not
 //! committed is read again and deduplicated by message id.
 
+pub(crate) mod backoff;
 pub mod backpressure;
 pub mod batch;
 pub mod cluster_reader;

@@ -7,10 +7,10 @@
 //! ends the retries, to stay within `shutdown_timeout_ms`: what was not stored is read
 //! again at the next start, since no offset was stored past it.
 
+use crate::ingest::backoff::Backoff;
 use crate::shutdown::Shutdown;
 use crate::store::{OutboxError, ReplayError};
 use crate::telemetry::Monitor;
-use std::time::Duration;
 
 /// Runs `f` (an outbox read or write: it waits for the disk) on a blocking thread.
 ///
@@ -44,7 +44,7 @@ where
     T: Send + 'static,
     W: FnMut(&mut S) -> Result<T, OutboxError> + Send + 'static,
 {
-    let mut delay = Duration::from_millis(100);
+    let mut backoff = Backoff::default();
     let mut held = Some((state, write));
     loop {
         let (mut state, mut write) = held.take().expect("state returned by the last attempt");
@@ -66,8 +66,7 @@ where
                     return (state, None);
                 }
                 tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
-                shutdown.sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+                backoff.wait(shutdown).await;
                 held = Some((state, write));
             }
         }
@@ -119,6 +118,7 @@ mod tests {
     use crate::store::Outbox;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
+    use std::time::Duration;
 
     /// A real refusal: an outbox where no folder can be made.
     fn refused() -> Result<(), OutboxError> {

@@ -18,6 +18,7 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::deliver::broker::PartitionLinks;
+use crate::ingest::backoff::Backoff;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
 use crate::ingest::cluster_reader::ClusterReader;
@@ -991,7 +992,7 @@ impl Pipeline {
             self.apply(consumer, decision);
             let (changelog, shutdown) = (changelog.clone(), self.shutdown.clone());
             self.restores.start(part, async move {
-                let mut pause = Duration::from_millis(100);
+                let mut backoff = Backoff::default();
                 let mut reading = changelog.states_of(p);
                 loop {
                     let read = tokio::task::spawn_blocking(move || {
@@ -1014,12 +1015,11 @@ impl Pipeline {
                             anyhow::anyhow!("the changelog reader's thread: {e}")
                         }
                     };
-                    tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot read a charge partition's route changelog; retrying (its records wait)");
-                    if shutdown.sleep(pause).await {
+                    tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = backoff.next_ms(), "cannot read a charge partition's route changelog; retrying (its records wait)");
+                    if backoff.wait(&shutdown).await {
                         // Cancelled with the loop's other restores.
                         std::future::pending::<()>().await;
                     }
-                    pause = (pause * 2).min(Duration::from_secs(10));
                 }
             });
         }
@@ -1064,7 +1064,7 @@ impl Pipeline {
     /// no longer assigned); for a device-jobs partition, `offset` is also stored as the
     /// group's offset (every record below it is in the delivery log).
     async fn read_on_from(&mut self, consumer: &impl GroupReader, part: &Partition, offset: i64) {
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::default();
         loop {
             match consumer.seek(part, offset) {
                 Ok(()) => {
@@ -1080,11 +1080,10 @@ impl Pipeline {
                     return;
                 }
                 Err(e) => {
-                    tracing::error!(topic = %part.0, partition = part.1, offset, error = %e, retry_ms = pause.as_millis() as u64, "cannot read a restored partition on from its position; retrying");
-                    if self.shutdown.sleep(pause).await {
+                    tracing::error!(topic = %part.0, partition = part.1, offset, error = %e, retry_ms = backoff.next_ms(), "cannot read a restored partition on from its position; retrying");
+                    if backoff.wait(&self.shutdown).await {
                         return;
                     }
-                    pause = (pause * 2).min(Duration::from_secs(10));
                 }
             }
         }
@@ -1218,18 +1217,17 @@ impl Pipeline {
             self.apply(consumer, decision);
             let (log, links, shutdown) = (log.clone(), self.partition_links.clone(), self.shutdown.clone());
             self.restores.start(part, async move {
-                let mut pause = Duration::from_millis(100);
+                let mut backoff = Backoff::default();
                 let mut progress = log.take_of(p);
                 let restored = loop {
                     match log.claim(&mut progress, Duration::from_secs(10)).await {
                         Ok(r) => break r,
                         Err(e) => {
-                            tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = pause.as_millis() as u64, "cannot claim a partition taken in its delivery log; retrying (its devices wait)");
-                            if shutdown.sleep(pause).await {
+                            tracing::error!(partition = p, error = %format!("{e:#}"), retry_ms = backoff.next_ms(), "cannot claim a partition taken in its delivery log; retrying (its devices wait)");
+                            if backoff.wait(&shutdown).await {
                                 // Cancelled with the loop's other restores.
                                 std::future::pending::<()>().await;
                             }
-                            pause = (pause * 2).min(Duration::from_secs(10));
                         }
                     }
                 };
