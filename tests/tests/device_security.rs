@@ -20,6 +20,11 @@
 //! 8. One device over the limit gets CONNACK 3, and gets in once another leaves.
 //! 9. A device removed from the registry is disconnected and refused.
 //!
+//! And the protocol levels pixgate does not speak: `mosquitto_pub -V mqttv5` gets an MQTT 5
+//! CONNACK with reason code 0x84, `-V mqttv31` and a level-6 CONNECT (written raw through
+//! `openssl s_client`) get CONNACK 1, each then closed; another protocol's name is closed
+//! without an answer.
+//!
 //! Each refusal is also checked on `/stats` (`mqtt_refusals` by rule: logged and counted).
 //! Every wait polls under a generous deadline; nothing is timed.
 
@@ -347,6 +352,73 @@ async fn an_idle_socket_holds_up_nobody_and_the_limit_answers_connack_3() {
     rig.wait_stats(WAIT, |s| s.counters.mqtt_connected == 1).await;
     mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.third"), &a_status, &[]).await.unwrap();
     first.stop().await;
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Writes `bytes` to pixgate's device listener over TLS with device `id`'s certificate
+/// (`openssl s_client`, an outside client) and returns all pixgate wrote back until it
+/// closed the connection.
+async fn raw_over_tls(port: u16, pki: &Pki, id: &str, bytes: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncWriteExt;
+    let devices = pki.ca.join("devices");
+    let mut cmd = tokio::process::Command::new("openssl");
+    cmd.args(["s_client", "-quiet", "-connect", &format!("127.0.0.1:{port}"), "-verify_return_error"])
+        .arg("-CAfile")
+        .arg(pki.ca.join("ca.crt"))
+        .arg("-cert")
+        .arg(devices.join(format!("{id}.crt")))
+        .arg("-key")
+        .arg(devices.join(format!("{id}.key")));
+    let mut child =
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(bytes).await.unwrap();
+    // stdin stays open: `-quiet` ignores its end, and s_client exits when pixgate closes.
+    let out =
+        tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("pixgate closed the connection").unwrap();
+    drop(stdin);
+    out.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let scratch = std::env::temp_dir().join(format!("pixgate-device-levels-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let pki = Pki::create(&bin, &scratch);
+    let rig = Rig::builder("device-levels").envs(pki.env(10_000, 100)).start().await;
+    let port = rig.settings().mqtt_port;
+    rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
+    let a_status = Topic::Status(A.into()).path();
+    let v = |version: &str| [String::from("-V"), version.to_string()];
+
+    // MQTT 5 from Debian's mosquitto_pub: its CONNACK's reason code 0x84, in MQTT 5 framing.
+    let e =
+        mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &v("mqttv5").each_ref().map(String::as_str))
+            .await
+            .unwrap_err();
+    // mosquitto_pub exits with the reason code it was given (132 = 0x84).
+    assert!(e.starts_with("exit status: 132") && e.contains("Unsupported Protocol Version"), "MQTT 5: {e}");
+    // MQTT 3.1 (`MQIsdp`, level 3): CONNACK 1.
+    let e =
+        mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &v("mqttv31").each_ref().map(String::as_str))
+            .await
+            .unwrap_err();
+    assert!(e.contains("unacceptable protocol version"), "MQTT 3.1: {e}");
+    // Level 6 of `MQTT`, which no version defines: CONNACK 1, then closed.
+    let level6 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0];
+    assert_eq!(raw_over_tls(port, &pki, A, &level6).await, [0x20, 0x02, 0x00, 0x01], "level 6: CONNACK 1 and a close");
+    // Another protocol's name: closed without an answer.
+    let amqp = [0x10, 12, 0, 4, b'A', b'M', b'Q', b'P', 4, 0x02, 0, 30, 0, 0];
+    assert_eq!(raw_over_tls(port, &pki, A, &amqp).await, Vec::<u8>::new(), "not MQTT: closed, nothing said");
+    let s = rig.gateway().stats().unwrap();
+    assert_eq!(refusals(&s, "protocol_version"), 3, "{:?}", s.counters.mqtt_refusals);
+    assert_eq!(refusals(&s, "malformed"), 1, "{:?}", s.counters.mqtt_refusals);
+
+    // An MQTT 3.1.1 device beside them is unchanged.
+    mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &[]).await.unwrap();
     rig.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -62,8 +62,13 @@ pub fn may_will(device: &str, topic: &[u8]) -> bool {
 /// `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rule {
-    /// The first packet was not a valid CONNECT (or not MQTT 3.1.1).
+    /// The first packet was not a valid CONNECT (a protocol name other than `MQTT` or
+    /// MQTT 3.1's `MQIsdp` included): closed without a CONNACK.
     Malformed,
+    /// A CONNECT of a protocol level pixgate does not speak (MQTT 3.1.1 speaks level 4
+    /// only): CONNACK 1 (MQTT 3.1.1 §3.1.2.2), or for MQTT 5 a CONNACK with reason code
+    /// 0x84 "Unsupported Protocol Version" (MQTT 5 §3.1.2.2), then closed.
+    ProtocolVersion,
     /// No CONNECT (or no TLS handshake) within `mqtt.connect_timeout_ms`.
     ConnectTimeout,
     /// The TLS handshake failed: a certificate the fleet CA did not sign, revoked or
@@ -103,13 +108,14 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// The label: `malformed`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
+    /// The label: `malformed`, `protocol_version`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
     /// `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
     /// `identity_mismatch`, `unknown_device`, `disabled_device`, `will`, `subscribe`,
     /// `publish`, `too_large`, `revoked`.
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::Malformed => "malformed",
+            Rule::ProtocolVersion => "protocol_version",
             Rule::ConnectTimeout => "connect_timeout",
             Rule::TlsHandshake => "tls_handshake",
             Rule::HandshakesBusy => "handshakes_busy",

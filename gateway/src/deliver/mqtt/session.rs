@@ -1,7 +1,9 @@
 //! One device connection: CONNECT, authentication, then every packet checked against the
 //! access rules, between the socket and the device's place in the [`Hub`].
 //!
-//! MQTT 3.1.1 is decoded and encoded with rumqttc's codec (`mqttbytes::v4`); what a broker
+//! MQTT 3.1.1 is decoded and encoded with rumqttc's codec (`mqttbytes::v4`), and a CONNECT
+//! of any other protocol level is answered with the refusal its own version defines
+//! ([`Rule::ProtocolVersion`]) and closed; what a broker
 //! does for a device is done here: QoS 1 (and 2) acknowledgements of what it publishes, its
 //! jobs written at the QoS its subscription was granted, the will published when the
 //! socket closes without DISCONNECT.
@@ -63,6 +65,86 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     }
 }
 
+/// A CONNECT's protocol name and level (MQTT 3.1.1 §3.1.2.1–2; MQTT 5 §3.1.2.1–2), read
+/// before the packet is decoded: a level-5 CONNECT carries properties the 3.1.1 codec would
+/// read as the client id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Protocol {
+    name: Vec<u8>,
+    level: u8,
+}
+
+impl Protocol {
+    /// MQTT 3.1.1, the one protocol pixgate speaks.
+    fn is_v311(&self) -> bool {
+        self.name == b"MQTT" && self.level == 4
+    }
+
+    /// The answer to a CONNECT of another protocol before the connection is closed, or
+    /// `None` for a protocol name that is not MQTT's (closed without an answer, MQTT 3.1.1
+    /// §3.1.2.1): for `MQTT` level 5 a MQTT 5 CONNACK with reason code 0x84 "Unsupported
+    /// Protocol Version" and no properties (MQTT 5 §3.2.2.2); for any other level of
+    /// `MQTT` or MQTT 3.1's `MQIsdp`, CONNACK return code 1 "unacceptable protocol version"
+    /// (MQTT 3.1.1 §3.2.2.3, MQTT 3.1 §3.2).
+    fn refusal(&self) -> Option<&'static [u8]> {
+        match (self.name.as_slice(), self.level) {
+            (b"MQTT", 5) => Some(&[0x20, 0x03, 0x00, 0x84, 0x00]),
+            (b"MQTT" | b"MQIsdp", _) => Some(&[0x20, 0x02, 0x00, 0x01]),
+            _ => None,
+        }
+    }
+
+    /// The protocol of the CONNECT at the start of `buf`: `Ok(None)` while more bytes are
+    /// needed, `Err` when `buf` does not start with a CONNECT that names a protocol
+    /// (another packet type, a remaining length or name that cannot be one).
+    fn peek(buf: &[u8]) -> Result<Option<Protocol>, String> {
+        let Some(&first) = buf.first() else { return Ok(None) };
+        if first != 0x10 {
+            return Err("first packet is not CONNECT".into());
+        }
+        // The remaining length: 1 to 4 bytes, 7 bits each (MQTT 3.1.1 §2.2.3).
+        let mut at = 1;
+        loop {
+            let Some(&b) = buf.get(at) else { return Ok(None) };
+            at += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+            if at == 5 {
+                return Err("malformed remaining length".into());
+            }
+        }
+        let (Some(&hi), Some(&lo)) = (buf.get(at), buf.get(at + 1)) else { return Ok(None) };
+        let len = usize::from(u16::from_be_bytes([hi, lo]));
+        if len > 6 {
+            return Err(format!("a protocol name of {len} bytes"));
+        }
+        let Some(name) = buf.get(at + 2..at + 2 + len) else { return Ok(None) };
+        let Some(&level) = buf.get(at + 2 + len) else { return Ok(None) };
+        Ok(Some(Protocol { name: name.to_vec(), level }))
+    }
+}
+
+impl<S: AsyncRead + Unpin> Reader<S> {
+    /// The protocol the first packet, a CONNECT, names (nothing consumed: the packet is read
+    /// with [`Reader::next`] after); `Err` as [`Reader::next`].
+    async fn protocol(&mut self) -> Result<Protocol, (Option<Rule>, String)> {
+        loop {
+            match Protocol::peek(&self.buf) {
+                Ok(Some(p)) => return Ok(p),
+                Ok(None) => {}
+                Err(why) => return Err((Some(Rule::Malformed), why)),
+            }
+            self.buf.reserve(64);
+            match self.io.read_buf(&mut self.buf).await {
+                Ok(0) => return Err((None, "closed by the device".into())),
+                Ok(_) => {}
+                Err(e) => return Err((None, e.to_string())),
+            }
+        }
+    }
+}
+
 /// Longest a write to a device may take: a device that stops reading (its TCP window
 /// full) must not hold its session, its keep-alive and its disconnection forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -109,7 +191,14 @@ pub async fn serve<S>(
     // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
     let standing = shared.directory.changes();
     let credentials = shared.credentials_changed();
-    let first = match tokio::time::timeout_at(deadline, reader.next()).await {
+    let first = tokio::time::timeout_at(deadline, async {
+        let protocol = reader.protocol().await?;
+        if !protocol.is_v311() {
+            return Ok(Err(protocol));
+        }
+        reader.next().await.map(Ok)
+    });
+    let first = match first.await {
         Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no CONNECT in time"),
         Ok(Err((rule, why))) => {
             return match rule {
@@ -117,7 +206,21 @@ pub async fn serve<S>(
                 None => tracing::debug!(addr = %peer.addr, %why, "socket closed before CONNECT"),
             }
         }
-        Ok(Ok(p)) => p,
+        Ok(Ok(Err(protocol))) => {
+            let name = String::from_utf8_lossy(&protocol.name);
+            let Some(answer) = protocol.refusal() else {
+                return shared.refuse(Rule::Malformed, &peer, None, &format!("protocol name {name:?}"));
+            };
+            let why = format!("protocol {name} level {} (MQTT 3.1.1 is level 4 of MQTT)", protocol.level);
+            shared.refuse(Rule::ProtocolVersion, &peer, None, &why);
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+                wr.write_all(answer).await?;
+                wr.shutdown().await
+            })
+            .await;
+            return;
+        }
+        Ok(Ok(Ok(p))) => p,
     };
     let Packet::Connect(connect) = first else {
         return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
@@ -369,5 +472,96 @@ impl Conn<'_> {
         };
         write(wr, &[answer]).await?;
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rumqttc::mqttbytes::v4::{Connect, Login};
+    use rumqttc::v5::mqttbytes::v5 as mqtt5;
+
+    const DEVICE: &str = "dev-7f80e222f828767efc2f9162";
+
+    /// Every strict prefix of `bytes` asks for more; the whole names its protocol.
+    fn peek_whole(bytes: &[u8]) -> Protocol {
+        let whole = Protocol::peek(bytes).unwrap().expect("the whole header");
+        let needed = (0..bytes.len()).find(|&n| Protocol::peek(&bytes[..n]).unwrap().is_some()).unwrap_or(bytes.len());
+        for n in 0..needed {
+            assert_eq!(Protocol::peek(&bytes[..n]), Ok(None), "{n} bytes");
+        }
+        whole
+    }
+
+    #[test]
+    fn a_311_connect_goes_on_to_the_codec() {
+        let mut buf = BytesMut::new();
+        let mut connect = Connect::new(DEVICE);
+        connect.keep_alive = 30;
+        connect.login = Some(Login::new(DEVICE, "secret"));
+        Packet::Connect(connect).write(&mut buf, usize::MAX).unwrap();
+        let p = peek_whole(&buf);
+        assert!(p.is_v311(), "{p:?}");
+    }
+
+    #[test]
+    fn an_mqtt5_connect_is_answered_0x84_in_mqtt5_framing() {
+        // Written by rumqttc's MQTT 5 codec, with properties: what the 3.1.1 codec would
+        // read as the client id's length.
+        let mut buf = BytesMut::new();
+        let mut props = mqtt5::ConnectProperties::new();
+        props.session_expiry_interval = Some(3_600);
+        props.receive_maximum = Some(1);
+        let connect =
+            mqtt5::Connect { keep_alive: 30, client_id: DEVICE.into(), clean_start: true, properties: Some(props) };
+        connect.write(&None, &None, &mut buf).unwrap();
+        let p = peek_whole(&buf);
+        assert_eq!((p.name.as_slice(), p.level, p.is_v311()), (&b"MQTT"[..], 5, false));
+        // The answer, read back by rumqttc's MQTT 5 codec.
+        let mut answer = BytesMut::from(p.refusal().unwrap());
+        match mqtt5::Packet::read(&mut answer, None).unwrap() {
+            mqtt5::Packet::ConnAck(ack) => {
+                assert_eq!(
+                    (ack.session_present, ack.code),
+                    (false, mqtt5::ConnectReturnCode::UnsupportedProtocolVersion)
+                );
+                assert_eq!(ack.properties, None, "no properties");
+            }
+            other => panic!("not a CONNACK: {other:?}"),
+        }
+        assert!(answer.is_empty(), "nothing after the CONNACK");
+    }
+
+    #[test]
+    fn other_levels_get_connack_1_and_other_names_nothing() {
+        // MQTT 3.1: protocol name `MQIsdp`, level 3 (MQTT V3.1 §3.1), then flags, keep-alive,
+        // client id.
+        let mut v31 = vec![0x10, 0];
+        v31.extend_from_slice(&[0, 6]);
+        v31.extend_from_slice(b"MQIsdp");
+        v31.extend_from_slice(&[3, 0x02, 0, 30, 0, 4]);
+        v31.extend_from_slice(b"dev-");
+        v31[1] = u8::try_from(v31.len() - 2).unwrap();
+        let level6 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0];
+        for (bytes, level) in [(&v31[..], 3), (&level6[..], 6)] {
+            let p = peek_whole(bytes);
+            assert_eq!((p.level, p.is_v311()), (level, false));
+            let mut answer = BytesMut::from(p.refusal().unwrap());
+            let ack = Packet::read(&mut answer, usize::MAX).unwrap();
+            assert_eq!(ack, connack(ConnectReturnCode::RefusedProtocolVersion, false), "level {level}");
+            assert!(answer.is_empty());
+        }
+        let other = [0x10, 9, 0, 3, b'A', b'M', b'Q', 4, 0x02, 0, 30];
+        assert_eq!(Protocol::peek(&other).unwrap().unwrap().refusal(), None, "not MQTT: closed without an answer");
+    }
+
+    #[test]
+    fn what_cannot_be_a_connect_is_malformed() {
+        // A PUBLISH first; a remaining length of five bytes; a name too long for MQTT's.
+        assert!(Protocol::peek(&[0x30, 2, 0, 0]).is_err());
+        assert!(Protocol::peek(&[0x10, 0x80, 0x80, 0x80, 0x80, 0x01]).is_err());
+        assert!(Protocol::peek(&[0x10, 20, 0, 40]).is_err());
+        // A fixed header with reserved flags set is not a CONNECT either (MQTT 3.1.1 §2.2.2).
+        assert!(Protocol::peek(&[0x11, 2, 0, 4]).is_err());
     }
 }
