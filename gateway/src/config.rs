@@ -302,6 +302,13 @@ pub struct MqttConfig {
     /// to the CONNACK); a socket beyond it is closed (the device retries), so a storm of
     /// reconnects cannot exhaust memory, and those admitted are answered in time.
     pub max_handshakes: usize,
+    /// Most of those `max_handshakes` one source address may hold, so that sockets from
+    /// one address that never finish their handshake (a slowloris, a broken device in a
+    /// loop) cannot keep every other device out. A quarter of the default pool: a shop
+    /// behind NAT, or a carrier's NAT address shared by hundreds of card machines, still
+    /// reconnects 64 at a time, each handshake taking a round trip or two, and the devices
+    /// beyond it retry.
+    pub max_handshakes_per_address: usize,
     /// Most connections from one source address. Generous by default: a shop behind NAT
     /// is one address, and card machines on a mobile network may share a carrier's NAT
     /// address by the hundred.
@@ -322,6 +329,7 @@ impl Default for MqttConfig {
             max_payload_bytes: 1 << 20,
             max_connections: 10_000,
             max_handshakes: 256,
+            max_handshakes_per_address: 64,
             max_per_address: 1_000,
             connect_timeout_ms: 10_000,
         }

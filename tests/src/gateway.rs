@@ -112,6 +112,7 @@ impl GatewayProcess {
             .env("PIXGATE_MQTT__REQUIRE_REGISTERED", "false")
             // Every simulated device connects from 127.0.0.1.
             .env("PIXGATE_MQTT__MAX_PER_ADDRESS", "1000000")
+            .env("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", "1000000")
             .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{}", settings.http_port))
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)

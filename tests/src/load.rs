@@ -265,7 +265,8 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     // Every simulated device comes from 127.0.0.1: room for the whole fleet.
     let room = (cfg.devices + 64).max(256).to_string();
     env.push(("PIXGATE_MQTT__MAX_CONNECTIONS", room.clone()));
-    env.push(("PIXGATE_MQTT__MAX_PER_ADDRESS", room));
+    env.push(("PIXGATE_MQTT__MAX_PER_ADDRESS", room.clone()));
+    env.push(("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", room));
     if cfg.cluster_partitions > 0 {
         env.push(("PIXGATE_CLUSTER__ENABLED", "true".into()));
         env.push(("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS_TOPIC.into()));

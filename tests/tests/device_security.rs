@@ -422,3 +422,59 @@ async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     rig.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sockets_held_from_one_address_keep_no_other_device_out() {
+    mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let scratch = std::env::temp_dir().join(format!("pixgate-device-slowloris-pki-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let pki = Pki::create(&bin, &scratch);
+    // The shipped limits on sockets being set up (the harness lifts the per-address one for
+    // its simulated fleets), and a long handshake deadline: the held sockets outlast the run.
+    let defaults = gateway::config::MqttConfig::default();
+    let per_address = defaults.max_handshakes_per_address;
+    let rig = Rig::builder("device-slowloris")
+        .envs(pki.env(60_000, 100))
+        .env("PIXGATE_MQTT__MAX_HANDSHAKES", defaults.max_handshakes.to_string())
+        .env("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", per_address.to_string())
+        .start()
+        .await;
+    let port = rig.settings().mqtt_port;
+    rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
+    assert!(per_address < defaults.max_handshakes, "one address cannot take every place");
+
+    // 1,000 sockets from 127.0.0.1 that never start TLS, held.
+    const HELD: usize = 1_000;
+    let held: Vec<std::net::TcpStream> =
+        (0..HELD).map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap()).collect();
+    let refused = (HELD - per_address) as u64;
+    rig.wait_stats(WAIT, |s| refusals(s, "handshakes_per_address") >= refused).await;
+
+    // Card machines from other addresses get in meanwhile, over TLS with their certificates.
+    for (id, from) in [(A, "127.0.0.2"), (B, "127.0.0.3")] {
+        let status = Topic::Status(id.into()).path();
+        mosquitto_pub(port, &pki.cert(id), &format!("dev-{id}"), &status, &["-A", from])
+            .await
+            .unwrap_or_else(|e| panic!("{id} from {from}, with {HELD} sockets held from 127.0.0.1: {e}"));
+    }
+    // ... while the sockets admitted from 127.0.0.1 are still held open by pixgate.
+    let open = held
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut buf = [0u8; 1];
+            matches!(std::io::Read::read(&mut &**s, &mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    assert_eq!(open, per_address, "the admitted sockets are held, the others were closed at accept");
+    let s = rig.gateway().stats().unwrap();
+    assert_eq!(refusals(&s, "handshakes_per_address"), refused, "{:?}", s.counters.mqtt_refusals);
+    assert_eq!(refusals(&s, "handshakes_busy"), 0, "{:?}", s.counters.mqtt_refusals);
+    println!(
+        "{HELD} sockets held from 127.0.0.1: {per_address} admitted and held, {refused} refused at accept; two card machines from 127.0.0.2 and .3 got in meanwhile"
+    );
+    drop(held);
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}

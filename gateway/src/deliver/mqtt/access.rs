@@ -77,6 +77,9 @@ pub enum Rule {
     TlsHandshake,
     /// `mqtt.max_handshakes` sockets were already being set up.
     HandshakesBusy,
+    /// `mqtt.max_handshakes_per_address` sockets from this address were already being set
+    /// up.
+    HandshakesPerAddress,
     /// `mqtt.max_per_address` connections from this address already.
     PerAddress,
     /// `mqtt.max_connections` devices connected already: CONNACK 3.
@@ -109,7 +112,7 @@ pub enum Rule {
 
 impl Rule {
     /// The label: `malformed`, `protocol_version`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
-    /// `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
+    /// `handshakes_per_address`, `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
     /// `identity_mismatch`, `unknown_device`, `disabled_device`, `will`, `subscribe`,
     /// `publish`, `too_large`, `revoked`.
     pub fn as_str(self) -> &'static str {
@@ -119,6 +122,7 @@ impl Rule {
             Rule::ConnectTimeout => "connect_timeout",
             Rule::TlsHandshake => "tls_handshake",
             Rule::HandshakesBusy => "handshakes_busy",
+            Rule::HandshakesPerAddress => "handshakes_per_address",
             Rule::PerAddress => "per_address",
             Rule::Capacity => "capacity",
             Rule::ClientId => "client_id",

@@ -6,7 +6,9 @@
 //! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` connections are being admitted
 //! at once, up to their CONNACK (a socket beyond that is closed at once, and its device
 //! retries), so a reconnect storm after a
-//! restart is served at the rate the machine can, without queueing unbounded work.
+//! restart is served at the rate the machine can, without queueing unbounded work. One
+//! source address holds at most `mqtt.max_handshakes_per_address` of those, so sockets
+//! from one address that never finish cannot keep the rest of the fleet out.
 
 use super::access::Rule;
 use super::auth::{Authenticator, Peer};
@@ -44,6 +46,7 @@ pub struct Shared {
     connected: AtomicUsize,
     per_address: Mutex<HashMap<IpAddr, usize>>,
     handshakes: Arc<Semaphore>,
+    handshakes_per_address: Mutex<HashMap<IpAddr, usize>>,
     /// Bumped when the TLS files or the secrets change: connected devices check that what
     /// they proved themselves with still holds.
     credentials: tokio::sync::watch::Sender<u64>,
@@ -72,6 +75,7 @@ impl Shared {
             connected: AtomicUsize::new(0),
             per_address: Mutex::default(),
             handshakes,
+            handshakes_per_address: Mutex::default(),
             credentials: tokio::sync::watch::channel(0).0,
         }
     }
@@ -120,6 +124,20 @@ impl Shared {
         Some(Slot { shared: self })
     }
 
+    /// A place among the connections being admitted, if `ip` holds fewer than
+    /// `mqtt.max_handshakes_per_address` of them and fewer than `mqtt.max_handshakes` are
+    /// taken in all; otherwise the rule that refuses the socket.
+    fn handshake_slot(self: &Arc<Self>, ip: IpAddr) -> Result<Handshake, Rule> {
+        let mut map = self.handshakes_per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(ip).or_default();
+        if *n >= self.cfg.max_handshakes_per_address.max(1) {
+            return Err(Rule::HandshakesPerAddress);
+        }
+        let permit = self.handshakes.clone().try_acquire_owned().map_err(|_| Rule::HandshakesBusy)?;
+        *n += 1;
+        Ok(Handshake { _permit: permit, shared: self.clone(), ip })
+    }
+
     fn address_slot(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
         let mut map = self.per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = map.entry(ip).or_default();
@@ -140,6 +158,27 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.shared.connected.fetch_sub(1, Ordering::AcqRel);
         self.shared.stats.update(|s| s.mqtt_connected = s.mqtt_connected.saturating_sub(1));
+    }
+}
+
+/// A connection being admitted (TLS handshake, CONNECT, authentication), counted against
+/// `mqtt.max_handshakes` and its address's `mqtt.max_handshakes_per_address` until
+/// dropped: once the device has its CONNACK, or the socket is closed.
+pub struct Handshake {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        let mut map = self.shared.handshakes_per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.ip);
+            }
+        }
     }
 }
 
@@ -182,9 +221,16 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
             shared.refuse(Rule::PerAddress, &peer, None, "at mqtt.max_per_address");
             continue;
         };
-        let Ok(permit) = shared.handshakes.clone().try_acquire_owned() else {
-            shared.refuse(Rule::HandshakesBusy, &peer, None, "at mqtt.max_handshakes");
-            continue;
+        let permit = match shared.handshake_slot(addr.ip()) {
+            Ok(h) => h,
+            Err(rule) => {
+                let why = match rule {
+                    Rule::HandshakesPerAddress => "at mqtt.max_handshakes_per_address",
+                    _ => "at mqtt.max_handshakes",
+                };
+                shared.refuse(rule, &peer, None, why);
+                continue;
+            }
         };
         let _ = socket.set_nodelay(true);
         let shutdown = shared.shutdown.clone();
@@ -202,7 +248,7 @@ async fn connection(
     socket: TcpStream,
     addr: SocketAddr,
     shared: Arc<Shared>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Handshake,
     _address: AddressSlot,
 ) {
     let mut peer = Peer { addr, tls: shared.tls.is_some(), certificate: None, serial: None };

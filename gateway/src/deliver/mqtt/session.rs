@@ -11,7 +11,7 @@
 use super::access::{self, Rule};
 use super::auth::{Credential, Peer, Refusal};
 use super::hub::{Attached, Hub};
-use super::listener::Shared;
+use super::listener::{Handshake, Shared};
 use bytes::{Bytes, BytesMut};
 use device_protocol::Topic;
 use rumqttc::mqttbytes::v4::{
@@ -173,17 +173,12 @@ fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
-/// `handshake` is the listener's handshake permit, released once the device has its
+/// `handshake` is the listener's handshake slot, released once the device has its
 /// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
-/// `mqtt.max_handshakes`. The CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms`
+/// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms`
 /// after the socket was accepted, the TLS handshake included).
-pub async fn serve<S>(
-    io: S,
-    peer: Peer,
-    shared: Arc<Shared>,
-    handshake: tokio::sync::OwnedSemaphorePermit,
-    deadline: tokio::time::Instant,
-) where
+pub async fn serve<S>(io: S, peer: Peer, shared: Arc<Shared>, handshake: Handshake, deadline: tokio::time::Instant)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(io);
