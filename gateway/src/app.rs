@@ -109,6 +109,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 broker,
                 cfg.cluster.enabled.then_some(cfg.cluster.device_job_partitions),
                 health.clone(),
+                stats.clone(),
                 incoming_tx.clone(),
                 devices.clone(),
             )

@@ -309,6 +309,15 @@ pub struct MqttConfig {
     /// reconnects 64 at a time, each handshake taking a round trip or two, and the devices
     /// beyond it retry.
     pub max_handshakes_per_address: usize,
+    /// Packets one device connection may send a second (its acks, status, pings; not its
+    /// PUBACKs of the jobs it is sent); beyond it a packet is dropped unanswered, and a
+    /// device beyond it for 10 s on end is disconnected. A card machine sends a few a
+    /// minute; with one job in flight a device acks at most one job per round trip, and a
+    /// dropped ack only brings its job again after the ack timeout.
+    pub max_messages_per_second: u32,
+    /// Bytes (of PUBLISH topics and payloads) one device connection may send a second, as
+    /// `max_messages_per_second`.
+    pub max_bytes_per_second: u64,
     /// Most connections from one source address. Generous by default: a shop behind NAT
     /// is one address, and card machines on a mobile network may share a carrier's NAT
     /// address by the hundred.
@@ -330,6 +339,8 @@ impl Default for MqttConfig {
             max_connections: 10_000,
             max_handshakes: 256,
             max_handshakes_per_address: 64,
+            max_messages_per_second: 100,
+            max_bytes_per_second: 262_144,
             max_per_address: 1_000,
             connect_timeout_ms: 10_000,
         }

@@ -110,9 +110,12 @@ impl GatewayProcess {
             .env("PIXGATE_MQTT__PLAIN", "true")
             .env("PIXGATE_MQTT__ANONYMOUS", "true")
             .env("PIXGATE_MQTT__REQUIRE_REGISTERED", "false")
-            // Every simulated device connects from 127.0.0.1.
+            // Every simulated device connects from 127.0.0.1, and acks its jobs at loopback
+            // speed (a backlog of hundreds per device in the crash and load runs).
             .env("PIXGATE_MQTT__MAX_PER_ADDRESS", "1000000")
             .env("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", "1000000")
+            .env("PIXGATE_MQTT__MAX_MESSAGES_PER_SECOND", "1000000")
+            .env("PIXGATE_MQTT__MAX_BYTES_PER_SECOND", "1000000000")
             .env("PIXGATE_HTTP__LISTEN", format!("127.0.0.1:{}", settings.http_port))
             .env("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", settings.ack_timeout_ms.to_string())
             .env("PIXGATE_OUTBOX__PATH", &settings.outbox_path)

@@ -28,16 +28,21 @@ pub enum Incoming {
 
 impl Incoming {
     /// Decodes a device message from its topic and payload: an [`Ack`] on
-    /// `pixgate/v1/devices/{id}/acks`, a [`Status`] on `…/status`. `None` for any other
-    /// topic, and for a malformed payload (logged: a device's bug, not an event pixgate
-    /// owns).
-    pub fn parse(topic: &str, payload: &[u8]) -> Option<Incoming> {
-        let parsed = match Topic::parse(topic)? {
-            Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Incoming::Ack { device, ack }),
-            Topic::Status(device) => serde_json::from_slice(payload).map(|status| Incoming::Status { device, status }),
-            Topic::Jobs(_) => return None,
-        };
-        parsed.map_err(|e| tracing::warn!(%topic, error = %e, "malformed device message")).ok()
+    /// `pixgate/v1/devices/{id}/acks`, a [`Status`] on `…/status`. `Ok(None)` for any other
+    /// topic.
+    ///
+    /// # Errors
+    /// The payload is not what the topic carries (a device's bug, not an event pixgate
+    /// owns: the caller counts it and drops it).
+    pub fn parse(topic: &str, payload: &[u8]) -> Result<Option<Incoming>, serde_json::Error> {
+        let Some(topic) = Topic::parse(topic) else { return Ok(None) };
+        match topic {
+            Topic::Acks(device) => serde_json::from_slice(payload).map(|ack| Some(Incoming::Ack { device, ack })),
+            Topic::Status(device) => {
+                serde_json::from_slice(payload).map(|status| Some(Incoming::Status { device, status }))
+            }
+            Topic::Jobs(_) => Ok(None),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! `ops` combines them.
 
 pub mod health;
+pub mod log_limit;
 pub mod presence;
 pub mod recent;
 pub mod stats;

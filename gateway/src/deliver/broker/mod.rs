@@ -33,7 +33,7 @@ pub use status_board::StatusBoard;
 use crate::config::BrokerConfig;
 use crate::model::Incoming;
 use crate::shutdown::Shutdown;
-use crate::telemetry::Monitor;
+use crate::telemetry::{Monitor, Stats};
 use anyhow::{bail, Context};
 use link::Links;
 use std::sync::Arc;
@@ -47,8 +47,9 @@ const REQUESTS: usize = 256;
 /// (with `partitions`, the device-jobs topic's partition count in the central shape: one
 /// connection per partition owned, opened as partitions are taken,
 /// [`BrokerPublisher::partitions`]), and the acks connection, which forwards device acks
-/// and status to `incoming` and records presence on the returned board. All reconnect
-/// until `shutdown` is requested, and are tracked by it; their state goes to `health`.
+/// and status to `incoming` and records presence on the returned board (a malformed one is
+/// counted on `stats`, rule `malformed_message`). All reconnect until `shutdown` is
+/// requested, and are tracked by it; their state goes to `health`.
 ///
 /// # Errors
 /// The settings are inconsistent (neither TLS nor `plain`, both, a certificate without a
@@ -58,6 +59,7 @@ pub fn start(
     cfg: &BrokerConfig,
     partitions: Option<i32>,
     health: Arc<Monitor>,
+    stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
 ) -> anyhow::Result<(BrokerPublisher, Arc<StatusBoard>)> {
@@ -86,6 +88,6 @@ pub fn start(
             publisher::partitioned(parts, links.clone())
         }
     };
-    receiver::start(acks, links, board.clone(), incoming, shutdown);
+    receiver::start(acks, links, board.clone(), stats, incoming, shutdown);
     Ok((publisher, board))
 }

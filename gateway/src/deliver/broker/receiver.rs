@@ -13,12 +13,19 @@ use super::status_board::StatusBoard;
 use super::REQUESTS;
 use crate::model::Incoming;
 use crate::shutdown::Shutdown;
+use crate::telemetry::log_limit::LogLimit;
+use crate::telemetry::Stats;
 use device_protocol::topics::{ALL_ACKS, ALL_STATUS};
+use device_protocol::Topic;
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode,
 };
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+/// The refusal label of a device message that is not what its topic carries (as the
+/// device listener's `malformed_message` rule).
+const MALFORMED_MESSAGE: &str = "malformed_message";
 
 /// Starts the acks connection with `options` and its event loop (tracked by `shutdown`,
 /// ending when it is requested, or when `incoming` is closed).
@@ -26,16 +33,19 @@ pub fn start(
     options: MqttOptions,
     links: Arc<Links>,
     board: Arc<StatusBoard>,
+    stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
 ) {
     let (client, eventloop) = AsyncClient::new(options, REQUESTS);
-    shutdown.spawn(drive(client, eventloop, links, board, incoming, shutdown.clone()));
+    shutdown.spawn(drive(client, eventloop, links, board, stats, incoming, shutdown.clone()));
 }
 
 /// The acks connection's event loop: subscribes at each CONNACK, checks the SUBACK,
 /// forwards each device message to `incoming` (waiting while it is full, so the broker's
-/// further messages wait in the socket and the broker) and records statuses on `board`.
+/// further messages wait in the socket and the broker) and records statuses on `board`; a
+/// malformed one is counted (`mqtt_refusals{rule="malformed_message"}`), logged within
+/// [`LogLimit`]'s bounds and dropped.
 /// rumqttc acknowledges a message (PUBACK) as it reads it, so an ack read and not yet
 /// forwarded when pixgate dies is lost: its job is sent again after the ack timeout, and
 /// the device dedupes and acks it again.
@@ -44,10 +54,12 @@ async fn drive(
     mut eventloop: EventLoop,
     links: Arc<Links>,
     board: Arc<StatusBoard>,
+    stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
 ) {
     let mut backoff = Backoff::default();
+    let log_limit = LogLimit::default();
     loop {
         let event = tokio::select! {
             _ = shutdown.requested() => return,
@@ -73,7 +85,21 @@ async fn drive(
                 }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                let Some(msg) = Incoming::parse(&p.topic, &p.payload) else { continue };
+                let msg = match Incoming::parse(&p.topic, &p.payload) {
+                    Ok(Some(msg)) => msg,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        stats.mqtt_refused(MALFORMED_MESSAGE);
+                        let device = match Topic::parse(&p.topic) {
+                            Some(Topic::Acks(d) | Topic::Status(d) | Topic::Jobs(d)) => d,
+                            None => String::new(),
+                        };
+                        if log_limit.admit(MALFORMED_MESSAGE, &device) {
+                            tracing::warn!(rule = MALFORMED_MESSAGE, %device, topic = %p.topic, error = %e, "device message dropped: not what its topic carries");
+                        }
+                        continue;
+                    }
+                };
                 if let Incoming::Status { device, status } = &msg {
                     board.record(device, status);
                 }

@@ -105,6 +105,15 @@ pub enum Rule {
     Publish,
     /// A packet larger than `mqtt.max_payload_bytes`: connection closed.
     TooLarge,
+    /// An ack or status whose payload is not a device-protocol `Ack` or `Status` (or a
+    /// will that is not a `Status`): dropped, and acknowledged at the MQTT level; the
+    /// connection stays.
+    MalformedMessage,
+    /// A packet beyond `mqtt.max_messages_per_second` or `mqtt.max_bytes_per_second`:
+    /// dropped unanswered.
+    MessageRate,
+    /// A device beyond its rate for 10 s on end: disconnected.
+    RateDisconnect,
     /// The certificate or secret a connected device proved itself with was revoked:
     /// disconnected.
     Revoked,
@@ -114,7 +123,8 @@ impl Rule {
     /// The label: `malformed`, `protocol_version`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
     /// `handshakes_per_address`, `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
     /// `identity_mismatch`, `unknown_device`, `disabled_device`, `will`, `subscribe`,
-    /// `publish`, `too_large`, `revoked`.
+    /// `publish`, `too_large`, `malformed_message`, `message_rate`,
+    /// `rate_disconnect`, `revoked`.
     pub fn as_str(self) -> &'static str {
         match self {
             Rule::Malformed => "malformed",
@@ -135,6 +145,9 @@ impl Rule {
             Rule::Subscribe => "subscribe",
             Rule::Publish => "publish",
             Rule::TooLarge => "too_large",
+            Rule::MalformedMessage => "malformed_message",
+            Rule::MessageRate => "message_rate",
+            Rule::RateDisconnect => "rate_disconnect",
             Rule::Revoked => "revoked",
         }
     }

@@ -190,18 +190,13 @@ impl Hub {
         taken
     }
 
-    /// A message `device` published on `topic` (already checked: its own acks or status),
-    /// decoded and passed to the gateway. Waits while the gateway's channel is full.
-    /// Malformed messages are logged and dropped here: they are a device's bug, not an
-    /// event pixgate owns.
+    /// A message a device published on its own acks or status (checked and decoded by its
+    /// session), passed to the gateway. Waits while the gateway's channel is full.
     ///
     /// # Errors
     /// The gateway stopped reading (shutdown).
-    pub async fn from_device(&self, topic: &str, payload: &[u8]) -> Result<(), mpsc::error::SendError<Incoming>> {
-        match Incoming::parse(topic, payload) {
-            Some(msg) => self.incoming.send(msg).await,
-            None => Ok(()),
-        }
+    pub async fn from_device(&self, msg: Incoming) -> Result<(), mpsc::error::SendError<Incoming>> {
+        self.incoming.send(msg).await
     }
 
     /// Client ids with state in the hub (connected, or persistent and away).
@@ -350,11 +345,13 @@ mod tests {
     #[tokio::test]
     async fn acks_and_status_reach_the_gateway_and_garbage_does_not() {
         let (hub, mut rx) = hub();
+        let parse = |topic: &str, payload: &[u8]| Incoming::parse(topic, payload);
         let ack = serde_json::to_vec(&device_protocol::Ack::done("m1", 3, false)).unwrap();
-        hub.from_device("pixgate/v1/devices/a/acks", &ack).await.unwrap();
-        hub.from_device("pixgate/v1/devices/a/acks", b"not json").await.unwrap();
+        hub.from_device(parse("pixgate/v1/devices/a/acks", &ack).unwrap().unwrap()).await.unwrap();
+        assert!(parse("pixgate/v1/devices/a/acks", b"not json").is_err(), "garbage is an error for the session");
+        assert!(parse("pixgate/v1/devices/a/jobs", b"{}").unwrap().is_none(), "not a device's message");
         let status = serde_json::to_vec(&device_protocol::Status { v: 1, online: true, printer: None }).unwrap();
-        hub.from_device("pixgate/v1/devices/a/status", &status).await.unwrap();
+        hub.from_device(parse("pixgate/v1/devices/a/status", &status).unwrap().unwrap()).await.unwrap();
         match rx.try_recv() {
             Ok(Incoming::Ack { device, ack }) => assert_eq!((device.as_str(), ack.seq), ("a", 3)),
             other => panic!("{other:?}"),

@@ -18,6 +18,7 @@ use super::tls::{certificate_identity, Tls};
 use crate::config::MqttConfig;
 use crate::model::Directory;
 use crate::shutdown::Shutdown;
+use crate::telemetry::log_limit::LogLimit;
 use crate::telemetry::Stats;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+
+/// How often the accept loop writes the refusals' summaries that are due ([`LogLimit`]).
+const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 
 /// What every connection shares.
 pub struct Shared {
@@ -43,6 +47,8 @@ pub struct Shared {
     pub hub: Arc<Hub>,
     /// Ends the accept loop, every connection and the credentials watch.
     pub shutdown: Shutdown,
+    /// Bounds the refusals' log lines.
+    pub log_limit: LogLimit,
     connected: AtomicUsize,
     per_address: Mutex<HashMap<IpAddr, usize>>,
     handshakes: Arc<Semaphore>,
@@ -72,6 +78,7 @@ impl Shared {
             stats,
             hub,
             shutdown,
+            log_limit: LogLimit::default(),
             connected: AtomicUsize::new(0),
             per_address: Mutex::default(),
             handshakes,
@@ -109,10 +116,14 @@ impl Shared {
         });
     }
 
-    /// Logs and counts a refusal (`rule`) of `peer` (and `device`, if known).
+    /// Counts a refusal (`rule`) of `peer` (and `device`, if known), and logs it within
+    /// [`LogLimit`]'s bounds (by device, or by address before the device is known).
     pub fn refuse(&self, rule: Rule, peer: &Peer, device: Option<&str>, why: &str) {
-        tracing::warn!(rule = rule.as_str(), device = device.unwrap_or("-"), addr = %peer.addr, why, "device refused");
         self.stats.mqtt_refused(rule.as_str());
+        let source = device.map_or_else(|| peer.addr.ip().to_string(), str::to_string);
+        if self.log_limit.admit(rule.as_str(), &source) {
+            tracing::warn!(rule = rule.as_str(), device = device.unwrap_or("-"), addr = %peer.addr, why, "device refused");
+        }
     }
 
     /// A connected-device slot, if fewer than `mqtt.max_connections` are taken; freed on
@@ -202,9 +213,16 @@ impl Drop for AddressSlot {
 /// Accepts devices on `listener` until shutdown; then every connection, in its handshake
 /// or connected, is closed (a device's will is not published: the device did nothing).
 pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
+    // The refusals' summaries are written even when no refusal follows a burst.
+    let mut summaries = tokio::time::interval(SUMMARY_EVERY);
+    summaries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let accepted = tokio::select! {
             () = shared.shutdown.requested() => return,
+            _ = summaries.tick() => {
+                shared.log_limit.log_due();
+                continue;
+            }
             a = listener.accept() => a,
         };
         let (socket, addr) = match accepted {

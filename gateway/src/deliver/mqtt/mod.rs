@@ -17,6 +17,7 @@
 pub mod access;
 pub mod auth;
 pub mod hub;
+pub mod inbound;
 pub mod listener;
 pub mod publisher;
 pub mod session;

@@ -11,7 +11,9 @@
 use super::access::{self, Rule};
 use super::auth::{Credential, Peer, Refusal};
 use super::hub::{Attached, Hub};
+use super::inbound::{self, Inbound, Verdict};
 use super::listener::{Handshake, Shared};
+use crate::model::Incoming;
 use bytes::{Bytes, BytesMut};
 use device_protocol::Topic;
 use rumqttc::mqttbytes::v4::{
@@ -258,6 +260,11 @@ where
         hub: &hub,
         granted: subscribed,
         next_pkid: 0,
+        inbound: Inbound::new(
+            shared.cfg.max_messages_per_second,
+            shared.cfg.max_bytes_per_second,
+            tokio::time::Instant::now(),
+        ),
     };
     let end = if write(&mut wr, &[connack(ConnectReturnCode::Success, session_present)]).await.is_err() {
         End::Lost("CONNACK not written".into())
@@ -278,7 +285,13 @@ where
     hub.detach(&conn.client_id, session);
     if !matches!(end, End::Clean | End::Replaced) {
         if let Some(LastWill { topic, message, .. }) = connect.last_will {
-            let _ = hub.from_device(&topic, &message).await;
+            match Incoming::parse(&topic, &message) {
+                Ok(Some(msg)) => {
+                    let _ = hub.from_device(msg).await;
+                }
+                Ok(None) => {}
+                Err(e) => shared.refuse(Rule::MalformedMessage, &peer, Some(&conn.device), &format!("{e} in its will")),
+            }
         }
     }
     let _ = wr.shutdown().await;
@@ -300,6 +313,8 @@ struct Conn<'a> {
     granted: Option<QoS>,
     /// The last packet identifier used for a job sent at QoS 1.
     next_pkid: u16,
+    /// What it may still send this second.
+    inbound: Inbound,
 }
 
 impl Conn<'_> {
@@ -340,6 +355,26 @@ impl Conn<'_> {
                         Err((None, why)) => return End::Lost(why),
                     };
                     heard = tokio::time::Instant::now();
+                    let bytes = match &packet {
+                        Packet::Publish(p) => p.topic.len() + p.payload.len(),
+                        _ => 0,
+                    };
+                    // A device may always leave, and its MQTT-level answers to the jobs sent to it are
+                    // as many as the jobs: neither counts against its rate.
+                    let answer = matches!(packet, Packet::Disconnect | Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_));
+                    let verdict = if answer { Verdict::Take } else { self.inbound.admit(bytes, heard) };
+                    match verdict {
+                        Verdict::Take => {}
+                        Verdict::Drop => {
+                            self.shared.refuse(Rule::MessageRate, self.peer, Some(&self.device), "beyond mqtt.max_messages_per_second or mqtt.max_bytes_per_second: packet dropped");
+                            continue;
+                        }
+                        Verdict::Disconnect => {
+                            let why = format!("beyond its rate for {} s: disconnected", inbound::SUSTAINED.as_secs());
+                            self.shared.refuse(Rule::RateDisconnect, self.peer, Some(&self.device), &why);
+                            return End::Refused;
+                        }
+                    }
                     match self.on_device_packet(packet, wr).await {
                         Ok(None) => {}
                         Ok(Some(end)) => return end,
@@ -410,9 +445,20 @@ impl Conn<'_> {
                 }
                 // Acknowledged once the gateway has it (QoS 2 is delivered at PUBREC, so a
                 // device that sends it again after a lost PUBREC is seen twice; acks and
-                // status are idempotent for the dispatcher).
-                if self.hub.from_device(&p.topic, &p.payload).await.is_err() {
-                    return Ok(Some(End::Replaced));
+                // status are idempotent for the dispatcher). A payload that is not what its
+                // topic carries is counted and dropped, and acknowledged all the same: a
+                // device's bug, which sending it again would not mend.
+                match Incoming::parse(&p.topic, &p.payload) {
+                    Ok(Some(msg)) => {
+                        if self.hub.from_device(msg).await.is_err() {
+                            return Ok(Some(End::Replaced));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let why = format!("{} on {}", e, p.topic);
+                        self.shared.refuse(Rule::MalformedMessage, self.peer, Some(&self.device), &why);
+                    }
                 }
                 match p.qos {
                     QoS::AtMostOnce => return Ok(None),
