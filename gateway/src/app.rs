@@ -77,7 +77,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
 
     let outbox = Arc::new(
-        Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes)
+        Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes, cfg.outbox.check_on_open)
             .with_context(|| format!("opening the outbox {}", cfg.outbox.path.display()))?,
     );
     // The registry is restored before devices may connect: at a restart the whole fleet

@@ -187,6 +187,11 @@ pub struct OutboxConfig {
     /// Charge states (last applied `__v` and status) the router keeps in memory, entries;
     /// older ones are read back from the outbox. At least `4 × batch_max_records`.
     pub charge_cache_entries: usize,
+    /// Verify the checksum of every page of the outbox when it is opened (redb's integrity
+    /// check), so that a file damaged outside pixgate (a failing SD card or eMMC, a copy cut
+    /// short) is refused at start with an error naming it, where an unchecked open can
+    /// panic inside redb at the first read of a damaged page. It reads the whole file.
+    pub check_on_open: bool,
 }
 
 impl Default for OutboxConfig {
@@ -201,6 +206,7 @@ impl Default for OutboxConfig {
             deadletter_retention_hours: 168,
             cache_bytes: DEFAULT_CACHE_BYTES,
             charge_cache_entries: DEFAULT_CHARGE_CACHE,
+            check_on_open: true,
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::ingest::replay::Replayed;
 use crate::ops::inspect::{self, InspectError};
 use crate::store::Outbox;
+use anyhow::Context;
 use clap::Subcommand;
 use serde_json::{json, Value};
 
@@ -28,6 +29,14 @@ pub enum OutboxCmd {
         device: String,
         /// The job's seq.
         seq: u64,
+    },
+    /// Verifies the checksum of every page of an outbox file (redb's integrity check, as
+    /// `outbox.check_on_open` does at start) and reads every queued job: exit status 0 and
+    /// what it holds when intact, 1 with what is damaged otherwise. On a stopped gateway's
+    /// file, or a copy: a running gateway holds its file locked.
+    Check {
+        /// The file (`outbox.path` by default).
+        file: Option<std::path::PathBuf>,
     },
 }
 
@@ -120,6 +129,27 @@ pub async fn fetch(
     }
 }
 
+/// `pixgate outbox check`: opens the outbox at `path` with redb's integrity check and reads
+/// every queued job's row back. Returns a line saying what it holds.
+///
+/// # Errors
+/// No such file (one is not created), locked by a running gateway, damaged
+/// ([`crate::store::OutboxError::Damaged`]), or a row that does not read back.
+pub fn check(path: &std::path::Path) -> anyhow::Result<String> {
+    anyhow::ensure!(path.is_file(), "no outbox file at {}", path.display());
+    let outbox = Outbox::open_with_cache(path, crate::config::DEFAULT_CACHE_BYTES, true)?;
+    let jobs = outbox.pending().with_context(|| format!("reading the queued jobs of {}", path.display()))?;
+    let devices = jobs.iter().map(|j| j.device.as_str()).collect::<std::collections::BTreeSet<_>>().len();
+    let deadletters =
+        outbox.deadletters().with_context(|| format!("reading the dead letters of {}", path.display()))?;
+    Ok(format!(
+        "the outbox {} is intact: every page passes its checksum; {} jobs queued for {devices} devices, {} dead letters",
+        path.display(),
+        jobs.len(),
+        deadletters.len()
+    ))
+}
+
 /// Prints `v` as JSON on stdout, or its `error` on stderr when `ok` is false.
 pub fn print_result(ok: bool, v: &Value) {
     let text = serde_json::to_string_pretty(v).expect("JSON prints");
@@ -143,6 +173,17 @@ pub enum Inspection {
 /// # Errors
 /// Neither the gateway nor the outbox file could be reached.
 pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
+    if let Inspection::Outbox(OutboxCmd::Check { file }) = &cmd {
+        let path = file.as_deref().unwrap_or(&cfg.outbox.path);
+        match check(path) {
+            Ok(summary) => println!("{summary}"),
+            Err(e) => {
+                eprintln!("{e:#}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let token = cfg.http.admin_token()?;
     let target = Target { http_listen: &cfg.http.listen, admin_token: token.as_deref(), path: &cfg.outbox.path };
@@ -158,6 +199,7 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
                 run(t, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
             }
+            Inspection::Outbox(OutboxCmd::Check { .. }) => unreachable!("answered above, without the gateway"),
             Inspection::DeadLetter(DeadLetterCmd::List) => {
                 run(t, "/deadletters".into(), false, inspect::deadletter_list).await
             }

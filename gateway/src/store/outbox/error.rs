@@ -16,6 +16,19 @@ pub enum OutboxError {
     /// The folder for the outbox file cannot be made.
     #[error("outbox folder: {0}")]
     Folder(#[from] std::io::Error),
+    /// The file fails redb's integrity check (a page whose checksum does not match): it was
+    /// changed outside pixgate, by a failing disk or a copy cut short.
+    #[error(
+        "the outbox {} is damaged ({detail}): it was changed outside pixgate (a failing disk or SD card, a copy cut short), and pixgate will not run on it. `pixgate outbox check {}` tells the same of any copy. Move the file aside (keep it), and start on an empty outbox: the jobs it held that no device had done are then read again only if the consumer group is moved back to before them (`pixgate kafka reposition --to-time`, docs/operations.md, \"A damaged outbox\"), and the devices drop by message id what they had already done",
+        path.display(),
+        path.display()
+    )]
+    Damaged {
+        /// The file.
+        path: std::path::PathBuf,
+        /// redb's words for what failed.
+        detail: String,
+    },
 }
 
 macro_rules! from_redb {

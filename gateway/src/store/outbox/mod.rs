@@ -72,20 +72,31 @@ impl Outbox {
     /// # Errors
     /// As [`Outbox::open_with_cache`].
     pub fn open(path: &Path) -> Result<Outbox, OutboxError> {
-        Outbox::open_with_cache(path, crate::config::DEFAULT_CACHE_BYTES)
+        Outbox::open_with_cache(path, crate::config::DEFAULT_CACHE_BYTES, false)
     }
 
     /// Opens (or creates) the outbox at `path`, creating its folder, with a page cache of
-    /// `cache_bytes` (`outbox.cache_bytes`).
+    /// `cache_bytes` (`outbox.cache_bytes`); with `check` (`outbox.check_on_open`), every
+    /// page's checksum is verified first (redb's `Builder::set_check_integrity_on_open`,
+    /// which reads the whole file).
     ///
     /// # Errors
     /// The file cannot be created or is not a redb database, or is locked by another
-    /// process (one gateway per outbox).
-    pub fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<Outbox, OutboxError> {
+    /// process (one gateway per outbox); with `check`, [`OutboxError::Damaged`] when a page
+    /// fails its checksum.
+    pub fn open_with_cache(path: &Path, cache_bytes: usize, check: bool) -> Result<Outbox, OutboxError> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let db = redb::Builder::new().set_cache_size(cache_bytes).create(path).map_err(err)?;
+        let db =
+            redb::Builder::new().set_cache_size(cache_bytes).set_check_integrity_on_open(check).create(path).map_err(
+                |e| match e {
+                    redb::DatabaseError::Storage(redb::StorageError::Corrupted(detail)) => {
+                        OutboxError::Damaged { path: path.to_path_buf(), detail }
+                    }
+                    other => err(other),
+                },
+            )?;
         let tx = db.begin_write().map_err(err)?;
         schema::create_all(&tx)?;
         tx.commit().map_err(err)?;

@@ -1,0 +1,113 @@
+//! A damaged outbox is named, not a panic: the outbox of a stopped pixgate holding queued
+//! jobs gets random bytes over the pages that hold them (as a failing SD card or eMMC
+//! would leave it), and pixgate then refuses to start with one clear error naming the
+//! file, what is wrong and what to do, instead of exiting 101 from inside redb.
+//! `pixgate outbox check FILE` says the same of the damaged file and passes a copy taken
+//! before the damage.
+//!
+//! Real parts: tansu, the `pixgate` binary, its CLI; the damage is done to the file itself.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::harness::Rig;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// A card machine of the fixtures that stays offline: its jobs wait in the outbox.
+const TERMINAL: &str = "7f80e222f828767efc2f9162";
+/// redb's page size.
+const PAGE: u64 = 4096;
+
+/// Overwrites with pseudo-random bytes every page of `path` that holds `needle`; returns
+/// how many.
+fn damage_pages_holding(path: &Path, needle: &[u8]) -> usize {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).unwrap().read_to_end(&mut bytes).unwrap();
+    let mut pages: Vec<u64> =
+        bytes.windows(needle.len()).enumerate().filter(|(_, w)| *w == needle).map(|(i, _)| i as u64 / PAGE).collect();
+    pages.dedup();
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for &p in &pages {
+        let noise: Vec<u8> = (0..PAGE)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        file.seek(SeekFrom::Start(p * PAGE)).unwrap();
+        file.write_all(&noise).unwrap();
+    }
+    file.sync_all().unwrap();
+    pages.len()
+}
+
+/// `pixgate ARGS` on the outbox at `outbox` (no Kafka needed before the outbox is open):
+/// exit code, stdout, stderr.
+fn pixgate(bin: &Path, outbox: &Path, brokers: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin)
+        .args(args)
+        .env("PIXGATE_OUTBOX__PATH", outbox)
+        .env("PIXGATE_KAFKA__BROKERS", brokers)
+        .env("PIXGATE_MQTT__LISTEN", "127.0.0.1:0")
+        .env("PIXGATE_MQTT__PLAIN", "true")
+        .env("PIXGATE_HTTP__LISTEN", "127.0.0.1:0")
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_outbox_is_named_with_what_to_do_not_a_panic() {
+    let mut rig = Rig::builder("outbox-damage").start().await;
+    rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
+    let mut message_ids = Vec::new();
+    for n in 0..3u64 {
+        let rec = rig.publish_charge(TERMINAL, n).await;
+        let event: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
+        let event_id = event["eventId"].as_str().unwrap();
+        message_ids.push(device_protocol::message_id(event_id, TERMINAL, device_protocol::EffectKind::DisplayQr));
+    }
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.outbox_jobs >= 1 && s.counters.pending_records == 0).await;
+    assert!(rig.stop_gateway(Duration::from_secs(30)), "pixgate stopped cleanly");
+
+    let outbox = rig.settings().outbox_path.clone();
+    let intact = outbox.with_extension("intact.redb");
+    std::fs::copy(&outbox, &intact).unwrap();
+    let bin = rig.bin().to_path_buf();
+    let brokers = rig.brokers().to_string();
+    let (code, out, err) = pixgate(&bin, &intact, &brokers, &["outbox", "check", intact.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("intact"), "{out}");
+
+    // The pages that hold the queued job (its message id is in its row).
+    let queued = message_ids.last().unwrap();
+    let damaged = damage_pages_holding(&outbox, queued.as_bytes());
+    assert!(damaged >= 1, "the queued job {queued} is in the file");
+    println!("outbox damage: {damaged} page(s) holding job {queued} overwritten");
+
+    let (code, out, err) = pixgate(&bin, &outbox, &brokers, &["run"]);
+    println!("pixgate run on the damaged outbox: exit {code}\n{err}");
+    assert_eq!(code, 1, "an error exit, not a panic's 101: {out}{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let line = err.lines().find(|l| l.contains("damaged")).unwrap_or_else(|| panic!("no word of the damage: {err}"));
+    assert!(line.contains(outbox.to_str().unwrap()), "the file is named: {line}");
+    assert!(err.contains("pixgate outbox check"), "what to do: {err}");
+
+    let (code, out, err) = pixgate(&bin, &outbox, &brokers, &["outbox", "check", outbox.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("damaged") && err.contains(outbox.to_str().unwrap()), "{err}");
+    rig.shutdown();
+}
