@@ -244,6 +244,8 @@ pub struct KafkaConfig {
     /// `fetch.wait.max.ms`: how long the broker may hold a fetch waiting for data. Every
     /// charge event waits for it when the broker does not answer as soon as a record
     /// arrives (tansu), so it is latency a customer in front of the card machine sees.
+    /// Keep it well below `health.kafka_down_after_ms`: a fetch held longer reads as a
+    /// broker not answering.
     pub fetch_wait_max_ms: u32,
     /// librdkafka `debug` contexts for troubleshooting, e.g. `cgrp` (consumer group joins
     /// and rebalances) or `consumer,fetch`; empty = none. Logged at debug level under the

@@ -52,6 +52,31 @@ impl KafkaBroker {
             Command::new("bash").arg(script).arg("stop").arg(&self.dir).stderr(std::process::Stdio::null()).status();
     }
 
+    /// Freezes the broker (SIGSTOP to its process group): its connections stay open and
+    /// nothing is answered, as a broker whose disk or network hangs. [`KafkaBroker::thaw`]
+    /// lets it go on.
+    ///
+    /// # Errors
+    /// It is not running, or the signal was refused.
+    pub fn freeze(&self) -> anyhow::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// SIGCONT to a broker [`KafkaBroker::freeze`] stopped.
+    ///
+    /// # Errors
+    /// As [`KafkaBroker::freeze`].
+    pub fn thaw(&self) -> anyhow::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, sig: &str) -> anyhow::Result<()> {
+        let pid = self.pid().ok_or_else(|| anyhow::anyhow!("the broker is not running"))?;
+        let ok = Command::new("kill").args([sig, "--", &format!("-{pid}")]).status()?.success();
+        anyhow::ensure!(ok, "kill {sig} -{pid} failed");
+        Ok(())
+    }
+
     /// Kills the broker at once (SIGKILL to its process group): a broker crash. What it
     /// acknowledged is in its SQLite file.
     pub fn kill(&self) {

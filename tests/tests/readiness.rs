@@ -335,3 +335,38 @@ fn a_port_in_use_stops_pixgate_at_start() {
     drop(taken);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A broker frozen with its connections open (SIGSTOP) is reported by readiness within
+/// `health.kafka_down_after_ms`, whatever the session timeout: with
+/// `kafka.session_timeout_ms = 60000` nothing else would tell for a minute (the
+/// connections stay `UP`, the partitions stay assigned).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_broker_is_named_within_the_threshold() {
+    let rig = Rig::builder("readiness-frozen")
+        .env("PIXGATE_KAFKA__SESSION_TIMEOUT_MS", "60000")
+        .env("PIXGATE_KAFKA__INSTANCE_ID", "")
+        .start()
+        .await;
+    let gw = rig.gateway();
+    gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
+    gw.readyz_until("ready", Duration::from_secs(60), |c, _| c == 200).await;
+
+    rig.broker().freeze().unwrap();
+    let frozen = Instant::now();
+    let body = gw
+        .readyz_until("named the frozen broker", Duration::from_secs(45), |c, b| {
+            c == 503 && b.contains("kafka broker not answering: ")
+        })
+        .await;
+    let named_after = frozen.elapsed();
+    let port = rig.brokers().rsplit(':').next().unwrap().to_string();
+    let line = body.lines().find(|l| l.starts_with("kafka broker not answering")).unwrap();
+    assert!(line.contains(&format!(":{port}/")), "the broker is named: {line}");
+    assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_silent")]), Some(1.0));
+
+    rig.broker().thaw().unwrap();
+    gw.readyz_until("ready again once it answers", Duration::from_secs(120), |c, _| c == 200).await;
+    assert_eq!(sample(&metrics(gw), "pixgate_alarm", &[("alarm", "kafka_silent")]), Some(0.0));
+    println!("readiness: a frozen broker named after {named_after:?} (threshold 10 s, session timeout 60 s): {line}");
+    rig.shutdown();
+}

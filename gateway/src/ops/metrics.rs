@@ -37,10 +37,11 @@ pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, st
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
 const TOPIC_ALARMS: [&str; 5] = ["unassigned", "orphaned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
-const GLOBAL_ALARMS: [&str; 6] = [
+const GLOBAL_ALARMS: [&str; 7] = [
     "consumer_not_running",
     "consumer_idle",
     "kafka_unreachable",
+    "kafka_silent",
     "delivery_stalled",
     "registry_behind",
     "consume_error",

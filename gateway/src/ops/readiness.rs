@@ -37,7 +37,7 @@
 
 use crate::config::HealthConfig;
 use crate::telemetry::health::{
-    ConsumeErrorFact, Facts, Monitor, OrphanFact, RegistryWaitFact, TopicFacts, DEVICES_NAMED,
+    ConsumeErrorFact, Facts, Monitor, OrphanFact, RegistryWaitFact, TopicFacts, WaitingBroker, DEVICES_NAMED,
 };
 use std::collections::BTreeMap;
 use std::fmt;
@@ -64,6 +64,12 @@ pub enum Reason {
         down_ms: u64,
         /// The connections' states, e.g. `127.0.0.1:9092/1 CONNECT`.
         brokers: Vec<String>,
+    },
+    /// Broker connections `UP` with requests waiting and nothing received for
+    /// `health.kafka_down_after_ms` (a broker frozen with its connections open).
+    KafkaSilent {
+        /// Those connections.
+        brokers: Vec<WaitingBroker>,
     },
     /// No partition of a subscribed topic held.
     Unassigned {
@@ -145,13 +151,14 @@ pub enum Reason {
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
-    /// `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
+    /// `kafka_silent`, `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
     /// `consume_error`, `device_broker_unreachable` (the `alarm` label on `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
             Reason::ConsumerIdle { .. } => "consumer_idle",
             Reason::KafkaUnreachable { .. } => "kafka_unreachable",
+            Reason::KafkaSilent { .. } => "kafka_silent",
             Reason::Unassigned { .. } => "unassigned",
             Reason::Orphaned { .. } => "orphaned",
             Reason::Stalled { .. } => "stalled",
@@ -201,6 +208,15 @@ impl fmt::Display for Reason {
                     write!(f, " ({})", brokers.join(", "))?;
                 }
                 Ok(())
+            }
+            Reason::KafkaSilent { brokers } => {
+                let each: Vec<String> = brokers
+                    .iter()
+                    .map(|b| {
+                        format!("{} ({} requests waiting, nothing received for {} ms)", b.name, b.requests, b.silent_ms)
+                    })
+                    .collect();
+                write!(f, "kafka broker not answering: {}", each.join(", "))
             }
             Reason::Unassigned { topic, for_ms } => {
                 write!(f, "topic {topic} unassigned: no partition held for {for_ms} ms")
@@ -286,6 +302,13 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
     if let Some(b) = facts.brokers.as_ref().filter(|_| kafka_down) {
         if on(rules.kafka_down_after_ms, since(facts.last_broker_up)) {
             out.push(Reason::KafkaUnreachable { down_ms: since(facts.last_broker_up), brokers: b.down.clone() });
+        }
+    }
+    if let Some(b) = &facts.brokers {
+        let silent: Vec<WaitingBroker> =
+            b.waiting.iter().filter(|w| on(rules.kafka_down_after_ms, w.silent_ms)).cloned().collect();
+        if !silent.is_empty() {
+            out.push(Reason::KafkaSilent { brokers: silent });
         }
     }
     for (topic, t) in &facts.topics {
@@ -446,7 +469,7 @@ mod tests {
     }
 
     fn up() -> BrokerSample {
-        BrokerSample { up: 1, down: vec![] }
+        BrokerSample { up: 1, ..BrokerSample::default() }
     }
 
     fn offsets(end: i64, position: i64) -> PartitionOffsets {
@@ -536,7 +559,7 @@ mod tests {
     #[test]
     fn kafka_unreachable_after_the_threshold_and_clears_when_a_broker_is_up() {
         let mut t = healthy();
-        let down = BrokerSample { up: 0, down: vec!["127.0.0.1:9092/1 CONNECT".into()] };
+        let down = BrokerSample { up: 0, down: vec!["127.0.0.1:9092/1 CONNECT".into()], ..BrokerSample::default() };
         t.kafka(2_000, down.clone(), []);
         t.kafka(10_999, down.clone(), []);
         assert!(kinds(10_999, &t, &rules()).is_empty(), "up 9999 ms ago: not yet");
@@ -551,13 +574,55 @@ mod tests {
     }
 
     #[test]
+    fn a_broker_up_that_stops_answering_is_named_after_the_threshold() {
+        // librdkafka's view of a broker frozen with its connection open: UP, a fetch and a
+        // heartbeat waiting, nothing received for a while (`rxidle`, µs).
+        let frozen = |idle_ms: i64, waiting: i64| {
+            let broker = |name: &str, source: &str, waitresp_cnt: i64, rxidle: i64| rdkafka::statistics::Broker {
+                name: name.into(),
+                source: source.into(),
+                state: "UP".into(),
+                waitresp_cnt,
+                rxidle,
+                ..Default::default()
+            };
+            let stats = rdkafka::statistics::Statistics {
+                brokers: [
+                    ("1".to_string(), broker("127.0.0.1:9092/1", "learned", waiting, idle_ms * 1_000)),
+                    // An alias, and a connection that has nothing to wait for: not counted.
+                    ("c".to_string(), broker("GroupCoordinator", "logical", 3, 60_000_000)),
+                    ("b".to_string(), broker("127.0.0.1:9092/bootstrap", "configured", 0, 60_000_000)),
+                ]
+                .into_iter()
+                .collect(),
+                ..Default::default()
+            };
+            BrokerSample::from_statistics(&stats)
+        };
+        let mut t = healthy();
+        t.kafka(2_000, frozen(9_999, 2), []);
+        assert!(kinds(2_000, &t, &rules()).is_empty(), "silent for less than kafka_down_after_ms");
+        t.kafka(3_000, frozen(12_000, 2), []);
+        let r = evaluate(3_000, &t.facts(true, 0), &rules());
+        assert_eq!(
+            r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["kafka broker not answering: 127.0.0.1:9092/1 (2 requests waiting, nothing received for 12000 ms)"]
+        );
+        assert_eq!(r[0].kind(), "kafka_silent");
+        t.kafka(4_000, frozen(60_000, 0), []);
+        assert!(kinds(4_000, &t, &rules()).is_empty(), "nothing waiting: an idle connection, not a silent broker");
+        t.kafka(5_000, frozen(100, 1), []);
+        assert!(kinds(5_000, &t, &rules()).is_empty(), "answering again");
+    }
+
+    #[test]
     fn kafka_never_reached_counts_from_the_start_and_no_statistics_is_not_down() {
         let t = Tracker::new(&[CH.to_string()], 60_000);
         assert!(!kinds(20_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() })
             .iter()
             .any(|k| k.0 == "kafka_unreachable"));
         let mut t = t;
-        t.kafka(10_000, BrokerSample { up: 0, down: vec!["b DOWN".into()] }, []);
+        t.kafka(10_000, BrokerSample { up: 0, down: vec!["b DOWN".into()], ..BrokerSample::default() }, []);
         assert_eq!(
             kinds(10_000, &t, &HealthConfig { unassigned_after_ms: 0, ..rules() }),
             [("kafka_unreachable", String::new())]
@@ -676,7 +741,7 @@ mod tests {
     fn a_stall_names_other_pause_causes_the_outbox_and_kafka() {
         let mut t = healthy();
         t.paused(&part(CH, 0), PauseCause::new(true, true, None));
-        t.kafka(2_000, BrokerSample { up: 0, down: vec![] }, [(part(CH, 0), offsets(12, 10))]);
+        t.kafka(2_000, BrokerSample::default(), [(part(CH, 0), offsets(12, 10))]);
         t.outbox_failing(2_000, Some("No space left on device".into()));
         t.sample(2_000, &reads(10, 5));
         let r = evaluate(62_000, &t.facts(true, 0), &HealthConfig { kafka_down_after_ms: 0, ..rules() });
@@ -765,7 +830,7 @@ mod tests {
         r.topics.insert(DV.into(), TopicExpectation { max_quiet_ms: Some(1_000), min_rate_per_s: None });
         let mut t = Tracker::new(&[DV.to_string(), CH.to_string()], 60_000);
         t.assigned([part(CH, 0)]);
-        t.kafka(1_000, BrokerSample { up: 0, down: vec![] }, [(part(CH, 0), offsets(3, 0))]);
+        t.kafka(1_000, BrokerSample::default(), [(part(CH, 0), offsets(3, 0))]);
         t.sample(1_000, &reads(0, 0));
         let got: Vec<_> = evaluate(100_000, &t.facts(true, 20_000), &r).iter().map(Reason::kind).collect();
         assert_eq!(got, ["consumer_idle", "kafka_unreachable", "stalled", "unassigned", "quiet"]);

@@ -169,6 +169,22 @@ pub struct BrokerSample {
     pub up: usize,
     /// The others, as `name STATE` (e.g. `127.0.0.1:9092/1 CONNECT`), sorted.
     pub down: Vec<String>,
+    /// Connections `UP` with requests waiting for an answer, and how long nothing has been
+    /// received on them: a broker that stops answering (frozen, its disk or network
+    /// stuck) keeps its connections open, so only this tells it apart from a live one.
+    pub waiting: Vec<WaitingBroker>,
+}
+
+/// A broker connection with requests waiting for an answer (librdkafka's `waitresp_cnt`,
+/// `rxidle`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingBroker {
+    /// The connection, e.g. `127.0.0.1:9092/1`.
+    pub name: String,
+    /// Requests sent and not answered.
+    pub requests: u64,
+    /// Since anything was last received on the connection, ms.
+    pub silent_ms: u64,
 }
 
 impl BrokerSample {
@@ -179,11 +195,16 @@ impl BrokerSample {
         for b in s.brokers.values().filter(|b| b.source != "internal" && b.source != "logical") {
             if b.state == "UP" {
                 sample.up += 1;
+                // `rxidle` is in µs, -1 before the connection's first answer.
+                if let (Ok(requests @ 1..), Ok(idle_us)) = (u64::try_from(b.waitresp_cnt), u64::try_from(b.rxidle)) {
+                    sample.waiting.push(WaitingBroker { name: b.name.clone(), requests, silent_ms: idle_us / 1_000 });
+                }
             } else {
                 sample.down.push(format!("{} {}", b.name, b.state));
             }
         }
         sample.down.sort();
+        sample.waiting.sort_by(|a, b| a.name.cmp(&b.name));
         sample
     }
 }
