@@ -50,9 +50,9 @@ pub struct Shared {
     /// Bounds the refusals' log lines.
     pub log_limit: LogLimit,
     connected: AtomicUsize,
-    per_address: Mutex<HashMap<IpAddr, usize>>,
+    per_address: PerAddress,
     handshakes: Arc<Semaphore>,
-    handshakes_per_address: Mutex<HashMap<IpAddr, usize>>,
+    handshakes_per_address: PerAddress,
     /// Bumped when the TLS files or the secrets change: connected devices check that what
     /// they proved themselves with still holds.
     credentials: tokio::sync::watch::Sender<u64>,
@@ -80,9 +80,9 @@ impl Shared {
             shutdown,
             log_limit: LogLimit::default(),
             connected: AtomicUsize::new(0),
-            per_address: Mutex::default(),
+            per_address: PerAddress::default(),
             handshakes,
-            handshakes_per_address: Mutex::default(),
+            handshakes_per_address: PerAddress::default(),
             credentials: tokio::sync::watch::channel(0).0,
         }
     }
@@ -139,24 +139,47 @@ impl Shared {
     /// `mqtt.max_handshakes_per_address` of them and fewer than `mqtt.max_handshakes` are
     /// taken in all; otherwise the rule that refuses the socket.
     fn handshake_slot(self: &Arc<Self>, ip: IpAddr) -> Result<Handshake, Rule> {
-        let mut map = self.handshakes_per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = map.entry(ip).or_default();
-        if *n >= self.cfg.max_handshakes_per_address.max(1) {
+        if !self.handshakes_per_address.try_take(ip, self.cfg.max_handshakes_per_address.max(1)) {
             return Err(Rule::HandshakesPerAddress);
         }
-        let permit = self.handshakes.clone().try_acquire_owned().map_err(|_| Rule::HandshakesBusy)?;
-        *n += 1;
+        let Ok(permit) = self.handshakes.clone().try_acquire_owned() else {
+            self.handshakes_per_address.give_back(ip);
+            return Err(Rule::HandshakesBusy);
+        };
         Ok(Handshake { _permit: permit, shared: self.clone(), ip })
     }
 
     fn address_slot(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
-        let mut map = self.per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = map.entry(ip).or_default();
-        if *n >= self.cfg.max_per_address {
-            return None;
+        self.per_address.try_take(ip, self.cfg.max_per_address).then(|| AddressSlot { shared: self.clone(), ip })
+    }
+}
+
+/// How many of something each source address holds (sockets, sockets being admitted);
+/// an address holding none has no entry, so a spray from many addresses leaves nothing.
+#[derive(Debug, Default)]
+struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
+
+impl PerAddress {
+    /// Takes one for `ip` if it holds fewer than `max`.
+    fn try_take(&self, ip: IpAddr, max: usize) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.get(&ip).copied().unwrap_or(0);
+        if n >= max {
+            return false;
         }
-        *n += 1;
-        Some(AddressSlot { shared: self.clone(), ip })
+        map.insert(ip, n + 1);
+        true
+    }
+
+    /// Gives one back for `ip`.
+    fn give_back(&self, ip: IpAddr) {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = map.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&ip);
+            }
+        }
     }
 }
 
@@ -183,13 +206,7 @@ pub struct Handshake {
 
 impl Drop for Handshake {
     fn drop(&mut self) {
-        let mut map = self.shared.handshakes_per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
+        self.shared.handshakes_per_address.give_back(self.ip);
     }
 }
 
@@ -200,13 +217,7 @@ struct AddressSlot {
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
-        let mut map = self.shared.per_address.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = map.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.ip);
-            }
-        }
+        self.shared.per_address.give_back(self.ip);
     }
 }
 
@@ -288,4 +299,26 @@ async fn connection(
         peer.serial = Some(serial);
     }
     session::serve(stream, peer, shared, permit, deadline).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_holds_at_most_its_bound_and_no_entry_once_it_holds_none() {
+        let per = PerAddress::default();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        assert!(per.try_take(a, 2) && per.try_take(a, 2));
+        assert!(!per.try_take(a, 2), "at its bound");
+        assert!(per.try_take(b, 2), "another address has its own");
+        assert!(!per.try_take("10.0.0.3".parse().unwrap(), 0), "refused: leaves no entry");
+        per.give_back(a);
+        assert!(per.try_take(a, 2), "room again");
+        for _ in 0..2 {
+            per.give_back(a);
+        }
+        per.give_back(b);
+        assert!(per.0.lock().unwrap().is_empty(), "nothing left of addresses holding none");
+    }
 }
