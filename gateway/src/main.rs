@@ -131,6 +131,7 @@ fn main() -> anyhow::Result<()> {
     // error in it is printed on stderr as `Error: configuration: …`.
     let cfg = Config::load(cli.config.as_deref()).map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     init_logs(cfg.log.format);
+    gateway::telemetry::panic::install();
     match cli.command.unwrap_or(Cmd::Run) {
         Cmd::Config => {
             print!("{}", toml::to_string_pretty(&cfg)?);

@@ -3,7 +3,8 @@
 //! would leave it), and pixgate then refuses to start with one clear error naming the
 //! file, what is wrong and what to do, instead of exiting 101 from inside redb.
 //! `pixgate outbox check FILE` says the same of the damaged file and passes a copy taken
-//! before the damage.
+//! before the damage. With the check switched off, the panic inside redb ends with pixgate's
+//! own log line naming the outbox code that read the page.
 //!
 //! Real parts: tansu, the `pixgate` binary, its CLI; the damage is done to the file itself.
 
@@ -50,7 +51,12 @@ fn damage_pages_holding(path: &Path, needle: &[u8]) -> usize {
 /// `pixgate ARGS` on the outbox at `outbox` (no Kafka needed before the outbox is open):
 /// exit code, stdout, stderr.
 fn pixgate(bin: &Path, outbox: &Path, brokers: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin)
+    pixgate_with(Command::new(bin), outbox, brokers, args)
+}
+
+/// [`pixgate`] with `cmd` (the binary, and any settings of the caller's).
+fn pixgate_with(mut cmd: Command, outbox: &Path, brokers: &str, args: &[&str]) -> (i32, String, String) {
+    let out = cmd
         .args(args)
         .env("PIXGATE_OUTBOX__PATH", outbox)
         .env("PIXGATE_KAFKA__BROKERS", brokers)
@@ -109,5 +115,17 @@ async fn a_damaged_outbox_is_named_with_what_to_do_not_a_panic() {
     let (code, out, err) = pixgate(&bin, &outbox, &brokers, &["outbox", "check", outbox.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains("damaged") && err.contains(outbox.to_str().unwrap()), "{err}");
+
+    // Without the check, the first read of the damaged page panics inside redb: the log's
+    // last word names pixgate's component that read it, and where to look.
+    let mut unchecked = Command::new(&bin);
+    unchecked.env("PIXGATE_OUTBOX__CHECK_ON_OPEN", "false").env("RUST_BACKTRACE", "0");
+    let (code, out, err) = pixgate_with(unchecked, &outbox, &brokers, &["run"]);
+    assert_eq!(code, 101, "a panic: {out}{err}");
+    let line =
+        err.lines().find(|l| l.contains("pixgate panicked in")).unwrap_or_else(|| panic!("no panic line: {err}"));
+    println!("unchecked open: {line}");
+    assert!(line.contains("ERROR") && line.contains("gateway::store::outbox"), "the component: {line}");
+    assert!(line.contains("journalctl -u pixgate"), "where to read: {line}");
     rig.shutdown();
 }

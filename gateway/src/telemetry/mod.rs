@@ -5,6 +5,7 @@
 
 pub mod health;
 pub mod log_limit;
+pub mod panic;
 pub mod presence;
 pub mod recent;
 pub mod stats;
