@@ -75,6 +75,21 @@ struct Pki {
 }
 
 impl Pki {
+    /// The pixgate binary and a new [`Pki`] in a scratch folder named after `name` (removed
+    /// first, and by [`Pki::remove`] at the end of a test that passed).
+    fn fresh(name: &str) -> (PathBuf, Pki) {
+        let bin = pixgate_tests::gateway::find_binary().unwrap();
+        let scratch = std::env::temp_dir().join(format!("pixgate-{name}-pki-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        let pki = Pki::create(&bin, &scratch);
+        (bin, pki)
+    }
+
+    /// Removes the scratch folder.
+    fn remove(self) {
+        let _ = std::fs::remove_dir_all(self.ca.parent().unwrap());
+    }
+
     fn create(bin: &Path, dir: &Path) -> Pki {
         let (ca, other, secrets) = (dir.join("ca"), dir.join("other"), dir.join("credentials.json"));
         let (cas, others) = (ca.to_str().unwrap(), other.to_str().unwrap());
@@ -178,10 +193,7 @@ fn delete_record(id: &str) -> CaptureRecord {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let bin = pixgate_tests::gateway::find_binary().unwrap();
-    let scratch = std::env::temp_dir().join(format!("pixgate-device-security-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let pki = Pki::create(&bin, &scratch);
+    let (bin, pki) = Pki::fresh("device-security");
     let rig = Rig::builder("device-security").envs(pki.env(10_000, 100)).start().await;
     let port = rig.settings().mqtt_port;
     let fixtures = pixgate_tests::demo::default_fixtures();
@@ -309,16 +321,13 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     spy.stop().await;
     fleet.shutdown().await;
     rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    pki.remove();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_socket_holds_up_nobody_and_the_limit_answers_connack_3() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let bin = pixgate_tests::gateway::find_binary().unwrap();
-    let scratch = std::env::temp_dir().join(format!("pixgate-device-limits-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let pki = Pki::create(&bin, &scratch);
+    let (_, pki) = Pki::fresh("device-limits");
     let rig = Rig::builder("device-limits").envs(pki.env(3_000, 2)).start().await;
     let port = rig.settings().mqtt_port;
     rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
@@ -353,7 +362,7 @@ async fn an_idle_socket_holds_up_nobody_and_the_limit_answers_connack_3() {
     mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.third"), &a_status, &[]).await.unwrap();
     first.stop().await;
     rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    pki.remove();
 }
 
 /// Writes `bytes` to pixgate's device listener over TLS with device `id`'s certificate
@@ -384,10 +393,7 @@ async fn raw_over_tls(port: u16, pki: &Pki, id: &str, bytes: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let bin = pixgate_tests::gateway::find_binary().unwrap();
-    let scratch = std::env::temp_dir().join(format!("pixgate-device-levels-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let pki = Pki::create(&bin, &scratch);
+    let (_, pki) = Pki::fresh("device-levels");
     let rig = Rig::builder("device-levels").envs(pki.env(10_000, 100)).start().await;
     let port = rig.settings().mqtt_port;
     rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
@@ -420,16 +426,13 @@ async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     // An MQTT 3.1.1 device beside them is unchanged.
     mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &[]).await.unwrap();
     rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    pki.remove();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sockets_held_from_one_address_keep_no_other_device_out() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let bin = pixgate_tests::gateway::find_binary().unwrap();
-    let scratch = std::env::temp_dir().join(format!("pixgate-device-slowloris-pki-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let pki = Pki::create(&bin, &scratch);
+    let (_, pki) = Pki::fresh("device-slowloris");
     // The shipped limits on sockets being set up (the harness lifts the per-address one for
     // its simulated fleets), and a long handshake deadline: the held sockets outlast the run.
     let defaults = gateway::config::MqttConfig::default();
@@ -476,5 +479,5 @@ async fn sockets_held_from_one_address_keep_no_other_device_out() {
     );
     drop(held);
     rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    pki.remove();
 }

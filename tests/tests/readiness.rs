@@ -2,6 +2,8 @@
 //! `pixgate` binary:
 //! - Kafka goes away: `/readyz` turns 503 naming Kafka, and green again once the broker is
 //!   back on the same storage;
+//! - Kafka freezes with its connections open (SIGSTOP) under a 60 s session timeout:
+//!   `/readyz` names the broker that does not answer within `health.kafka_down_after_ms`;
 //! - a topic stalls behind backpressure: an offline card machine at its outbox bound holds
 //!   the partitions that feed it while more records wait behind on them; `/readyz` turns
 //!   503 naming the topic as stalled, with its lag and why; once the device is back the
@@ -83,18 +85,21 @@ async fn log_until(log: &Path, what: &str, want: usize, count: impl Fn(&str) -> 
     }
 }
 
+/// A rig with `setting`, assigned its partitions and ready, its consumer a dynamic member:
+/// tansu 0.6.0 can leave a static member's group stuck after an outage (see
+/// tests/tests/kafka_restart.rs).
+async fn ready_through_an_outage(name: &str, setting: (&'static str, &str)) -> Rig {
+    let rig = Rig::builder(name).env(setting.0, setting.1).env("PIXGATE_KAFKA__INSTANCE_ID", "").start().await;
+    let gw = rig.gateway();
+    gw.wait_assigned(Duration::from_secs(60)).await.unwrap_or_else(|e| panic!("{e:#}"));
+    gw.readyz_until("ready", Duration::from_secs(60), |c, _| c == 200).await;
+    rig
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_going_away_fails_readiness_until_it_is_back() {
-    let rig = Rig::builder("readiness-kafka")
-        .env("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "2000")
-        // Dynamic membership: tansu 0.6.0 can leave a static member's group stuck after an
-        // outage (see tests/tests/kafka_restart.rs).
-        .env("PIXGATE_KAFKA__INSTANCE_ID", "")
-        .start()
-        .await;
+    let rig = ready_through_an_outage("readiness-kafka", ("PIXGATE_HEALTH__KAFKA_DOWN_AFTER_MS", "2000")).await;
     let gw = rig.gateway();
-    gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
-    gw.readyz_until("ready", Duration::from_secs(60), |c, _| c == 200).await;
 
     // Healthy: /metrics is Prometheus text and has each topic's lag once librdkafka's
     // statistics arrived (nothing produced: lag 0).
@@ -342,14 +347,8 @@ fn a_port_in_use_stops_pixgate_at_start() {
 /// connections stay `UP`, the partitions stay assigned).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_is_named_within_the_threshold() {
-    let rig = Rig::builder("readiness-frozen")
-        .env("PIXGATE_KAFKA__SESSION_TIMEOUT_MS", "60000")
-        .env("PIXGATE_KAFKA__INSTANCE_ID", "")
-        .start()
-        .await;
+    let rig = ready_through_an_outage("readiness-frozen", ("PIXGATE_KAFKA__SESSION_TIMEOUT_MS", "60000")).await;
     let gw = rig.gateway();
-    gw.wait_assigned(Duration::from_secs(60)).await.unwrap();
-    gw.readyz_until("ready", Duration::from_secs(60), |c, _| c == 200).await;
 
     rig.broker().freeze().unwrap();
     let frozen = Instant::now();

@@ -4,7 +4,7 @@
 
 use crate::store::outbox::schema::FLAGS;
 use crate::store::outbox::{Outbox, OutboxError};
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{Durability, ReadableTable};
 
 impl Outbox {
     /// The stored flags: (kind name, on), by name; empty when none was ever set.

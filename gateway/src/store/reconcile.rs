@@ -21,7 +21,7 @@ use crate::model::DeadLetterReason;
 use crate::store::outbox::schema::{RECONCILE_COUNTS as COUNTS, RECONCILE_JOBS as JOBS, RECONCILE_MARKS as MARKS};
 use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
-use redb::{ReadableDatabase, ReadableTable, WriteTransaction};
+use redb::{ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 

@@ -6,7 +6,7 @@ use super::schema::{decode_row, encode_row, DEADLETTERS, DL_BY_SOURCE, JOBS, LAS
 use super::Outbox;
 use crate::model::{DeadLetter, DeadLetterReason, StoredJob};
 use crate::store::reconcile::Counting;
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{Durability, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 /// The `which` of [`DL_BY_SOURCE`]: the `index`-th dead letter of its record.

@@ -3,7 +3,7 @@
 use super::error::{err, OutboxError};
 use super::schema::SEEN;
 use super::Outbox;
-use redb::{Durability, ReadableDatabase};
+use redb::Durability;
 
 impl Outbox {
     /// Forgets message ids accepted before `cutoff_ms` (the end of the dedupe window).

@@ -4,7 +4,7 @@
 use super::error::{err, OutboxError};
 use super::schema::DIRECT_WRITING;
 use super::Outbox;
-use redb::{Durability, ReadableDatabase};
+use redb::Durability;
 
 /// A direct printer's last job as the outbox recorded it ([`Outbox::mark_direct`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,12 +36,14 @@
 //! (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
 //! (`direct_marks.rs`), read positions (`read_positions.rs`), queues moving between the
-//! central shape's replicas (`moves.rs`).
+//! central shape's replicas (`moves.rs`), the redb handle opened again after an I/O error
+//! (`handle.rs`).
 
 mod dead_letters;
 mod dedupe;
 mod direct_marks;
 mod error;
+mod handle;
 mod moves;
 mod queue;
 mod read_positions;
@@ -57,13 +59,13 @@ pub use queue::{Accept, Removal, Written};
 pub use snapshots::{ChargeState, DeviceEntry};
 
 use error::err;
-use redb::{Database, Durability};
+use redb::Durability;
 use std::path::Path;
 
 /// The outbox database.
 pub struct Outbox {
     /// Also used by the other tables' files of [`crate::store`] (effect flags, reconciliation).
-    pub(in crate::store) db: Database,
+    pub(in crate::store) db: handle::Handle,
 }
 
 impl Outbox {
@@ -100,7 +102,7 @@ impl Outbox {
         let tx = db.begin_write().map_err(err)?;
         schema::create_all(&tx)?;
         tx.commit().map_err(err)?;
-        Ok(Outbox { db })
+        Ok(Outbox { db: handle::Handle::new(db, path.to_path_buf(), cache_bytes) })
     }
 
     /// Runs `remove` on `keys`, [`PRUNE_CHUNK`] at a time, each chunk in its own write

@@ -13,7 +13,7 @@ use crate::model::{DeadLetter, Queued, SourceRef, StoredJob};
 use crate::store::reconcile::{Counting, RecordTally};
 use bytes::Bytes;
 use device_protocol::{EffectKind, Job};
-use redb::{Durability, ReadableDatabase, ReadableTable};
+use redb::{Durability, ReadableTable};
 
 /// What [`Outbox::write`] returns, per record of the batch and in its order: the jobs it
 /// queued (a job the dedupe window already holds is not among them) and the ids of the

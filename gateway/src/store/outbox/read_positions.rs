@@ -10,7 +10,7 @@
 use super::error::{err, OutboxError};
 use super::schema::READ_POSITIONS;
 use super::Outbox;
-use redb::{Durability, ReadableDatabase};
+use redb::Durability;
 use std::collections::BTreeMap;
 
 impl Outbox {

@@ -5,7 +5,7 @@ use super::error::{err, OutboxError};
 use super::schema::{CHARGES, DEVICES};
 use super::Outbox;
 use cdc::ChargeStatus;
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 /// A device registry change to store ([`Outbox::write`]).
 #[derive(Debug, Clone, PartialEq)]

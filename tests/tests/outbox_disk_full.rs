@@ -1,0 +1,119 @@
+//! A full disk recovers by itself: pixgate's outbox on a small tmpfs (mounted by the test,
+//! as root, like the Debian package test), the file system filled up while charge events
+//! arrive, then given room again. pixgate must hold reading while the disk refuses its
+//! writes, say so on `/readyz` with the disk's own words (`No space left on device`, not
+//! redb's latched `Previous I/O error`), and once there is room go on by itself, without
+//! a restart: every charge's QR shown, the same process, ready again.
+//!
+//! Real parts: tansu, the `pixgate` binary, a simulated card machine, a real file system
+//! that runs out of space.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::gateway::count;
+use pixgate_tests::harness::{protocol_devices, Rig};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// A card machine of the fixtures.
+const TERMINAL: &str = "7f80e222f828767efc2f9162";
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A tmpfs of `mib` MiB mounted at a new folder; unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(mib: u32) -> SmallDisk {
+        let dir = std::env::temp_dir().join(format!("pixgate-small-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs at {} (the test runs as root, as the Debian package test)", dir.display());
+        SmallDisk(dir)
+    }
+
+    /// Fills the file system with `filler` until it refuses a write.
+    fn fill(&self) -> PathBuf {
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![0xA5u8; 64 * 1024];
+        loop {
+            if let Err(e) = f.write_all(&chunk).and_then(|()| f.sync_all()) {
+                assert_eq!(e.raw_os_error(), Some(28), "ENOSPC: {e}");
+                break;
+            }
+        }
+        // And the last bytes a smaller write still finds.
+        let _ = f.write_all(&[0u8; 512]);
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn is_root() -> bool {
+    let out = Command::new("id").arg("-u").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim() == "0"
+}
+
+fn qr_shown(rig: &Rig) -> u64 {
+    let s = rig.gateway().stats().unwrap();
+    count(&s.counters.effects_done, "display_qr") + s.counters.superseded
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
+    let disk = SmallDisk::mount(8);
+    let outbox: &Path = &disk.0.join("outbox.redb");
+    let rig = Rig::builder("disk-full").env("PIXGATE_OUTBOX__PATH", outbox.display().to_string()).start().await;
+    let pid = rig.gateway().pid();
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+    let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
+    rig.publish_charge(TERMINAL, 0).await;
+    rig.wait_stats(WAIT, |s| count(&s.counters.effects_done, "display_qr") == 1).await;
+
+    // The disk fills up; charge events go on arriving.
+    let filler = disk.fill();
+    const HELD: u64 = 5;
+    for n in 1..=HELD {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    let body = rig
+        .gateway()
+        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
+        .await;
+    println!("disk full: /readyz said:\n{}", body.trim());
+    assert!(!body.contains("Previous I/O error"), "the disk's own error, not redb's latch: {body}");
+    assert_eq!(qr_shown(&rig), 1, "nothing read past what the outbox could not take");
+
+    // Room again: pixgate goes on by itself.
+    std::fs::remove_file(&filler).unwrap();
+    rig.wait_stats(WAIT, |s| {
+        count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + HELD
+            && s.counters.outbox_jobs == 0
+            && s.counters.pending_records == 0
+    })
+    .await;
+    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
+    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
+    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    assert!(log.contains("outbox opened again after an I/O error"), "the handle was reopened");
+    println!("disk full: {} QR jobs shown or superseded after the disk had room again, same process", qr_shown(&rig));
+    fleet.shutdown().await;
+    rig.shutdown();
+    drop(disk);
+}
