@@ -125,7 +125,7 @@ impl LogLimit {
                 top = %top,
                 others = s.others,
                 window_s = self.window.as_secs(),
-                "device log lines held back (each is counted on /stats and /metrics): the first {} of each rule per window are written in full",
+                "device log lines held back: the first {} of each rule per window are written in full",
                 self.burst
             );
         }

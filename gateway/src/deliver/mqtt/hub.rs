@@ -15,6 +15,7 @@
 //! older connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
 
 use crate::model::Incoming;
+use crate::telemetry::log_limit::LogLimit;
 use crate::telemetry::presence::{Connections, Presence};
 use bytes::Bytes;
 use rumqttc::QoS;
@@ -37,6 +38,9 @@ pub struct Hub {
     state: Mutex<State>,
     incoming: mpsc::Sender<Incoming>,
     next_session: AtomicU64,
+    /// Bounds the lines about devices not reading their jobs: one per job sent, so many
+    /// stuck devices would write thousands a second.
+    log_limit: LogLimit,
 }
 
 impl std::fmt::Debug for Hub {
@@ -86,7 +90,7 @@ impl Hub {
     /// An empty hub; what devices send goes to `incoming` (bounded: a gateway that reads
     /// slowly slows the devices' sessions down).
     pub fn new(incoming: mpsc::Sender<Incoming>) -> Hub {
-        Hub { state: Mutex::default(), incoming, next_session: AtomicU64::new(1) }
+        Hub { state: Mutex::default(), incoming, next_session: AtomicU64::new(1), log_limit: LogLimit::default() }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -173,7 +177,9 @@ impl Hub {
                 Some(live) => match live.jobs.try_send(job.clone()) {
                     Ok(()) => taken += 1,
                     Err(mpsc::error::TrySendError::Full(_)) => {
-                        tracing::warn!(device, client_id = %id, "device is not reading its jobs; the ack timeout sends the job again");
+                        if self.log_limit.admit("not_reading", device) {
+                            tracing::warn!(rule = "not_reading", device, client_id = %id, "device is not reading its jobs; the ack timeout sends the job again");
+                        }
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => {}
                 },
@@ -197,6 +203,11 @@ impl Hub {
     /// The gateway stopped reading (shutdown).
     pub async fn from_device(&self, msg: Incoming) -> Result<(), mpsc::error::SendError<Incoming>> {
         self.incoming.send(msg).await
+    }
+
+    /// Writes the summaries of its held-back log lines that are due ([`LogLimit::log_due`]).
+    pub fn log_due(&self) {
+        self.log_limit.log_due();
     }
 
     /// Client ids with state in the hub (connected, or persistent and away).

@@ -232,6 +232,7 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
             () = shared.shutdown.requested() => return,
             _ = summaries.tick() => {
                 shared.log_limit.log_due();
+                shared.hub.log_due();
                 continue;
             }
             a = listener.accept() => a,
