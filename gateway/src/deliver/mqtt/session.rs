@@ -3,10 +3,10 @@
 //!
 //! MQTT 3.1.1 is decoded and encoded with rumqttc's codec (`mqttbytes::v4`), and a CONNECT
 //! of any other protocol level is answered with the refusal its own version defines
-//! ([`Rule::ProtocolVersion`]) and closed; what a broker
-//! does for a device is done here: QoS 1 (and 2) acknowledgements of what it publishes, its
-//! jobs written at the QoS its subscription was granted, the will published when the
-//! socket closes without DISCONNECT.
+//! ([`Rule::ProtocolVersion`]) and closed. What a broker does for a device is done here:
+//! QoS 1 (and 2) acknowledgements of what it publishes, its jobs written at the QoS its
+//! subscription was granted, the will published when the socket closes without
+//! DISCONNECT; and what one connection may send is bounded ([`Inbound`]).
 
 use super::access::{self, Rule};
 use super::auth::{Credential, Peer, Refusal};
@@ -177,8 +177,9 @@ fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
 /// `handshake` is the listener's handshake slot, released once the device has its
 /// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
-/// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive by `deadline` (`mqtt.connect_timeout_ms`
-/// after the socket was accepted, the TLS handshake included).
+/// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive
+/// by `deadline` (`mqtt.connect_timeout_ms` after the socket was accepted, the TLS
+/// handshake included).
 pub async fn serve<S>(io: S, peer: Peer, shared: Arc<Shared>, handshake: Handshake, deadline: tokio::time::Instant)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
