@@ -21,6 +21,9 @@ pub const BURST: u32 = 20;
 const MAX_SOURCES: usize = 1_000;
 /// Sources named in a summary line.
 const TOP: usize = 5;
+/// Characters of a source kept: a client id refused before its device is known is the
+/// stranger's own string, up to 64 KiB.
+const SOURCE_CHARS: usize = 80;
 
 /// The rules' tallies in the current window (see the module docs).
 #[derive(Debug)]
@@ -82,6 +85,7 @@ impl LogLimit {
             return true;
         }
         tally.held_back += 1;
+        let source = source.char_indices().nth(SOURCE_CHARS).map_or(source, |(cut, _)| &source[..cut]);
         if let Some(n) = tally.sources.get_mut(source) {
             *n += 1;
         } else if tally.sources.len() < MAX_SOURCES {
@@ -180,5 +184,14 @@ mod tests {
         assert_eq!(due.len(), 1);
         assert_eq!((due[0].held_back, due[0].others, due[0].top.len()), ((MAX_SOURCES + 11) as u64, 10, TOP));
         assert_eq!(due[0].top[0], ("10.0.0.0".into(), 2), "the most first");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_strangers_long_client_id_is_kept_cut_short() {
+        let limit = LogLimit::new(Duration::from_secs(60), 0);
+        limit.admit("client_id", &"é".repeat(70_000));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let due = limit.due();
+        assert_eq!(due[0].top, [("é".repeat(SOURCE_CHARS), 1)]);
     }
 }
