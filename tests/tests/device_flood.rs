@@ -120,7 +120,6 @@ async fn a_flooding_device_is_counted_exactly_logged_briefly_and_disconnected() 
     // The log: the first refusals of each rule written in full, the rest summed up when
     // their minute is over, in one line per rule naming A; every refusal in one or the
     // other.
-    let s = rig.gateway().stats().unwrap();
     let deadline = started + Duration::from_secs(200);
     let rules = ["malformed_message", "message_rate", "rate_disconnect"];
     let accounted = |rule: &str, lines: &[String]| -> (u64, u64) {
@@ -136,13 +135,16 @@ async fn a_flooding_device_is_counted_exactly_logged_briefly_and_disconnected() 
             .sum();
         (full, held)
     };
-    let written = loop {
+    let (written, s) = loop {
+        // The counters first: a line is logged after its count, so a count the lines
+        // have not caught up with is waited for, never missed.
+        let s = rig.gateway().stats().unwrap();
         let written = refusal_lines(&rig)[before..].to_vec();
         if rules.iter().all(|r| {
             let (full, held) = accounted(r, &written);
             full + held == refusals(&s, r)
         }) {
-            break written;
+            break (written, s);
         }
         assert!(Instant::now() < deadline, "refusals not all in the log:\n{}", written.join("\n"));
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -461,15 +461,25 @@ async fn sockets_held_from_one_address_keep_no_other_device_out() {
             .await
             .unwrap_or_else(|e| panic!("{id} from {from}, with {HELD} sockets held from 127.0.0.1: {e}"));
     }
-    // ... while the sockets admitted from 127.0.0.1 are still held open by pixgate.
-    let open = held
-        .iter()
-        .filter(|s| {
-            s.set_nonblocking(true).unwrap();
-            let mut buf = [0u8; 1];
-            matches!(std::io::Read::read(&mut &**s, &mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-        })
-        .count();
+    // ... while the sockets admitted from 127.0.0.1 are still held open by pixgate (the
+    // others' closes may still be on their way: waited for).
+    for s in &held {
+        s.set_nonblocking(true).unwrap();
+    }
+    let still_open = || {
+        held.iter()
+            .filter(|s| {
+                let mut buf = [0u8; 1];
+                matches!(std::io::Read::read(&mut &**s, &mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    let deadline = Instant::now() + WAIT;
+    let mut open = still_open();
+    while open != per_address && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        open = still_open();
+    }
     assert_eq!(open, per_address, "the admitted sockets are held, the others were closed at accept");
     let s = rig.gateway().stats().unwrap();
     assert_eq!(refusals(&s, "handshakes_per_address"), refused, "{:?}", s.counters.mqtt_refusals);

@@ -286,16 +286,34 @@ where
     hub.detach(&conn.client_id, session);
     if !matches!(end, End::Clean | End::Replaced) {
         if let Some(LastWill { topic, message, .. }) = connect.last_will {
-            match Incoming::parse(&topic, &message) {
-                Ok(Some(msg)) => {
-                    let _ = hub.from_device(msg).await;
-                }
-                Ok(None) => {}
-                Err(e) => shared.refuse(Rule::MalformedMessage, &peer, Some(&conn.device), &format!("{e} in its will")),
-            }
+            let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// A message `device` published (or left as its will) on `topic`, already checked against
+/// the access rules: decoded and passed to the hub; a payload that is not what the topic
+/// carries is counted and logged as [`Rule::MalformedMessage`] and dropped.
+///
+/// # Errors
+/// The gateway stopped reading (shutdown).
+async fn pass_on(
+    hub: &Hub,
+    shared: &Shared,
+    peer: &Peer,
+    device: &str,
+    topic: &str,
+    payload: &[u8],
+) -> Result<(), mpsc::error::SendError<Incoming>> {
+    match Incoming::parse(topic, payload) {
+        Ok(Some(msg)) => hub.from_device(msg).await,
+        Ok(None) => Ok(()),
+        Err(e) => {
+            shared.refuse(Rule::MalformedMessage, peer, Some(device), &format!("{e} on {topic}"));
+            Ok(())
+        }
+    }
 }
 
 /// A connected device's session.
@@ -449,17 +467,8 @@ impl Conn<'_> {
                 // status are idempotent for the dispatcher). A payload that is not what its
                 // topic carries is counted and dropped, and acknowledged all the same: a
                 // device's bug, which sending it again would not mend.
-                match Incoming::parse(&p.topic, &p.payload) {
-                    Ok(Some(msg)) => {
-                        if self.hub.from_device(msg).await.is_err() {
-                            return Ok(Some(End::Replaced));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let why = format!("{} on {}", e, p.topic);
-                        self.shared.refuse(Rule::MalformedMessage, self.peer, Some(&self.device), &why);
-                    }
+                if pass_on(self.hub, self.shared, self.peer, &self.device, &p.topic, &p.payload).await.is_err() {
+                    return Ok(Some(End::Replaced));
                 }
                 match p.qos {
                     QoS::AtMostOnce => return Ok(None),
