@@ -68,6 +68,9 @@ pub struct Handoff {
     /// A batch was given up at shutdown: nothing more is written, so no later record's
     /// jobs get a `seq` before the given-up ones' (they are read again at the next start).
     gave_up: bool,
+    /// False once the dispatcher has forgotten every device at shutdown
+    /// ([`Handoff::stop_sending`]): jobs landed later are stored and logged, not sent.
+    sending: bool,
     /// With `cluster.enabled`: the deliver stage's log, the device-jobs topic and the
     /// partitions of it this replica owns ([`Handoff::logged`]).
     log: Option<Logged>,
@@ -155,6 +158,7 @@ impl Handoff {
             health,
             shutdown,
             gave_up: false,
+            sending: true,
             log: None,
         }
     }
@@ -218,6 +222,16 @@ impl Handoff {
                 None => l.pos.remove(&p),
             };
         }
+    }
+
+    /// The central shape's shutdown, once the dispatcher has forgotten this replica's
+    /// devices (`Command::Forget`, then a barrier): batches landed from now on are still
+    /// written and logged, but their jobs do not go to the dispatcher. Its queues no
+    /// longer hold those devices' earlier jobs, so a later job sent now would overtake
+    /// them; the partition's next owner restores them all, in `seq` order, from the
+    /// delivery log.
+    pub fn stop_sending(&mut self) {
+        self.sending = false;
     }
 
     /// Whether a batch was given up at shutdown (nothing more is written).
@@ -311,7 +325,9 @@ impl Handoff {
             for q in queued {
                 let (device, job) = (&q.stored.device, &q.stored.job);
                 tracing::debug!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "job queued");
-                self.enqueue(q).await;
+                if self.sending {
+                    self.enqueue(q).await;
+                }
             }
         }
         // A record of a partition given up meanwhile is not accepted here: its offset is
@@ -601,6 +617,30 @@ mod tests {
         assert_eq!(accepted.left_out, vec!["p".to_string(), "t".to_string()]);
         assert_eq!(sent(&mut rx), expect(&[("p", 3, "c")]));
         assert!(!h.gave_up());
+    }
+
+    /// After the dispatcher forgot the devices at shutdown, a batch still lands (stored,
+    /// its records accepted) but none of its jobs is sent: they would overtake the
+    /// forgotten ones.
+    #[tokio::test]
+    async fn a_batch_landed_after_sending_stopped_is_stored_and_not_sent() {
+        let (_dir, outbox) = temp_outbox("handoff-stopped");
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut h = Handoff::new(outbox.clone(), Clock::with_offset(0), tx, Arc::default(), Shutdown::new());
+        let mut batch = Batch::new(10, Duration::from_secs(1));
+        batch.push(rec(1), accept(&[("p", "a")]));
+        let attempt = h.start(&mut batch).expect("a batch").attempt().await;
+        h.land(attempt).await.expect("stored");
+        assert_eq!(sent(&mut rx), vec![("p".to_string(), 1, "a".to_string())]);
+
+        h.stop_sending();
+        batch.push(rec(2), accept(&[("p", "b"), ("t", "x")]));
+        let attempt = h.start(&mut batch).expect("a batch").attempt().await;
+        let accepted = h.land(attempt).await.expect("stored");
+        assert_eq!(accepted.records, vec![rec(2)], "the record is accepted: its jobs are stored");
+        assert_eq!(sent(&mut rx), Vec::new(), "nothing sent after sending stopped");
+        let ids: Vec<String> = outbox.pending_headers().unwrap().into_iter().map(|q| q.job.message_id).collect();
+        assert_eq!(ids, ["a", "b", "x"], "the outbox holds every job");
     }
 
     /// A write the disk refused is written again before any of its jobs goes on.

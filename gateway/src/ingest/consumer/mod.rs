@@ -1146,12 +1146,15 @@ impl Pipeline {
     /// [`Command::Barrier`]), so every job it finished before is already reported and its
     /// end can be logged. Without it the dispatcher sends on until it closes, and the jobs
     /// it finishes then are left in the log for the next owner to send again. A job in
-    /// flight is sent again by the next owner (its device dedupes it).
+    /// flight is sent again by the next owner (its device dedupes it). The last batch's
+    /// jobs are written and logged but not sent ([`Handoff::stop_sending`]): sent now, they
+    /// would overtake the forgotten ones.
     async fn stop_sending(&mut self) {
         let devices = self.ownership.devices();
         if !devices.is_empty() {
             self.handoff.command(Command::Forget(devices)).await;
         }
+        self.handoff.stop_sending();
         let (answer, answered) = tokio::sync::oneshot::channel();
         self.handoff.command(Command::Barrier(answer)).await;
         if answered.await.is_err() {
