@@ -32,7 +32,7 @@ async fn a_replica_joins_and_one_leaves_on_sigterm_and_only_jobs_in_flight_repea
         ..CentralOptions::steady(
             "scale",
             2,
-            env_scale("PIXGATE_SCALE_OUT_EVENTS", 15_000),
+            env_scale("PIXGATE_SCALE_OUT_EVENTS", 30_000),
             env_scale("PIXGATE_SCALE_OUT_DEVICES", 40),
             env_scale("PIXGATE_SCALE_OUT_SEED", 4) as u64,
         )

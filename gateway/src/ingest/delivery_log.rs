@@ -22,7 +22,8 @@ use crate::ingest::device_jobs::{delivered, send_waiting};
 use crate::ingest::partition_reader::PartitionReader;
 use crate::kafka_client;
 use crate::model::delivery_log::{
-    job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER, LOGGED_JOB_VERSION, POS_KEY,
+    job_key, legacy_job_key, numbered, owner_key, seq_key, Folder, LoggedJob, Restored, EPOCH_HEADER,
+    LOGGED_JOB_VERSION, POS_KEY,
 };
 use crate::model::{Queued, StoredJob};
 use anyhow::Context;
@@ -77,6 +78,10 @@ pub struct DeliveryLog {
     takes: Mutex<HashMap<i32, Take>>,
     /// Claims another replica's overtook, and since when.
     overtaken: Mutex<HashMap<i32, Instant>>,
+    /// The epoch in the key of each job of a claimed partition not yet ended, by
+    /// (partition, device, `seq`): its tombstone needs the same key. A job restored from a
+    /// legacy key (no epoch) has none. Bounded by the jobs queued here.
+    key_epochs: Mutex<HashMap<(i32, String, u64), u64>>,
 }
 
 impl DeliveryLog {
@@ -99,6 +104,7 @@ impl DeliveryLog {
             claims: AtomicU64::new(0),
             takes: Mutex::default(),
             overtaken: Mutex::default(),
+            key_epochs: Mutex::default(),
         })
     }
 
@@ -152,7 +158,11 @@ impl DeliveryLog {
                 Some(o) if o.take == take => {
                     self.takes.lock().unwrap_or_else(PoisonError::into_inner).insert(partition, Take { epoch, offset });
                     self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
-                    return Ok(std::mem::take(folder).finish());
+                    let restored = std::mem::take(folder).finish();
+                    let mut keys = self.key_epochs.lock().unwrap_or_else(PoisonError::into_inner);
+                    keys.retain(|(p, _, _), _| *p != partition);
+                    keys.extend(restored.key_epochs.iter().map(|((d, seq), e)| ((partition, d.clone(), *seq), *e)));
+                    return Ok(restored);
                 }
                 o => {
                     let winner = o.map(|o| o.replica.clone()).unwrap_or_default();
@@ -172,6 +182,7 @@ impl DeliveryLog {
     pub fn release(&self, partition: i32) {
         self.takes.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
         self.overtaken.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);
+        self.key_epochs.lock().unwrap_or_else(PoisonError::into_inner).retain(|(p, _, _), _| *p != partition);
     }
 
     /// Whether this replica's claim on `partition` is still the last one (blocking): reads
@@ -245,14 +256,20 @@ impl DeliveryLog {
                 epoch,
             };
             let value = serde_json::to_vec(&logged).expect("a logged job serialises");
-            records.push((job_key(&q.stored.device, q.stored.job.seq), value));
+            records.push((job_key(&q.stored.device, q.stored.job.seq, epoch), value));
             records.push((seq_key(&q.stored.device), numbered(q.stored.job.seq, epoch).into_bytes()));
         }
         records.push((POS_KEY.to_string(), numbered(pos, epoch).into_bytes()));
+        self.key_epochs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(queued.iter().map(|q| ((partition, q.stored.device.clone(), q.stored.job.seq), epoch)));
         Ok(self.produce(partition, records).await?)
     }
 
-    /// Logs that `stored` left its queue (a tombstone of its job's key), on `partition`.
+    /// Logs that `stored` left its queue (a tombstone of its job's key, with the epoch it
+    /// was accepted under; a job restored from a [`legacy_job_key`] gets a tombstone of
+    /// that key with the [`EPOCH_HEADER`] header), on `partition`.
     /// Not waited for: librdkafka delivers it in order with the partition's other records.
     /// Nothing is written for a partition this replica holds no claim on: its owner ends
     /// the job.
@@ -261,12 +278,19 @@ impl DeliveryLog {
     /// librdkafka refused to queue it (its configuration, or a fatal producer error).
     pub async fn ended(&self, partition: i32, stored: &StoredJob) -> Result<(), KafkaError> {
         let Some(epoch) = self.epoch(partition) else { return Ok(()) };
-        let key = job_key(&stored.device, stored.job.seq);
-        let epoch = epoch.to_string();
-        let record: FutureRecord<'_, str, [u8]> =
-            FutureRecord::to(&self.topic).partition(partition).key(key.as_str()).headers(epoch_header(&epoch));
-        let delivery = send_waiting(&self.producer, record).await?;
         let (device, seq) = (stored.device.clone(), stored.job.seq);
+        let logged_under =
+            self.key_epochs.lock().unwrap_or_else(PoisonError::into_inner).remove(&(partition, device.clone(), seq));
+        let (key, header) = match logged_under {
+            Some(e) => (job_key(&device, seq, e), None),
+            None => (legacy_job_key(&device, seq), Some(epoch_header(&epoch.to_string()))),
+        };
+        let mut record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(&self.topic).partition(partition).key(key.as_str());
+        if let Some(h) = header {
+            record = record.headers(h);
+        }
+        let delivery = send_waiting(&self.producer, record).await?;
         tokio::spawn(async move {
             if let Ok(Err((e, _))) = delivery.await {
                 tracing::error!(device, seq, error = %e, "a job's end did not reach the delivery log: its partition's next owner sends it again (the device dedupes it)");

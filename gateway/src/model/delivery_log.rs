@@ -5,7 +5,7 @@
 //!
 //! | key | value |
 //! |---|---|
-//! | `job/{device}/{seq}` | a job accepted into its device's queue ([`LoggedJob`], JSON, with its writer's epoch); a null value (tombstone) once it ended: done, superseded, expired or dead-lettered |
+//! | `job/{device}/{seq}@{epoch}` | a job accepted into its device's queue under owner epoch `epoch` ([`LoggedJob`], JSON, with that epoch); a null value (tombstone) once it ended: done, superseded, expired or dead-lettered |
 //! | `seq/{device}` | the last `seq` given to a job of the device: `{seq}@{epoch}` |
 //! | `pos` | the next device-jobs offset of the partition whose jobs are not yet in the log: `{offset}@{epoch}` |
 //! | `owner/{epoch}/{take}` | a replica's claim of the partition (its name); never deleted |
@@ -15,12 +15,20 @@
 //!
 //! **Owners.** A replica that takes the partition reads the log to its end, appends an
 //! owner record of the next epoch and reads on to it: the first claim of an epoch wins, a
-//! later one of the same epoch lost. Every other record carries its writer's epoch (in its
-//! value; a tombstone, which has none, in the [`EPOCH_HEADER`] header); one whose epoch is
-//! below the owner's when it is read was written by a replica that had lost the partition
-//! without knowing (frozen while the group gave the partition away) and is left out
-//! (`docs/cluster.md`, "Fencing"). A tombstone without a readable header is applied: at
-//! worst a stale end removes a job, never keeps one that ended.
+//! later one of the same epoch lost. Every other value carries its writer's epoch; one
+//! whose epoch is below the owner's when it is read was written by a replica that had lost
+//! the partition without knowing (frozen while the group gave the partition away) and is
+//! left out (`docs/cluster.md`, "Fencing").
+//!
+//! A job's key carries the epoch it was accepted under, so a job a stale replica accepted
+//! and the one the owner accepted with the same `seq` are two keys, and a stale replica's
+//! tombstone can only end a job of its own epoch or an earlier one: a job it was given too,
+//! whose end it saw (its device acknowledged it, or it was superseded or expired), so the
+//! tombstone is applied whoever wrote it. Tombstones need no header: a broker that charges
+//! for headers (tansu 0.6.0 scans its whole header table for every record it serves) is
+//! spared one per job. Logs written before keys carried the epoch (`job/{device}/{seq}`)
+//! are still read: their tombstones carry the writer's epoch in the [`EPOCH_HEADER`]
+//! header, a stale one is left out, one without a readable header is applied.
 
 use crate::model::{SourceRef, StoredJob};
 use device_protocol::Job;
@@ -52,8 +60,14 @@ pub fn numbered(number: impl std::fmt::Display, epoch: u64) -> String {
     format!("{number}@{epoch}")
 }
 
-/// The key of `device`'s job `seq`.
-pub fn job_key(device: &str, seq: u64) -> String {
+/// The key of `device`'s job `seq`, accepted under owner epoch `epoch`.
+pub fn job_key(device: &str, seq: u64, epoch: u64) -> String {
+    format!("job/{device}/{seq}@{epoch}")
+}
+
+/// The key of `device`'s job `seq` in a log written before keys carried the epoch (its
+/// tombstone carries the [`EPOCH_HEADER`] header).
+pub fn legacy_job_key(device: &str, seq: u64) -> String {
     format!("job/{device}/{seq}")
 }
 
@@ -65,7 +79,8 @@ pub fn seq_key(device: &str) -> String {
 /// The key of the partition's read position on the device-jobs topic.
 pub const POS_KEY: &str = "pos";
 
-/// The Kafka header carrying the owner epoch a record was written under (decimal).
+/// The Kafka header carrying the owner epoch a tombstone of a [`legacy_job_key`] was
+/// written under (decimal).
 pub const EPOCH_HEADER: &str = "pixgate-owner-epoch";
 
 /// The key of a claim of epoch `epoch` by the take `take` (unique per claim).
@@ -94,6 +109,9 @@ pub struct Restored {
     /// Where to read the device-jobs partition from: its records below are in the log.
     /// `None` when nothing was logged.
     pub pos: Option<i64>,
+    /// The epoch in each restored job's key, by (device, `seq`); absent for a
+    /// [`legacy_job_key`]. Its tombstone needs the same key.
+    pub key_epochs: HashMap<(String, u64), u64>,
     /// Records that could not be read (key and why): logged by the reader, never fatal,
     /// since a job left out is sent again from the device-jobs topic or was ended.
     pub unreadable: Vec<(String, String)>,
@@ -118,7 +136,8 @@ pub fn fold<'a>(records: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>, O
 #[derive(Debug, Default)]
 pub struct Folder {
     out: Restored,
-    jobs: BTreeMap<(String, u64), StoredJob>,
+    /// The jobs not ended, each with the epoch in its key (`None`: a legacy key).
+    jobs: BTreeMap<(String, u64), (StoredJob, Option<u64>)>,
 }
 
 impl Folder {
@@ -127,8 +146,8 @@ impl Folder {
         self.out.owner.as_ref()
     }
 
-    /// Adds the next record: `header` is its [`EPOCH_HEADER`], read for a tombstone only
-    /// (`None`: absent or unreadable).
+    /// Adds the next record: `header` is its [`EPOCH_HEADER`], read for a tombstone of a
+    /// [`legacy_job_key`] only (`None`: absent or unreadable).
     pub fn push(&mut self, key: &[u8], value: Option<&[u8]>, header: Option<u64>) {
         let out = &mut self.out;
         let key = String::from_utf8_lossy(key);
@@ -161,25 +180,40 @@ impl Folder {
                 None => out.unreadable.push((key.to_string(), "not {seq}@{epoch}".into())),
             }
         } else if let Some(rest) = key.strip_prefix("job/") {
-            let Some((device, seq)) = rest.rsplit_once('/').and_then(|(d, s)| Some((d, s.parse::<u64>().ok()?))) else {
-                out.unreadable.push((key.to_string(), "not job/{device}/{seq}".into()));
+            let Some((device, seq, key_epoch)) = rest.rsplit_once('/').and_then(|(d, s)| {
+                Some(match s.split_once('@') {
+                    Some((s, e)) => (d, s.parse::<u64>().ok()?, Some(e.parse::<u64>().ok()?)),
+                    None => (d, s.parse::<u64>().ok()?, None),
+                })
+            }) else {
+                out.unreadable.push((key.to_string(), "not job/{device}/{seq}@{epoch}".into()));
                 return;
             };
+            let id = (device.to_string(), seq);
             let Some(value) = value else {
-                if header.is_some_and(stale) {
-                    out.stale += 1;
-                } else {
-                    self.jobs.remove(&(device.to_string(), seq));
+                match key_epoch {
+                    // Only the job of that key: another epoch's job of the same seq stays.
+                    Some(_) => {
+                        if self.jobs.get(&id).is_some_and(|(_, e)| *e == key_epoch) {
+                            self.jobs.remove(&id);
+                        }
+                    }
+                    None if header.is_some_and(stale) => out.stale += 1,
+                    None => {
+                        self.jobs.remove(&id);
+                    }
                 }
                 return;
             };
             match serde_json::from_slice::<LoggedJob>(value) {
                 Ok(l) if stale(l.epoch) => out.stale += 1,
-                Ok(l) if l.v == LOGGED_JOB_VERSION && l.device == device && l.job.seq == seq => {
-                    self.jobs.insert(
-                        (device.to_string(), seq),
-                        StoredJob { device: l.device, job: l.job, source: l.source },
-                    );
+                Ok(l)
+                    if l.v == LOGGED_JOB_VERSION
+                        && l.device == device
+                        && l.job.seq == seq
+                        && key_epoch.is_none_or(|e| e == l.epoch) =>
+                {
+                    self.jobs.insert(id, (StoredJob { device: l.device, job: l.job, source: l.source }, key_epoch));
                 }
                 Ok(l) => out.unreadable.push((key.to_string(), format!("version {} or key not its job", l.v))),
                 Err(e) => out.unreadable.push((key.to_string(), e.to_string())),
@@ -192,11 +226,14 @@ impl Folder {
     /// What the records pushed leave.
     pub fn finish(self) -> Restored {
         let mut out = self.out;
-        for (device, seq) in self.jobs.keys() {
+        for ((device, seq), (_, key_epoch)) in &self.jobs {
             let last = out.seqs.entry(device.clone()).or_default();
             *last = (*last).max(*seq);
+            if let Some(e) = key_epoch {
+                out.key_epochs.insert((device.clone(), *seq), *e);
+            }
         }
-        out.jobs = self.jobs.into_values().collect();
+        out.jobs = self.jobs.into_values().map(|(job, _)| job).collect();
         out
     }
 }
@@ -231,17 +268,17 @@ mod tests {
     fn the_last_record_of_a_key_wins_and_an_ended_job_is_gone() {
         let (a1, a2, b7) = (logged("a", 1, "m1"), logged("a", 2, "m2"), logged("b/x", 7, "m7"));
         let records: Vec<(String, Option<Vec<u8>>)> = vec![
-            (job_key("a", 1), Some(a1)),
+            (legacy_job_key("a", 1), Some(a1)),
             (seq_key("a"), n(1, 0)),
-            (job_key("b/x", 7), Some(b7)),
+            (legacy_job_key("b/x", 7), Some(b7)),
             (seq_key("b/x"), n(7, 0)),
             (POS_KEY.into(), n(10, 0)),
-            (job_key("a", 2), Some(a2)),
+            (legacy_job_key("a", 2), Some(a2)),
             (seq_key("a"), n(2, 0)),
             (POS_KEY.into(), n(12, 0)),
-            (job_key("a", 1), None),
-            (job_key("b/x", 7), None),
-            (job_key("a", 5), Some(b"{".to_vec())),
+            (legacy_job_key("a", 1), None),
+            (legacy_job_key("b/x", 7), None),
+            (legacy_job_key("a", 5), Some(b"{".to_vec())),
             ("what".into(), Some(b"1".to_vec())),
             (seq_key("c"), Some(b"3".to_vec())),
         ];
@@ -262,23 +299,23 @@ mod tests {
         let (a1, a2, a3) = (logged_in("a", 1, "m1", 1), logged_in("a", 2, "m2", 1), logged_in("a", 3, "m3", 1));
         let records: Vec<(String, Option<Vec<u8>>, Option<u64>)> = vec![
             (owner_key(1, "r1.1.0"), Some(b"r1".to_vec()), None),
-            (job_key("a", 1), Some(a1), None),
-            (job_key("a", 2), Some(a2), None),
-            (job_key("b", 1), Some(logged_in("b", 1, "mb1", 1)), None),
-            (job_key("c", 1), Some(logged_in("c", 1, "mc1", 1)), None),
+            (legacy_job_key("a", 1), Some(a1), None),
+            (legacy_job_key("a", 2), Some(a2), None),
+            (legacy_job_key("b", 1), Some(logged_in("b", 1, "mb1", 1)), None),
+            (legacy_job_key("c", 1), Some(logged_in("c", 1, "mc1", 1)), None),
             (seq_key("a"), n(2, 1), None),
             (POS_KEY.into(), n(5, 1), None),
             // r2 claims epoch 2 first; r3's claim of epoch 2 comes later and loses.
             (owner_key(2, "r2.1.0"), Some(b"r2".to_vec()), None),
             (owner_key(2, "r3.1.0"), Some(b"r3".to_vec()), None),
             // r1 wakes: its end of job a/1, its new job a/3, seq and pos are all stale.
-            (job_key("a", 1), None, Some(1)),
-            (job_key("a", 3), Some(a3), None),
+            (legacy_job_key("a", 1), None, Some(1)),
+            (legacy_job_key("a", 3), Some(a3), None),
             (seq_key("a"), n(3, 1), None),
             (POS_KEY.into(), n(9, 1), None),
             // The owner's own writes count; so does an end whose header cannot be read.
-            (job_key("a", 2), None, Some(2)),
-            (job_key("b", 1), None, None),
+            (legacy_job_key("a", 2), None, Some(2)),
+            (legacy_job_key("b", 1), None, None),
             (POS_KEY.into(), n(6, 2), None),
         ];
         let r = fold(records.iter().map(|(k, v, e)| (k.as_bytes(), v.as_deref(), *e)));
@@ -294,6 +331,40 @@ mod tests {
         assert_eq!(r.pos, Some(6));
         assert_eq!(r.stale, 4);
         assert!(r.unreadable.is_empty(), "{:?}", r.unreadable);
+    }
+
+    #[test]
+    fn a_job_key_carries_its_epoch_so_a_stale_end_only_ends_a_job_of_its_epoch() {
+        let job = |seq, id, epoch| Some(logged_in("a", seq, id, epoch));
+        let records: Vec<(String, Option<Vec<u8>>)> = vec![
+            (owner_key(1, "r1.1.0"), Some(b"r1".to_vec())),
+            (job_key("a", 1, 1), job(1, "m1", 1)),
+            (job_key("a", 2, 1), job(2, "m2", 1)),
+            (seq_key("a"), n(2, 1)),
+            (owner_key(2, "r2.1.0"), Some(b"r2".to_vec())),
+            // The owner accepts m3 as a/3; r1, frozen through the claim, accepted m9 as
+            // a/3 too and ends it, and ends a/1, which it had been given and saw done.
+            (job_key("a", 3, 2), job(3, "m3", 2)),
+            (seq_key("a"), n(3, 2)),
+            (job_key("a", 3, 1), job(3, "m9", 1)),
+            (job_key("a", 3, 1), None),
+            (job_key("a", 1, 1), None),
+            // The owner ends a/2 under the key it was accepted with; an end of a job never
+            // logged changes nothing.
+            (job_key("a", 2, 1), None),
+            (job_key("a", 4, 2), None),
+            // A value whose epoch is not its key's is not read.
+            (job_key("a", 5, 2), job(5, "m5", 3)),
+        ];
+        let r = fold(records.iter().map(|(k, v)| (k.as_bytes(), v.as_deref(), None)));
+        let left: Vec<(&str, u64, &str)> =
+            r.jobs.iter().map(|s| (s.device.as_str(), s.job.seq, s.job.message_id.as_str())).collect();
+        assert_eq!(left, [("a", 3, "m3")], "the stale end of a/3@1 leaves the owner's a/3@2");
+        assert_eq!(r.key_epochs, HashMap::from([(("a".to_string(), 3), 2)]));
+        assert_eq!(r.seqs.get("a"), Some(&3));
+        assert_eq!(r.stale, 1, "r1's job m9");
+        let bad: Vec<&str> = r.unreadable.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(bad, ["job/a/5@2"]);
     }
 
     #[test]
