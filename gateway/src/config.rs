@@ -192,6 +192,11 @@ pub struct OutboxConfig {
     /// short) is refused at start with an error naming it, where an unchecked open can
     /// panic inside redb at the first read of a damaged page. It reads the whole file.
     pub check_on_open: bool,
+    /// Free bytes on the outbox's file system below which every partition pauses (and
+    /// `/readyz` says so), resumed once half as much again is free: room kept for the
+    /// batches in flight and for the removals of done jobs, which need writes too. 0: off
+    /// (then a full disk refuses a batch, and pixgate retries it until there is room).
+    pub min_free_bytes: u64,
 }
 
 impl Default for OutboxConfig {
@@ -207,6 +212,7 @@ impl Default for OutboxConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             charge_cache_entries: DEFAULT_CHARGE_CACHE,
             check_on_open: true,
+            min_free_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! arrive, then given room again. pixgate must hold reading while the disk refuses its
 //! writes, say so on `/readyz` with the disk's own words (`No space left on device`, not
 //! redb's latched `Previous I/O error`), and once there is room go on by itself, without
-//! a restart: every charge's QR shown, the same process, ready again.
+//! a restart: every charge's QR shown, the same process, ready again. With the low-space
+//! watermark (`outbox.min_free_bytes`) it stops reading before the disk refuses anything.
 //!
 //! Real parts: tansu, the `pixgate` binary, a simulated card machine, a real file system
 //! that runs out of space.
@@ -22,12 +23,13 @@ use std::time::Duration;
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
 const WAIT: Duration = Duration::from_secs(90);
 
-/// A tmpfs of `mib` MiB mounted at a new folder; unmounted on drop.
+/// A tmpfs of `mib` MiB mounted at a new folder named after `name` (each test its own);
+/// unmounted on drop.
 struct SmallDisk(PathBuf);
 
 impl SmallDisk {
-    fn mount(mib: u32) -> SmallDisk {
-        let dir = std::env::temp_dir().join(format!("pixgate-small-disk-{}", std::process::id()));
+    fn mount(name: &str, mib: u32) -> SmallDisk {
+        let dir = std::env::temp_dir().join(format!("pixgate-small-disk-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let ok = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
@@ -37,6 +39,16 @@ impl SmallDisk {
             .success();
         assert!(ok, "mounting a tmpfs at {} (the test runs as root, as the Debian package test)", dir.display());
         SmallDisk(dir)
+    }
+
+    /// Fills the file system with `filler` until it refuses a write, then gives `left`
+    /// bytes back (the filler cut short).
+    fn fill_leaving(&self, left: u64) -> PathBuf {
+        let path = self.fill();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.set_len(len.saturating_sub(left)).unwrap();
+        path
     }
 
     /// Fills the file system with `filler` until it refuses a write.
@@ -76,9 +88,15 @@ fn qr_shown(rig: &Rig) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
-    let disk = SmallDisk::mount(8);
+    let disk = SmallDisk::mount("full", 8);
     let outbox: &Path = &disk.0.join("outbox.redb");
-    let rig = Rig::builder("disk-full").env("PIXGATE_OUTBOX__PATH", outbox.display().to_string()).start().await;
+    // The watermark off: the disk fills up under pixgate, as when another writer is faster
+    // than its looks.
+    let rig = Rig::builder("disk-full")
+        .env("PIXGATE_OUTBOX__PATH", outbox.display().to_string())
+        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", "0")
+        .start()
+        .await;
     let pid = rig.gateway().pid();
     let fixtures = pixgate_tests::demo::default_fixtures();
     rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
@@ -113,6 +131,61 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
     assert!(log.contains("outbox opened again after an I/O error"), "the handle was reopened");
     println!("disk full: {} QR jobs shown or superseded after the disk had room again, same process", qr_shown(&rig));
+    fleet.shutdown().await;
+    rig.shutdown();
+    drop(disk);
+}
+
+/// Below `outbox.min_free_bytes` every partition pauses before the disk refuses anything,
+/// `/readyz` names the file system at once, and reading resumes by itself once there is
+/// room: the charges published meanwhile are all shown, the disk never said
+/// `No space left on device`, the same process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_watermark_reading_pauses_before_the_disk_is_full_and_resumes_with_room() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
+    const MIB: u64 = 1024 * 1024;
+    let disk = SmallDisk::mount("low", 16);
+    let outbox: &Path = &disk.0.join("outbox.redb");
+    let rig = Rig::builder("low-space")
+        .env("PIXGATE_OUTBOX__PATH", outbox.display().to_string())
+        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", (4 * MIB).to_string())
+        .start()
+        .await;
+    let pid = rig.gateway().pid();
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
+    let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
+    rig.publish_charge(TERMINAL, 0).await;
+    rig.wait_stats(WAIT, |s| count(&s.counters.effects_done, "display_qr") == 1).await;
+
+    // 2 MiB left: below the watermark, far from full.
+    let filler = disk.fill_leaving(2 * MIB);
+    let body =
+        rig.gateway().readyz_until("named the low space", WAIT, |c, b| c == 503 && b.contains("low on space")).await;
+    println!("low space: /readyz said:\n{}", body.trim());
+    assert!(body.contains("outbox.min_free_bytes (4194304)"), "{body}");
+    const HELD: u64 = 5;
+    for n in 1..=HELD {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    // Paused: given time to be read (the consumer polls every few ms), none is.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(qr_shown(&rig), 1, "nothing read while the file system is low on space");
+
+    std::fs::remove_file(&filler).unwrap();
+    rig.wait_stats(WAIT, |s| {
+        count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + HELD
+            && s.counters.outbox_jobs == 0
+            && s.counters.pending_records == 0
+    })
+    .await;
+    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
+    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
+    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    assert!(log.contains("the outbox's file system is low on space: pausing every partition"), "the pause logged");
+    assert!(log.contains("the outbox's file system has room again: resuming"), "the resume logged");
+    assert!(!log.contains("No space left on device"), "the disk never refused a write");
+    println!("low space: {} QR jobs shown or superseded once there was room, same process", qr_shown(&rig));
     fleet.shutdown().await;
     rig.shutdown();
     drop(disk);

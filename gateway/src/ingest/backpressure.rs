@@ -12,6 +12,8 @@
 //!   that device's queue is half drained). Which partitions feed a device is only known
 //!   when one of their records does, so the bound is soft by at most one record's jobs
 //!   per partition;
+//! - the outbox's file system has less than `outbox.min_free_bytes` free (every assigned
+//!   partition pauses; until half as much again is free: [`crate::store::free_space`]);
 //! - its records wait for the device registry to catch up (until released:
 //!   [`crate::ingest::registry_wait`]);
 //! - it belongs to a topic held back on purpose (`kafka.hold_device_topic_ms`, testing
@@ -92,6 +94,8 @@ pub struct Backpressure {
     waiting_on: HashMap<Partition, HashSet<String>>,
     /// The outbox is at its bound (every assigned partition pauses).
     outbox_full: bool,
+    /// The outbox's file system is low on space (every assigned partition pauses).
+    low_space: bool,
     /// Partitions whose records wait for the device registry.
     registry_wait: HashSet<Partition>,
     /// Partitions taken whose state is being read back from their log (the central shape).
@@ -115,6 +119,7 @@ impl Backpressure {
             pending_bound: HashSet::new(),
             waiting_on: HashMap::new(),
             outbox_full: false,
+            low_space: false,
             registry_wait: HashSet::new(),
             restoring: HashSet::new(),
             held_topic: None,
@@ -254,6 +259,16 @@ impl Backpressure {
         self.reconcile_all()
     }
 
+    /// The outbox's file system is low on space (`true`: every assigned partition pauses)
+    /// or has room again; no decisions when that does not change.
+    pub fn low_space(&mut self, low: bool) -> Vec<Decision> {
+        if self.low_space == low {
+            return Vec::new();
+        }
+        self.low_space = low;
+        self.reconcile_all()
+    }
+
     /// Pauses every assigned partition when the outbox reaches its bound, resumes them at
     /// half; no decisions while neither happens.
     pub fn check_outbox_bound(&mut self) -> Vec<Decision> {
@@ -307,6 +322,7 @@ impl Backpressure {
         let mut cause = PauseCause::new(self.pending_bound.contains(part), self.outbox_full, self.waiting_on.get(part));
         cause.registry_wait = self.registry_wait.contains(part);
         cause.restoring = self.restoring.contains(part);
+        cause.low_space = self.low_space;
         let want = cause.is_paused() || self.held_topic.as_deref() == Some(part.0.as_str());
         let action = (want != self.paused.contains(part)).then(|| {
             if want {
@@ -338,6 +354,21 @@ mod tests {
 
     fn bounds(pending: usize, jobs: usize, per_device: usize) -> Bounds {
         Bounds { pending_per_partition: pending, jobs, jobs_per_device: per_device }
+    }
+
+    #[test]
+    fn low_space_pauses_every_partition_until_there_is_room() {
+        let mut b = assigned(bounds(10, 100, 10), &[part(0), part(1)]);
+        let d = b.low_space(true);
+        assert_eq!(d.len(), 2);
+        assert!(d.iter().all(|d| d.action == Some(Action::Pause) && d.cause.low_space && d.cause.is_paused()));
+        assert!(b.low_space(true).is_empty(), "no change, no decisions");
+        // A rebalance pauses every partition again, the one assigned meanwhile too.
+        let d = b.rebalanced(&[], vec![part(0), part(1), part(2)]);
+        assert!(d.iter().all(|d| d.cause.low_space && d.action == Some(Action::Pause)), "{d:?}");
+        let d = b.low_space(false);
+        assert_eq!(d.len(), 3);
+        assert!(d.iter().all(|d| d.action == Some(Action::Resume) && !d.cause.is_paused()));
     }
 
     /// Backpressure with `assigned` partitions assigned by a first rebalance.

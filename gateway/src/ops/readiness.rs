@@ -147,12 +147,23 @@ pub enum Reason {
         /// The last connection error.
         error: String,
     },
+    /// The outbox's file system has less than `outbox.min_free_bytes` free: reading is
+    /// paused.
+    LowSpace {
+        /// For how long, ms.
+        for_ms: u64,
+        /// Bytes free when it was found low.
+        free: u64,
+        /// `outbox.min_free_bytes`.
+        min: u64,
+    },
 }
 
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
     /// `kafka_silent`, `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
-    /// `consume_error`, `device_broker_unreachable` (the `alarm` label on `/metrics`).
+    /// `consume_error`, `device_broker_unreachable`, `low_space` (the `alarm` label on
+    /// `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
@@ -168,6 +179,7 @@ impl Reason {
             Reason::RegistryBehind { .. } => "registry_behind",
             Reason::ConsumeError { .. } => "consume_error",
             Reason::DeviceBrokerUnreachable { .. } => "device_broker_unreachable",
+            Reason::LowSpace { .. } => "low_space",
         }
     }
 
@@ -282,6 +294,10 @@ impl fmt::Display for Reason {
             Reason::DeviceBrokerUnreachable { for_ms, error } => {
                 write!(f, "the devices' MQTT broker unreachable for {for_ms} ms: {error}")
             }
+            Reason::LowSpace { for_ms, free, min } => write!(
+                f,
+                "the outbox's file system is low on space: {free} bytes free, below outbox.min_free_bytes ({min}); reading paused for {for_ms} ms"
+            ),
         }
     }
 }
@@ -365,6 +381,9 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
             out.push(Reason::DeviceBrokerUnreachable { for_ms: since(*t), error: error.clone() });
         }
     }
+    if let Some((t, free, min)) = facts.low_space {
+        out.push(Reason::LowSpace { for_ms: since(t), free, min });
+    }
     out
 }
 
@@ -390,6 +409,9 @@ fn stall_causes(
         }
         if t.pause.outbox_full {
             causes.push("the outbox is full (outbox.max_jobs)".to_string());
+        }
+        if t.pause.low_space {
+            causes.push("the outbox's file system is low on space (outbox.min_free_bytes)".to_string());
         }
         if t.pause.pending_bound {
             causes.push("records read and not yet written are at kafka.max_pending_per_partition".to_string());
@@ -735,6 +757,31 @@ mod tests {
         t.sample(63_000, &reads(18, 5));
         assert_eq!(t.facts(true, 0).topics[CH].lag, Some(0));
         assert!(kinds(63_000, &t, &rules()).is_empty());
+    }
+
+    #[test]
+    fn low_space_is_named_at_once_and_in_a_stall() {
+        let mut t = healthy();
+        assert!(kinds(1_000, &t, &rules()).is_empty());
+        t.low_space(1_000, Some((4_000_000, 67_108_864)));
+        t.low_space(5_000, Some((3_000_000, 67_108_864)));
+        let r = evaluate(6_000, &t.facts(true, 0), &rules());
+        assert_eq!(
+            r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["the outbox's file system is low on space: 3000000 bytes free, below outbox.min_free_bytes (67108864); reading paused for 5000 ms"],
+            "at once, timed from when it was first found"
+        );
+        assert_eq!(r[0].kind(), "low_space");
+        t.paused(&part(CH, 0), PauseCause { low_space: true, ..PauseCause::default() });
+        t.kafka(2_000, BrokerSample::default(), [(part(CH, 0), offsets(12, 10))]);
+        t.sample(2_000, &reads(10, 5));
+        let r = evaluate(62_000, &t.facts(true, 0), &HealthConfig { kafka_down_after_ms: 0, ..rules() });
+        assert!(
+            r.iter().any(|r| r.to_string().contains("why: 1 of 1 partitions paused for backpressure: the outbox's file system is low on space (outbox.min_free_bytes)")),
+            "{r:?}"
+        );
+        t.low_space(63_000, None);
+        assert!(kinds(63_000, &t, &rules()).iter().all(|(k, _)| *k != "low_space"));
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct PauseCause {
     /// Taken in the central shape, it waits for its state to be read back from its log
     /// (the delivery log or the route changelog, `ingest::restores`).
     pub restoring: bool,
+    /// The outbox's file system has less than `outbox.min_free_bytes` free (all partitions
+    /// pause).
+    pub low_space: bool,
 }
 
 impl PauseCause {
@@ -48,7 +51,14 @@ impl PauseCause {
     pub fn new(pending_bound: bool, outbox_full: bool, devices_at_bound: Option<&HashSet<String>>) -> PauseCause {
         let mut devices: Vec<String> = devices_at_bound.map(|d| d.iter().cloned().collect()).unwrap_or_default();
         devices.sort();
-        PauseCause { pending_bound, outbox_full, devices_at_bound: devices, registry_wait: false, restoring: false }
+        PauseCause {
+            pending_bound,
+            outbox_full,
+            devices_at_bound: devices,
+            registry_wait: false,
+            restoring: false,
+            low_space: false,
+        }
     }
 
     /// Whether any cause holds (the partition is paused).
@@ -58,6 +68,7 @@ impl PauseCause {
             || !self.devices_at_bound.is_empty()
             || self.registry_wait
             || self.restoring
+            || self.low_space
     }
 
     /// Merges `other` into `self` (the causes of several partitions of one topic).
@@ -66,6 +77,7 @@ impl PauseCause {
         self.outbox_full |= other.outbox_full;
         self.registry_wait |= other.registry_wait;
         self.restoring |= other.restoring;
+        self.low_space |= other.low_space;
         for d in &other.devices_at_bound {
             if let Err(i) = self.devices_at_bound.binary_search(d) {
                 self.devices_at_bound.insert(i, d.clone());
@@ -263,6 +275,9 @@ pub struct Facts {
     /// Since when the external MQTT broker is unreachable, and the last error (`None`: up,
     /// or no external broker).
     pub device_broker_down: Option<(u64, String)>,
+    /// Since when the outbox's file system is low on space, with its free bytes when found
+    /// so and `outbox.min_free_bytes` (`None`: room enough, or the watermark off).
+    pub low_space: Option<(u64, u64, u64)>,
     /// Per topic: partitions held elsewhere in the group that make no progress.
     pub orphans: BTreeMap<String, OrphanFact>,
 }
@@ -300,6 +315,7 @@ pub struct Tracker {
     registry_wait: Option<(u64, RegistryWaitFact)>,
     consume_error: Option<(u64, ConsumeErrorFact)>,
     device_broker_down: Option<(u64, String)>,
+    low_space: Option<(u64, u64, u64)>,
     orphans: BTreeMap<String, OrphanFact>,
 }
 
@@ -326,6 +342,7 @@ impl Tracker {
             registry_wait: None,
             consume_error: None,
             device_broker_down: None,
+            low_space: None,
             orphans: BTreeMap::new(),
         }
     }
@@ -433,6 +450,12 @@ impl Tracker {
             (Some(e), None) => Some((now, e)),
             (None, _) => None,
         };
+    }
+
+    /// The outbox's file system is low on space: `(free bytes, outbox.min_free_bytes)`, or
+    /// (`None`) has room again.
+    pub fn low_space(&mut self, now: u64, low: Option<(u64, u64)>) {
+        self.low_space = low.map(|(free, min)| (self.low_space.map_or(now, |(since, _, _)| since), free, min));
     }
 
     /// Outbox writes fail now with `error`, or (`None`) succeed again.
@@ -579,6 +602,7 @@ impl Tracker {
             registry_wait: self.registry_wait.clone(),
             consume_error: self.consume_error.clone(),
             device_broker_down: self.device_broker_down.clone(),
+            low_space: self.low_space,
             orphans: self.orphans.clone(),
         }
     }
@@ -646,6 +670,12 @@ impl Monitor {
     /// `part`'s pause causes now (the consumer reconciles pauses through this).
     pub fn paused(&self, part: &Partition, cause: PauseCause) {
         self.with(|t| t.paused(part, cause));
+    }
+
+    /// See [`Tracker::low_space`].
+    pub fn low_space(&self, low: Option<(u64, u64)>) {
+        let now = self.now_ms();
+        self.with(|t| t.low_space(now, low));
     }
 
     /// See [`Tracker::device_broker_down`].

@@ -44,6 +44,7 @@ use crate::ingest::route_changelog::RouteChangelog;
 use crate::ingest::upstream;
 use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued};
 use crate::shutdown::Shutdown;
+use crate::store::free_space::{self, Watermark};
 use crate::store::{Outbox, Removal, ReplayError};
 use crate::telemetry::{Monitor, Stats};
 
@@ -140,6 +141,8 @@ struct Pipeline {
     handoff: Handoff,
     backpressure: Backpressure,
     pruner: Pruner,
+    /// The outbox file and its file system's watermark (`None`: `outbox.min_free_bytes` 0).
+    space: Option<(std::path::PathBuf, Watermark)>,
     /// Charge records held until the device registry catches up.
     registry: RegistryHold,
     /// Record-level dead letters routed again.
@@ -306,6 +309,8 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         handoff,
         backpressure,
         pruner: Pruner::new(&cfg.outbox, &cfg.reconcile),
+        space: (cfg.outbox.min_free_bytes > 0)
+            .then(|| (cfg.outbox.path.clone(), Watermark::new(cfg.outbox.min_free_bytes))),
         registry,
         record_replay: RecordReplay::new(&cfg.kafka.charge_topic, &cfg.kafka.brokers),
         consume_errors: ConsumeErrors::default(),
@@ -806,6 +811,31 @@ impl Pipeline {
         let pending = self.tracker.total_pending() as u64;
         self.stats.update(|s| s.pending_records = pending);
         self.pruner.tick(&self.outbox, &self.clock);
+        self.look_at_space(consumer);
+    }
+
+    /// Pauses every partition while the outbox's file system is below its watermark, and
+    /// resumes them once it has room ([`free_space`]). A file system that cannot be asked
+    /// leaves things as they are.
+    fn look_at_space(&mut self, consumer: &impl GroupReader) {
+        let Some((path, mark)) = &mut self.space else { return };
+        let free = match free_space::available(path) {
+            Ok(free) => free,
+            Err(e) => {
+                tracing::debug!(error = %e, path = %path.display(), "cannot ask the outbox's file system for its free bytes");
+                return;
+            }
+        };
+        let Some(low) = mark.look(free) else { return };
+        let min = mark.min();
+        if low {
+            tracing::warn!(free, min_free_bytes = min, path = %path.display(), "the outbox's file system is low on space: pausing every partition until half as much again is free");
+        } else {
+            tracing::info!(free, min_free_bytes = min, "the outbox's file system has room again: resuming");
+        }
+        self.health.low_space(low.then_some((free, min)));
+        let decisions = self.backpressure.low_space(low);
+        self.apply(consumer, decisions);
     }
 
     /// The device topic's reader's positions as applied: they start where the outbox saved
