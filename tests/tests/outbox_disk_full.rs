@@ -14,6 +14,7 @@
 
 use pixgate_tests::gateway::count;
 use pixgate_tests::harness::{protocol_devices, Rig};
+use simulators::fleet::FleetHandle;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,16 +86,14 @@ fn qr_shown(rig: &Rig) -> u64 {
     count(&s.counters.effects_done, "display_qr") + s.counters.superseded
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
-    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
-    let disk = SmallDisk::mount("full", 8);
+/// A rig named `name` whose outbox is on `disk` with `outbox.min_free_bytes` =
+/// `min_free`, the fixtures' registry, one card machine, and its first charge's QR shown;
+/// returns the rig, pixgate's pid and the fleet.
+async fn started_on(disk: &SmallDisk, name: &str, min_free: u64) -> (Rig, u32, FleetHandle) {
     let outbox: &Path = &disk.0.join("outbox.redb");
-    // The watermark off: the disk fills up under pixgate, as when another writer is faster
-    // than its looks.
-    let rig = Rig::builder("disk-full")
+    let rig = Rig::builder(name)
         .env("PIXGATE_OUTBOX__PATH", outbox.display().to_string())
-        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", "0")
+        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", min_free.to_string())
         .start()
         .await;
     let pid = rig.gateway().pid();
@@ -103,6 +102,30 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
     rig.publish_charge(TERMINAL, 0).await;
     rig.wait_stats(WAIT, |s| count(&s.counters.effects_done, "display_qr") == 1).await;
+    (rig, pid, fleet)
+}
+
+/// Waits until `held` more QR jobs are shown (or superseded) and nothing is left, then for
+/// `/readyz` to be ready, in process `pid` still; returns pixgate's log.
+async fn all_shown_and_ready(rig: &Rig, held: u64, pid: u32) -> String {
+    rig.wait_stats(WAIT, |s| {
+        count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + held
+            && s.counters.outbox_jobs == 0
+            && s.counters.pending_records == 0
+    })
+    .await;
+    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
+    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
+    std::fs::read_to_string(rig.gateway().log()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
+    let disk = SmallDisk::mount("full", 8);
+    // The watermark off: the disk fills up under pixgate, as when another writer is faster
+    // than its looks.
+    let (rig, pid, fleet) = started_on(&disk, "disk-full", 0).await;
 
     // The disk fills up; charge events go on arriving.
     let filler = disk.fill();
@@ -120,15 +143,7 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
 
     // Room again: pixgate goes on by itself.
     std::fs::remove_file(&filler).unwrap();
-    rig.wait_stats(WAIT, |s| {
-        count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + HELD
-            && s.counters.outbox_jobs == 0
-            && s.counters.pending_records == 0
-    })
-    .await;
-    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
-    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
-    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    let log = all_shown_and_ready(&rig, HELD, pid).await;
     assert!(log.contains("outbox opened again after an I/O error"), "the handle was reopened");
     println!("disk full: {} QR jobs shown or superseded after the disk had room again, same process", qr_shown(&rig));
     fleet.shutdown().await;
@@ -145,18 +160,7 @@ async fn below_the_watermark_reading_pauses_before_the_disk_is_full_and_resumes_
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
     const MIB: u64 = 1024 * 1024;
     let disk = SmallDisk::mount("low", 16);
-    let outbox: &Path = &disk.0.join("outbox.redb");
-    let rig = Rig::builder("low-space")
-        .env("PIXGATE_OUTBOX__PATH", outbox.display().to_string())
-        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", (4 * MIB).to_string())
-        .start()
-        .await;
-    let pid = rig.gateway().pid();
-    let fixtures = pixgate_tests::demo::default_fixtures();
-    rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
-    let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
-    rig.publish_charge(TERMINAL, 0).await;
-    rig.wait_stats(WAIT, |s| count(&s.counters.effects_done, "display_qr") == 1).await;
+    let (rig, pid, fleet) = started_on(&disk, "low-space", 4 * MIB).await;
 
     // 2 MiB left: below the watermark, far from full.
     let filler = disk.fill_leaving(2 * MIB);
@@ -173,15 +177,7 @@ async fn below_the_watermark_reading_pauses_before_the_disk_is_full_and_resumes_
     assert_eq!(qr_shown(&rig), 1, "nothing read while the file system is low on space");
 
     std::fs::remove_file(&filler).unwrap();
-    rig.wait_stats(WAIT, |s| {
-        count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + HELD
-            && s.counters.outbox_jobs == 0
-            && s.counters.pending_records == 0
-    })
-    .await;
-    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
-    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
-    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    let log = all_shown_and_ready(&rig, HELD, pid).await;
     assert!(log.contains("the outbox's file system is low on space: pausing every partition"), "the pause logged");
     assert!(log.contains("the outbox's file system has room again: resuming"), "the resume logged");
     assert!(!log.contains("No space left on device"), "the disk never refused a write");
