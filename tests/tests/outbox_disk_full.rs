@@ -3,7 +3,8 @@
 //! arrive, then given room again. pixgate must hold reading while the disk refuses its
 //! writes, say so on `/readyz` with the disk's own words (`No space left on device`, not
 //! redb's latched `Previous I/O error`), and once there is room go on by itself, without
-//! a restart: every charge's QR shown, the same process, ready again. With the low-space
+//! a restart: every charge's QR shown, the same process, ready again, and its place in
+//! the consumer group kept however long the disk stays full. With the low-space
 //! watermark (`outbox.min_free_bytes`) it stops reading before the disk refuses anything.
 //!
 //! Real parts: tansu, the `pixgate` binary, a simulated card machine, a real file system
@@ -87,15 +88,22 @@ fn qr_shown(rig: &Rig) -> u64 {
 }
 
 /// A rig named `name` whose outbox is on `disk` with `outbox.min_free_bytes` =
-/// `min_free`, the fixtures' registry, one card machine, and its first charge's QR shown;
-/// returns the rig, pixgate's pid and the fleet.
-async fn started_on(disk: &SmallDisk, name: &str, min_free: u64) -> (Rig, u32, FleetHandle) {
+/// `min_free` and the settings `env`, the fixtures' registry, one card machine, and its
+/// first charge's QR shown; returns the rig, pixgate's pid and the fleet.
+async fn started_on(
+    disk: &SmallDisk,
+    name: &str,
+    min_free: u64,
+    env: &[(&'static str, &str)],
+) -> (Rig, u32, FleetHandle) {
     let outbox: &Path = &disk.0.join("outbox.redb");
-    let rig = Rig::builder(name)
+    let mut builder = Rig::builder(name)
         .env("PIXGATE_OUTBOX__PATH", outbox.display().to_string())
-        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", min_free.to_string())
-        .start()
-        .await;
+        .env("PIXGATE_OUTBOX__MIN_FREE_BYTES", min_free.to_string());
+    for (k, v) in env {
+        builder = builder.env(k, v.to_string());
+    }
+    let rig = builder.start().await;
     let pid = rig.gateway().pid();
     let fixtures = pixgate_tests::demo::default_fixtures();
     rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
@@ -124,8 +132,12 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
     let disk = SmallDisk::mount("full", 8);
     // The watermark off: the disk fills up under pixgate, as when another writer is faster
-    // than its looks.
-    let (rig, pid, fleet) = started_on(&disk, "disk-full", 0).await;
+    // than its looks. A short poll interval: the disk stays full for longer.
+    const MAX_POLL_MS: u64 = 10_000;
+    let poll = MAX_POLL_MS.to_string();
+    // (At least the session timeout, 10 s by default: librdkafka refuses less.)
+    let env = [("PIXGATE_KAFKA__MAX_POLL_INTERVAL_MS", poll.as_str())];
+    let (rig, pid, fleet) = started_on(&disk, "disk-full", 0, &env).await;
 
     // The disk fills up; charge events go on arriving.
     let filler = disk.fill();
@@ -140,11 +152,16 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     println!("disk full: /readyz said:\n{}", body.trim());
     assert!(!body.contains("Previous I/O error"), "the disk's own error, not redb's latch: {body}");
     assert_eq!(qr_shown(&rig), 1, "nothing read past what the outbox could not take");
+    // Full for longer than `kafka.max_poll_interval_ms`: the consumer goes on polling, so
+    // librdkafka keeps its place in the group.
+    tokio::time::sleep(Duration::from_millis(MAX_POLL_MS + 5_000)).await;
+    assert_eq!(qr_shown(&rig), 1, "still nothing read past it");
 
     // Room again: pixgate goes on by itself.
     std::fs::remove_file(&filler).unwrap();
     let log = all_shown_and_ready(&rig, HELD, pid).await;
     assert!(log.contains("outbox opened again after an I/O error"), "the handle was reopened");
+    assert!(!log.contains("maximum poll interval"), "the consumer kept polling while the write was held");
     println!("disk full: {} QR jobs shown or superseded after the disk had room again, same process", qr_shown(&rig));
     fleet.shutdown().await;
     rig.shutdown();
@@ -160,7 +177,7 @@ async fn below_the_watermark_reading_pauses_before_the_disk_is_full_and_resumes_
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
     const MIB: u64 = 1024 * 1024;
     let disk = SmallDisk::mount("low", 16);
-    let (rig, pid, fleet) = started_on(&disk, "low-space", 4 * MIB).await;
+    let (rig, pid, fleet) = started_on(&disk, "low-space", 4 * MIB, &[]).await;
 
     // 2 MiB left: below the watermark, far from full.
     let filler = disk.fill_leaving(2 * MIB);

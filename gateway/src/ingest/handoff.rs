@@ -22,8 +22,10 @@
 //! - per device, jobs are queued in the order their records were read: one batch in
 //!   flight at a time, a replay only between two batches, and nothing more once a batch
 //!   was given up ([`Handoff::gave_up`]);
-//! - a batch is accepted whole or not at all, and a refused write is retried until the
-//!   disk takes it ([`crate::ingest::retry`]): the consumer does not read past it;
+//! - a batch is accepted whole or not at all, and a refused write is retried in the
+//!   batch's task until the disk takes it ([`crate::ingest::retry`]): the consumer goes
+//!   on polling Kafka (its group membership survives), reads no further than its bounds
+//!   and stores no offset past the batch;
 //! - a job is queued at most once per message id (the outbox's dedupe window), so a
 //!   record read again after a restart or a rebalance queues nothing twice.
 
@@ -87,17 +89,18 @@ struct Logged {
     pos: BTreeMap<i32, i64>,
 }
 
-/// A batch being written on a blocking thread.
+/// A batch being written by a task of its own, retried there until it is stored: the
+/// consumer loop goes on polling Kafka meanwhile (its partitions pause at their bounds),
+/// so a write the disk refuses for minutes never exceeds `max.poll.interval.ms`.
 pub struct InFlight {
-    /// The write; gives the batch back with the outcome, for a retry.
+    /// The write; gives the batch back with the outcome.
     handle: JoinHandle<Attempt>,
 }
 
-/// A batch's write, returned from its blocking thread.
+/// A batch's write, returned from its task: stored, or refused until shutdown.
 pub struct Attempt {
     records: Vec<RecordRef>,
     accepts: Vec<Accept>,
-    removals: Vec<Removal>,
     result: Result<Written, HandoffError>,
 }
 
@@ -239,9 +242,11 @@ impl Handoff {
         self.gave_up
     }
 
-    /// Takes `batch` and starts writing it on a blocking thread; `None` when there is
-    /// nothing to write, or a batch was given up. The caller keeps at most one in flight
-    /// and hands its [`Attempt`] to [`Handoff::land`] before starting the next.
+    /// Takes `batch` and starts writing it in a task of its own, which retries a refused
+    /// write until it is stored or shutdown is requested ([`until_written`],
+    /// [`until_routed`]); `None` when there is nothing to write, or a batch was given up.
+    /// The caller keeps at most one in flight, goes on reading meanwhile, and hands its
+    /// [`Attempt`] to [`Handoff::land`] before starting the next.
     pub fn start(&mut self, batch: &mut Batch) -> Option<InFlight> {
         if self.gave_up {
             batch.stop_timer();
@@ -251,55 +256,37 @@ impl Handoff {
         let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
         let states = self.states_of(&records, &accepts);
         let changelog = self.changelog.as_ref().map(|(c, _)| c.clone());
+        let retry = Retry { health: self.health.clone(), shutdown: self.shutdown.clone(), clock: self.clock.clone() };
         let handle = match self.jobs_out.clone() {
-            None => tokio::task::spawn_blocking(move || {
-                let result = outbox.write(&mut accepts, &removals, now_ms).map_err(HandoffError::from);
-                Attempt { records, accepts, removals, result }
+            None => tokio::spawn(async move {
+                let first = outbox.clone();
+                let (accepts, removals, result) = blocking(move || {
+                    let result = first.write(&mut accepts, &removals, now_ms).map_err(HandoffError::from);
+                    (accepts, removals, result)
+                })
+                .await;
+                let (accepts, result) = until_written(&retry, outbox, accepts, removals, result).await;
+                Attempt { records, accepts, result }
             }),
             Some(producer) => tokio::spawn(async move {
-                let changelog = changelog.as_ref().map(|c| (&**c, states.as_slice()));
+                let changelog = changelog.map(|c| (c, states));
+                let on_changelog = changelog.as_ref().map(|(c, s)| (&**c, s.as_slice()));
                 let (accepts, removals, result) =
-                    route_then_write(&producer, changelog, outbox, accepts, removals, now_ms).await;
-                Attempt { records, accepts, removals, result }
+                    route_then_write(&producer, on_changelog, outbox.clone(), accepts, removals, now_ms).await;
+                let (accepts, result) =
+                    until_routed(&retry, &producer, on_changelog, outbox, accepts, removals, result).await;
+                Attempt { records, accepts, result }
             }),
         };
         Some(InFlight { handle })
     }
 
-    /// Completes a batch's write: a refused one is retried here until the disk takes it
-    /// (reading holds meanwhile), then each job stored
-    /// goes to the dispatcher, in order. `None` when shutdown came first: the batch is
-    /// given up, its records stay pending (no offset is stored past them) and nothing more
-    /// is written.
+    /// Completes a batch's write: each job stored goes to the dispatcher, in order.
+    /// `None` when the write was refused until shutdown: the batch is given up, its
+    /// records stay pending (no offset is stored past them) and nothing more is written.
     pub async fn land(&mut self, attempt: Attempt) -> Option<Accepted> {
-        let Attempt { records, mut accepts, removals, result } = attempt;
-        let stored = match result {
-            Ok(s) => Some(s),
-            Err(e) if self.jobs_out.is_some() => {
-                let states = self.states_of(&records, &accepts);
-                let (written, stored) = self.retry_routed(e, accepts, removals, &states).await;
-                accepts = written;
-                stored
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot store the batch in the outbox; retrying (reading is held)");
-                self.health.outbox_failing(Some(e.to_string()));
-                // A first pause before the retries (`until_stored` then sees a shutdown at once).
-                self.shutdown.sleep(Duration::from_millis(100)).await;
-                let state = (self.outbox.clone(), self.clock.clone(), accepts, removals);
-                let ((_, _, written, _), stored) = until_stored(
-                    &self.health,
-                    "the batch",
-                    &self.shutdown,
-                    state,
-                    |(outbox, clock, accepts, removals)| outbox.write(accepts, removals, clock.now_ms()),
-                )
-                .await;
-                accepts = written;
-                stored
-            }
-        };
-        let Some(stored) = stored else {
+        let Attempt { records, accepts, result } = attempt;
+        let Ok(stored) = result else {
             self.gave_up = true;
             return None;
         };
@@ -415,39 +402,6 @@ impl Handoff {
         Some((stored, unowned))
     }
 
-    /// Tries a routed batch again after `error`, whole (its jobs produced again, then the
-    /// write), backing off ([`Backoff`]), until it crosses or shutdown is
-    /// requested (`None`). Reports the failure to health meanwhile.
-    async fn retry_routed(
-        &self,
-        mut error: HandoffError,
-        mut accepts: Vec<Accept>,
-        mut removals: Vec<Removal>,
-        states: &[StateRecord],
-    ) -> (Vec<Accept>, Option<Written>) {
-        let producer = self.jobs_out.clone().expect("routed");
-        let changelog = self.changelog.as_ref().map(|(c, _)| (&**c, states));
-        let mut backoff = Backoff::default();
-        loop {
-            tracing::error!(error = %error, retry_ms = backoff.next_ms(), "the batch did not cross to the device-jobs topic and the outbox; retrying (reading is held)");
-            self.health.outbox_failing(Some(error.to_string()));
-            if backoff.wait(&self.shutdown).await {
-                return (accepts, None);
-            }
-            let (a, r, result) =
-                route_then_write(&producer, changelog, self.outbox.clone(), accepts, removals, self.clock.now_ms())
-                    .await;
-            (accepts, removals) = (a, r);
-            match result {
-                Ok(written) => {
-                    self.health.outbox_failing(None);
-                    return (accepts, Some(written));
-                }
-                Err(e) => error = e,
-            }
-        }
-    }
-
     /// Queues dead letter `id`'s job again at the end of its device's queue in the outbox
     /// (its next `seq`; `expires_at` now plus its kind's time to live in `ttl`, a
     /// `display_qr`'s stays its charge's expiry) and returns it as queued. No batch write
@@ -496,6 +450,79 @@ impl Handoff {
     pub async fn enqueue(&self, q: Queued) {
         if self.commands.send(Command::Enqueue(q)).await.is_err() {
             tracing::error!("dispatcher is gone; the job stays in the outbox for the next start");
+        }
+    }
+}
+
+/// What a batch's task needs to retry its write: where to report the failure, when to
+/// give up, and the clock that stamps each try.
+struct Retry {
+    health: Arc<Monitor>,
+    shutdown: Shutdown,
+    clock: Clock,
+}
+
+/// The outbox write of an edge box's batch after a first try that gave `result`: a
+/// refused one is written again ([`until_stored`], backing off from 100 ms to 10 s) until
+/// the disk takes it, reported to health meanwhile. Returns the accepts (their `produced`
+/// lists kept) and what was stored, or the last error once shutdown is requested.
+async fn until_written(
+    retry: &Retry,
+    outbox: Arc<Outbox>,
+    accepts: Vec<Accept>,
+    removals: Vec<Removal>,
+    result: Result<Written, HandoffError>,
+) -> (Vec<Accept>, Result<Written, HandoffError>) {
+    let error = match result {
+        Ok(written) => return (accepts, Ok(written)),
+        Err(e) => e,
+    };
+    tracing::error!(error = %error, "cannot store the batch in the outbox; retrying (nothing is read past it)");
+    retry.health.outbox_failing(Some(error.to_string()));
+    // A first pause before the retries (`until_stored` then sees a shutdown at once).
+    retry.shutdown.sleep(Duration::from_millis(100)).await;
+    let state = (outbox, retry.clock.clone(), accepts, removals);
+    let ((_, _, accepts, _), stored) =
+        until_stored(&retry.health, "the batch", &retry.shutdown, state, |(outbox, clock, accepts, removals)| {
+            outbox.write(accepts, removals, clock.now_ms())
+        })
+        .await;
+    (accepts, stored.ok_or(error))
+}
+
+/// A routed batch after a first try that gave `result`: a failed one is tried again whole
+/// (its jobs produced again, then the write), backing off ([`Backoff`]), until it
+/// crosses or shutdown is requested (then the last error). Reports the failure to health
+/// meanwhile.
+async fn until_routed(
+    retry: &Retry,
+    producer: &JobProducer,
+    changelog: Option<(&RouteChangelog, &[StateRecord])>,
+    outbox: Arc<Outbox>,
+    mut accepts: Vec<Accept>,
+    mut removals: Vec<Removal>,
+    result: Result<Written, HandoffError>,
+) -> (Vec<Accept>, Result<Written, HandoffError>) {
+    let mut error = match result {
+        Ok(written) => return (accepts, Ok(written)),
+        Err(e) => e,
+    };
+    let mut backoff = Backoff::default();
+    loop {
+        tracing::error!(error = %error, retry_ms = backoff.next_ms(), "the batch did not cross to the device-jobs topic and the outbox; retrying (nothing is read past it)");
+        retry.health.outbox_failing(Some(error.to_string()));
+        if backoff.wait(&retry.shutdown).await {
+            return (accepts, Err(error));
+        }
+        let (a, r, result) =
+            route_then_write(producer, changelog, outbox.clone(), accepts, removals, retry.clock.now_ms()).await;
+        (accepts, removals) = (a, r);
+        match result {
+            Ok(written) => {
+                retry.health.outbox_failing(None);
+                return (accepts, Ok(written));
+            }
+            Err(e) => error = e,
         }
     }
 }
@@ -643,26 +670,37 @@ mod tests {
         assert_eq!(ids, ["a", "b", "x"], "the outbox holds every job");
     }
 
-    /// A write the disk refused is written again before any of its jobs goes on.
+    /// A write the disk refused is written again (in the batch's task) before any of its
+    /// jobs goes on; refused until shutdown, the batch is given up and nothing of it sent.
     #[tokio::test(start_paused = true)]
     async fn a_refused_batch_is_written_again_before_its_jobs_go_on() {
         let (_dir, outbox) = temp_outbox("handoff-refused");
         let (tx, mut rx) = mpsc::channel(16);
         let shutdown = Shutdown::new();
         let health = Arc::new(Monitor::default());
-        let mut h = Handoff::new(outbox, Clock::with_offset(0), tx, health, shutdown);
-        let refused = Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb"))
-            .err()
-            .expect("no folder under /proc");
-        let attempt = Attempt {
-            records: vec![rec(1)],
-            accepts: vec![accept(&[("p", "a")])],
-            removals: Vec::new(),
-            result: Err(refused.into()),
+        let mut h = Handoff::new(outbox.clone(), Clock::with_offset(0), tx, health.clone(), shutdown.clone());
+        let refused = || {
+            Outbox::open(std::path::Path::new("/proc/pixgate-no-such-folder/outbox.redb"))
+                .err()
+                .expect("no folder under /proc")
         };
-        let accepted = h.land(attempt).await.expect("stored on the second try");
+        let retry = Retry { health, shutdown: shutdown.clone(), clock: Clock::with_offset(0) };
+        let (accepts, result) =
+            until_written(&retry, outbox.clone(), vec![accept(&[("p", "a")])], Vec::new(), Err(refused().into())).await;
+        let accepted =
+            h.land(Attempt { records: vec![rec(1)], accepts, result }).await.expect("stored on the second try");
         assert_eq!(accepted.records, vec![rec(1)]);
         assert_eq!(sent(&mut rx), vec![("p".to_string(), 1, "a".to_string())]);
         assert!(!h.gave_up());
+
+        // Refused until shutdown: given up, nothing more is written.
+        let attempt =
+            Attempt { records: vec![rec(2)], accepts: vec![accept(&[("p", "b")])], result: Err(refused().into()) };
+        assert!(h.land(attempt).await.is_none());
+        assert!(h.gave_up());
+        assert_eq!(sent(&mut rx), Vec::new());
+        let mut batch = Batch::new(10, Duration::from_secs(1));
+        batch.push(rec(3), accept(&[("p", "c")]));
+        assert!(h.start(&mut batch).is_none(), "nothing more written after a batch was given up");
     }
 }

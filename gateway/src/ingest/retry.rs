@@ -3,7 +3,10 @@
 //!
 //! Reading on past an effect or registry change that is not stored would lose it (its
 //! offset would be committed with the next record's), so while the outbox refuses a
-//! write the consumer holds there and `/readyz` goes red naming the failure. A shutdown
+//! write no offset is stored past it and `/readyz` goes red naming the failure. A batch's
+//! write is retried in its own task while the consumer goes on polling Kafka, its
+//! partitions paused at their bounds ([`crate::ingest::handoff`]); the other writes are
+//! retried where they are made. A shutdown
 //! ends the retries, to stay within `shutdown_timeout_ms`: what was not stored is read
 //! again at the next start, since no offset was stored past it.
 
@@ -65,7 +68,7 @@ where
                     tracing::error!(error = %e, "cannot store {what} in the outbox, and shutdown is requested: given up (it is read again at the next start)");
                     return (state, None);
                 }
-                tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (reading is held)");
+                tracing::error!(error = %e, "cannot store {what} in the outbox; retrying (nothing is read past it)");
                 backoff.wait(shutdown).await;
                 held = Some((state, write));
             }

@@ -37,14 +37,17 @@ pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, st
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
 const TOPIC_ALARMS: [&str; 5] = ["unassigned", "orphaned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
-const GLOBAL_ALARMS: [&str; 7] = [
+const GLOBAL_ALARMS: [&str; 10] = [
     "consumer_not_running",
     "consumer_idle",
+    "outbox_failing",
     "kafka_unreachable",
     "kafka_silent",
     "delivery_stalled",
     "registry_behind",
     "consume_error",
+    "device_broker_unreachable",
+    "low_space",
 ];
 
 /// One scrape: the snapshot encoded on demand (a collector, so values are read once).

@@ -2,6 +2,8 @@
 //!
 //! `/readyz` fails (503, one [`Reason`] per line) when any of these holds:
 //! - the consumer loop is not running, or has not run for [`MAX_CONSUMER_IDLE_MS`];
+//! - outbox writes have failed for [`MAX_CONSUMER_IDLE_MS`] (the loop runs on meanwhile,
+//!   its partitions paused at their bounds);
 //! - Kafka is unreachable: librdkafka's statistics have shown no broker connection in state
 //!   `UP` for `health.kafka_down_after_ms`;
 //! - this consumer has held no partition of a subscribed topic for
@@ -140,6 +142,14 @@ pub enum Reason {
         /// The last error, and where once found.
         error: ConsumeErrorFact,
     },
+    /// Outbox writes have failed for a while (the consumer loop runs; it reads no further
+    /// than its bounds).
+    OutboxFailing {
+        /// For how long, ms.
+        for_ms: u64,
+        /// The last error.
+        error: String,
+    },
     /// The external MQTT broker cannot be reached.
     DeviceBrokerUnreachable {
         /// For how long, ms.
@@ -160,7 +170,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `kafka_unreachable`,
+    /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `outbox_failing`, `kafka_unreachable`,
     /// `kafka_silent`, `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
     /// `consume_error`, `device_broker_unreachable`, `low_space` (the `alarm` label on
     /// `/metrics`).
@@ -168,6 +178,7 @@ impl Reason {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
             Reason::ConsumerIdle { .. } => "consumer_idle",
+            Reason::OutboxFailing { .. } => "outbox_failing",
             Reason::KafkaUnreachable { .. } => "kafka_unreachable",
             Reason::KafkaSilent { .. } => "kafka_silent",
             Reason::Unassigned { .. } => "unassigned",
@@ -214,6 +225,7 @@ impl fmt::Display for Reason {
                 }
                 Ok(())
             }
+            Reason::OutboxFailing { for_ms, error } => write!(f, "outbox writes failing for {for_ms} ms: {error}"),
             Reason::KafkaUnreachable { down_ms, brokers } => {
                 write!(f, "kafka unreachable: no broker up for {down_ms} ms")?;
                 if !brokers.is_empty() {
@@ -313,6 +325,8 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
         out.push(Reason::ConsumerNotRunning);
     } else if facts.consumer_idle_ms > MAX_CONSUMER_IDLE_MS {
         out.push(Reason::ConsumerIdle { idle_ms: facts.consumer_idle_ms, outbox: outbox.clone() });
+    } else if let Some((for_ms, error)) = outbox.clone().filter(|(ms, _)| *ms > MAX_CONSUMER_IDLE_MS) {
+        out.push(Reason::OutboxFailing { for_ms, error });
     }
     let kafka_down = facts.brokers.as_ref().is_some_and(|b| b.up == 0);
     if let Some(b) = facts.brokers.as_ref().filter(|_| kafka_down) {
@@ -579,6 +593,21 @@ mod tests {
     }
 
     #[test]
+    fn failing_outbox_writes_are_named_while_the_loop_runs() {
+        let mut t = healthy();
+        t.outbox_failing(2_000, Some("No space left on device".into()));
+        assert!(evaluate(12_000, &t.facts(true, 0), &rules()).is_empty(), "a retry may still take it");
+        let r = evaluate(12_001, &t.facts(true, 0), &rules());
+        assert_eq!(
+            r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["outbox writes failing for 10001 ms: No space left on device"]
+        );
+        assert_eq!(r[0].kind(), "outbox_failing");
+        t.outbox_failing(13_000, None);
+        assert!(evaluate(14_000, &t.facts(true, 0), &rules()).is_empty());
+    }
+
+    #[test]
     fn kafka_unreachable_after_the_threshold_and_clears_when_a_broker_is_up() {
         let mut t = healthy();
         let down = BrokerSample { up: 0, down: vec!["127.0.0.1:9092/1 CONNECT".into()], ..BrokerSample::default() };
@@ -794,7 +823,10 @@ mod tests {
         let r = evaluate(62_000, &t.facts(true, 0), &HealthConfig { kafka_down_after_ms: 0, ..rules() });
         assert_eq!(
             r.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            ["topic charge.upserted stalled: lag 2 records, no progress for 60000 ms; why: 1 of 1 partitions paused for backpressure: the outbox is full (outbox.max_jobs), records read and not yet written are at kafka.max_pending_per_partition; outbox writes failing for 60000 ms: No space left on device; no Kafka broker up for 61000 ms"]
+            [
+                "outbox writes failing for 60000 ms: No space left on device",
+                "topic charge.upserted stalled: lag 2 records, no progress for 60000 ms; why: 1 of 1 partitions paused for backpressure: the outbox is full (outbox.max_jobs), records read and not yet written are at kafka.max_pending_per_partition; outbox writes failing for 60000 ms: No space left on device; no Kafka broker up for 61000 ms"
+            ]
         );
     }
 
