@@ -21,6 +21,7 @@ use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode,
 };
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// The refusal label of a device message that is not what its topic carries (as the
@@ -41,11 +42,16 @@ pub fn start(
     shutdown.spawn(drive(client, eventloop, links, board, stats, incoming, shutdown.clone()));
 }
 
+/// How often the acks connection sums up the log lines its [`LogLimit`] held back.
+const SUMMARY_EVERY: Duration = Duration::from_secs(5);
+
 /// The acks connection's event loop: subscribes at each CONNACK, checks the SUBACK,
 /// forwards each device message to `incoming` (waiting while it is full, so the broker's
 /// further messages wait in the socket and the broker) and records statuses on `board`; a
 /// malformed one is counted (`mqtt_refusals{rule="malformed_message"}`), logged within
-/// [`LogLimit`]'s bounds and dropped.
+/// [`LogLimit`]'s bounds and dropped; what the limit held back is summed up every
+/// [`SUMMARY_EVERY`] by a task of its own, even when no message follows (the event loop's
+/// `poll` is never cancelled for it).
 /// rumqttc acknowledges a message (PUBACK) as it reads it, so an ack read and not yet
 /// forwarded when pixgate dies is lost: its job is sent again after the ack timeout, and
 /// the device dedupes and acks it again.
@@ -59,7 +65,13 @@ async fn drive(
     shutdown: Shutdown,
 ) {
     let mut backoff = Backoff::default();
-    let log_limit = LogLimit::default();
+    let log_limit = Arc::new(LogLimit::default());
+    let (summing, stop) = (log_limit.clone(), shutdown.clone());
+    shutdown.spawn(async move {
+        while !stop.sleep(SUMMARY_EVERY).await {
+            summing.log_due();
+        }
+    });
     loop {
         let event = tokio::select! {
             _ = shutdown.requested() => return,
