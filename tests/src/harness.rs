@@ -315,15 +315,18 @@ impl Rig {
         n
     }
 
-    /// Stops everything and removes the scratch folder: pixgate (SIGTERM, SIGKILL after
-    /// 10 s), then the broker. Shut the fleets down first: a device leaves cleanly through
-    /// pixgate's MQTT broker.
+    /// Stops everything and removes the scratch folder (kept with `PIXGATE_KEEP_RIG` set,
+    /// to read the logs of a run whose checks fail after it): pixgate (SIGTERM, SIGKILL
+    /// after 10 s), then the broker. Shut the fleets down first: a device leaves cleanly
+    /// through pixgate's MQTT broker.
     pub fn shutdown(mut self) {
         if let Some(mut gw) = self.gateway.take() {
             gw.stop(Duration::from_secs(10));
         }
         self.broker.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("PIXGATE_KEEP_RIG").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

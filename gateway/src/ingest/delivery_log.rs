@@ -178,6 +178,33 @@ impl DeliveryLog {
         anyhow::bail!("{CLAIM_ATTEMPTS} claims of {}/{partition} lost to other replicas' claims", self.topic)
     }
 
+    /// Blocking: once `partition` is claimed and its previous owner fenced off (the broker
+    /// closed its connection for this one's), reads the log on from this replica's owner
+    /// record to the end and applies to `restored` what the previous owner logged after
+    /// the claim, while it still delivered ([`Restored::late_record`]): the jobs it ended
+    /// are not sent again. Returns how many restored jobs it ended.
+    ///
+    /// # Errors
+    /// No claim on `partition`, or Kafka cannot be read within `timeout`.
+    pub fn late_ends_blocking(
+        &self,
+        partition: i32,
+        restored: &mut Restored,
+        timeout: Duration,
+    ) -> anyhow::Result<usize> {
+        let take = self.take(partition).with_context(|| format!("{}/{partition}: not claimed", self.topic))?;
+        let mut reader = self.reader(partition).starting_at(take.offset + 1);
+        let end = reader.end(timeout)?;
+        let mut ended = Vec::new();
+        reader
+            .scan_to(end, timeout, |m| ended.extend(restored.late_record(m.key().unwrap_or_default(), m.payload())))?;
+        let mut keys = self.key_epochs.lock().unwrap_or_else(PoisonError::into_inner);
+        for (device, seq) in &ended {
+            keys.remove(&(partition, device.clone(), *seq));
+        }
+        Ok(ended.len())
+    }
+
     /// Gives `partition` up: nothing more is written to it by this replica.
     pub fn release(&self, partition: i32) {
         self.takes.lock().unwrap_or_else(PoisonError::into_inner).remove(&partition);

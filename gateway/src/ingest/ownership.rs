@@ -5,7 +5,7 @@
 //! the delivery logs restored, not computed: a device this replica never read a job of has
 //! no queue here to forget.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// A partition given up, with the devices this replica knew on it.
 pub type GivenUp = (i32, Vec<String>);
@@ -19,6 +19,9 @@ pub struct Ownership {
     /// Per owned partition: records below this offset are in the delivery log already
     /// (its `pos`), so they are skipped when read again.
     floor: BTreeMap<i32, i64>,
+    /// Per owned partition: message ids its previous owner delivered after this replica's
+    /// claim (`Restored::done_late`), left out when their records are read again.
+    done_late: HashMap<i32, HashSet<String>>,
 }
 
 impl Ownership {
@@ -42,20 +45,44 @@ impl Ownership {
                 self.devices.remove(d);
             }
             self.floor.remove(&p);
+            self.done_late.remove(&p);
             given_up.push((p, devices));
         }
         self.owned = now;
         (taken, given_up)
     }
 
-    /// Partition `p` was restored from its log, whose `pos` is `pos`, with `devices`.
-    pub fn restored<'a>(&mut self, p: i32, pos: Option<i64>, devices: impl IntoIterator<Item = &'a str>) {
+    /// Partition `p` was restored from its log, whose `pos` is `pos`, with `devices`;
+    /// `done_late` are the message ids its previous owner delivered after the claim.
+    pub fn restored<'a>(
+        &mut self,
+        p: i32,
+        pos: Option<i64>,
+        devices: impl IntoIterator<Item = &'a str>,
+        done_late: HashSet<String>,
+    ) {
         for d in devices {
             self.devices.insert(d.to_string(), p);
         }
         if let Some(pos) = pos {
             self.floor.insert(p, pos);
         }
+        if done_late.is_empty() {
+            self.done_late.remove(&p);
+        } else {
+            self.done_late.insert(p, done_late);
+        }
+    }
+
+    /// Whether job `message_id`, read from partition `p`, was delivered by the partition's
+    /// previous owner after this replica's claim (then left out; each id answers so once).
+    pub fn done_late(&mut self, p: i32, message_id: &str) -> bool {
+        let Some(ids) = self.done_late.get_mut(&p) else { return false };
+        let done = ids.remove(message_id);
+        if ids.is_empty() {
+            self.done_late.remove(&p);
+        }
+        done
     }
 
     /// A job record of `device` was read from partition `p` at `offset`: whether it is
@@ -88,7 +115,7 @@ mod tests {
         let none = BTreeSet::new();
         let (taken, given) = o.reassigned(BTreeSet::from([0, 1]), &none);
         assert_eq!((taken, given.len()), (vec![0, 1], 0));
-        o.restored(1, Some(5), ["b"]);
+        o.restored(1, Some(5), ["b"], HashSet::new());
         assert!(o.read("b", 1, 4), "below the log's pos: in the log already");
         assert!(!o.read("b", 1, 5));
         assert!(!o.read("a", 0, 0), "no log pos: nothing skipped");
@@ -101,7 +128,21 @@ mod tests {
         assert_eq!(taken, [0], "revoked and assigned again: taken again, from its log");
         assert_eq!(given, [(0, vec!["a".to_string()])], "and given up first");
         assert_eq!(o.partition_of("b"), None);
-        o.restored(1, None, []);
+        o.restored(1, None, [], HashSet::new());
         assert!(!o.read("b", 1, 0), "the old floor went with the partition");
+    }
+
+    #[test]
+    fn a_job_the_previous_owner_finished_after_the_claim_is_left_out_once() {
+        let mut o = Ownership::default();
+        o.reassigned(BTreeSet::from([1, 2]), &BTreeSet::new());
+        o.restored(1, Some(5), ["b"], HashSet::from(["m1".to_string(), "m2".to_string()]));
+        assert!(!o.done_late(2, "m1"), "another partition's");
+        assert!(o.done_late(1, "m1"));
+        assert!(!o.done_late(1, "m1"), "once");
+        assert!(!o.done_late(1, "m3"));
+        // Given up: what was left goes with the partition.
+        o.reassigned(BTreeSet::from([2]), &BTreeSet::new());
+        assert!(!o.done_late(1, "m2"));
     }
 }

@@ -25,8 +25,9 @@ use tokio::task::AbortHandle;
 /// What a restore read.
 #[derive(Debug)]
 pub enum Outcome {
-    /// A device-jobs partition claimed: what its delivery log holds.
-    Claimed(crate::model::delivery_log::Restored),
+    /// A device-jobs partition claimed: what its delivery log holds (boxed: it is much
+    /// larger than the other outcome).
+    Claimed(Box<crate::model::delivery_log::Restored>),
     /// A charge partition's states read from the route changelog, with the count of
     /// values that did not read.
     States(HashMap<String, ChargeState>, usize),

@@ -33,7 +33,7 @@
 use crate::model::{SourceRef, StoredJob};
 use device_protocol::Job;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The version of [`LoggedJob`] this build writes and reads.
 pub const LOGGED_JOB_VERSION: u32 = 1;
@@ -112,6 +112,13 @@ pub struct Restored {
     /// The epoch in each restored job's key, by (device, `seq`); absent for a
     /// [`legacy_job_key`]. Its tombstone needs the same key.
     pub key_epochs: HashMap<(String, u64), u64>,
+    /// Message ids of the jobs the previous owner accepted and ended after this claim, read
+    /// by [`Restored::late_record`]: it delivered them while it had not yet heard of the
+    /// claim, so when their device-jobs records are read again they are left out.
+    pub done_late: HashSet<String>,
+    /// Jobs the previous owner accepted after this claim, by (device, `seq`, epoch), with
+    /// their message ids, until their ends are read.
+    late_jobs: HashMap<(String, u64, u64), String>,
     /// Records that could not be read (key and why): logged by the reader, never fatal,
     /// since a job left out is sent again from the device-jobs topic or was ended.
     pub unreadable: Vec<(String, String)>,
@@ -235,6 +242,48 @@ impl Folder {
         }
         out.jobs = self.jobs.into_values().map(|(job, _)| job).collect();
         out
+    }
+}
+
+impl Restored {
+    /// A record read after the claim that produced this, written by the previous owner
+    /// before it heard of the claim (it delivered on meanwhile). A tombstone only ends a
+    /// job of its writer's epoch or an earlier one, whose end it saw, so:
+    /// - a tombstone of a job this holds under the same key (`job/{device}/{seq}@{epoch}`)
+    ///   ends it here too: it is not sent again;
+    /// - a job it accepted after the claim and then ended was delivered: its message id
+    ///   goes to [`Restored::done_late`], so that its device-jobs record, read again, is
+    ///   left out; and since the device may have carried out jobs with the `seq`s it gave
+    ///   after the claim, the device's counter moves past them ([`Restored::seqs`]), so
+    ///   that the jobs queued here again never go back in `seq`.
+    ///
+    /// Returns the restored job ended, by (device, `seq`); anything else changes no queue.
+    pub fn late_record(&mut self, key: &[u8], value: Option<&[u8]>) -> Option<(String, u64)> {
+        let key = std::str::from_utf8(key).ok()?;
+        let (device, rest) = key.strip_prefix("job/")?.rsplit_once('/')?;
+        let (seq, epoch) = rest.split_once('@')?;
+        let (seq, epoch) = (seq.parse::<u64>().ok()?, epoch.parse::<u64>().ok()?);
+        let Some(value) = value else {
+            let id = (device.to_string(), seq);
+            if self.key_epochs.get(&id) == Some(&epoch) {
+                self.key_epochs.remove(&id);
+                self.jobs.retain(|j| !(j.device == id.0 && j.job.seq == seq));
+                return Some(id);
+            }
+            if let Some(message_id) = self.late_jobs.remove(&(device.to_string(), seq, epoch)) {
+                self.done_late.insert(message_id);
+            }
+            return None;
+        };
+        let mine = self.owner.as_ref().map_or(0, |o| o.epoch);
+        if let Ok(l) = serde_json::from_slice::<LoggedJob>(value) {
+            if l.epoch == epoch && epoch < mine && l.device == device && l.job.seq == seq {
+                self.late_jobs.insert((device.to_string(), seq, epoch), l.job.message_id);
+                let last = self.seqs.entry(device.to_string()).or_default();
+                *last = (*last).max(seq);
+            }
+        }
+        None
     }
 }
 
@@ -365,6 +414,35 @@ mod tests {
         assert_eq!(r.stale, 1, "r1's job m9");
         let bad: Vec<&str> = r.unreadable.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(bad, ["job/a/5@2"]);
+    }
+
+    #[test]
+    fn what_the_previous_owner_ended_after_the_claim_is_not_sent_again() {
+        let job = |seq, id, epoch| Some(logged_in("a", seq, id, epoch));
+        let records: Vec<(String, Option<Vec<u8>>)> = vec![
+            (owner_key(1, "r1.1.0"), Some(b"r1".to_vec())),
+            (job_key("a", 1, 1), job(1, "m1", 1)),
+            (job_key("a", 2, 1), job(2, "m2", 1)),
+            (owner_key(2, "r2.1.0"), Some(b"r2".to_vec())),
+        ];
+        let mut r = fold(records.iter().map(|(k, v)| (k.as_bytes(), v.as_deref(), None)));
+        assert_eq!(r.jobs.len(), 2);
+        // r1 saw a/1 done after r2's claim.
+        assert_eq!(r.late_record(job_key("a", 1, 1).as_bytes(), None), Some(("a".to_string(), 1)));
+        // Not a tombstone, another epoch's key, a legacy key, another record: no queue changes.
+        assert_eq!(r.late_record(job_key("a", 2, 1).as_bytes(), job(2, "m2", 1).as_deref()), None);
+        assert_eq!(r.late_record(job_key("a", 2, 2).as_bytes(), None), None);
+        assert_eq!(r.late_record(legacy_job_key("a", 2).as_bytes(), None), None);
+        assert_eq!(r.late_record(seq_key("a").as_bytes(), None), None);
+        // r1 accepted m3 and m4 after the claim; it ended m3.
+        assert_eq!(r.late_record(job_key("a", 3, 1).as_bytes(), job(3, "m3", 1).as_deref()), None);
+        assert_eq!(r.late_record(job_key("a", 4, 1).as_bytes(), job(4, "m4", 1).as_deref()), None);
+        assert_eq!(r.late_record(job_key("a", 3, 1).as_bytes(), None), None);
+        let left: Vec<u64> = r.jobs.iter().map(|j| j.job.seq).collect();
+        assert_eq!(left, [2]);
+        assert_eq!(r.key_epochs, HashMap::from([(("a".to_string(), 2), 1)]));
+        assert_eq!(r.done_late, HashSet::from(["m3".to_string()]), "m4 is not done: its record is queued again");
+        assert_eq!(r.seqs.get("a"), Some(&4), "the counter past what r1 gave after the claim");
     }
 
     #[test]

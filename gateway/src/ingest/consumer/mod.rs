@@ -567,7 +567,10 @@ impl Pipeline {
                 // In the delivery log already: restored from there when the partition was taken.
                 crate::store::Accept::default()
             } else {
-                device_jobs::accept(&src, &self.stats)
+                let mut accept = device_jobs::accept(&src, &self.stats);
+                let ownership = &mut self.ownership;
+                accept.jobs.retain(|(_, job)| !ownership.done_late(src.partition, &job.message_id));
+                accept
             }
         } else if upstream::is_tombstone(&m) {
             self.planner.tombstone(&src)
@@ -1077,7 +1080,7 @@ impl Pipeline {
                 dropped_from
             }
             restores::Outcome::Claimed(restored) => {
-                match self.queues_restored(consumer, part.1, restored, started).await {
+                match self.queues_restored(consumer, part.1, *restored, started).await {
                     None => return,
                     Some(pos) => pos.or(dropped_from),
                 }
@@ -1252,7 +1255,7 @@ impl Pipeline {
             self.restores.start(part, async move {
                 let mut backoff = Backoff::default();
                 let mut progress = log.take_of(p);
-                let restored = loop {
+                let mut restored = loop {
                     match log.claim(&mut progress, Duration::from_secs(10)).await {
                         Ok(r) => break r,
                         Err(e) => {
@@ -1272,7 +1275,28 @@ impl Pipeline {
                         tracing::warn!(partition = p, wait_ms = PARTITION_CONNECT_WAIT.as_millis() as u64, "the partition's connection to the devices' broker is not up yet; its jobs go out once it is (at their ack timeout)");
                     }
                 }
-                restores::Outcome::Claimed(restored)
+                // The previous owner delivered until it heard of the claim: the ends it
+                // logged meanwhile spare their jobs a second sending.
+                let reading = log.clone();
+                let late = tokio::task::spawn_blocking(move || {
+                    let n = reading.late_ends_blocking(p, &mut restored, Duration::from_secs(10));
+                    (restored, n)
+                })
+                .await;
+                let restored = match late {
+                    Ok((restored, Ok(n))) => {
+                        if n > 0 {
+                            tracing::info!(partition = p, jobs = n, "jobs the previous owner finished after the claim: not sent again");
+                        }
+                        restored
+                    }
+                    Ok((restored, Err(e))) => {
+                        tracing::warn!(partition = p, error = %format!("{e:#}"), "cannot read the ends the previous owner logged after the claim: its last jobs may be sent again (their devices dedupe them)");
+                        restored
+                    }
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                };
+                restores::Outcome::Claimed(Box::new(restored))
             });
         }
         let jobs = self.backpressure.jobs() as u64;
@@ -1288,7 +1312,7 @@ impl Pipeline {
         &mut self,
         consumer: &impl GroupReader,
         p: i32,
-        restored: crate::model::delivery_log::Restored,
+        mut restored: crate::model::delivery_log::Restored,
         started: Instant,
     ) -> Option<Option<i64>> {
         if restored.stale > 0 {
@@ -1303,7 +1327,15 @@ impl Pipeline {
         }
         let devices: BTreeSet<String> =
             restored.seqs.keys().cloned().chain(restored.jobs.iter().map(|j| j.device.clone())).collect();
-        self.ownership.restored(p, restored.pos, devices.iter().map(String::as_str));
+        let done_late = std::mem::take(&mut restored.done_late);
+        if !done_late.is_empty() {
+            tracing::info!(
+                partition = p,
+                jobs = done_late.len(),
+                "jobs the previous owner accepted and finished after the claim: left out when read again"
+            );
+        }
+        self.ownership.restored(p, restored.pos, devices.iter().map(String::as_str), done_late);
         self.handoff.restored(p, restored.pos);
         let (jobs, seqs) = (restored.jobs, restored.seqs);
         let state = (self.outbox.clone(), jobs, seqs);
