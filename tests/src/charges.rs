@@ -31,10 +31,12 @@ pub fn charge_record(
     let date =
         |d: chrono::DateTime<chrono::Utc>| json!({ "$date": d.to_rfc3339_opts(chrono::SecondsFormat::Millis, true) });
     let mut value = template["value"].clone();
-    value["eventId"] = json!(format!("Charge:{id}:{}", t << 32 | v as u64));
+    // The contract's id: `Charge:<_id>:<clusterTime as (t << 32 | i)>`.
+    let i = v as u64 + 1;
+    value["eventId"] = json!(format!("Charge:{id}:{}", t << 32 | i));
     value["operationType"] = json!(if v == 0 { "insert" } else { "update" });
     value["documentKey"]["_id"]["$oid"] = json!(id);
-    value["clusterTime"] = json!({ "$timestamp": { "t": t, "i": v + 1 } });
+    value["clusterTime"] = json!({ "$timestamp": { "t": t, "i": i } });
     value["wallTime"] = date(now);
     let doc = &mut value["fullDocument"];
     doc["_id"]["$oid"] = json!(id);

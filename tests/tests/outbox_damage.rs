@@ -6,6 +6,9 @@
 //! before the damage. With the check switched off, the panic inside redb ends with pixgate's
 //! own log line naming the outbox code that read the page.
 //!
+//! `pixgate outbox salvage` copies what a damaged file still holds into a new one, names
+//! exactly the jobs it lost, and its reposition has pixgate queue those again, once.
+//!
 //! Real parts: tansu, the `pixgate` binary, its CLI; the damage is done to the file itself.
 
 // Helpers of a test are test steps too: a panic is a failed test.
@@ -127,5 +130,107 @@ async fn a_damaged_outbox_is_named_with_what_to_do_not_a_panic() {
     println!("unchecked open: {line}");
     assert!(line.contains("ERROR") && line.contains("gateway::store::outbox"), "the component: {line}");
     assert!(line.contains("journalctl -u pixgate"), "where to read: {line}");
+    rig.shutdown();
+}
+
+/// Charges queued for the offline card machine in the salvage test: enough that its queue
+/// spans several of the file's pages, so that a damaged page costs some of them.
+const QUEUED: u64 = 24;
+
+/// The queue of [`TERMINAL`] in the outbox `file` (gateway stopped): (seq, message id).
+fn queued(bin: &Path, file: &Path, brokers: &str) -> Vec<(u64, String)> {
+    let (code, out, err) = pixgate(bin, file, brokers, &["outbox", "list", TERMINAL]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    v["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (j["seq"].as_u64().unwrap(), j["message_id"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_outbox_is_salvaged_and_what_it_lost_is_read_again() {
+    let mut rig = Rig::builder("outbox-salvage").start().await;
+    rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
+    let mut message_ids = Vec::new();
+    for n in 0..QUEUED {
+        let rec = rig.publish_charge(TERMINAL, 100 + n).await;
+        let event: serde_json::Value = serde_json::from_slice(&rec.value).unwrap();
+        let event_id = event["eventId"].as_str().unwrap();
+        message_ids.push(device_protocol::message_id(event_id, TERMINAL, device_protocol::EffectKind::DisplayQr));
+    }
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.outbox_jobs >= QUEUED && s.counters.pending_records == 0)
+        .await;
+    assert!(rig.stop_gateway(Duration::from_secs(30)), "pixgate stopped cleanly");
+    let outbox = rig.settings().outbox_path.clone();
+    let bin = rig.bin().to_path_buf();
+    let brokers = rig.brokers().to_string();
+    let before = queued(&bin, &outbox, &brokers);
+    let ids: std::collections::BTreeSet<&String> = before.iter().map(|(_, id)| id).collect();
+    assert_eq!(ids, message_ids.iter().collect(), "every charge's job is queued once");
+
+    let middle = &message_ids[message_ids.len() / 2];
+    let middle_seq = before.iter().find(|(_, id)| id == middle).unwrap().0;
+    let damaged = damage_pages_holding(&outbox, middle.as_bytes());
+    println!("outbox salvage: {damaged} page(s) holding job {middle} (seq {middle_seq}) overwritten");
+
+    let salvaged = outbox.with_extension("salvaged.redb");
+    let args = ["outbox", "salvage", outbox.to_str().unwrap(), salvaged.to_str().unwrap()];
+    let (code, report, err) = pixgate(&bin, &outbox, &brokers, &args);
+    println!("pixgate outbox salvage: exit {code}\n{report}{err}");
+    assert_eq!(code, 2, "written, with losses: {report}{err}");
+    let (code, out, err) = pixgate(&bin, &salvaged, &brokers, &["outbox", "check", salvaged.to_str().unwrap()]);
+    assert_eq!(code, 0, "the new file is intact: {out}{err}");
+
+    // What it kept is what the damaged file held, row for row; what it names as lost is
+    // the rest of the queue, the damaged job among them.
+    let kept = queued(&bin, &salvaged, &brokers);
+    let lost: Vec<u64> = report
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(&format!("lost: device {TERMINAL} seq ")))
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    println!("outbox salvage: {} jobs kept, {} lost {lost:?}", kept.len(), lost.len());
+    assert!(lost.contains(&middle_seq), "the damaged job is named: {report}");
+    assert!(
+        kept.len() + lost.len() == before.len() && !kept.is_empty(),
+        "a damaged page costs its jobs alone: {report}"
+    );
+    for job in &kept {
+        assert!(before.contains(job) && !lost.contains(&job.0), "{job:?} kept as it was");
+    }
+    assert!(report.contains("display_qr from charge.upserted"), "what was lost: {report}");
+
+    // The report's reposition, then a start on the new file: every lost job is queued again.
+    let to_time = report
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("pixgate kafka reposition --to-time ").filter(|t| !t.contains(' ')))
+        .unwrap_or_else(|| panic!("no reposition to run: {report}"))
+        .to_string();
+    std::fs::rename(&salvaged, &outbox).unwrap();
+    let mut with_group = Command::new(&bin);
+    with_group.env("PIXGATE_KAFKA__GROUP_ID", &rig.settings().group_id);
+    let (code, out, err) = pixgate_with(
+        with_group,
+        &outbox,
+        &brokers,
+        &["kafka", "reposition", "--no-member-check", "--to-time", &to_time],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    rig.start_gateway();
+    rig.wait_stats(Duration::from_secs(60), |s| s.counters.outbox_jobs >= QUEUED && s.counters.pending_records == 0)
+        .await;
+    assert!(rig.stop_gateway(Duration::from_secs(30)), "pixgate stopped cleanly");
+    let after = queued(&bin, &outbox, &brokers);
+    let ids: std::collections::BTreeSet<&String> = after.iter().map(|(_, id)| id).collect();
+    println!("outbox salvage: after the reposition, {} jobs queued for {} message ids", after.len(), ids.len());
+    assert_eq!(ids, message_ids.iter().collect(), "every job is queued again, nothing new");
+    // The kept jobs' dedupe ids are in the new file (put back where the damage took them):
+    // the records read again queue the lost jobs alone.
+    assert_eq!(after.len(), message_ids.len(), "no job queued twice: {after:?}");
+    let seqs: Vec<u64> = after.iter().map(|(s, _)| *s).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs in order, none given twice: {seqs:?}");
     rig.shutdown();
 }

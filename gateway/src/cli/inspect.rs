@@ -38,6 +38,17 @@ pub enum OutboxCmd {
         /// The file (`outbox.path` by default).
         file: Option<std::path::PathBuf>,
     },
+    /// Copies what can still be read of a damaged outbox into a new file and lists what
+    /// could not be read: the queued jobs lost (device, seq, kind, event minute) and how to
+    /// have them again (`pixgate kafka reposition --to-time`). The damaged file is only
+    /// read. Exit status 0 when nothing was lost, 2 when the new file was written without
+    /// some of it, 1 when none could be written.
+    Salvage {
+        /// The damaged outbox.
+        damaged: std::path::PathBuf,
+        /// The new outbox to write (must not exist).
+        new: std::path::PathBuf,
+    },
 }
 
 /// `pixgate deadletter …`
@@ -150,6 +161,74 @@ pub fn check(path: &std::path::Path) -> anyhow::Result<String> {
     ))
 }
 
+/// `pixgate outbox salvage`: runs [`crate::store::outbox::salvage`] and says what it did,
+/// table by table, then the jobs lost and the reposition that reads them again. Returns
+/// the report and whether anything was lost.
+///
+/// # Errors
+/// As [`crate::store::outbox::salvage`].
+pub fn salvage(damaged: &std::path::Path, new: &std::path::Path) -> anyhow::Result<(String, bool)> {
+    use std::fmt::Write as _;
+    anyhow::ensure!(damaged.is_file(), "no outbox file at {}", damaged.display());
+    let s = crate::store::outbox::salvage(damaged, new)
+        .with_context(|| format!("salvaging {} into {}", damaged.display(), new.display()))?;
+    let mut out = format!("salvaged what could be read of {} into {}\n", damaged.display(), new.display());
+    for t in &s.tables {
+        let damage = t.damage.as_deref().map_or_else(|| "read whole".to_string(), |d| format!("DAMAGED: {d}"));
+        let _ = writeln!(out, "  {:<22} {:>8} copied  {damage}", t.table, t.copied);
+    }
+    let lost = !s.lost_jobs.is_empty() || !s.lost_jobs_complete || s.tables.iter().any(|t| t.damage.is_some());
+    let _ = writeln!(out, "queued jobs: {} kept, {} lost", s.jobs_kept, s.lost_jobs.len());
+    for j in &s.lost_jobs {
+        let minute = j.event_minute_s.map_or_else(|| "unknown".into(), rfc3339);
+        let (kind, topic) = (or_unknown(&j.kind), or_unknown(&j.topic));
+        let _ = writeln!(out, "  lost: device {} seq {} {kind} from {topic}, event minute {minute}", j.device, j.seq);
+    }
+    if !s.lost_jobs_complete {
+        let _ = writeln!(
+            out,
+            "  the list of queued jobs (reconcile_jobs) is damaged too: more jobs may be lost than named"
+        );
+    }
+    if s.ids_restored > 0 {
+        let _ = writeln!(out, "dedupe-window ids of kept jobs put back: {}", s.ids_restored);
+    }
+    if let Some(from) = s.replay_from_s {
+        let _ = writeln!(
+            out,
+            "forgotten so that the records read again queue the lost jobs again: {} charge states, {} dedupe-window ids",
+            s.charges_forgotten, s.ids_forgotten
+        );
+        let _ = writeln!(
+            out,
+            "to have the lost jobs again: with pixgate stopped, put {} in place of the outbox, then move the consumer group back (the earliest lost event's minute less 2 minutes):\n  pixgate kafka reposition --to-time {} --dry-run\n  pixgate kafka reposition --to-time {}\nand start pixgate; the devices drop by message id what they had already done",
+            new.display(),
+            rfc3339(from.saturating_sub(120)),
+            rfc3339(from.saturating_sub(120))
+        );
+    }
+    if s.tables.iter().any(|t| t.table == "devices" && t.damage.is_some()) {
+        let _ = writeln!(
+            out,
+            "the device registry lost entries: read the device topic again from its start (pixgate kafka reposition --topic DEVICE_TOPIC --to-time 1970-01-01T00:00:00Z)"
+        );
+    }
+    Ok((out, lost))
+}
+
+fn rfc3339(unix_s: u64) -> String {
+    chrono::DateTime::from_timestamp(i64::try_from(unix_s).unwrap_or(i64::MAX), 0)
+        .map_or_else(|| unix_s.to_string(), |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() {
+        "unknown"
+    } else {
+        s
+    }
+}
+
 /// Prints `v` as JSON on stdout, or its `error` on stderr when `ok` is false.
 pub fn print_result(ok: bool, v: &Value) {
     let text = serde_json::to_string_pretty(v).expect("JSON prints");
@@ -184,6 +263,21 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Inspection::Outbox(OutboxCmd::Salvage { damaged, new }) = &cmd {
+        match salvage(damaged, new) {
+            Ok((report, lost)) => {
+                print!("{report}");
+                if lost {
+                    std::process::exit(2);
+                }
+            }
+            Err(e) => {
+                eprintln!("{e:#}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let token = cfg.http.admin_token()?;
     let target = Target { http_listen: &cfg.http.listen, admin_token: token.as_deref(), path: &cfg.outbox.path };
@@ -199,7 +293,9 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
                 run(t, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
             }
-            Inspection::Outbox(OutboxCmd::Check { .. }) => unreachable!("answered above, without the gateway"),
+            Inspection::Outbox(OutboxCmd::Check { .. } | OutboxCmd::Salvage { .. }) => {
+                unreachable!("answered above, without the gateway")
+            }
             Inspection::DeadLetter(DeadLetterCmd::List) => {
                 run(t, "/deadletters".into(), false, inspect::deadletter_list).await
             }

@@ -19,7 +19,8 @@ pub enum OutboxError {
     /// The file fails redb's integrity check (a page whose checksum does not match): it was
     /// changed outside pixgate, by a failing disk or a copy cut short.
     #[error(
-        "the outbox {} is damaged ({detail}): it was changed outside pixgate (a failing disk or SD card, a copy cut short), and pixgate will not run on it. `pixgate outbox check {}` tells the same of any copy. Move the file aside (keep it), and start on an empty outbox: the jobs it held that no device had done are then read again only if the consumer group is moved back to before them (`pixgate kafka reposition --to-time`, docs/operations.md, \"A damaged outbox\"), and the devices drop by message id what they had already done",
+        "the outbox {} is damaged ({detail}): it was changed outside pixgate (a failing disk or SD card, a copy cut short), and pixgate will not run on it. `pixgate outbox check {}` tells the same of any copy. `pixgate outbox salvage {} NEW` copies what can still be read into a new file and lists the jobs lost, with the `pixgate kafka reposition --to-time` that reads them again (docs/operations.md, \"A damaged outbox\"); put the new file in place of this one (keep this one)",
+        path.display(),
         path.display(),
         path.display()
     )]

@@ -36,7 +36,8 @@
 //! (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
 //! (`direct_marks.rs`), read positions (`read_positions.rs`), queues moving between the
-//! central shape's replicas (`moves.rs`), the redb handle opened again after an I/O error
+//! central shape's replicas (`moves.rs`), what a damaged file still holds copied into a new
+//! one (`salvage.rs`), the redb handle opened again after an I/O error
 //! (`handle.rs`).
 
 mod dead_letters;
@@ -47,6 +48,7 @@ mod handle;
 mod moves;
 mod queue;
 mod read_positions;
+mod salvage;
 pub(crate) mod schema;
 mod snapshots;
 #[cfg(test)]
@@ -56,6 +58,7 @@ pub use dead_letters::{ParkedDeadLetter, ReplayError};
 pub use direct_marks::DirectMark;
 pub use error::OutboxError;
 pub use queue::{Accept, Removal, Written};
+pub use salvage::{salvage, LostJob, Salvaged, TableReport};
 pub use snapshots::{ChargeState, DeviceEntry};
 
 use error::err;

@@ -168,3 +168,32 @@ fn rows_of_the_earlier_format_are_refused_by_name() {
     assert!(e.contains("earlier pixgate"), "{e}");
     assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
 }
+
+/// A salvage of an outbox that is not damaged copies it whole and names nothing lost; one
+/// still open elsewhere (not closed cleanly, so its copy needs redb's repair) too. It never
+/// writes over a file.
+#[test]
+fn salvage_of_an_intact_outbox_copies_it_whole() {
+    let (dir, o) = crate::test_fixtures::temp_outbox("outbox-salvage");
+    let st = ChargeState { version: 4, status: ChargeStatus::Active };
+    let jobs: Vec<(String, Job)> = (0..300).map(|i| (format!("d{}", i % 7), job(&format!("m{i}")))).collect();
+    o.accept(Some(("c", st)), jobs, &src(9), 1_000).unwrap();
+    o.complete("d1", 1, true).unwrap();
+    let new = dir.path().join("salvaged.redb");
+    let s = salvage(&dir.outbox_path(), &new).unwrap();
+    assert!(s.lost_jobs.is_empty() && s.lost_jobs_complete && s.replay_from_s.is_none(), "{s:?}");
+    assert_eq!(s.jobs_kept, 299);
+    assert!(s.tables.iter().all(|t| t.damage.is_none()), "{s:?}");
+    assert!(matches!(salvage(&dir.outbox_path(), &new), Err(OutboxError::Folder(_))), "the new file is kept");
+    let copy = Outbox::open_with_cache(&new, crate::config::DEFAULT_CACHE_BYTES, true).unwrap();
+    let ids = |o: &Outbox| {
+        o.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&copy), ids(&o));
+    assert_eq!(copy.charge("c").unwrap(), Some(st), "charge states kept when nothing was lost");
+    // The dedupe window came along: an id accepted before is not queued again.
+    assert!(copy.accept(None, vec![("d2".into(), job("m2"))], &src(9), 2_000).unwrap().is_empty());
+    // Seqs go on from where they were.
+    let q = copy.accept(None, vec![("d2".into(), job("new"))], &src(10), 2_000).unwrap();
+    assert_eq!(q[0].stored.job.seq, o.device_jobs("d2").unwrap().last().unwrap().job.seq + 1);
+}
