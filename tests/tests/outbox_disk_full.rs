@@ -203,3 +203,45 @@ async fn below_the_watermark_reading_pauses_before_the_disk_is_full_and_resumes_
     rig.shutdown();
     drop(disk);
 }
+
+/// The disk full and a batch held: the jobs the card machine then finishes are removed
+/// from the outbox apart from the held batch, and the pages they free inside the file take
+/// it. pixgate goes on by itself with no room given back on the file system.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_takes_the_held_batch_once_devices_finish_their_jobs() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
+    let disk = SmallDisk::mount("drain", 8);
+    let (rig, pid, fleet) = started_on(&disk, "disk-drain", 0, &[]).await;
+    fleet.shutdown().await;
+    // Queued while the card machine is away.
+    const QUEUED: u64 = 40;
+    for n in 1..=QUEUED {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs == QUEUED && s.counters.pending_records == 0).await;
+
+    let filler = disk.fill();
+    const HELD: u64 = 5;
+    for n in QUEUED + 1..=QUEUED + HELD {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    let body = rig
+        .gateway()
+        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
+        .await;
+    println!("disk full, jobs queued: /readyz said:\n{}", body.trim());
+
+    // The card machine is back: it takes its queued jobs, and their removals make room.
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
+    let log = all_shown_and_ready(&rig, QUEUED + HELD, pid).await;
+    assert!(
+        log.contains("finished jobs removed from the outbox apart from the held batch"),
+        "the removals were written apart"
+    );
+    assert!(filler.exists(), "no room was given back on the file system");
+    println!("disk full: {} QR jobs shown or superseded with the disk still full, same process", qr_shown(&rig));
+    fleet.shutdown().await;
+    rig.shutdown();
+    drop(disk);
+}

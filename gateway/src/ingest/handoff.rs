@@ -35,6 +35,7 @@ use crate::ingest::backoff::Backoff;
 use crate::ingest::batch::{Batch, Sealed};
 use crate::ingest::delivery_log::{DeliveryLog, LogError};
 use crate::ingest::device_jobs::{self, JobProducer};
+use crate::ingest::held_removals::HeldRemovals;
 use crate::ingest::offsets::RecordRef;
 use crate::ingest::retry::{blocking, until_stored, until_stored_or};
 use crate::ingest::route_changelog::{RouteChangelog, StateRecord};
@@ -76,6 +77,8 @@ pub struct Handoff {
     /// With `cluster.enabled`: the deliver stage's log, the device-jobs topic and the
     /// partitions of it this replica owns ([`Handoff::logged`]).
     log: Option<Logged>,
+    /// Finished jobs' removals while a batch's write is held, written apart from it.
+    held_removals: Arc<HeldRemovals>,
 }
 
 /// The deliver stage's log and what it needs to know (`cluster.enabled`).
@@ -163,6 +166,7 @@ impl Handoff {
             gave_up: false,
             sending: true,
             log: None,
+            held_removals: Arc::default(),
         }
     }
 
@@ -237,6 +241,12 @@ impl Handoff {
         self.sending = false;
     }
 
+    /// A finished job's removal: kept to be written apart while a batch's write is held
+    /// (`None`, [`HeldRemovals`]), or given back for the next batch.
+    pub fn offer_removal(&self, removal: Removal) -> Option<Removal> {
+        self.held_removals.offer(removal)
+    }
+
     /// Whether a batch was given up at shutdown (nothing more is written).
     pub fn gave_up(&self) -> bool {
         self.gave_up
@@ -248,6 +258,9 @@ impl Handoff {
     /// The caller keeps at most one in flight, goes on reading meanwhile, and hands its
     /// [`Attempt`] to [`Handoff::land`] before starting the next.
     pub fn start(&mut self, batch: &mut Batch) -> Option<InFlight> {
+        for removal in self.held_removals.release() {
+            batch.remove(removal);
+        }
         if self.gave_up {
             batch.stop_timer();
             return None;
@@ -256,7 +269,12 @@ impl Handoff {
         let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
         let states = self.states_of(&records, &accepts);
         let changelog = self.changelog.as_ref().map(|(c, _)| c.clone());
-        let retry = Retry { health: self.health.clone(), shutdown: self.shutdown.clone(), clock: self.clock.clone() };
+        let retry = Retry {
+            health: self.health.clone(),
+            shutdown: self.shutdown.clone(),
+            clock: self.clock.clone(),
+            held_removals: self.held_removals.clone(),
+        };
         let handle = match self.jobs_out.clone() {
             None => tokio::spawn(async move {
                 let first = outbox.clone();
@@ -455,11 +473,30 @@ impl Handoff {
 }
 
 /// What a batch's task needs to retry its write: where to report the failure, when to
-/// give up, and the clock that stamps each try.
+/// give up, the clock that stamps each try, and the removals written apart meanwhile.
+#[derive(Clone)]
 struct Retry {
     health: Arc<Monitor>,
     shutdown: Shutdown,
     clock: Clock,
+    held_removals: Arc<HeldRemovals>,
+}
+
+impl Retry {
+    /// [`HeldRemovals::write_apart`] before a retry of the held batch, logged; refused,
+    /// the removals stay in `own` and go with the batch.
+    fn removals_apart(&self, outbox: &Outbox, own: &mut Vec<Removal>) {
+        match self.held_removals.write_apart(outbox, own) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                removed = n,
+                "finished jobs removed from the outbox apart from the held batch, freeing their pages for it"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, removals = own.len(), "the finished jobs' removals were refused too; they go with the held batch")
+            }
+        }
+    }
 }
 
 /// The outbox write of an edge box's batch after a first try that gave `result`: a
@@ -481,10 +518,12 @@ async fn until_written(
     retry.health.outbox_failing(Some(error.to_string()));
     // A first pause before the retries (`until_stored` then sees a shutdown at once).
     retry.shutdown.sleep(Duration::from_millis(100)).await;
-    let state = (outbox, retry.clock.clone(), accepts, removals);
+    retry.held_removals.hold();
+    let state = (outbox, retry.clone(), accepts, removals);
     let ((_, _, accepts, _), stored) =
-        until_stored(&retry.health, "the batch", &retry.shutdown, state, |(outbox, clock, accepts, removals)| {
-            outbox.write(accepts, removals, clock.now_ms())
+        until_stored(&retry.health, "the batch", &retry.shutdown, state, |(outbox, retry, accepts, removals)| {
+            retry.removals_apart(outbox, removals);
+            outbox.write(accepts, removals, retry.clock.now_ms())
         })
         .await;
     (accepts, stored.ok_or(error))
@@ -508,12 +547,20 @@ async fn until_routed(
         Err(e) => e,
     };
     let mut backoff = Backoff::default();
+    retry.held_removals.hold();
     loop {
         tracing::error!(error = %error, retry_ms = backoff.next_ms(), "the batch did not cross to the device-jobs topic and the outbox; retrying (nothing is read past it)");
         retry.health.outbox_failing(Some(error.to_string()));
         if backoff.wait(&retry.shutdown).await {
             return (accepts, Err(error));
         }
+        let (apart, outbox_apart) = (retry.clone(), outbox.clone());
+        removals = blocking(move || {
+            let mut own = removals;
+            apart.removals_apart(&outbox_apart, &mut own);
+            own
+        })
+        .await;
         let (a, r, result) =
             route_then_write(producer, changelog, outbox.clone(), accepts, removals, retry.clock.now_ms()).await;
         (accepts, removals) = (a, r);
@@ -684,7 +731,8 @@ mod tests {
                 .err()
                 .expect("no folder under /proc")
         };
-        let retry = Retry { health, shutdown: shutdown.clone(), clock: Clock::with_offset(0) };
+        let retry =
+            Retry { health, shutdown: shutdown.clone(), clock: Clock::with_offset(0), held_removals: Arc::default() };
         let (accepts, result) =
             until_written(&retry, outbox.clone(), vec![accept(&[("p", "a")])], Vec::new(), Err(refused().into())).await;
         let accepted =

@@ -64,7 +64,9 @@
 //! reach the outbox, and their jobs the dispatcher, in the order read, and at most two
 //! batches are held in memory (reading stops while the next batch is full and the write
 //! in flight has not returned). A write the disk refuses is retried until it succeeds
-//! (reading holds meanwhile, `/readyz` names the failure), or shutdown is requested.
+//! (reading holds meanwhile, `/readyz` names the failure), or shutdown is requested; the
+//! removals of jobs finished meanwhile are written apart from it, to free pages for it
+//! ([`held_removals`]).
 //!
 //! # Offsets
 //!
@@ -104,6 +106,7 @@ pub mod device_jobs;
 pub mod group_reader;
 pub mod group_watch;
 pub mod handoff;
+pub mod held_removals;
 pub mod kafka_metadata;
 pub mod member;
 pub mod offsets;

@@ -742,12 +742,16 @@ impl Pipeline {
                     tracing::info!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "display_qr superseded before delivery");
                     self.stats.update(|s| s.superseded += 1);
                 }
-                // Removed with the next write (within `batch_max_delay_ms`).
-                self.batch.remove(Removal {
+                // Removed with the next write (within `batch_max_delay_ms`), or apart from
+                // a write the disk refuses, to free pages for it.
+                let removal = Removal {
                     device: stored.device.clone(),
                     seq: stored.job.seq,
                     superseded: f.outcome == Outcome::Superseded,
-                });
+                };
+                if let Some(removal) = self.handoff.offer_removal(removal) {
+                    self.batch.remove(removal);
+                }
                 (None, String::new())
             }
             Outcome::Failed(reason) => (Some(DeadLetterReason::DeliveryFailed), reason),

@@ -155,8 +155,29 @@ impl Outbox {
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
     pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Written, OutboxError> {
-        let mut tx = self.db.begin_write().map_err(err)?;
         let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
+        self.commit(batch, removals, now_ms, durable)
+    }
+
+    /// Removes the finished jobs of `removals` in one synced transaction (`Durability::Immediate`,
+    /// whatever they are): redb reuses the pages a transaction freed only once a durable
+    /// commit has them, and these are written to make room for a write the disk refused
+    /// (`crate::ingest::held_removals`).
+    ///
+    /// # Errors
+    /// Disk or database failure; then none was removed.
+    pub fn remove_synced(&self, removals: &[Removal]) -> Result<(), OutboxError> {
+        self.commit(&mut [], removals, 0, true).map(|_| ())
+    }
+
+    fn commit(
+        &self,
+        batch: &mut [Accept],
+        removals: &[Removal],
+        now_ms: u64,
+        durable: bool,
+    ) -> Result<Written, OutboxError> {
+        let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
         if !removals.is_empty() {
             let mut table = tx.open_table(JOBS).map_err(err)?;
