@@ -20,10 +20,13 @@
 //! 8. One device over the limit gets CONNACK 3, and gets in once another leaves.
 //! 9. A device removed from the registry is disconnected and refused.
 //!
-//! And the protocol levels pixgate does not speak: `mosquitto_pub -V mqttv5` gets an MQTT 5
-//! CONNACK with reason code 0x84, `-V mqttv31` and a level-6 CONNECT (written raw through
-//! `openssl s_client`) get CONNACK 1, each then closed; another protocol's name is closed
-//! without an answer.
+//! Points 1 to 9 are proved twice: with A's clients speaking MQTT 3.1.1 and MQTT 5 (`-V
+//! mqttv5`, whose refusals are MQTT 5 reason codes).
+//!
+//! And the protocol levels pixgate does not speak: `-V mqttv31` and a level-3 CONNECT of
+//! `MQTT` get CONNACK 1, a level-6 CONNECT (written raw through `openssl s_client`) a
+//! CONNACK in MQTT 5's framing with reason code 0x84, each then closed; another protocol's
+//! name is closed without an answer.
 //!
 //! Each refusal is also checked on `/stats` (`mqtt_refusals` by rule: logged and counted).
 //! Every wait polls under a generous deadline; nothing is timed.
@@ -72,6 +75,8 @@ struct Pki {
     other: PathBuf,
     secrets: PathBuf,
     secret: String,
+    /// The mosquitto clients' protocol flags (`-V mqttv5`), added to every [`ClientAuth`].
+    version: Vec<&'static str>,
 }
 
 impl Pki {
@@ -103,7 +108,7 @@ impl Pki {
             .trim()
             .to_string();
         assert_eq!(secret.len(), 43, "a 256-bit secret, base64url: {secret:?}");
-        Pki { ca, other, secrets, secret }
+        Pki { ca, other, secrets, secret, version: Vec::new() }
     }
 
     fn cert(&self, id: &str) -> ClientAuth {
@@ -112,11 +117,16 @@ impl Pki {
 
     fn cert_from(&self, dir: &Path, id: &str) -> ClientAuth {
         let devices = dir.join("devices");
-        ClientAuth::certificate(
+        self.versioned(ClientAuth::certificate(
             &self.ca.join("ca.crt"),
             &devices.join(format!("{id}.crt")),
             &devices.join(format!("{id}.key")),
-        )
+        ))
+    }
+
+    /// `auth` speaking this test's protocol version.
+    fn versioned(&self, auth: ClientAuth) -> ClientAuth {
+        auth.with_args(&self.version)
     }
 
     /// The gateway's settings for TLS with this CA, its revocation list and the secrets.
@@ -190,11 +200,35 @@ fn delete_record(id: &str) -> CaptureRecord {
     capture::parse_line(&v.to_string()).unwrap()
 }
 
+/// What the mosquitto clients say of a refusal, per protocol version: on MQTT 5 the
+/// CONNACK's and SUBACK's reason codes (MQTT 5 §3.2.2.2, §3.9.3) and their names.
+struct Words {
+    not_authorised: &'static str,
+    identifier_rejected: &'static str,
+    suback_refused: u8,
+}
+
+const MQTT311: Words =
+    Words { not_authorised: "not authorised", identifier_rejected: "identifier rejected", suback_refused: 128 };
+const MQTT5: Words =
+    Words { not_authorised: "Not authorized", identifier_rejected: "Client Identifier not valid", suback_refused: 135 };
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
+    security_proofs("device-security", &[], &MQTT311).await;
+}
+
+/// The same proofs with card machine A's clients speaking MQTT 5 (`-V mqttv5`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mqtt5_devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
+    security_proofs("device-security-v5", &["-V", "mqttv5"], &MQTT5).await;
+}
+
+async fn security_proofs(name: &str, version: &[&'static str], words: &Words) {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let (bin, pki) = Pki::fresh("device-security");
-    let rig = Rig::builder("device-security").envs(pki.env(10_000, 100)).start().await;
+    let (bin, mut pki) = Pki::fresh(name);
+    pki.version = version.to_vec();
+    let rig = Rig::builder(name).envs(pki.env(10_000, 100)).start().await;
     let port = rig.settings().mqtt_port;
     let fixtures = pixgate_tests::demo::default_fixtures();
     rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
@@ -219,13 +253,14 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     for (i, filter) in ["#", "pixgate/#", "pixgate/v1/devices/+/jobs", b_jobs.as_str()].into_iter().enumerate() {
         let id = format!("dev-{A}.spy{i}");
         let (spy, codes) = Subscriber::start_granted(port, &pki.cert(A), &id, &[filter], 1, false, WAIT).await.unwrap();
-        assert_eq!(codes, [128], "SUBACK for {filter}");
+        assert_eq!(codes, [words.suback_refused], "SUBACK for {filter}");
         spy.stop().await;
     }
     let filters = [a_jobs.as_str(), "#", "pixgate/v1/devices/+/jobs", b_jobs.as_str()];
     let (mut spy, codes) =
         Subscriber::start_granted(port, &pki.cert(A), &format!("dev-{A}.spy"), &filters, 1, false, WAIT).await.unwrap();
-    assert_eq!(codes, [1, 128, 128, 128], "only A's own jobs are granted");
+    let refused = words.suback_refused;
+    assert_eq!(codes, [1, refused, refused, refused], "only A's own jobs are granted");
     assert_eq!(refusals(&stats(), "subscribe"), before + 7);
 
     // 3. A acks B's next job: A is disconnected, and B's job is done by B.
@@ -243,7 +278,7 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     let a_status = Topic::Status(A.into()).path();
     let will = ["--will-topic", b_status.as_str(), "--will-payload", r#"{"v":1,"online":false}"#, "--will-retain"];
     let e = mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}.will"), &a_status, &will).await.unwrap_err();
-    assert!(e.contains("not authorised"), "{e}");
+    assert!(e.contains(words.not_authorised), "{e}");
     assert!(refusals(&stats(), "will") >= 1);
     let offline = r#"{"v":1,"online":false}"#;
     let own_will = pki.cert(A).with_args(&["--will-topic", &a_status, "--will-payload", offline, "--will-retain"]);
@@ -253,9 +288,9 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     wait_done_by(&fleet, B, &rec, WAIT).await;
 
     // 5. Who may not connect.
-    let ca_only = ClientAuth::server_only(&pki.ca.join("ca.crt"));
+    let ca_only = pki.versioned(ClientAuth::server_only(&pki.ca.join("ca.crt")));
     let e = mosquitto_pub(port, &ca_only, &format!("dev-{A}.x"), &a_status, &[]).await.unwrap_err();
-    assert!(e.contains("not authorised"), "no credentials: {e}");
+    assert!(e.contains(words.not_authorised), "no credentials: {e}");
     assert!(refusals(&stats(), "no_credentials") >= 1);
     let tls_before = refusals(&stats(), "tls_handshake");
     let e =
@@ -263,14 +298,15 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     assert!(!e.is_empty(), "another CA's certificate");
     rig.wait_stats(WAIT, |s| refusals(s, "tls_handshake") > tls_before).await;
     let e = mosquitto_pub(port, &pki.cert(A), &format!("dev-{B}"), &b_status, &[]).await.unwrap_err();
-    assert!(e.contains("not authorised"), "A's certificate as dev-B: {e}");
+    assert!(e.contains(words.not_authorised), "A's certificate as dev-B: {e}");
     assert!(refusals(&stats(), "identity_mismatch") >= 1);
     let s_status = Topic::Status(S.into()).path();
-    let right = ClientAuth::password(&pki.ca.join("ca.crt"), S, &pki.secret);
+    let right = pki.versioned(ClientAuth::password(&pki.ca.join("ca.crt"), S, &pki.secret));
     mosquitto_pub(port, &right, &format!("dev-{S}"), &s_status, &[]).await.unwrap();
-    let wrong = ClientAuth::password(&pki.ca.join("ca.crt"), S, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let wrong =
+        pki.versioned(ClientAuth::password(&pki.ca.join("ca.crt"), S, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"));
     let e = mosquitto_pub(port, &wrong, &format!("dev-{S}"), &s_status, &[]).await.unwrap_err();
-    assert!(e.contains("not authorised"), "wrong secret: {e}");
+    assert!(e.contains(words.not_authorised), "wrong secret: {e}");
     assert!(refusals(&stats(), "bad_credentials") >= 1);
     // C and S stay connected; revoked (C's certificate on the revocation list, S's secret
     // removed), both are disconnected, and C no longer gets through the TLS handshake.
@@ -290,13 +326,13 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
     assert!(!e.is_empty(), "C's revoked certificate");
     rig.wait_stats(WAIT, |s| refusals(s, "tls_handshake") > tls_before).await;
     let e = mosquitto_pub(port, &right, &format!("dev-{S}.x"), &s_status, &[]).await.unwrap_err();
-    assert!(e.contains("not authorised"), "S's revoked secret: {e}");
+    assert!(e.contains(words.not_authorised), "S's revoked secret: {e}");
     c_sub.stop().await;
     s_sub.stop().await;
 
     // 6. The gateway's link id: CONNACK 2, and delivery goes on.
     let e = mosquitto_pub(port, &pki.cert(A), "pixgate-gateway", &a_status, &[]).await.unwrap_err();
-    assert!(e.contains("identifier rejected"), "{e}");
+    assert!(e.contains(words.identifier_rejected), "{e}");
     assert!(refusals(&stats(), "client_id") >= 1);
     let rec = rig.publish_charge(B, 4).await;
     wait_done_by(&fleet, B, &rec, WAIT).await;
@@ -326,9 +362,20 @@ async fn devices_reach_only_their_own_jobs_and_every_refusal_is_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_socket_holds_up_nobody_and_the_limit_answers_connack_3() {
+    limit_proofs("device-limits", &[]).await;
+}
+
+/// The same with the devices speaking MQTT 5 (the refusal is reason code 0x88).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mqtt5_an_idle_socket_holds_up_nobody_and_the_limit_answers_0x88() {
+    limit_proofs("device-limits-v5", &["-V", "mqttv5"]).await;
+}
+
+async fn limit_proofs(name: &str, version: &[&'static str]) {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
-    let (_, pki) = Pki::fresh("device-limits");
-    let rig = Rig::builder("device-limits").envs(pki.env(3_000, 2)).start().await;
+    let (_, mut pki) = Pki::fresh(name);
+    pki.version = version.to_vec();
+    let rig = Rig::builder(name).envs(pki.env(3_000, 2)).start().await;
     let port = rig.settings().mqtt_port;
     rig.publish_registry_file(&pixgate_tests::demo::default_fixtures().join("devices.jsonl")).await;
     let stats = || rig.gateway().stats().unwrap();
@@ -400,22 +447,23 @@ async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     let a_status = Topic::Status(A.into()).path();
     let v = |version: &str| [String::from("-V"), version.to_string()];
 
-    // MQTT 5 from Debian's mosquitto_pub: its CONNACK's reason code 0x84, in MQTT 5 framing.
-    let e =
-        mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &v("mqttv5").each_ref().map(String::as_str))
-            .await
-            .unwrap_err();
-    // mosquitto_pub exits with the reason code it was given (132 = 0x84).
-    assert!(e.starts_with("exit status: 132") && e.contains("Unsupported Protocol Version"), "MQTT 5: {e}");
-    // MQTT 3.1 (`MQIsdp`, level 3): CONNACK 1.
+    // MQTT 3.1 (`MQIsdp`, level 3) from Debian's mosquitto_pub: CONNACK 1.
     let e =
         mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &v("mqttv31").each_ref().map(String::as_str))
             .await
             .unwrap_err();
     assert!(e.contains("unacceptable protocol version"), "MQTT 3.1: {e}");
-    // Level 6 of `MQTT`, which no version defines: CONNACK 1, then closed.
-    let level6 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0];
-    assert_eq!(raw_over_tls(port, &pki, A, &level6).await, [0x20, 0x02, 0x00, 0x01], "level 6: CONNACK 1 and a close");
+    // Level 3 of `MQTT`: CONNACK 1, then closed.
+    let level3 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 3, 0x02, 0, 30, 0, 0];
+    assert_eq!(raw_over_tls(port, &pki, A, &level3).await, [0x20, 0x02, 0x00, 0x01], "level 3: CONNACK 1 and a close");
+    // Level 6, laid out like MQTT 5 (a property length after the keep-alive): a CONNACK in
+    // MQTT 5's framing with reason code 0x84 "Unsupported Protocol Version", then closed.
+    let level6 = [0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0, 0];
+    assert_eq!(
+        raw_over_tls(port, &pki, A, &level6).await,
+        [0x20, 0x03, 0x00, 0x84, 0x00],
+        "level 6: CONNACK 0x84 and a close"
+    );
     // Another protocol's name: closed without an answer.
     let amqp = [0x10, 12, 0, 4, b'A', b'M', b'Q', b'P', 4, 0x02, 0, 30, 0, 0];
     assert_eq!(raw_over_tls(port, &pki, A, &amqp).await, Vec::<u8>::new(), "not MQTT: closed, nothing said");
@@ -423,6 +471,11 @@ async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     assert_eq!(refusals(&s, "protocol_version"), 3, "{:?}", s.counters.mqtt_refusals);
     assert_eq!(refusals(&s, "malformed"), 1, "{:?}", s.counters.mqtt_refusals);
 
+    // MQTT 5 (`mosquitto_pub -V mqttv5`) and MQTT 3.1.1 devices beside them get in.
+    let mqttv5 = v("mqttv5");
+    mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &mqttv5.each_ref().map(String::as_str))
+        .await
+        .unwrap();
     // An MQTT 3.1.1 device beside them is unchanged.
     mosquitto_pub(port, &pki.cert(A), &format!("dev-{A}"), &a_status, &[]).await.unwrap();
     rig.shutdown();

@@ -65,9 +65,9 @@ pub enum Rule {
     /// The first packet was not a valid CONNECT (a protocol name other than `MQTT` or
     /// MQTT 3.1's `MQIsdp` included): closed without a CONNACK.
     Malformed,
-    /// A CONNECT of a protocol level pixgate does not speak (MQTT 3.1.1 speaks level 4
-    /// only): CONNACK 1 (MQTT 3.1.1 §3.1.2.2), or for MQTT 5 a CONNACK with reason code
-    /// 0x84 "Unsupported Protocol Version" (MQTT 5 §3.1.2.2), then closed.
+    /// A CONNECT of a protocol level pixgate does not speak (it speaks 4, MQTT 3.1.1, and
+    /// 5): CONNACK 1 below them (MQTT 3.1.1 §3.1.2.2), a CONNACK in MQTT 5's layout with
+    /// reason code 0x84 "Unsupported Protocol Version" above (MQTT 5 §3.1.2.2), then closed.
     ProtocolVersion,
     /// No CONNECT (or no TLS handshake) within `mqtt.connect_timeout_ms`.
     ConnectTimeout,

@@ -22,6 +22,7 @@ use rumqttc::QoS;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Different jobs kept for a client with a persistent session while it is disconnected
@@ -60,8 +61,11 @@ struct Client {
     device: String,
     /// The QoS its subscription to the device's jobs topic was granted at, if it has one.
     subscribed: Option<QoS>,
-    /// Clean session 0: the state outlives the connection.
-    persistent: bool,
+    /// How long the state outlives the connection (MQTT 3.1.1's clean session 0, MQTT 5's
+    /// Session Expiry Interval); zero: not at all.
+    expiry: Duration,
+    /// When its last connection ended, while it is away.
+    away_since: Option<Instant>,
     live: Option<Live>,
     pending: VecDeque<Bytes>,
 }
@@ -97,15 +101,16 @@ impl Hub {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Registers a connection of `device` as `client_id`. With `clean`, any earlier state
-    /// of the client id is dropped; without, it is resumed (subscription and pending
-    /// jobs). A connection already live under the client id is closed (its `jobs` end).
-    pub fn attach(&self, client_id: &str, device: &str, clean: bool) -> Attached {
+    /// Registers a connection of `device` as `client_id`, its state to be kept `expiry`
+    /// after it ends. With `clean`, any earlier state of the client id is dropped; without,
+    /// it is resumed (subscription and pending jobs) unless it has expired. A connection
+    /// already live under the client id is closed (its `jobs` end).
+    pub fn attach(&self, client_id: &str, device: &str, clean: bool, expiry: Duration) -> Attached {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(SESSION_QUEUE);
         let mut state = self.lock();
         let resumed = match state.clients.remove(client_id) {
-            Some(old) if !clean && old.persistent && old.device == device => Some(old),
+            Some(old) if !clean && old.resumable(device) => Some(old),
             Some(old) => {
                 state.forget(client_id, &old.device);
                 None
@@ -116,11 +121,13 @@ impl Hub {
         let mut client = resumed.unwrap_or_else(|| Client {
             device: device.to_string(),
             subscribed: None,
-            persistent: false,
+            expiry,
+            away_since: None,
             live: None,
             pending: VecDeque::new(),
         });
-        client.persistent = !clean;
+        client.expiry = expiry;
+        client.away_since = None;
         client.live = Some(Live { session, jobs: tx });
         let subscribed = client.subscribed;
         client.flush();
@@ -156,7 +163,8 @@ impl Hub {
         let mut state = self.lock();
         let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) else { return };
         c.live = None;
-        if !c.persistent {
+        c.away_since = Some(Instant::now());
+        if c.expiry.is_zero() {
             let device = c.device.clone();
             state.clients.remove(client_id);
             state.forget(client_id, &device);
@@ -184,7 +192,7 @@ impl Hub {
                     Err(mpsc::error::TrySendError::Closed(_)) => {}
                 },
                 // A resend of a job already waiting is not kept twice.
-                None if c.persistent && !c.pending.contains(&job) => {
+                None if !c.expiry.is_zero() && !c.pending.contains(&job) => {
                     if c.pending.len() >= PENDING_PER_CLIENT {
                         c.pending.pop_front();
                     }
@@ -247,6 +255,15 @@ impl Client {
         self.live.as_ref().is_some_and(|l| l.session == session)
     }
 
+    /// Whether a new connection of `device` resumes this state: kept, and not expired.
+    /// An expired one is dropped when the client id connects again (its memory is bounded
+    /// by the client ids a device may use, [`PENDING_PER_CLIENT`] jobs each).
+    fn resumable(&self, device: &str) -> bool {
+        self.device == device
+            && !self.expiry.is_zero()
+            && self.away_since.is_none_or(|since| since.elapsed() < self.expiry)
+    }
+
     /// Moves waiting jobs to the connection, if it is live and subscribed.
     fn flush(&mut self) {
         let (Some(live), Some(_)) = (&self.live, self.subscribed) else { return };
@@ -267,6 +284,9 @@ mod tests {
         (Hub::new(tx), rx)
     }
 
+    /// A session kept after its connection, as MQTT 3.1.1's clean session 0 asks.
+    const KEPT: Duration = Duration::from_secs(60);
+
     fn job(n: u8) -> Bytes {
         Bytes::from(vec![n])
     }
@@ -274,8 +294,8 @@ mod tests {
     #[test]
     fn a_job_reaches_the_subscribed_session_of_its_device_only() {
         let (hub, _) = hub();
-        let mut a = hub.attach("dev-a", "a", true);
-        let mut b = hub.attach("dev-b", "b", true);
+        let mut a = hub.attach("dev-a", "a", true, Duration::ZERO);
+        let mut b = hub.attach("dev-b", "b", true, Duration::ZERO);
         assert_eq!(hub.send("a", job(1)), 0, "not subscribed yet: nothing taken");
         hub.subscribe("dev-a", a.session, QoS::AtLeastOnce);
         hub.subscribe("dev-b", b.session, QoS::AtLeastOnce);
@@ -289,7 +309,7 @@ mod tests {
     #[test]
     fn a_persistent_session_keeps_its_subscription_and_the_jobs_sent_while_away() {
         let (hub, _) = hub();
-        let first = hub.attach("dev-a", "a", false);
+        let first = hub.attach("dev-a", "a", false, KEPT);
         assert!(!first.session_present);
         hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
         hub.detach("dev-a", first.session);
@@ -297,7 +317,7 @@ mod tests {
             assert_eq!(hub.send("a", job(n)), 0, "away");
         }
         hub.send("a", job(PENDING_PER_CLIENT as u8 + 1)); // a resend of a job already waiting
-        let mut second = hub.attach("dev-a", "a", false);
+        let mut second = hub.attach("dev-a", "a", false, KEPT);
         assert!(second.session_present);
         assert_eq!(second.subscribed, Some(QoS::AtLeastOnce));
         let got: Vec<Bytes> = std::iter::from_fn(|| second.jobs.try_recv().ok()).collect();
@@ -307,17 +327,34 @@ mod tests {
         // Clean session 1 drops all of it.
         hub.detach("dev-a", second.session);
         hub.send("a", job(99));
-        let mut clean = hub.attach("dev-a", "a", true);
+        let mut clean = hub.attach("dev-a", "a", true, Duration::ZERO);
         assert!(!clean.session_present && clean.subscribed.is_none());
         assert!(clean.jobs.try_recv().is_err());
+    }
+
+    /// A session kept for its MQTT 5 Session Expiry Interval is resumed within it and
+    /// not after.
+    #[test]
+    fn a_session_past_its_expiry_is_not_resumed() {
+        let (hub, _) = hub();
+        let expiry = Duration::from_millis(50);
+        let first = hub.attach("dev-a", "a", false, expiry);
+        hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
+        hub.detach("dev-a", first.session);
+        let second = hub.attach("dev-a", "a", false, expiry);
+        assert!(second.session_present, "within its expiry");
+        hub.detach("dev-a", second.session);
+        std::thread::sleep(Duration::from_millis(80));
+        let third = hub.attach("dev-a", "a", false, expiry);
+        assert!(!third.session_present && third.subscribed.is_none(), "expired: a new session");
     }
 
     #[test]
     fn a_second_connection_takes_the_client_id_over_and_the_first_cannot_undo_it() {
         let (hub, _) = hub();
-        let mut first = hub.attach("dev-a", "a", true);
+        let mut first = hub.attach("dev-a", "a", true, Duration::ZERO);
         hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
-        let mut second = hub.attach("dev-a", "a", true);
+        let mut second = hub.attach("dev-a", "a", true, Duration::ZERO);
         assert!(matches!(first.jobs.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)), "first closed");
         // The first connection ending, or subscribing late, changes nothing for the second.
         hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
@@ -333,9 +370,9 @@ mod tests {
     #[test]
     fn every_connection_of_a_device_that_subscribed_gets_its_jobs() {
         let (hub, _) = hub();
-        let mut main = hub.attach("dev-a", "a", true);
-        let mut tool = hub.attach("dev-a.sub", "a", true);
-        let _acks_only = hub.attach("dev-a.pub", "a", true);
+        let mut main = hub.attach("dev-a", "a", true, Duration::ZERO);
+        let mut tool = hub.attach("dev-a.sub", "a", true, Duration::ZERO);
+        let _acks_only = hub.attach("dev-a.pub", "a", true, Duration::ZERO);
         hub.subscribe("dev-a", main.session, QoS::AtLeastOnce);
         hub.subscribe("dev-a.sub", tool.session, QoS::AtMostOnce);
         assert_eq!(hub.send("a", job(7)), 2);
@@ -345,7 +382,7 @@ mod tests {
     #[test]
     fn a_session_that_stops_reading_loses_a_copy_not_the_hub() {
         let (hub, _) = hub();
-        let a = hub.attach("dev-a", "a", true);
+        let a = hub.attach("dev-a", "a", true, Duration::ZERO);
         hub.subscribe("dev-a", a.session, QoS::AtLeastOnce);
         for n in 0..SESSION_QUEUE {
             assert_eq!(hub.send("a", job(n as u8)), 1);

@@ -22,6 +22,7 @@ pub mod listener;
 pub mod publisher;
 pub mod session;
 pub mod tls;
+mod wire;
 
 pub use publisher::Publisher;
 

@@ -1,9 +1,11 @@
 //! One device connection: CONNECT, authentication, then every packet checked against the
 //! access rules, between the socket and the device's place in the [`Hub`].
 //!
-//! MQTT 3.1.1 is decoded and encoded with rumqttc's codec (`mqttbytes::v4`), and a CONNECT
-//! of any other protocol level is answered with the refusal its own version defines
-//! ([`Rule::ProtocolVersion`]) and closed. What a broker does for a device is done here:
+//! MQTT 3.1.1 and MQTT 5 are decoded and encoded with rumqttc's codecs ([`wire`]), the
+//! version chosen by the CONNECT's protocol level; a CONNECT of any other level is answered
+//! with the refusal its own version defines ([`Rule::ProtocolVersion`]) and closed. On
+//! MQTT 5 a connection the server ends for a reason gets a DISCONNECT naming it first
+//! (MQTT 5 §4.13). What a broker does for a device is done here:
 //! QoS 1 (and 2) acknowledgements of what it publishes, its jobs written at the QoS its
 //! subscription was granted, the will published when the socket closes without
 //! DISCONNECT; and what one connection may send is bounded ([`Inbound`]).
@@ -13,14 +15,13 @@ use super::auth::{Credential, Peer, Refusal};
 use super::hub::{Attached, Hub};
 use super::inbound::{self, Inbound, Verdict};
 use super::listener::{Handshake, Shared};
+use super::wire::{self, Out, Packet, ReadError, Version};
 use crate::model::Incoming;
 use bytes::{Bytes, BytesMut};
 use device_protocol::Topic;
-use rumqttc::mqttbytes::v4::{
-    ConnAck, ConnectReturnCode, LastWill, Packet, PubAck, PubComp, PubRec, Publish, SubAck, SubscribeReasonCode,
-    UnsubAck,
-};
-use rumqttc::mqttbytes::{Error as CodecError, QoS};
+use rumqttc::mqttbytes::v4::ConnectReturnCode;
+use rumqttc::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode as Reason;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -36,8 +37,31 @@ enum End {
     /// Another connection took the client id over (MQTT 3.1.1 §3.1.4), or the gateway
     /// stopped reading.
     Replaced,
-    /// A rule was broken (already logged and counted).
-    Refused,
+    /// A rule was broken (already logged and counted); MQTT 5's reason for it.
+    Refused(Reason),
+}
+
+impl End {
+    /// The DISCONNECT an MQTT 5 device is sent before the close, if any.
+    fn reason(&self) -> Option<Reason> {
+        match self {
+            End::Clean => None,
+            End::Lost(why) if why.starts_with("keep-alive") => Some(Reason::KeepAliveTimeout),
+            End::Lost(_) => None,
+            End::Replaced => Some(Reason::SessionTakenOver),
+            End::Refused(reason) => Some(*reason),
+        }
+    }
+}
+
+/// MQTT 5's reason code for closing a connection that broke `rule` (MQTT 5 §3.14.2.1).
+fn reason_of(rule: Rule) -> Reason {
+    match rule {
+        Rule::TooLarge => Reason::PacketTooLarge,
+        Rule::MessageRate | Rule::RateDisconnect => Reason::MessageRateTooHigh,
+        Rule::Malformed | Rule::MalformedMessage => Reason::MalformedPacket,
+        _ => Reason::NotAuthorized,
+    }
 }
 
 /// Reads MQTT packets from a socket.
@@ -45,17 +69,19 @@ struct Reader<S> {
     io: S,
     buf: BytesMut,
     max: usize,
+    /// Set from the CONNECT's protocol level, before the CONNECT is read.
+    version: Version,
 }
 
 impl<S: AsyncRead + Unpin> Reader<S> {
     /// The next packet; `Err` names the cause (closed, malformed, too large).
     async fn next(&mut self) -> Result<Packet, (Option<Rule>, String)> {
         loop {
-            match Packet::read(&mut self.buf, self.max) {
+            match self.version.read(&mut self.buf, self.max) {
                 Ok(p) => return Ok(p),
-                Err(CodecError::InsufficientBytes(_)) => {}
-                Err(e @ CodecError::PayloadSizeLimitExceeded(_)) => return Err((Some(Rule::TooLarge), e.to_string())),
-                Err(e) => return Err((Some(Rule::Malformed), e.to_string())),
+                Err(ReadError::Incomplete) => {}
+                Err(ReadError::TooLarge(e)) => return Err((Some(Rule::TooLarge), e)),
+                Err(ReadError::Malformed(e)) => return Err((Some(Rule::Malformed), e)),
             }
             self.buf.reserve(4096);
             match self.io.read_buf(&mut self.buf).await {
@@ -77,20 +103,25 @@ struct Protocol {
 }
 
 impl Protocol {
-    /// MQTT 3.1.1, the one protocol pixgate speaks.
-    fn is_v311(&self) -> bool {
-        self.name == b"MQTT" && self.level == 4
+    /// The version pixgate speaks for this protocol: `MQTT` level 4 (3.1.1) or 5.
+    fn version(&self) -> Option<Version> {
+        match (self.name.as_slice(), self.level) {
+            (b"MQTT", 4) => Some(Version::V311),
+            (b"MQTT", 5) => Some(Version::V5),
+            _ => None,
+        }
     }
 
     /// The answer to a CONNECT of another protocol before the connection is closed, or
     /// `None` for a protocol name that is not MQTT's (closed without an answer, MQTT 3.1.1
-    /// §3.1.2.1): for `MQTT` level 5 a MQTT 5 CONNACK with reason code 0x84 "Unsupported
-    /// Protocol Version" and no properties (MQTT 5 §3.2.2.2); for any other level of
-    /// `MQTT` or MQTT 3.1's `MQIsdp`, CONNACK return code 1 "unacceptable protocol version"
-    /// (MQTT 3.1.1 §3.2.2.3, MQTT 3.1 §3.2).
+    /// §3.1.2.1): for `MQTT` above level 5 a CONNACK in MQTT 5's layout with reason code
+    /// 0x84 "Unsupported Protocol Version" and no properties (MQTT 5 §3.2.2.2: a newer
+    /// client reads that one); for any other level of `MQTT` or MQTT 3.1's `MQIsdp`,
+    /// CONNACK return code 1 "unacceptable protocol version" (MQTT 3.1.1 §3.2.2.3, MQTT 3.1
+    /// §3.2).
     fn refusal(&self) -> Option<&'static [u8]> {
         match (self.name.as_slice(), self.level) {
-            (b"MQTT", 5) => Some(&[0x20, 0x03, 0x00, 0x84, 0x00]),
+            (b"MQTT", 6..) => Some(&[0x20, 0x03, 0x00, 0x84, 0x00]),
             (b"MQTT" | b"MQIsdp", _) => Some(&[0x20, 0x02, 0x00, 0x01]),
             _ => None,
         }
@@ -154,11 +185,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most jobs written to a device in one go.
 const WRITE_BATCH: usize = 64;
 
-async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: &[Packet]) -> std::io::Result<()> {
+async fn write<S: AsyncWrite + Unpin>(io: &mut S, version: Version, packets: &[Out]) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     for p in packets {
-        p.write(&mut out, usize::MAX)
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+        version.write(p, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     }
     let written = async {
         io.write_all(&out).await?;
@@ -170,8 +200,8 @@ async fn write<S: AsyncWrite + Unpin>(io: &mut S, packets: &[Packet]) -> std::io
     }
 }
 
-fn connack(code: ConnectReturnCode, session_present: bool) -> Packet {
-    Packet::ConnAck(ConnAck { session_present, code })
+fn refused(code: ConnectReturnCode) -> Out {
+    Out::ConnAck { code, session_present: false, session_expiry_s: 0, max_packet: 0 }
 }
 
 /// Serves one connection (TLS already established when `peer.tls`) until it ends.
@@ -185,15 +215,19 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (rd, mut wr) = tokio::io::split(io);
-    let mut reader = Reader { io: rd, buf: BytesMut::with_capacity(1024), max: shared.cfg.max_payload_bytes };
+    let mut reader = Reader {
+        io: rd,
+        buf: BytesMut::with_capacity(1024),
+        max: shared.cfg.max_payload_bytes,
+        version: Version::V311,
+    };
     // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
     let standing = shared.directory.changes();
     let credentials = shared.credentials_changed();
     let first = tokio::time::timeout_at(deadline, async {
         let protocol = reader.protocol().await?;
-        if !protocol.is_v311() {
-            return Ok(Err(protocol));
-        }
+        let Some(version) = protocol.version() else { return Ok(Err(protocol)) };
+        reader.version = version;
         reader.next().await.map(Ok)
     });
     let first = match first.await {
@@ -209,7 +243,7 @@ where
             let Some(answer) = protocol.refusal() else {
                 return shared.refuse(Rule::Malformed, &peer, None, &format!("protocol name {name:?}"));
             };
-            let why = format!("protocol {name} level {} (MQTT 3.1.1 is level 4 of MQTT)", protocol.level);
+            let why = format!("protocol {name} level {} (MQTT 3.1.1 and 5 are levels 4 and 5 of MQTT)", protocol.level);
             shared.refuse(Rule::ProtocolVersion, &peer, None, &why);
             let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
                 wr.write_all(answer).await?;
@@ -223,33 +257,35 @@ where
     let Packet::Connect(connect) = first else {
         return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
     };
+    let version = reader.version;
     let refuse = |(rule, code): Refusal, device: Option<&str>, why: &str| {
         shared.refuse(rule, &peer, device.or(Some(&connect.client_id)), why);
-        connack(code, false)
+        refused(code)
     };
     let authenticated = shared.auth.authenticate(&connect.client_id, connect.login.as_ref(), &peer, &shared.directory);
     let refusal = match &authenticated {
         Err(r) => Some(refuse(*r, None, "CONNECT refused")),
         Ok((device, _)) => {
-            connect.last_will.as_ref().filter(|w| !access::may_will(device, w.topic.as_bytes())).map(|w| {
-                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {}", w.topic))
+            connect.will.as_ref().filter(|(topic, _)| !access::may_will(device, topic.as_bytes())).map(|(topic, _)| {
+                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {topic}"))
             })
         }
     };
     if let Some(answer) = refusal {
-        let _ = write(&mut wr, &[answer]).await;
+        let _ = write(&mut wr, version, &[answer]).await;
         return;
     }
     let Ok((device, credential)) = authenticated else { return };
     let Some(_slot) = shared.connection_slot() else {
         let answer =
             refuse((Rule::Capacity, ConnectReturnCode::ServiceUnavailable), Some(&device), "at mqtt.max_connections");
-        let _ = write(&mut wr, &[answer]).await;
+        let _ = write(&mut wr, version, &[answer]).await;
         return;
     };
     let hub = shared.hub.clone();
+    let expiry = Duration::from_secs(u64::from(connect.session_expiry_s));
     let Attached { session, jobs, session_present, subscribed } =
-        hub.attach(&connect.client_id, &device, connect.clean_session);
+        hub.attach(&connect.client_id, &device, connect.clean_start, expiry);
     let mut conn = Conn {
         topic: Topic::Jobs(device.clone()).path(),
         device,
@@ -261,13 +297,21 @@ where
         hub: &hub,
         granted: subscribed,
         next_pkid: 0,
+        version,
+        max_packet: connect.max_packet_size.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)),
         inbound: Inbound::new(
             shared.cfg.max_messages_per_second,
             shared.cfg.max_bytes_per_second,
             tokio::time::Instant::now(),
         ),
     };
-    let end = if write(&mut wr, &[connack(ConnectReturnCode::Success, session_present)]).await.is_err() {
+    let accepted = Out::ConnAck {
+        code: ConnectReturnCode::Success,
+        session_present,
+        session_expiry_s: connect.session_expiry_s,
+        max_packet: u32::try_from(shared.cfg.max_payload_bytes).unwrap_or(u32::MAX),
+    };
+    let end = if write(&mut wr, version, &[accepted]).await.is_err() {
         End::Lost("CONNACK not written".into())
     } else {
         drop(handshake);
@@ -285,16 +329,20 @@ where
     }
     hub.detach(&conn.client_id, session);
     if !matches!(end, End::Clean | End::Replaced) {
-        if let Some(LastWill { topic, message, .. }) = connect.last_will {
+        if let Some((topic, message)) = connect.will {
             let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
         }
+    }
+    if let Some(reason) = end.reason().filter(|_| version == Version::V5) {
+        let _ = write(&mut wr, version, &[Out::Disconnect(reason)]).await;
     }
     let _ = wr.shutdown().await;
 }
 
 /// A message `device` published (or left as its will) on `topic`, already checked against
 /// the access rules: decoded and passed to the hub; a payload that is not what the topic
-/// carries is counted and logged as [`Rule::MalformedMessage`] and dropped.
+/// carries is counted and logged as [`Rule::MalformedMessage`] and dropped. Returns whether
+/// the payload was what the topic carries.
 ///
 /// # Errors
 /// The gateway stopped reading (shutdown).
@@ -305,13 +353,13 @@ async fn pass_on(
     device: &str,
     topic: &str,
     payload: &[u8],
-) -> Result<(), mpsc::error::SendError<Incoming>> {
+) -> Result<bool, mpsc::error::SendError<Incoming>> {
     match Incoming::parse(topic, payload) {
-        Ok(Some(msg)) => hub.from_device(msg).await,
-        Ok(None) => Ok(()),
+        Ok(Some(msg)) => hub.from_device(msg).await.map(|()| true),
+        Ok(None) => Ok(true),
         Err(e) => {
             shared.refuse(Rule::MalformedMessage, peer, Some(device), &format!("{e} on {topic}"));
-            Ok(())
+            Ok(false)
         }
     }
 }
@@ -334,6 +382,10 @@ struct Conn<'a> {
     next_pkid: u16,
     /// What it may still send this second.
     inbound: Inbound,
+    /// The protocol it speaks.
+    version: Version,
+    /// The largest packet it takes (its MQTT 5 Maximum Packet Size; else no limit).
+    max_packet: usize,
 }
 
 impl Conn<'_> {
@@ -352,7 +404,7 @@ impl Conn<'_> {
     {
         if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
             self.shared.refuse(rule, self.peer, Some(&self.device), "registry change while connecting");
-            return End::Refused;
+            return End::Refused(reason_of(rule));
         }
         // Only what the device sends counts as its sign of life, not what it is sent.
         let mut heard = tokio::time::Instant::now();
@@ -369,18 +421,18 @@ impl Conn<'_> {
                         Ok(p) => p,
                         Err((Some(rule), why)) => {
                             self.shared.refuse(rule, self.peer, Some(&self.device), &why);
-                            return End::Refused;
+                            return End::Refused(reason_of(rule));
                         }
                         Err((None, why)) => return End::Lost(why),
                     };
                     heard = tokio::time::Instant::now();
                     let bytes = match &packet {
-                        Packet::Publish(p) => p.topic.len() + p.payload.len(),
+                        Packet::Publish { topic, payload, .. } => topic.len() + payload.len(),
                         _ => 0,
                     };
                     // A device may always leave, and its MQTT-level answers to the jobs sent to it are
                     // as many as the jobs: neither counts against its rate.
-                    let answer = matches!(packet, Packet::Disconnect | Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_));
+                    let answer = matches!(packet, Packet::Disconnect | Packet::Answer);
                     let verdict = if answer { Verdict::Take } else { self.inbound.admit(bytes, heard) };
                     match verdict {
                         Verdict::Take => {}
@@ -391,7 +443,7 @@ impl Conn<'_> {
                         Verdict::Disconnect => {
                             let why = format!("beyond its rate for {} s: disconnected", inbound::SUSTAINED.as_secs());
                             self.shared.refuse(Rule::RateDisconnect, self.peer, Some(&self.device), &why);
-                            return End::Refused;
+                            return End::Refused(reason_of(Rule::RateDisconnect));
                         }
                     }
                     match self.on_device_packet(packet, wr).await {
@@ -408,7 +460,7 @@ impl Conn<'_> {
                         let Ok(job) = jobs.try_recv() else { break };
                         packets.extend(self.job_packet(job));
                     }
-                    if let Err(e) = write(wr, &packets).await {
+                    if let Err(e) = write(wr, self.version, &packets).await {
                         return End::Lost(e.to_string());
                     }
                 }
@@ -420,7 +472,7 @@ impl Conn<'_> {
                     if !self.shared.auth.still_valid(&self.device, &self.credential, self.shared.tls.as_deref()) {
                         let why = format!("{:?} revoked: disconnected", self.credential);
                         self.shared.refuse(Rule::Revoked, self.peer, Some(&self.device), &why);
-                        return End::Refused;
+                        return End::Refused(reason_of(Rule::Revoked));
                     }
                 }
                 c = standing.changed() => {
@@ -429,7 +481,7 @@ impl Conn<'_> {
                     }
                     if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
                         self.shared.refuse(rule, self.peer, Some(&self.device), "registry change: disconnected");
-                        return End::Refused;
+                        return End::Refused(reason_of(rule));
                     }
                 }
             }
@@ -437,16 +489,27 @@ impl Conn<'_> {
     }
 
     /// A job as the PUBLISH the device's subscription asks for (none if it unsubscribed
-    /// meanwhile). Not retransmitted on this connection (MQTT 3.1.1 §4.4 resends only on
-    /// reconnect): the dispatcher sends the job again if its ack does not come.
-    fn job_packet(&mut self, job: Bytes) -> Option<Packet> {
+    /// meanwhile, or if the PUBLISH is larger than the device's MQTT 5 Maximum Packet Size:
+    /// MQTT 5 §3.1.2.11.4 forbids sending it; logged). Not retransmitted on this connection
+    /// (MQTT 3.1.1 §4.4 resends only on reconnect): the dispatcher sends the job again if
+    /// its ack does not come, and dead-letters it at its expiry.
+    fn job_packet(&mut self, job: Bytes) -> Option<Out> {
         let qos = self.granted?;
-        let mut publish = Publish::from_bytes(self.topic.clone(), qos, job);
-        if qos != QoS::AtMostOnce {
+        let pkid = if qos == QoS::AtMostOnce {
+            0
+        } else {
             self.next_pkid = self.next_pkid.checked_add(1).unwrap_or(1);
-            publish.pkid = self.next_pkid;
+            self.next_pkid
+        };
+        let out = Out::Job(Box::new(wire::Job { topic: self.topic.clone(), qos, pkid, payload: job }));
+        if self.max_packet != usize::MAX {
+            let size = wire::size(self.version, &out);
+            if size > self.max_packet {
+                tracing::warn!(device = %self.device, size, max = self.max_packet, "a job larger than the device's Maximum Packet Size: not sent");
+                return None;
+            }
         }
-        Some(Packet::Publish(publish))
+        Some(out)
     }
 
     /// A packet from the device: checked, then answered.
@@ -456,72 +519,73 @@ impl Conn<'_> {
         wr: &mut W,
     ) -> std::io::Result<Option<End>> {
         let answer = match packet {
-            Packet::Publish(p) => {
-                if !access::may_publish(&self.device, p.topic.as_bytes()) {
-                    let why = format!("publish on {}", p.topic);
+            Packet::Publish { topic, qos, pkid, payload } => {
+                if !access::may_publish(&self.device, topic.as_bytes()) {
+                    let why = format!("publish on {topic}");
                     self.shared.refuse(Rule::Publish, self.peer, Some(&self.device), &why);
-                    return Ok(Some(End::Refused));
+                    return Ok(Some(End::Refused(reason_of(Rule::Publish))));
                 }
                 // Acknowledged once the gateway has it (QoS 2 is delivered at PUBREC, so a
                 // device that sends it again after a lost PUBREC is seen twice; acks and
                 // status are idempotent for the dispatcher). A payload that is not what its
-                // topic carries is counted and dropped, and acknowledged all the same: a
-                // device's bug, which sending it again would not mend.
-                if pass_on(self.hub, self.shared, self.peer, &self.device, &p.topic, &p.payload).await.is_err() {
+                // topic carries is counted and dropped, and acknowledged all the same (on
+                // MQTT 5 with reason 0x99): a device's bug, which sending it again would not
+                // mend.
+                let Ok(taken) = pass_on(self.hub, self.shared, self.peer, &self.device, &topic, &payload).await else {
                     return Ok(Some(End::Replaced));
-                }
-                match p.qos {
+                };
+                match qos {
                     QoS::AtMostOnce => return Ok(None),
-                    QoS::AtLeastOnce => Packet::PubAck(PubAck::new(p.pkid)),
-                    QoS::ExactlyOnce => Packet::PubRec(PubRec::new(p.pkid)),
+                    QoS::AtLeastOnce => Out::PubAck { pkid, payload_invalid: !taken },
+                    QoS::ExactlyOnce => Out::PubRec(pkid),
                 }
             }
-            Packet::PubRel(r) => Packet::PubComp(PubComp::new(r.pkid)),
+            Packet::PubRel(pkid) => Out::PubComp(pkid),
             // The device's acknowledgement of a job: the job's own ack, on the acks topic,
             // is what the dispatcher waits for.
-            Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) => return Ok(None),
-            Packet::Subscribe(s) => {
-                let mut return_codes = Vec::with_capacity(s.filters.len());
-                for f in &s.filters {
-                    if access::may_subscribe(&self.device, &f.path) {
+            Packet::Answer => return Ok(None),
+            Packet::Subscribe { pkid, filters } => {
+                let mut granted = Vec::with_capacity(filters.len());
+                for (path, qos) in &filters {
+                    if access::may_subscribe(&self.device, path) {
                         // Jobs go out at QoS 1 at most: the device dedupes by message id.
-                        let qos = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+                        let qos = if *qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
                         self.granted = Some(qos);
-                        return_codes.push(SubscribeReasonCode::Success(qos));
+                        granted.push(Some(qos));
                     } else {
-                        let why = format!("subscribe to {}", f.path);
+                        let why = format!("subscribe to {path}");
                         self.shared.refuse(Rule::Subscribe, self.peer, Some(&self.device), &why);
-                        return_codes.push(SubscribeReasonCode::Failure);
+                        granted.push(None);
                     }
                 }
                 // The SUBACK is written before any job of the new subscription.
-                write(wr, &[Packet::SubAck(SubAck::new(s.pkid, return_codes))]).await?;
+                write(wr, self.version, &[Out::SubAck { pkid, granted }]).await?;
                 if let Some(qos) = self.granted {
                     self.hub.subscribe(&self.client_id, self.session, qos);
                 }
                 return Ok(None);
             }
-            Packet::Unsubscribe(u) => {
-                if u.topics.contains(&self.topic) {
+            Packet::Unsubscribe { pkid, filters } => {
+                if filters.contains(&self.topic) {
                     self.granted = None;
                     self.hub.unsubscribe(&self.client_id, self.session);
                 }
-                Packet::UnsubAck(UnsubAck::new(u.pkid))
+                Out::UnsubAck { pkid, filters: filters.len() }
             }
-            Packet::PingReq => Packet::PingResp,
+            Packet::PingReq => Out::PingResp,
             Packet::Disconnect => return Ok(Some(End::Clean)),
             Packet::Connect(_) => {
-                // MQTT 3.1.1 §3.1.0: a second CONNECT is a protocol violation.
+                // MQTT 3.1.1 §3.1.0, MQTT 5 §3.1: a second CONNECT is a protocol violation.
                 self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), "second CONNECT");
-                return Ok(Some(End::Refused));
+                return Ok(Some(End::Refused(Reason::ProtocolError)));
             }
-            other @ (Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp) => {
-                let why = format!("a server's packet from a client: {other:?}");
+            Packet::Unexpected(what) => {
+                let why = format!("a packet a client does not send: {what}");
                 self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), &why);
-                return Ok(Some(End::Refused));
+                return Ok(Some(End::Refused(Reason::ProtocolError)));
             }
         };
-        write(wr, &[answer]).await?;
+        write(wr, self.version, &[answer]).await?;
         Ok(None)
     }
 }
@@ -550,25 +614,56 @@ mod tests {
         let mut connect = Connect::new(DEVICE);
         connect.keep_alive = 30;
         connect.login = Some(Login::new(DEVICE, "secret"));
-        Packet::Connect(connect).write(&mut buf, usize::MAX).unwrap();
+        rumqttc::mqttbytes::v4::Packet::Connect(connect).write(&mut buf, usize::MAX).unwrap();
         let p = peek_whole(&buf);
-        assert!(p.is_v311(), "{p:?}");
+        assert_eq!(p.version(), Some(Version::V311), "{p:?}");
     }
 
     #[test]
-    fn an_mqtt5_connect_is_answered_0x84_in_mqtt5_framing() {
+    fn an_mqtt5_connect_is_read_with_its_properties() {
         // Written by rumqttc's MQTT 5 codec, with properties: what the 3.1.1 codec would
         // read as the client id's length.
         let mut buf = BytesMut::new();
         let mut props = mqtt5::ConnectProperties::new();
         props.session_expiry_interval = Some(3_600);
         props.receive_maximum = Some(1);
+        props.max_packet_size = Some(2_048);
         let connect =
-            mqtt5::Connect { keep_alive: 30, client_id: DEVICE.into(), clean_start: true, properties: Some(props) };
-        connect.write(&None, &None, &mut buf).unwrap();
+            mqtt5::Connect { keep_alive: 30, client_id: DEVICE.into(), clean_start: false, properties: Some(props) };
+        let login = mqtt5::Login { username: DEVICE.into(), password: "secret".into() };
+        connect.write(&None, &Some(login), &mut buf).unwrap();
         let p = peek_whole(&buf);
-        assert_eq!((p.name.as_slice(), p.level, p.is_v311()), (&b"MQTT"[..], 5, false));
-        // The answer, read back by rumqttc's MQTT 5 codec.
+        assert_eq!((p.name.as_slice(), p.level, p.version()), (&b"MQTT"[..], 5, Some(Version::V5)));
+        let Ok(wire::Packet::Connect(c)) = Version::V5.read(&mut buf, 1 << 20) else { panic!("a CONNECT") };
+        assert_eq!((c.client_id.as_str(), c.keep_alive, c.clean_start), (DEVICE, 30, false));
+        assert_eq!((c.session_expiry_s, c.max_packet_size), (3_600, Some(2_048)));
+        assert_eq!(c.login.map(|l| l.password).as_deref(), Some("secret"));
+    }
+
+    #[test]
+    fn other_levels_are_refused_as_their_versions_say_and_other_names_get_nothing() {
+        // MQTT 3.1: protocol name `MQIsdp`, level 3 (MQTT V3.1 §3.1), then flags, keep-alive,
+        // client id.
+        let mut v31 = vec![0x10, 0];
+        v31.extend_from_slice(&[0, 6]);
+        v31.extend_from_slice(b"MQIsdp");
+        v31.extend_from_slice(&[3, 0x02, 0, 30, 0, 4]);
+        v31.extend_from_slice(b"dev-");
+        v31[1] = u8::try_from(v31.len() - 2).unwrap();
+        let level3 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 3, 0x02, 0, 30, 0, 0];
+        for (bytes, level) in [(&v31[..], 3), (&level3[..], 3)] {
+            let p = peek_whole(bytes);
+            assert_eq!((p.level, p.version()), (level, None));
+            let mut answer = BytesMut::from(p.refusal().unwrap());
+            let ack = rumqttc::mqttbytes::v4::Packet::read(&mut answer, usize::MAX).unwrap();
+            let want = rumqttc::mqttbytes::v4::ConnAck::new(ConnectReturnCode::RefusedProtocolVersion, false);
+            assert_eq!(ack, rumqttc::mqttbytes::v4::Packet::ConnAck(want), "level {level}");
+            assert!(answer.is_empty());
+        }
+        // A level above 5: the answer in MQTT 5's framing, read back by rumqttc's MQTT 5 codec.
+        let level6 = [0x10, 13, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0, 0];
+        let p = peek_whole(&level6);
+        assert_eq!((p.level, p.version()), (6, None));
         let mut answer = BytesMut::from(p.refusal().unwrap());
         match mqtt5::Packet::read(&mut answer, None).unwrap() {
             mqtt5::Packet::ConnAck(ack) => {
@@ -581,27 +676,6 @@ mod tests {
             other => panic!("not a CONNACK: {other:?}"),
         }
         assert!(answer.is_empty(), "nothing after the CONNACK");
-    }
-
-    #[test]
-    fn other_levels_get_connack_1_and_other_names_nothing() {
-        // MQTT 3.1: protocol name `MQIsdp`, level 3 (MQTT V3.1 §3.1), then flags, keep-alive,
-        // client id.
-        let mut v31 = vec![0x10, 0];
-        v31.extend_from_slice(&[0, 6]);
-        v31.extend_from_slice(b"MQIsdp");
-        v31.extend_from_slice(&[3, 0x02, 0, 30, 0, 4]);
-        v31.extend_from_slice(b"dev-");
-        v31[1] = u8::try_from(v31.len() - 2).unwrap();
-        let level6 = [0x10, 12, 0, 4, b'M', b'Q', b'T', b'T', 6, 0x02, 0, 30, 0, 0];
-        for (bytes, level) in [(&v31[..], 3), (&level6[..], 6)] {
-            let p = peek_whole(bytes);
-            assert_eq!((p.level, p.is_v311()), (level, false));
-            let mut answer = BytesMut::from(p.refusal().unwrap());
-            let ack = Packet::read(&mut answer, usize::MAX).unwrap();
-            assert_eq!(ack, connack(ConnectReturnCode::RefusedProtocolVersion, false), "level {level}");
-            assert!(answer.is_empty());
-        }
         let other = [0x10, 9, 0, 3, b'A', b'M', b'Q', 4, 0x02, 0, 30];
         assert_eq!(Protocol::peek(&other).unwrap().unwrap().refusal(), None, "not MQTT: closed without an answer");
     }
