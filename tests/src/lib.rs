@@ -23,6 +23,7 @@ pub mod mosquitto;
 pub mod net;
 pub mod pki;
 pub mod printer_sim;
+pub mod python;
 pub mod scenario;
 
 use std::collections::BTreeMap;

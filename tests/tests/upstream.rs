@@ -34,34 +34,12 @@ use std::time::{Duration, Instant};
 
 /// One rig at a time: each is a broker, pixgate and a fleet on two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-/// The virtualenv is made by the first test that needs it.
-static VENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 const CONFLUENT_KAFKA: &str = "confluent-kafka==2.16.1";
 
 /// The virtualenv's python, with confluent-kafka installed (made on first use).
 fn python() -> PathBuf {
-    let _once = VENV.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("upstream-venv");
-    let py = venv.join("bin/python");
-    let ready = |py: &Path| {
-        Command::new(py)
-            .args(["-c", "import confluent_kafka"])
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ready(&py) {
-        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success());
-        assert!(ok, "python3 -m venv {} failed", venv.display());
-        let ok = Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", CONFLUENT_KAFKA])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "pip install {CONFLUENT_KAFKA} failed");
-        assert!(ready(&py), "confluent_kafka does not import in {}", venv.display());
-    }
-    py
+    pixgate_tests::python::venv(&venv, CONFLUENT_KAFKA, "confluent_kafka")
 }
 
 /// `tests/upstream_producer.py`, running; commands in, answers out.

@@ -37,19 +37,25 @@ enum End {
     /// Another connection took the client id over (MQTT 3.1.1 §3.1.4), or the gateway
     /// stopped reading.
     Replaced,
-    /// A rule was broken (already logged and counted); MQTT 5's reason for it.
-    Refused(Reason),
+    /// A rule was broken (already logged and counted), and MQTT 5's reason code for it.
+    Refused(Rule, Reason),
 }
 
 impl End {
-    /// The DISCONNECT an MQTT 5 device is sent before the close, if any.
-    fn reason(&self) -> Option<Reason> {
+    /// [`End::Refused`] for `rule`, with its reason code ([`reason_of`]).
+    fn refused(rule: Rule) -> End {
+        End::Refused(rule, reason_of(rule))
+    }
+
+    /// The DISCONNECT an MQTT 5 device is sent before the close, if any: its reason code
+    /// and reason string (the rule's label).
+    fn reason(&self) -> Option<(Reason, &'static str)> {
         match self {
             End::Clean => None,
-            End::Lost(why) if why.starts_with("keep-alive") => Some(Reason::KeepAliveTimeout),
+            End::Lost(why) if why.starts_with("keep-alive") => Some((Reason::KeepAliveTimeout, "keep-alive passed")),
             End::Lost(_) => None,
-            End::Replaced => Some(Reason::SessionTakenOver),
-            End::Refused(reason) => Some(*reason),
+            End::Replaced => Some((Reason::SessionTakenOver, "session taken over")),
+            End::Refused(rule, reason) => Some((*reason, rule.as_str())),
         }
     }
 }
@@ -333,8 +339,8 @@ where
             let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
         }
     }
-    if let Some(reason) = end.reason().filter(|_| version == Version::V5) {
-        let _ = write(&mut wr, version, &[Out::Disconnect(reason)]).await;
+    if let Some((reason, why)) = end.reason().filter(|_| version == Version::V5) {
+        let _ = write(&mut wr, version, &[Out::Disconnect { reason, why }]).await;
     }
     let _ = wr.shutdown().await;
 }
@@ -404,7 +410,7 @@ impl Conn<'_> {
     {
         if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
             self.shared.refuse(rule, self.peer, Some(&self.device), "registry change while connecting");
-            return End::Refused(reason_of(rule));
+            return End::refused(rule);
         }
         // Only what the device sends counts as its sign of life, not what it is sent.
         let mut heard = tokio::time::Instant::now();
@@ -421,7 +427,7 @@ impl Conn<'_> {
                         Ok(p) => p,
                         Err((Some(rule), why)) => {
                             self.shared.refuse(rule, self.peer, Some(&self.device), &why);
-                            return End::Refused(reason_of(rule));
+                            return End::refused(rule);
                         }
                         Err((None, why)) => return End::Lost(why),
                     };
@@ -443,7 +449,7 @@ impl Conn<'_> {
                         Verdict::Disconnect => {
                             let why = format!("beyond its rate for {} s: disconnected", inbound::SUSTAINED.as_secs());
                             self.shared.refuse(Rule::RateDisconnect, self.peer, Some(&self.device), &why);
-                            return End::Refused(reason_of(Rule::RateDisconnect));
+                            return End::refused(Rule::RateDisconnect);
                         }
                     }
                     match self.on_device_packet(packet, wr).await {
@@ -472,7 +478,7 @@ impl Conn<'_> {
                     if !self.shared.auth.still_valid(&self.device, &self.credential, self.shared.tls.as_deref()) {
                         let why = format!("{:?} revoked: disconnected", self.credential);
                         self.shared.refuse(Rule::Revoked, self.peer, Some(&self.device), &why);
-                        return End::Refused(reason_of(Rule::Revoked));
+                        return End::refused(Rule::Revoked);
                     }
                 }
                 c = standing.changed() => {
@@ -481,7 +487,7 @@ impl Conn<'_> {
                     }
                     if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
                         self.shared.refuse(rule, self.peer, Some(&self.device), "registry change: disconnected");
-                        return End::Refused(reason_of(rule));
+                        return End::refused(rule);
                     }
                 }
             }
@@ -523,7 +529,7 @@ impl Conn<'_> {
                 if !access::may_publish(&self.device, topic.as_bytes()) {
                     let why = format!("publish on {topic}");
                     self.shared.refuse(Rule::Publish, self.peer, Some(&self.device), &why);
-                    return Ok(Some(End::Refused(reason_of(Rule::Publish))));
+                    return Ok(Some(End::refused(Rule::Publish)));
                 }
                 // Acknowledged once the gateway has it (QoS 2 is delivered at PUBREC, so a
                 // device that sends it again after a lost PUBREC is seen twice; acks and
@@ -577,12 +583,12 @@ impl Conn<'_> {
             Packet::Connect(_) => {
                 // MQTT 3.1.1 §3.1.0, MQTT 5 §3.1: a second CONNECT is a protocol violation.
                 self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), "second CONNECT");
-                return Ok(Some(End::Refused(Reason::ProtocolError)));
+                return Ok(Some(End::Refused(Rule::Malformed, Reason::ProtocolError)));
             }
             Packet::Unexpected(what) => {
                 let why = format!("a packet a client does not send: {what}");
                 self.shared.refuse(Rule::Malformed, self.peer, Some(&self.device), &why);
-                return Ok(Some(End::Refused(Reason::ProtocolError)));
+                return Ok(Some(End::Refused(Rule::Malformed, Reason::ProtocolError)));
             }
         };
         write(wr, self.version, &[answer]).await?;

@@ -113,8 +113,10 @@ pub enum Out {
     UnsubAck { pkid: u16, filters: usize },
     /// PINGRESP.
     PingResp,
-    /// DISCONNECT with a reason code (MQTT 5 only; nothing is written on 3.1.1).
-    Disconnect(v5::DisconnectReasonCode),
+    /// DISCONNECT with a reason code and a reason string (MQTT 5 only; nothing is written
+    /// on 3.1.1). The reason string is also what makes clients that read a reason code only
+    /// when properties follow it (paho-mqtt 2.1) see the code.
+    Disconnect { reason: v5::DisconnectReasonCode, why: &'static str },
 }
 
 /// A job's PUBLISH.
@@ -257,7 +259,7 @@ fn v4_packet(out: &Out) -> Option<v4::Packet> {
         )),
         Out::UnsubAck { pkid, .. } => P::UnsubAck(v4::UnsubAck::new(*pkid)),
         Out::PingResp => P::PingResp,
-        Out::Disconnect(_) => return None,
+        Out::Disconnect { .. } => return None,
     })
 }
 
@@ -318,7 +320,15 @@ fn v5_packet(out: &Out) -> v5::Packet {
             properties: None,
         }),
         Out::PingResp => P::PingResp(v5::PingResp),
-        Out::Disconnect(reason) => P::Disconnect(v5::Disconnect::new(*reason)),
+        Out::Disconnect { reason, why } => P::Disconnect(v5::Disconnect {
+            reason_code: *reason,
+            properties: Some(v5::DisconnectProperties {
+                session_expiry_interval: None,
+                reason_string: Some((*why).to_string()),
+                user_properties: Vec::new(),
+                server_reference: None,
+            }),
+        }),
     }
 }
 
@@ -440,13 +450,13 @@ mod tests {
         let mut buf = BytesMut::new();
         Version::V5.write(&suback, &mut buf).unwrap();
         assert_eq!(&buf[..], &[0x90, 0x05, 0x00, 0x09, 0x00, 0x01, 0x87]);
-        let bye = Out::Disconnect(v5::DisconnectReasonCode::MessageRateTooHigh);
+        let bye = Out::Disconnect { reason: v5::DisconnectReasonCode::MessageRateTooHigh, why: "rate" };
         let mut buf = BytesMut::new();
         Version::V311.write(&bye, &mut buf).unwrap();
         assert!(buf.is_empty());
         Version::V5.write(&bye, &mut buf).unwrap();
-        assert_eq!(&buf[..2], &[0xE0, 0x01]);
-        assert_eq!(buf[2], 0x96);
+        // Reason 0x96, then properties (7 bytes): Reason String (0x1F), length 4, "rate".
+        assert_eq!(&buf[..], &[0xE0, 0x09, 0x96, 0x07, 0x1F, 0x00, 0x04, b'r', b'a', b't', b'e']);
     }
 
     /// A bare DISCONNECT (remaining length 0) is MQTT 5's normal disconnection.
