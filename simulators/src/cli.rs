@@ -136,6 +136,9 @@ pub struct MqttSecurityArgs {
     /// device's secret from FILE, a JSON object {"<device id>": "<secret>", ...}.
     #[arg(long, value_name = "FILE", group = "mqtt_identity", requires = "mqtt_ca")]
     pub mqtt_secrets: Option<PathBuf>,
+    /// The MQTT version the device speaks: 3.1.1 or 5.
+    #[arg(long, value_name = "VERSION", default_value = "3.1.1")]
+    pub mqtt_version: crate::mqtt_link::Protocol,
 }
 
 impl MqttSecurityArgs {
@@ -175,6 +178,7 @@ pub async fn run_single_device(spec: &crate::registry::DeviceSpec, args: &Device
         out_dir: args.out.clone(),
         honor_expiry: !args.ignore_expiry,
         security: args.security.security()?,
+        protocol: args.security.mqtt_version,
     };
     let stats = std::sync::Arc::new(crate::device::Stats::default());
     let dev = crate::device::spawn_device(spec, &opts, stats.clone())?;

@@ -1,8 +1,9 @@
 //! One simulated device (printer or card machine) on MQTT, speaking device-protocol v1.
 //!
-//! The device is one rumqttc [`AsyncClient`] with client id `dev-{id}`, a persistent session
-//! (`clean_session = false`), keep-alive 5 s and a last will `{"v":1,"online":false}`
-//! (retained, QoS 1) on its status topic. Two tasks:
+//! The device is one rumqttc client ([`crate::mqtt_link`], MQTT 3.1.1 or 5 as
+//! [`DeviceOptions::protocol`] says) with client id `dev-{id}`, a persistent session
+//! (`clean_session = false`; MQTT 5: clean start 0, kept a day), keep-alive 5 s and a last
+//! will `{"v":1,"online":false}` (retained, QoS 1) on its status topic. Two tasks:
 //!
 //! - the **poll task** drives the `EventLoop` continuously. After every ConnAck it publishes
 //!   the retained status `{"v":1,"online":true,"printer":"ready"}` (no `printer` field for a
@@ -49,6 +50,7 @@
 //! it (like a printer losing power).
 
 use crate::effect::{EffectRecord, JobError};
+use crate::mqtt_link::{self, Client, Incoming, Link, LinkEvent, Protocol};
 use crate::printer::{print_job, PrinterSettings};
 use crate::registry::DeviceSpec;
 use crate::terminal::{show_job, TerminalSettings};
@@ -56,10 +58,7 @@ use anyhow::Context;
 use anyhow::Result;
 use device_protocol::messages::CONTENT_ESCPOS;
 use device_protocol::{Ack, Job, PrinterState, ScreenKind, Status, Topic};
-use rumqttc::{
-    AsyncClient, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish, QoS,
-    TlsConfiguration, Transport,
-};
+use rumqttc::{TlsConfiguration, Transport};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
@@ -88,6 +87,8 @@ pub struct DeviceOptions {
     pub honor_expiry: bool,
     /// Plain TCP, or TLS with the device's credentials.
     pub security: MqttSecurity,
+    /// The MQTT version it speaks.
+    pub protocol: Protocol,
 }
 
 /// How a simulated device reaches the broker.
@@ -215,15 +216,22 @@ impl ClientTls {
     }
 }
 
-/// The rumqttc transport and credentials of device `id` under `tls` (`None`: plain TCP).
-fn apply_security(mo: &mut MqttOptions, id: &str, tls: Option<&ClientTls>) -> Result<()> {
-    let Some(tls) = tls else { return Ok(()) };
-    mo.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(tls.config_for(id)?)));
-    if let DeviceIdentity::Secret { secrets } = &tls.identity {
-        let secret = secrets.get(id).with_context(|| format!("device {id}: no secret for it in the secrets"))?;
-        mo.set_credentials(id, secret.as_str());
-    }
-    Ok(())
+/// An MQTT username and password.
+type Credentials = (String, String);
+
+/// The rumqttc transport and credentials of device `id` under `tls` (`None`: plain TCP,
+/// no credentials).
+fn security_of(id: &str, tls: Option<&ClientTls>) -> Result<(Option<Transport>, Option<Credentials>)> {
+    let Some(tls) = tls else { return Ok((None, None)) };
+    let transport = Transport::tls_with_config(TlsConfiguration::Rustls(tls.config_for(id)?));
+    let credentials = match &tls.identity {
+        DeviceIdentity::Secret { secrets } => {
+            let secret = secrets.get(id).with_context(|| format!("device {id}: no secret for it in the secrets"))?;
+            Some((id.to_string(), secret.clone()))
+        }
+        DeviceIdentity::Certificate { .. } => None,
+    };
+    Ok((Some(transport), credentials))
 }
 
 /// How much a device does with a job it carries out.
@@ -431,7 +439,7 @@ impl DeviceCounters {
 /// A running simulated device.
 pub struct DeviceHandle {
     id: String,
-    client: AsyncClient,
+    client: Client,
     ready: watch::Receiver<bool>,
     stop_worker: watch::Sender<bool>,
     stop_poll: watch::Sender<bool>,
@@ -466,9 +474,9 @@ impl LinkState {
     /// Requests a QoS 1 publish, counted first: once `pubacks` reaches the count read after
     /// the request returned, the broker has accepted this publish and every one queued
     /// before it (one PUBACK each, in order).
-    async fn publish(&self, client: &AsyncClient, topic: String, retain: bool, payload: Vec<u8>) -> Result<u64> {
+    async fn publish(&self, client: &Client, topic: String, retain: bool, payload: Vec<u8>) -> Result<u64> {
         self.requested.fetch_add(1, Ordering::SeqCst);
-        client.publish(topic, QoS::AtLeastOnce, retain, payload).await?;
+        client.publish(topic, retain, payload).await?;
         Ok(self.requested.load(Ordering::SeqCst))
     }
 
@@ -668,22 +676,24 @@ pub fn spawn_device_sharing(
     };
     let is_printer = matches!(effector, Effector::Printer(_));
     let status_topic = Topic::Status(id.clone()).path();
-    let mut mo = MqttOptions::new(format!("dev-{id}"), opts.mqtt_host.clone(), opts.mqtt_port);
-    mo.set_clean_session(false)
-        .set_keep_alive(Duration::from_secs(5))
-        .set_last_will(LastWill::new(status_topic, status_payload(false, false), QoS::AtLeastOnce, true))
-        .set_max_packet_size(MAX_PACKET_BYTES, MAX_PACKET_BYTES)
-        .set_manual_acks(true);
-    apply_security(&mut mo, &id, tls)?;
-    let (client, mut eventloop) = AsyncClient::new(mo, 64);
-    let mut net = eventloop.network_options();
-    net.set_connection_timeout(5);
-    eventloop.set_network_options(net);
+    let (transport, credentials) = security_of(&id, tls)?;
+    let settings = mqtt_link::Settings {
+        client_id: format!("dev-{id}"),
+        host: opts.mqtt_host.clone(),
+        port: opts.mqtt_port,
+        keep_alive: Duration::from_secs(5),
+        will: (status_topic, status_payload(false, false)),
+        max_packet: MAX_PACKET_BYTES,
+        transport,
+        credentials,
+        connection_timeout_s: 5,
+    };
+    let (client, eventloop) = mqtt_link::new(opts.protocol, settings, 64);
 
     let (ready_tx, ready_rx) = watch::channel(false);
     let (stop_worker, stop_worker_rx) = watch::channel(false);
     let (stop_poll, stop_poll_rx) = watch::channel(false);
-    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<(Publish, u64)>();
+    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel::<(Incoming, u64)>();
     let printer_state = Arc::new(watch::channel(PrinterState::Ready).0);
     let counters = Arc::new(DeviceCounters::default());
     let generation = Arc::new(AtomicU64::new(0));
@@ -759,15 +769,15 @@ fn jitter(seed: &mut u64, max_ms: u64) -> u64 {
 struct PollContext {
     id: String,
     is_printer: bool,
-    client: AsyncClient,
-    jobs_tx: mpsc::UnboundedSender<(Publish, u64)>,
+    client: Client,
+    jobs_tx: mpsc::UnboundedSender<(Incoming, u64)>,
     ready: watch::Sender<bool>,
     printer_state: watch::Receiver<PrinterState>,
     generation: Arc<AtomicU64>,
     link: Arc<LinkState>,
 }
 
-async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::Receiver<bool>) {
+async fn poll_loop(ctx: PollContext, mut eventloop: Link, mut stop: watch::Receiver<bool>) {
     let PollContext { id, is_printer, client, jobs_tx, ready, printer_state, generation, link } = ctx;
     let jobs_topic = Topic::Jobs(id.clone()).path();
     let status_topic = Topic::Status(id.clone()).path();
@@ -794,19 +804,19 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
             }
         };
         match ev {
-            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                if ack.code != ConnectReturnCode::Success {
-                    tracing::warn!(device = %id, code = ?ack.code, "connection refused");
+            Ok(LinkEvent::ConnAck { accepted, code, session_present }) => {
+                if !accepted {
+                    tracing::warn!(device = %id, %code, "connection refused");
                     continue;
                 }
                 failures = 0;
                 link.connects.fetch_add(1, Ordering::Relaxed);
                 let gen = generation.fetch_add(1, Ordering::SeqCst) + 1;
-                tracing::info!(device = %id, session_present = ack.session_present, gen, "connected");
+                tracing::info!(device = %id, session_present, gen, "connected");
                 let (c, jt, st, l) = (client.clone(), jobs_topic.clone(), status_topic.clone(), link.clone());
                 let online = status_payload_with(true, is_printer.then(|| *printer_state.borrow()));
                 tokio::spawn(async move {
-                    if let Err(e) = c.subscribe(jt, QoS::AtLeastOnce).await {
+                    if let Err(e) = c.subscribe(jt).await {
                         tracing::warn!("subscribe request failed: {e}");
                     }
                     if let Err(e) = l.publish(&c, st, true, online).await {
@@ -814,22 +824,23 @@ async fn poll_loop(ctx: PollContext, mut eventloop: EventLoop, mut stop: watch::
                     }
                 });
             }
-            Ok(Event::Incoming(Packet::SubAck(_))) => {
+            Ok(LinkEvent::SubAck) => {
                 let _ = ready.send(true);
             }
-            Ok(Event::Incoming(Packet::Publish(p))) => {
-                if p.topic == jobs_topic {
+            Ok(LinkEvent::Publish(p)) => {
+                let topic = p.topic();
+                if topic == jobs_topic {
                     let _ = jobs_tx.send((p, generation.load(Ordering::SeqCst)));
                 } else {
-                    tracing::debug!(device = %id, topic = %p.topic, "ignoring publish");
-                    let _ = client.try_ack(&p);
+                    tracing::debug!(device = %id, %topic, "ignoring publish");
+                    client.try_ack(&p);
                 }
             }
-            Ok(Event::Incoming(Packet::PubAck(_))) => {
+            Ok(LinkEvent::PubAck) => {
                 link.pubacks.fetch_add(1, Ordering::SeqCst);
                 link.puback_seen.notify_waiters();
             }
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+            Ok(LinkEvent::Disconnected) => {
                 tracing::info!(device = %id, "disconnected");
                 let _ = ready.send(false);
                 break;
@@ -856,7 +867,7 @@ struct Worker {
     id: String,
     /// Counts the QoS 1 publishes (acks) for [`DeviceHandle::set_printer_state`].
     link: Arc<LinkState>,
-    client: AsyncClient,
+    client: Client,
     effector: Effector,
     rendering: Rendering,
     dir: PathBuf,
@@ -876,7 +887,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<(Publish, u64)>, mut stop: watch::Receiver<bool>) {
+    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<(Incoming, u64)>, mut stop: watch::Receiver<bool>) {
         loop {
             let next = tokio::select! {
                 biased;
@@ -911,17 +922,17 @@ impl Worker {
         }
     }
 
-    async fn handle(&mut self, publish: &Publish) {
+    async fn handle(&mut self, publish: &Incoming) {
         self.stats.raw_jobs.fetch_add(1, Ordering::Relaxed);
-        self.stats.raw_bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
+        self.stats.raw_bytes.fetch_add(publish.payload().len() as u64, Ordering::Relaxed);
         self.counters.raw_jobs.fetch_add(1, Ordering::Relaxed);
-        let job: Job = match serde_json::from_slice(&publish.payload) {
+        let job: Job = match serde_json::from_slice(publish.payload()) {
             Ok(j) => j,
             Err(e) => {
                 self.stats.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(device = %self.id, "malformed job: {e}");
                 // Ack what can be identified, so the gateway does not retry forever.
-                let v: serde_json::Value = serde_json::from_slice(&publish.payload).unwrap_or_default();
+                let v: serde_json::Value = serde_json::from_slice(publish.payload()).unwrap_or_default();
                 if let Some(mid) = v.get("message_id").and_then(|m| m.as_str()) {
                     self.stats.failed.fetch_add(1, Ordering::Relaxed);
                     let seq = v.get("seq").and_then(|s| s.as_u64()).unwrap_or(0);

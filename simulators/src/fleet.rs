@@ -5,6 +5,7 @@ use crate::device::{
     spawn_device_sharing, ClientTls, DeviceHandle, DeviceOptions, MqttSecurity, Rendering, Stats, StatsSnapshot,
 };
 use crate::effect::EffectRecord;
+use crate::mqtt_link::Protocol;
 use crate::registry::DeviceSpec;
 use anyhow::Result;
 use serde::Serialize;
@@ -36,11 +37,18 @@ pub struct FleetOptions {
     pub rendering: Rendering,
     /// The counters the devices share (e.g. [`Stats::counting_only`] for long runs).
     pub stats: Arc<Stats>,
+    /// The MQTT version every device speaks.
+    pub protocol: Protocol,
 }
 
 impl Default for FleetOptions {
     fn default() -> Self {
-        FleetOptions { honor_expiry: true, rendering: Rendering::Full, stats: Arc::new(Stats::default()) }
+        FleetOptions {
+            honor_expiry: true,
+            rendering: Rendering::Full,
+            stats: Arc::new(Stats::default()),
+            protocol: Protocol::V311,
+        }
     }
 }
 
@@ -86,13 +94,14 @@ pub async fn start_with(cfg: FleetConfig, honor_expiry: bool) -> Result<FleetHan
 /// As [`start`] (no device is left running then).
 pub async fn start_with_options(cfg: FleetConfig, options: FleetOptions) -> Result<FleetHandle> {
     tokio::fs::create_dir_all(&cfg.out_dir).await?;
-    let FleetOptions { honor_expiry, rendering, stats } = options;
+    let FleetOptions { honor_expiry, rendering, stats, protocol } = options;
     let opts = DeviceOptions {
         mqtt_host: cfg.mqtt_host.clone(),
         mqtt_port: cfg.mqtt_port,
         out_dir: cfg.out_dir.clone(),
         honor_expiry,
         security: cfg.security.clone(),
+        protocol,
     };
     let tls = ClientTls::new(&opts.security)?;
     let mut devices = Vec::with_capacity(cfg.devices.len());

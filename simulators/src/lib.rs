@@ -9,6 +9,7 @@ pub mod device;
 pub mod effect;
 pub mod expected;
 pub mod fleet;
+pub mod mqtt_link;
 pub mod printer;
 pub mod raw_printer;
 pub mod registry;

@@ -90,7 +90,7 @@ async fn paper_out_is_reported_and_jobs_are_refused_until_ready() {
     let mut gw = FakeGateway::connect(port).await;
     let fleet = fleet::start_with_options(
         cfg,
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
+        FleetOptions { rendering: Rendering::Verify, stats: stats.clone(), ..FleetOptions::default() },
     )
     .await
     .unwrap();

@@ -72,7 +72,7 @@ pub fn replay_devices() -> FleetOptions {
 /// drawing it (`Rendering::Verify`, cheap enough for hundreds of devices), and count what
 /// they carry out into `stats`, which the test reads while the scenario runs.
 pub fn verifying_devices(stats: &Arc<Stats>) -> FleetOptions {
-    FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() }
+    FleetOptions { rendering: Rendering::Verify, stats: stats.clone(), ..FleetOptions::default() }
 }
 
 /// What a [`Rig`] is started with; from [`Rig::builder`].

@@ -379,7 +379,7 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             devices,
             security,
         },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
+        FleetOptions { rendering: Rendering::Verify, stats: stats.clone(), ..FleetOptions::default() },
     )
     .await?;
     connect_phase(&gw, &fleet, cfg, t0, &mut report.connect).await?;

@@ -1,7 +1,8 @@
 //! MQTT 5 devices beside MQTT 3.1.1 ones, against outside clients over TLS with device
 //! certificates: card machine A is Eclipse Paho (paho-mqtt 2.x, `protocol=MQTTv5`,
 //! `tests/mqtt5_device.py`), with Debian's `mosquitto_sub -V mqttv5` as A's second
-//! connection; card machine B is a simulated MQTT 3.1.1 device. Checked:
+//! connection; card machine B is a simulated MQTT 3.1.1 device, and at the end A is the
+//! simulators' MQTT 5 device. Checked:
 //! - the CONNACK announces what pixgate takes (Maximum Packet Size, Receive Maximum,
 //!   Maximum QoS 1, no retain, wildcards or shared subscriptions) and the session expiry;
 //! - A's jobs arrive with their time to live as Message Expiry Interval and their message
@@ -24,7 +25,8 @@ use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
 use pixgate_tests::pki::Fleet;
 use serde_json::{json, Value};
 use simulators::device::{DeviceIdentity, MqttSecurity};
-use simulators::fleet::{self, FleetConfig};
+use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::mqtt_link::Protocol;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -224,8 +226,26 @@ async fn mqtt5_devices_get_their_jobs_with_properties_and_reason_codes() {
     // B, on MQTT 3.1.1, is unchanged throughout.
     let rec = rig.publish_charge(B, 4).await;
     wait_done_by(&b, B, &rec, WAIT).await;
-    println!("refusals by rule: {:?}", stats().counters.mqtt_refusals);
+
+    // A again, as the simulators' MQTT 5 device (`--mqtt-version 5`): it takes its next job.
     a.stop().await;
+    let sim_a = fleet::start_with_options(
+        FleetConfig {
+            security: MqttSecurity::Tls {
+                ca: pki.ca_cert(),
+                identity: DeviceIdentity::Certificate { dir: pki.devices_dir() },
+            },
+            ..rig.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, A)])
+        },
+        FleetOptions { protocol: Protocol::V5, ..protocol_devices() },
+    )
+    .await
+    .unwrap();
+    sim_a.wait_connected(WAIT).await.unwrap();
+    let rec = rig.publish_charge(A, 5).await;
+    wait_done_by(&sim_a, A, &rec, WAIT).await;
+    sim_a.shutdown().await;
+    println!("refusals by rule: {:?}", stats().counters.mqtt_refusals);
     tool.stop().await;
     b.shutdown().await;
     rig.shutdown();

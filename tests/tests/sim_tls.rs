@@ -27,6 +27,7 @@ use render::codepage::CodePage;
 use render::receipt::{render_receipt, PrinterProfile, Receipt, ReceiptKind};
 use render::Locale;
 use simulators::device::{spawn_device, DeviceHandle, DeviceIdentity, DeviceOptions, MqttSecurity, Stats};
+use simulators::mqtt_link::Protocol;
 use simulators::registry::DeviceSpec;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -132,6 +133,7 @@ fn device_options(port: u16, out: &Path, security: MqttSecurity) -> DeviceOption
         out_dir: out.to_path_buf(),
         honor_expiry: true,
         security,
+        protocol: Protocol::V311,
     }
 }
 
@@ -189,6 +191,11 @@ struct CertRig {
 
 impl CertRig {
     async fn start(name: &str) -> CertRig {
+        CertRig::start_speaking(name, Protocol::V311).await
+    }
+
+    /// [`CertRig::start`] with PRINTER speaking `protocol`.
+    async fn start_speaking(name: &str, protocol: Protocol) -> CertRig {
         mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
         let dir = TempDir::new(name);
         let fleet = pki::Fleet::create(&dir.0.join("pki"), &[PRINTER, PEER]).unwrap();
@@ -203,9 +210,8 @@ impl CertRig {
             ca: fleet.ca_cert(),
             identity: DeviceIdentity::Certificate { dir: fleet.devices_dir() },
         };
-        let device =
-            spawn_device(&printer_spec(PRINTER), &device_options(port, &dir.0.join("out"), security), stats.clone())
-                .unwrap();
+        let options = DeviceOptions { protocol, ..device_options(port, &dir.0.join("out"), security) };
+        let device = spawn_device(&printer_spec(PRINTER), &options, stats.clone()).unwrap();
         wait_ready(&device, &broker).await;
         CertRig { dir, port, broker, peer, acks, stats, device }
     }
@@ -223,9 +229,22 @@ async fn a_printer_with_a_client_certificate_takes_a_job_over_tls() {
     let mut r = CertRig::start("cert").await;
     let (job, ack) = send_job_and_read_ack(r.port, &r.peer, PRINTER, &mut r.acks).await;
     assert_done(&job, &ack, &r.stats);
-    // The broker took the certificate's CN as the username of client dev-{id}.
+    // The broker took the certificate's CN as the username of client dev-{id}, on MQTT
+    // 3.1.1 (mosquitto's `p2`).
     let log = r.broker.log_text();
-    assert!(log.contains(&format!("as dev-{PRINTER} ")) && log.contains(&format!("u'{PRINTER}'")), "{log}");
+    assert!(log.contains(&format!("as dev-{PRINTER} (p2,")) && log.contains(&format!("u'{PRINTER}'")), "{log}");
+    r.stop().await;
+}
+
+/// The same printer speaking MQTT 5 (`--mqtt-version 5`) to mosquitto: connected as MQTT 5
+/// (mosquitto's `p5`), it takes the job and acks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt5_printer_with_a_client_certificate_takes_a_job_over_tls() {
+    let mut r = CertRig::start_speaking("cert-v5", Protocol::V5).await;
+    let (job, ack) = send_job_and_read_ack(r.port, &r.peer, PRINTER, &mut r.acks).await;
+    assert_done(&job, &ack, &r.stats);
+    let log = r.broker.log_text();
+    assert!(log.contains(&format!("as dev-{PRINTER} (p5,")), "{log}");
     r.stop().await;
 }
 

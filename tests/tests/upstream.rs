@@ -116,7 +116,7 @@ fn batch_ranges(name: &str) -> Vec<(usize, usize)> {
 
 /// Devices for a fixture replay that check payloads without drawing and count into `stats`.
 fn devices(stats: &Arc<Stats>) -> FleetOptions {
-    FleetOptions { honor_expiry: false, rendering: Rendering::Verify, stats: stats.clone() }
+    FleetOptions { honor_expiry: false, rendering: Rendering::Verify, stats: stats.clone(), ..FleetOptions::default() }
 }
 
 /// pixgate read `published` records and finished them, and the devices have nothing left.

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use simulators::cli::{init_tracing, parse_host_port, shutdown_signal, MqttSecurityArgs};
 use simulators::fleet::FleetHandle;
-use simulators::fleet::{start_with, FleetConfig};
+use simulators::fleet::{start_with_options, FleetConfig, FleetOptions};
 use simulators::registry::devices_from_jsonl;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -52,11 +52,14 @@ async fn main() -> Result<()> {
     let devices = devices_from_jsonl(&cli.devices)?;
     tracing::info!(devices = devices.len(), "starting fleet");
     let security = cli.security.security()?;
-    let fleet = start_with(
-        FleetConfig { mqtt_host, mqtt_port, out_dir: cli.out.clone(), devices, security },
-        !cli.ignore_expiry,
-    )
-    .await?;
+    let options = FleetOptions {
+        honor_expiry: !cli.ignore_expiry,
+        protocol: cli.security.mqtt_version,
+        ..FleetOptions::default()
+    };
+    let fleet =
+        start_with_options(FleetConfig { mqtt_host, mqtt_port, out_dir: cli.out.clone(), devices, security }, options)
+            .await?;
     let signal = shutdown_signal();
     tokio::pin!(signal);
     let progress = run_until_signal(&fleet, &cli, &mut signal).await;

@@ -219,7 +219,7 @@ async fn drive(
             devices: devices.clone(),
             security: MqttSecurity::Tls { ca: ca.clone(), identity: DeviceIdentity::Secret { secrets } },
         },
-        FleetOptions { honor_expiry: true, rendering: Rendering::Verify, stats: stats.clone() },
+        FleetOptions { rendering: Rendering::Verify, stats: stats.clone(), ..FleetOptions::default() },
     )
     .await?;
     let n = devices.len();

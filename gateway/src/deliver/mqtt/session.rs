@@ -188,6 +188,10 @@ impl<S: AsyncRead + Unpin> Reader<S> {
 /// full) must not hold its session, its keep-alive and its disconnection forever.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a connection the gateway ended with a DISCONNECT stays open for the device to
+/// read it and close its side.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// Most jobs written to a device in one go.
 const WRITE_BATCH: usize = 64;
 
@@ -339,10 +343,20 @@ where
             let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
         }
     }
-    if let Some((reason, why)) = end.reason().filter(|_| version == Version::V5) {
+    let said = end.reason().filter(|_| version == Version::V5);
+    if let Some((reason, why)) = said {
         let _ = write(&mut wr, version, &[Out::Disconnect { reason, why }]).await;
     }
     let _ = wr.shutdown().await;
+    if said.is_some() {
+        // Closed with the device's bytes still unread (a flood, say), the socket is reset,
+        // and the device may lose the DISCONNECT before it reads it: what it still sends
+        // is read and dropped until it closes, for at most LINGER.
+        let mut sink = [0u8; 4096];
+        let _ =
+            tokio::time::timeout(LINGER, async { while matches!(reader.io.read(&mut sink).await, Ok(n) if n > 0) {} })
+                .await;
+    }
 }
 
 /// A message `device` published (or left as its will) on `topic`, already checked against
