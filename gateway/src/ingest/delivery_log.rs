@@ -193,11 +193,10 @@ impl DeliveryLog {
         timeout: Duration,
     ) -> anyhow::Result<usize> {
         let take = self.take(partition).with_context(|| format!("{}/{partition}: not claimed", self.topic))?;
-        let mut reader = self.reader(partition).starting_at(take.offset + 1);
-        let end = reader.end(timeout)?;
         let mut ended = Vec::new();
-        reader
-            .scan_to(end, timeout, |m| ended.extend(restored.late_record(m.key().unwrap_or_default(), m.payload())))?;
+        self.scan_after(partition, take, timeout, |m| {
+            ended.extend(restored.late_record(m.key().unwrap_or_default(), m.payload()));
+        })?;
         let mut keys = self.key_epochs.lock().unwrap_or_else(PoisonError::into_inner);
         for (device, seq) in &ended {
             keys.remove(&(partition, device.clone(), *seq));
@@ -221,10 +220,8 @@ impl DeliveryLog {
     /// Kafka cannot be read within `timeout`.
     pub fn still_owner_blocking(&self, partition: i32, timeout: Duration) -> anyhow::Result<bool> {
         let Some(take) = self.take(partition) else { return Ok(false) };
-        let mut reader = self.reader(partition).starting_at(take.offset + 1);
-        let end = reader.end(timeout)?;
         let mut newer = false;
-        reader.scan_to(end, timeout, |m| {
+        self.scan_after(partition, take, timeout, |m| {
             let epoch = m
                 .key()
                 .unwrap_or_default()
@@ -245,6 +242,20 @@ impl DeliveryLog {
             }
         }
         Ok(!newer)
+    }
+
+    /// Reads `partition`'s log from just after the owner record of `take` to its end
+    /// (blocking), handing each record to `each`.
+    fn scan_after(
+        &self,
+        partition: i32,
+        take: Take,
+        timeout: Duration,
+        each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
+    ) -> anyhow::Result<()> {
+        let mut reader = self.reader(partition).starting_at(take.offset + 1);
+        let end = reader.end(timeout)?;
+        reader.scan_to(end, timeout, each)
     }
 
     fn reader(&self, partition: i32) -> PartitionReader {

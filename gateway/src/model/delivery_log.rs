@@ -186,13 +186,8 @@ impl Folder {
                 }
                 None => out.unreadable.push((key.to_string(), "not {seq}@{epoch}".into())),
             }
-        } else if let Some(rest) = key.strip_prefix("job/") {
-            let Some((device, seq, key_epoch)) = rest.rsplit_once('/').and_then(|(d, s)| {
-                Some(match s.split_once('@') {
-                    Some((s, e)) => (d, s.parse::<u64>().ok()?, Some(e.parse::<u64>().ok()?)),
-                    None => (d, s.parse::<u64>().ok()?, None),
-                })
-            }) else {
+        } else if key.starts_with("job/") {
+            let Some((device, seq, key_epoch)) = parse_job_key(&key) else {
                 out.unreadable.push((key.to_string(), "not job/{device}/{seq}@{epoch}".into()));
                 return;
             };
@@ -259,10 +254,7 @@ impl Restored {
     ///
     /// Returns the restored job ended, by (device, `seq`); anything else changes no queue.
     pub fn late_record(&mut self, key: &[u8], value: Option<&[u8]>) -> Option<(String, u64)> {
-        let key = std::str::from_utf8(key).ok()?;
-        let (device, rest) = key.strip_prefix("job/")?.rsplit_once('/')?;
-        let (seq, epoch) = rest.split_once('@')?;
-        let (seq, epoch) = (seq.parse::<u64>().ok()?, epoch.parse::<u64>().ok()?);
+        let (device, seq, Some(epoch)) = parse_job_key(std::str::from_utf8(key).ok()?)? else { return None };
         let Some(value) = value else {
             let id = (device.to_string(), seq);
             if self.key_epochs.get(&id) == Some(&epoch) {
@@ -288,6 +280,16 @@ impl Restored {
 }
 
 /// `number@epoch` (see [`numbered`]).
+/// A job's key: `job/{device}/{seq}@{epoch}` ([`job_key`]) as (device, seq, epoch), or
+/// [`legacy_job_key`]'s `job/{device}/{seq}` with no epoch; `None` for anything else.
+fn parse_job_key(key: &str) -> Option<(&str, u64, Option<u64>)> {
+    let (device, rest) = key.strip_prefix("job/")?.rsplit_once('/')?;
+    Some(match rest.split_once('@') {
+        Some((seq, epoch)) => (device, seq.parse().ok()?, Some(epoch.parse().ok()?)),
+        None => (device, rest.parse().ok()?, None),
+    })
+}
+
 fn parse_numbered(v: &[u8]) -> Option<(u64, u64)> {
     let (n, e) = std::str::from_utf8(v).ok()?.split_once('@')?;
     Some((n.parse().ok()?, e.parse().ok()?))
