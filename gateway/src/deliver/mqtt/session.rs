@@ -34,9 +34,11 @@ enum End {
     Clean,
     /// The socket closed or failed, or the keep-alive passed.
     Lost(String),
-    /// Another connection took the client id over (MQTT 3.1.1 §3.1.4), or the gateway
-    /// stopped reading.
+    /// Another connection took the client id over (MQTT 3.1.1 §3.1.4), or the hub was
+    /// dropped.
     Replaced,
+    /// The gateway is stopping (it no longer reads what devices send).
+    Stopped,
     /// A rule was broken (already logged and counted), and MQTT 5's reason code for it.
     Refused(Rule, Reason),
 }
@@ -55,6 +57,7 @@ impl End {
             End::Lost(why) if why.starts_with("keep-alive") => Some((Reason::KeepAliveTimeout, "keep-alive passed")),
             End::Lost(_) => None,
             End::Replaced => Some((Reason::SessionTakenOver, "session taken over")),
+            End::Stopped => Some((Reason::ServerShuttingDown, "server shutting down")),
             End::Refused(rule, reason) => Some((*reason, rule.as_str())),
         }
     }
@@ -338,7 +341,7 @@ where
         other => tracing::debug!(device = %conn.device, addr = %peer.addr, end = ?other, "device disconnected"),
     }
     hub.detach(&conn.client_id, session);
-    if !matches!(end, End::Clean | End::Replaced) {
+    if !matches!(end, End::Clean | End::Replaced | End::Stopped) {
         if let Some((topic, message)) = connect.will {
             let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
         }
@@ -487,7 +490,7 @@ impl Conn<'_> {
                 () = idle => return End::Lost("keep-alive passed without a packet".into()),
                 c = credentials.changed() => {
                     if c.is_err() {
-                        return End::Replaced;
+                        return End::Stopped;
                     }
                     if !self.shared.auth.still_valid(&self.device, &self.credential, self.shared.tls.as_deref()) {
                         let why = format!("{:?} revoked: disconnected", self.credential);
@@ -497,7 +500,7 @@ impl Conn<'_> {
                 }
                 c = standing.changed() => {
                     if c.is_err() {
-                        return End::Replaced;
+                        return End::Stopped;
                     }
                     if let Some(rule) = self.shared.auth.registry_refusal(&self.device, &self.shared.directory) {
                         self.shared.refuse(rule, self.peer, Some(&self.device), "registry change: disconnected");
@@ -552,7 +555,7 @@ impl Conn<'_> {
                 // MQTT 5 with reason 0x99): a device's bug, which sending it again would not
                 // mend.
                 let Ok(taken) = pass_on(self.hub, self.shared, self.peer, &self.device, &topic, &payload).await else {
-                    return Ok(Some(End::Replaced));
+                    return Ok(Some(End::Stopped));
                 };
                 match qos {
                     QoS::AtMostOnce => return Ok(None),
