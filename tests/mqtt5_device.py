@@ -5,7 +5,7 @@ Commands come on stdin, one JSON object a line; what happens goes to stdout, one
 a line (`event`: `connack`, `suback`, `job`, `published` (its `mid`), `puback`, `disconnect`,
 `error`):
 
-  {"cmd": "connect", "clean_start": true, "session_expiry": 300, "max_packet": null}
+  {"cmd": "connect", "clean_start": true, "session_expiry": 300, "max_packet": null, "receive_max": 1}
   {"cmd": "subscribe", "topics": ["pixgate/v1/devices/ID/jobs"]}
   {"cmd": "publish", "topic": "...", "payload": "...", "count": 1}
   {"cmd": "flood", "topic": "...", "payload": "...", "per_second": 500, "seconds": 15}
@@ -91,6 +91,8 @@ for line in sys.stdin:
             props.SessionExpiryInterval = c.get("session_expiry", 0)
             if c.get("max_packet"):
                 props.MaximumPacketSize = c["max_packet"]
+            if c.get("receive_max"):
+                props.ReceiveMaximum = c["receive_max"]
             client.connect(host, int(port), keepalive=30, clean_start=c.get("clean_start", True), properties=props)
             client.loop_start()
         elif c["cmd"] == "subscribe":

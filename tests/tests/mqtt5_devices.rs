@@ -94,8 +94,11 @@ impl Paho {
         tokio::time::timeout(WAIT, read).await.unwrap_or_else(|_| panic!("no {event} from the Paho device"))
     }
 
+    /// Connects with a Receive Maximum of 1: pixgate has one job in flight at a time.
     async fn connect(&mut self, clean_start: bool, session_expiry: u32) -> Value {
-        self.send(json!({"cmd": "connect", "clean_start": clean_start, "session_expiry": session_expiry})).await;
+        let cmd =
+            json!({"cmd": "connect", "clean_start": clean_start, "session_expiry": session_expiry, "receive_max": 1});
+        self.send(cmd).await;
         self.next("connack").await
     }
 

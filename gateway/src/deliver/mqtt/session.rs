@@ -310,6 +310,8 @@ where
         hub: &hub,
         granted: subscribed,
         next_pkid: 0,
+        unacked: 0,
+        receive_maximum: connect.receive_maximum,
         version,
         max_packet: connect.max_packet_size.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)),
         inbound: Inbound::new(
@@ -405,6 +407,10 @@ struct Conn<'a> {
     next_pkid: u16,
     /// What it may still send this second.
     inbound: Inbound,
+    /// QoS 1 jobs written and not yet acknowledged at the MQTT level (PUBACK).
+    unacked: u16,
+    /// How many it takes unacknowledged (its MQTT 5 Receive Maximum; `None`: no limit).
+    receive_maximum: Option<u16>,
     /// The protocol it speaks.
     version: Version,
     /// The largest packet it takes (its MQTT 5 Maximum Packet Size; else no limit).
@@ -518,21 +524,27 @@ impl Conn<'_> {
     /// its ack does not come, and dead-letters it at its expiry.
     fn job_packet(&mut self, job: Bytes) -> Option<Out> {
         let qos = self.granted?;
-        let pkid = if qos == QoS::AtMostOnce {
-            0
-        } else {
-            self.next_pkid = self.next_pkid.checked_add(1).unwrap_or(1);
-            self.next_pkid
-        };
-        let out = Out::Job(Box::new(wire::Job { topic: self.topic.clone(), qos, pkid, payload: job }));
+        if qos != QoS::AtMostOnce && self.receive_maximum.is_some_and(|max| self.unacked >= max) {
+            // MQTT 5 §4.9: not beyond its Receive Maximum. The dispatcher sends the job
+            // again after its ack timeout.
+            tracing::debug!(device = %self.device, unacked = self.unacked, "a job held back: the device's Receive Maximum is reached");
+            return None;
+        }
+        let mut job = wire::Job { topic: self.topic.clone(), qos, pkid: 0, payload: job };
         if self.max_packet != usize::MAX {
-            let size = wire::size(self.version, &out);
+            // The packet id does not change the size (two bytes at QoS 1 whatever it is).
+            let size = wire::size(self.version, &Out::Job(Box::new(job.clone())));
             if size > self.max_packet {
                 tracing::warn!(device = %self.device, size, max = self.max_packet, "a job larger than the device's Maximum Packet Size: not sent");
                 return None;
             }
         }
-        Some(out)
+        if qos != QoS::AtMostOnce {
+            self.next_pkid = self.next_pkid.checked_add(1).unwrap_or(1);
+            self.unacked = self.unacked.saturating_add(1);
+            job.pkid = self.next_pkid;
+        }
+        Some(Out::Job(Box::new(job)))
     }
 
     /// A packet from the device: checked, then answered.
@@ -566,7 +578,10 @@ impl Conn<'_> {
             Packet::PubRel(pkid) => Out::PubComp(pkid),
             // The device's acknowledgement of a job: the job's own ack, on the acks topic,
             // is what the dispatcher waits for.
-            Packet::Answer => return Ok(None),
+            Packet::Answer => {
+                self.unacked = self.unacked.saturating_sub(1);
+                return Ok(None);
+            }
             Packet::Subscribe { pkid, filters } => {
                 let mut granted = Vec::with_capacity(filters.len());
                 for (path, qos) in &filters {

@@ -55,6 +55,9 @@ pub struct Connect {
     pub will: Option<(String, Bytes)>,
     /// The largest packet the device takes (MQTT 5 §3.1.2.11.4); `None`: no limit.
     pub max_packet_size: Option<u32>,
+    /// How many QoS 1 PUBLISHes the device takes unacknowledged (MQTT 5 §3.1.2.11.3);
+    /// `None`: no limit stated (65,535 on MQTT 5, none on 3.1.1).
+    pub receive_maximum: Option<u16>,
 }
 
 /// A packet a device sent.
@@ -120,7 +123,7 @@ pub enum Out {
 }
 
 /// A job's PUBLISH.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Job {
     /// `pixgate/v1/devices/{id}/jobs`.
     pub topic: String,
@@ -173,6 +176,7 @@ fn read_v4(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
             keep_alive: c.keep_alive,
             will: c.last_will.map(|w| (w.topic, w.message)),
             max_packet_size: None,
+            receive_maximum: None,
         }),
         P::Publish(p) => Packet::Publish { topic: p.topic, qos: p.qos, pkid: p.pkid, payload: p.payload },
         P::PubAck(_) | P::PubRec(_) | P::PubComp(_) => Packet::Answer,
@@ -213,6 +217,7 @@ fn read_v5(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
                 session_expiry_s: props.session_expiry_interval.unwrap_or(0).min(MAX_SESSION_EXPIRY_S),
                 will: will.map(|w| (String::from_utf8_lossy(&w.topic).into_owned(), w.message)),
                 max_packet_size: props.max_packet_size,
+                receive_maximum: props.receive_maximum,
             })
         }
         P::Publish(p) => Packet::Publish {
