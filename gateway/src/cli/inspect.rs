@@ -193,18 +193,32 @@ pub fn salvage(damaged: &std::path::Path, new: &std::path::Path) -> anyhow::Resu
     if s.ids_restored > 0 {
         let _ = writeln!(out, "dedupe-window ids of kept jobs put back: {}", s.ids_restored);
     }
-    if let Some(from) = s.replay_from_s {
+    if s.charges_forgotten > 0 || s.ids_forgotten > 0 {
         let _ = writeln!(
             out,
             "forgotten so that the records read again queue the lost jobs again: {} charge states, {} dedupe-window ids",
             s.charges_forgotten, s.ids_forgotten
         );
+    }
+    let replay = match s.replay_from_s {
+        Some(from) if s.lost_jobs_complete && s.lost_jobs.iter().all(|j| j.event_minute_s.is_some()) => {
+            Some((from, "the earliest lost event's minute"))
+        }
+        Some(from) => Some((from, "the earliest event the file still knows of")),
+        None => None,
+    };
+    if let Some((from, which)) = replay {
+        let at = rfc3339(from.saturating_sub(120));
         let _ = writeln!(
             out,
-            "to have the lost jobs again: with pixgate stopped, put {} in place of the outbox, then move the consumer group back (the earliest lost event's minute less 2 minutes):\n  pixgate kafka reposition --to-time {} --dry-run\n  pixgate kafka reposition --to-time {}\nand start pixgate; the devices drop by message id what they had already done",
+            "to have the lost jobs again: with pixgate stopped, put {} in place of the outbox, then move the consumer group back ({which} less 2 minutes):\n  pixgate kafka reposition --to-time {at} --dry-run\n  pixgate kafka reposition --to-time {at}\nand start pixgate; the devices drop by message id what they had already done",
             new.display(),
-            rfc3339(from.saturating_sub(120)),
-            rfc3339(from.saturating_sub(120))
+        );
+    } else if !s.lost_jobs.is_empty() || !s.lost_jobs_complete {
+        let _ = writeln!(
+            out,
+            "to have the lost jobs again: with pixgate stopped, put {} in place of the outbox, then move the consumer group back to before the oldest job it could have held (outbox.dedupe_retention_hours ago) with pixgate kafka reposition --to-time, and start pixgate",
+            new.display(),
         );
     }
     if s.tables.iter().any(|t| t.table == "devices" && t.damage.is_some()) {

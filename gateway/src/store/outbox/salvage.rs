@@ -97,8 +97,9 @@ pub struct LostJob {
 /// beside `new` and removed at the end.
 ///
 /// # Errors
-/// `new` exists, a file cannot be copied or created, or redb cannot open the file at all
-/// (its header pages are damaged: nothing can be read).
+/// `new` exists, `damaged` is held by a running gateway, a file cannot be copied or
+/// created (the copy needs room for `damaged` once more), or redb cannot open the file at
+/// all (its header pages are damaged: nothing can be read).
 pub fn salvage(damaged: &Path, new: &Path) -> Result<Salvaged, OutboxError> {
     if new.exists() {
         return Err(OutboxError::Folder(std::io::Error::new(
@@ -106,14 +107,29 @@ pub fn salvage(damaged: &Path, new: &Path) -> Result<Salvaged, OutboxError> {
             format!("{} exists; salvage writes a new file", new.display()),
         )));
     }
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = copy_into(damaged, new);
+    std::panic::set_hook(quiet);
+    result
+}
+
+/// [`salvage`], with redb's panics kept off the terminal.
+fn copy_into(damaged: &Path, new: &Path) -> Result<Salvaged, OutboxError> {
+    // A running gateway holds the file locked: what it writes meanwhile would be torn.
+    let in_use =
+        catch_unwind(|| matches!(redb::ReadOnlyDatabase::open(damaged), Err(redb::DatabaseError::DatabaseAlreadyOpen)));
+    if in_use.unwrap_or(false) {
+        return Err(OutboxError::Folder(std::io::Error::new(
+            std::io::ErrorKind::ResourceBusy,
+            format!("{} is in use by a running gateway: stop it first", damaged.display()),
+        )));
+    }
     let mut reading = new.as_os_str().to_owned();
     reading.push(".reading");
     let reading = PathBuf::from(reading);
     std::fs::copy(damaged, &reading)?;
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
     let result = Reader::open(&reading).and_then(|mut reader| copy(&mut reader, new));
-    std::panic::set_hook(quiet);
     let _ = std::fs::remove_file(&reading);
     if result.is_err() {
         let _ = std::fs::remove_file(new);

@@ -169,9 +169,8 @@ fn rows_of_the_earlier_format_are_refused_by_name() {
     assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
 }
 
-/// A salvage of an outbox that is not damaged copies it whole and names nothing lost; one
-/// still open elsewhere (not closed cleanly, so its copy needs redb's repair) too. It never
-/// writes over a file.
+/// A salvage of an outbox that is not damaged copies it whole and names nothing lost. It
+/// refuses a file a gateway holds open, and never writes over a file.
 #[test]
 fn salvage_of_an_intact_outbox_copies_it_whole() {
     let (dir, o) = crate::test_fixtures::temp_outbox("outbox-salvage");
@@ -180,20 +179,24 @@ fn salvage_of_an_intact_outbox_copies_it_whole() {
     o.accept(Some(("c", st)), jobs, &src(9), 1_000).unwrap();
     o.complete("d1", 1, true).unwrap();
     let new = dir.path().join("salvaged.redb");
+    let busy = salvage(&dir.outbox_path(), &new).unwrap_err();
+    assert!(busy.to_string().contains("in use by a running gateway"), "{busy}");
+    assert!(!new.exists());
+    let want = o.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>();
+    let last_d2 = o.device_jobs("d2").unwrap().last().unwrap().job.seq;
+    drop(o);
     let s = salvage(&dir.outbox_path(), &new).unwrap();
     assert!(s.lost_jobs.is_empty() && s.lost_jobs_complete && s.replay_from_s.is_none(), "{s:?}");
     assert_eq!(s.jobs_kept, 299);
     assert!(s.tables.iter().all(|t| t.damage.is_none()), "{s:?}");
     assert!(matches!(salvage(&dir.outbox_path(), &new), Err(OutboxError::Folder(_))), "the new file is kept");
     let copy = Outbox::open_with_cache(&new, crate::config::DEFAULT_CACHE_BYTES, true).unwrap();
-    let ids = |o: &Outbox| {
-        o.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>()
-    };
-    assert_eq!(ids(&copy), ids(&o));
+    let got = copy.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>();
+    assert_eq!(got, want);
     assert_eq!(copy.charge("c").unwrap(), Some(st), "charge states kept when nothing was lost");
     // The dedupe window came along: an id accepted before is not queued again.
     assert!(copy.accept(None, vec![("d2".into(), job("m2"))], &src(9), 2_000).unwrap().is_empty());
     // Seqs go on from where they were.
     let q = copy.accept(None, vec![("d2".into(), job("new"))], &src(10), 2_000).unwrap();
-    assert_eq!(q[0].stored.job.seq, o.device_jobs("d2").unwrap().last().unwrap().job.seq + 1);
+    assert_eq!(q[0].stored.job.seq, last_d2 + 1);
 }
