@@ -245,3 +245,61 @@ async fn a_full_disk_takes_the_held_batch_once_devices_finish_their_jobs() {
     rig.shutdown();
     drop(disk);
 }
+
+/// The disk full and a batch held, a queued job expires: its dead letter, refused by the
+/// disk too, waits beside the loop instead of in it, so the consumer goes on polling Kafka
+/// longer than `kafka.max_poll_interval_ms`, and the dead letter is written once there
+/// is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_expires_while_the_disk_is_full_does_not_stop_the_consumer() {
+    assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
+    let disk = SmallDisk::mount("expiry", 8);
+    const MAX_POLL_MS: u64 = 10_000;
+    let poll = MAX_POLL_MS.to_string();
+    let env = [("PIXGATE_KAFKA__MAX_POLL_INTERVAL_MS", poll.as_str())];
+    let (rig, pid, fleet) = started_on(&disk, "disk-expiry", 0, &env).await;
+    fleet.shutdown().await;
+    // A QR that expires in a minute, queued while the card machine is away.
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let tpl = pixgate_tests::charges::template(&fixtures);
+    let t = chrono::Utc::now().timestamp() as u64;
+    let short = pixgate_tests::charges::charge_record(&tpl, TERMINAL, &"e".repeat(24), "ACTIVE", 0, 1, t);
+    simulators::capture::publish_records(&rig.producer(), std::slice::from_ref(&short)).await.unwrap();
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs == 1 && s.counters.pending_records == 0).await;
+
+    let filler = disk.fill();
+    const HELD: u64 = 3;
+    for n in 1..=HELD {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    rig.gateway()
+        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
+        .await;
+    // The QR expires meanwhile; its dead letter is refused, and waits.
+    let log_has = |what: &str| std::fs::read_to_string(rig.gateway().log()).unwrap().contains(what);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !log_has("cannot store a dead letter in the outbox") {
+        assert!(std::time::Instant::now() < deadline, "the expired job's dead letter was never tried");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(MAX_POLL_MS + 5_000)).await;
+
+    std::fs::remove_file(&filler).unwrap();
+    let fleet = rig.start_fleet(vec![pixgate_tests::fixture_device(&fixtures, TERMINAL)], protocol_devices()).await;
+    rig.wait_stats(WAIT, |s| {
+        count(&s.counters.expired, "display_qr") == 1
+            && count(&s.counters.effects_done, "display_qr") + s.counters.superseded == 1 + HELD
+            && s.counters.outbox_jobs == 0
+            && s.counters.pending_records == 0
+    })
+    .await;
+    rig.gateway().readyz_until("ready again", WAIT, |c, _| c == 200).await;
+    assert_eq!(rig.gateway().pid(), pid, "the same process: no restart");
+    let log = std::fs::read_to_string(rig.gateway().log()).unwrap();
+    assert!(!log.contains("maximum poll interval"), "the consumer kept polling while the dead letter waited");
+    let (code, body) = rig.gateway().get("/deadletters").unwrap();
+    println!("disk full, a job expired: /deadletters answered {code}: {}", &body[..body.len().min(300)]);
+    fleet.shutdown().await;
+    rig.shutdown();
+    drop(disk);
+}

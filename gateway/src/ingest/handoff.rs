@@ -247,6 +247,12 @@ impl Handoff {
         self.held_removals.offer(removal)
     }
 
+    /// Whether a batch's write is held (the outbox refused it) or was, and no batch has
+    /// started since.
+    pub fn write_held(&self) -> bool {
+        self.held_removals.is_held()
+    }
+
     /// Whether a batch was given up at shutdown (nothing more is written).
     pub fn gave_up(&self) -> bool {
         self.gave_up

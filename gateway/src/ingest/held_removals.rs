@@ -25,6 +25,11 @@ impl HeldRemovals {
         self.lock().0 = true;
     }
 
+    /// Whether a write is held (from [`HeldRemovals::hold`] to [`HeldRemovals::release`]).
+    pub fn is_held(&self) -> bool {
+        self.lock().0
+    }
+
     /// Keeps `removal` while a write is held (`None`); otherwise gives it back for the
     /// next batch.
     pub fn offer(&self, removal: Removal) -> Option<Removal> {

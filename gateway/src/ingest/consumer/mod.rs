@@ -39,10 +39,10 @@ use crate::ingest::registry_hold::{RegistryAnswer, RegistryHold};
 use crate::ingest::registry_wait::Judging;
 use crate::ingest::replay::{Replay, Replayed};
 use crate::ingest::restores::{self, Done, Restores};
-use crate::ingest::retry::until_stored;
+use crate::ingest::retry::{blocking, until_stored};
 use crate::ingest::route_changelog::RouteChangelog;
 use crate::ingest::upstream;
-use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued};
+use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Partition, Queued, StoredJob};
 use crate::shutdown::Shutdown;
 use crate::store::free_space::{self, Watermark};
 use crate::store::{Outbox, Removal, ReplayError};
@@ -188,6 +188,10 @@ struct Pipeline {
     route_restores: BTreeSet<i32>,
     /// The restores of partitions taken, running beside the loop.
     restores: Restores,
+    /// Dead letters of jobs that ended while the outbox refused writes (a full disk), in
+    /// the order they ended: written again at each tick ([`Pipeline::retry_dead_letters`])
+    /// rather than waited for, so the loop goes on polling Kafka. At most the jobs queued.
+    held_dead_letters: std::collections::VecDeque<(StoredJob, DeadLetter)>,
 }
 
 /// How long closing the Kafka consumers may take at shutdown.
@@ -331,6 +335,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         charge_owned: BTreeSet::new(),
         route_restores: BTreeSet::new(),
         restores,
+        held_dead_letters: std::collections::VecDeque::new(),
     };
     stats.update(|s| {
         s.consumer_running = true;
@@ -430,7 +435,10 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
                 p.registry.answered(q, answer);
                 p.release_held(&*consumer);
             }
-            Event::Tick => p.on_tick(&*consumer),
+            Event::Tick => {
+                p.retry_dead_letters(&*consumer).await;
+                p.on_tick(&*consumer);
+            }
             Event::Restored(d) => p.on_restored(&*consumer, d).await,
             Event::BatchDue => writing = p.handoff.start(&mut p.batch),
             Event::Record(Ok(m)) if p.restores.is_restoring_at(m.topic(), m.partition()) => {
@@ -770,19 +778,75 @@ impl Pipeline {
             let dl = DeadLetter::for_job(reason, detail, &stored);
             let job = &stored.job;
             tracing::warn!(event_id = %job.event_id, message_id = %job.message_id, device = %stored.device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, reason = %dl.reason, detail = %dl.detail, "job dead-lettered");
-            let state = (self.outbox.clone(), self.clock.clone(), stored, dl);
-            // Given up at shutdown: the job stays in the outbox and is reloaded (and
-            // expired or delivered) at the next start.
-            let ((_, _, kept, _), parked) =
-                until_stored(&self.health, "a dead letter", &self.shutdown, state, |(outbox, clock, stored, dl)| {
-                    outbox.fail_job(stored, dl.clone(), clock.now_ms())
-                })
-                .await;
-            stored = kept;
-            if parked.is_some() {
-                self.deadletters.notify_one();
+            if !self.held_dead_letters.is_empty() {
+                // After those waiting: a device's dead letters stay in the order its jobs ended.
+                self.held_dead_letters.push_back((stored, dl));
+                return;
+            }
+            match self.write_dead_letter(stored, dl).await {
+                Ok(written) => stored = written,
+                Err(held) => {
+                    self.held_dead_letters.push_back(held);
+                    return;
+                }
             }
         }
+        self.after_finished(consumer, stored).await;
+    }
+
+    /// One attempt at writing `stored`'s dead letter (on a blocking thread). Refused, it is
+    /// given back to be tried again at the next tick, and the failure reported to health.
+    async fn write_dead_letter(
+        &mut self,
+        stored: StoredJob,
+        dl: DeadLetter,
+    ) -> Result<StoredJob, (StoredJob, DeadLetter)> {
+        let (outbox, now_ms) = (self.outbox.clone(), self.clock.now_ms());
+        let (stored, dl, result) = blocking(move || {
+            let result = outbox.fail_job(&stored, dl.clone(), now_ms);
+            (stored, dl, result)
+        })
+        .await;
+        match result {
+            Ok(_) => {
+                self.deadletters.notify_one();
+                Ok(stored)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, device = %stored.device, seq = stored.job.seq, "cannot store a dead letter in the outbox; trying again every 500 ms (the job stays queued meanwhile)");
+                self.health.outbox_failing(Some(e.to_string()));
+                Err((stored, dl))
+            }
+        }
+    }
+
+    /// The dead letters held back by a refusing outbox, written in order until one is
+    /// refused again. At shutdown they are left: their jobs stay in the outbox and are
+    /// reloaded (and expired or delivered) at the next start.
+    async fn retry_dead_letters(&mut self, consumer: &impl GroupReader) {
+        let mut written = false;
+        while let Some((stored, dl)) = self.held_dead_letters.pop_front() {
+            match self.write_dead_letter(stored, dl).await {
+                Ok(stored) => {
+                    written = true;
+                    self.after_finished(consumer, stored).await;
+                }
+                Err(held) => {
+                    self.held_dead_letters.push_front(held);
+                    return;
+                }
+            }
+        }
+        // Cleared here only when no batch is held too: that one's own retries say when
+        // the disk takes writes again.
+        if written && !self.handoff.write_held() {
+            self.health.outbox_failing(None);
+        }
+    }
+
+    /// What follows a job's end once its removal is on its way or its dead letter stored:
+    /// its end logged (central shape), its device's bound released.
+    async fn after_finished(&mut self, consumer: &impl GroupReader, stored: StoredJob) {
         if let Some(log) = &self.delivery_log {
             // A replayed job was never logged: its end is not either.
             if let Some(p) = self.ownership.partition_of(&stored.device) {
