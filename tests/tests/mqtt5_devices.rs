@@ -25,7 +25,7 @@ use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
 use pixgate_tests::pki::Fleet;
 use serde_json::{json, Value};
 use simulators::device::{DeviceIdentity, MqttSecurity};
-use simulators::fleet::{self, FleetConfig, FleetOptions};
+use simulators::fleet::{self, FleetConfig, FleetHandle, FleetOptions};
 use simulators::mqtt_link::Protocol;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -107,6 +107,18 @@ impl Paho {
     }
 }
 
+/// Card machine `id` of the fixtures as a simulated device over TLS with its certificate,
+/// connected.
+async fn simulated(rig: &Rig, pki: &Fleet, id: &str, options: FleetOptions) -> FleetHandle {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let security =
+        MqttSecurity::Tls { ca: pki.ca_cert(), identity: DeviceIdentity::Certificate { dir: pki.devices_dir() } };
+    let cfg = FleetConfig { security, ..rig.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, id)]) };
+    let fleet = fleet::start_with_options(cfg, options).await.unwrap();
+    fleet.wait_connected(WAIT).await.unwrap();
+    fleet
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt5_devices_get_their_jobs_with_properties_and_reason_codes() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
@@ -122,19 +134,7 @@ async fn mqtt5_devices_get_their_jobs_with_properties_and_reason_codes() {
     let fixtures = pixgate_tests::demo::default_fixtures();
     rig.publish_registry_file(&fixtures.join("devices.jsonl")).await;
     let stats = || rig.gateway().stats().unwrap();
-    let b = fleet::start_with_options(
-        FleetConfig {
-            security: MqttSecurity::Tls {
-                ca: pki.ca_cert(),
-                identity: DeviceIdentity::Certificate { dir: pki.devices_dir() },
-            },
-            ..rig.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, B)])
-        },
-        protocol_devices(),
-    )
-    .await
-    .unwrap();
-    b.wait_connected(WAIT).await.unwrap();
+    let b = simulated(&rig, &pki, B, protocol_devices()).await;
 
     // A connects over MQTT 5: the CONNACK says what pixgate takes.
     let mut a = Paho::start(port, &pki, A);
@@ -232,19 +232,7 @@ async fn mqtt5_devices_get_their_jobs_with_properties_and_reason_codes() {
 
     // A again, as the simulators' MQTT 5 device (`--mqtt-version 5`): it takes its next job.
     a.stop().await;
-    let sim_a = fleet::start_with_options(
-        FleetConfig {
-            security: MqttSecurity::Tls {
-                ca: pki.ca_cert(),
-                identity: DeviceIdentity::Certificate { dir: pki.devices_dir() },
-            },
-            ..rig.fleet_config(vec![pixgate_tests::fixture_device(&fixtures, A)])
-        },
-        FleetOptions { protocol: Protocol::V5, ..protocol_devices() },
-    )
-    .await
-    .unwrap();
-    sim_a.wait_connected(WAIT).await.unwrap();
+    let sim_a = simulated(&rig, &pki, A, FleetOptions { protocol: Protocol::V5, ..protocol_devices() }).await;
     let rec = rig.publish_charge(A, 5).await;
     wait_done_by(&sim_a, A, &rec, WAIT).await;
     sim_a.shutdown().await;

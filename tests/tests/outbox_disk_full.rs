@@ -127,6 +127,24 @@ async fn all_shown_and_ready(rig: &Rig, held: u64, pid: u32) -> String {
     std::fs::read_to_string(rig.gateway().log()).unwrap()
 }
 
+/// Fills `disk`, publishes the charges numbered `charges` for the card machine, and waits
+/// until `/readyz` says the disk is full; returns the filler and what `/readyz` said.
+async fn filled_while_charges_arrive(
+    rig: &Rig,
+    disk: &SmallDisk,
+    charges: std::ops::RangeInclusive<u64>,
+) -> (PathBuf, String) {
+    let filler = disk.fill();
+    for n in charges {
+        rig.publish_charge(TERMINAL, n).await;
+    }
+    let body = rig
+        .gateway()
+        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
+        .await;
+    (filler, body)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
@@ -140,15 +158,8 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     let (rig, pid, fleet) = started_on(&disk, "disk-full", 0, &env).await;
 
     // The disk fills up; charge events go on arriving.
-    let filler = disk.fill();
     const HELD: u64 = 5;
-    for n in 1..=HELD {
-        rig.publish_charge(TERMINAL, n).await;
-    }
-    let body = rig
-        .gateway()
-        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
-        .await;
+    let (filler, body) = filled_while_charges_arrive(&rig, &disk, 1..=HELD).await;
     println!("disk full: /readyz said:\n{}", body.trim());
     assert!(!body.contains("Previous I/O error"), "the disk's own error, not redb's latch: {body}");
     assert_eq!(qr_shown(&rig), 1, "nothing read past what the outbox could not take");
@@ -220,15 +231,8 @@ async fn a_full_disk_takes_the_held_batch_once_devices_finish_their_jobs() {
     }
     rig.wait_stats(WAIT, |s| s.counters.outbox_jobs == QUEUED && s.counters.pending_records == 0).await;
 
-    let filler = disk.fill();
     const HELD: u64 = 5;
-    for n in QUEUED + 1..=QUEUED + HELD {
-        rig.publish_charge(TERMINAL, n).await;
-    }
-    let body = rig
-        .gateway()
-        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
-        .await;
+    let (filler, body) = filled_while_charges_arrive(&rig, &disk, QUEUED + 1..=QUEUED + HELD).await;
     println!("disk full, jobs queued: /readyz said:\n{}", body.trim());
 
     // The card machine is back: it takes its queued jobs, and their removals make room.
@@ -267,14 +271,8 @@ async fn a_job_that_expires_while_the_disk_is_full_does_not_stop_the_consumer() 
     simulators::capture::publish_records(&rig.producer(), std::slice::from_ref(&short)).await.unwrap();
     rig.wait_stats(WAIT, |s| s.counters.outbox_jobs == 1 && s.counters.pending_records == 0).await;
 
-    let filler = disk.fill();
     const HELD: u64 = 3;
-    for n in 1..=HELD {
-        rig.publish_charge(TERMINAL, n).await;
-    }
-    rig.gateway()
-        .readyz_until("said the disk is full", WAIT, |c, b| c == 503 && b.contains("No space left on device"))
-        .await;
+    let (filler, _) = filled_while_charges_arrive(&rig, &disk, 1..=HELD).await;
     // The QR expires meanwhile; its dead letter is refused, and waits.
     let log_has = |what: &str| std::fs::read_to_string(rig.gateway().log()).unwrap().contains(what);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);

@@ -137,6 +137,20 @@ fn device_options(port: u16, out: &Path, security: MqttSecurity) -> DeviceOption
     }
 }
 
+/// mosquitto's log once it has a line containing `what` (it writes its log file itself, so
+/// the line may come after what the test saw); panics with the log after [`WAIT`].
+async fn broker_log_until(broker: &Broker, what: &str) -> String {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let log = broker.log_text();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(std::time::Instant::now() < deadline, "no {what:?} in mosquitto's log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn start_broker(dir: &Path, port: u16, config: &str) -> Broker {
     Broker::start(dir, config, port, WAIT).await.unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -231,8 +245,8 @@ async fn a_printer_with_a_client_certificate_takes_a_job_over_tls() {
     assert_done(&job, &ack, &r.stats);
     // The broker took the certificate's CN as the username of client dev-{id}, on MQTT
     // 3.1.1 (mosquitto's `p2`).
-    let log = r.broker.log_text();
-    assert!(log.contains(&format!("as dev-{PRINTER} (p2,")) && log.contains(&format!("u'{PRINTER}'")), "{log}");
+    let log = broker_log_until(&r.broker, &format!("as dev-{PRINTER} (p2,")).await;
+    assert!(log.contains(&format!("u'{PRINTER}'")), "{log}");
     r.stop().await;
 }
 
@@ -243,8 +257,7 @@ async fn an_mqtt5_printer_with_a_client_certificate_takes_a_job_over_tls() {
     let mut r = CertRig::start_speaking("cert-v5", Protocol::V5).await;
     let (job, ack) = send_job_and_read_ack(r.port, &r.peer, PRINTER, &mut r.acks).await;
     assert_done(&job, &ack, &r.stats);
-    let log = r.broker.log_text();
-    assert!(log.contains(&format!("as dev-{PRINTER} (p5,")), "{log}");
+    broker_log_until(&r.broker, &format!("as dev-{PRINTER} (p5,")).await;
     r.stop().await;
 }
 

@@ -11,12 +11,7 @@
 pub fn install() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(no message)".into());
+        let message = message(info.payload()).unwrap_or_else(|| "(no message)".into());
         let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
         let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
         let component = component(&std::backtrace::Backtrace::force_capture().to_string());
@@ -29,6 +24,12 @@ pub fn install() {
         );
         default(info);
     }));
+}
+
+/// A panic's message: its payload when that is text (`panic!` with a literal or a format),
+/// `None` otherwise.
+pub fn message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    payload.downcast_ref::<&str>().map(|s| (*s).to_string()).or_else(|| payload.downcast_ref::<String>().cloned())
 }
 
 /// The line logged: what panicked and where to look.

@@ -195,6 +195,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// read it and close its side.
 const LINGER: Duration = Duration::from_secs(1);
 
+/// More than a job PUBLISH adds to its topic and payload: the fixed header, packet id and
+/// MQTT 5 properties (content type, expiry, three user properties: some 150 bytes).
+const JOB_OVERHEAD: usize = 1_024;
+
 /// Most jobs written to a device in one go.
 const WRITE_BATCH: usize = 64;
 
@@ -531,7 +535,9 @@ impl Conn<'_> {
             return None;
         }
         let mut job = wire::Job { topic: self.topic.clone(), qos, pkid: 0, payload: job };
-        if self.max_packet != usize::MAX {
+        // Measured (by encoding it) only when it could be too large: its header and
+        // properties are well under JOB_OVERHEAD bytes.
+        if job.payload.len() + job.topic.len() + JOB_OVERHEAD > self.max_packet {
             // The packet id does not change the size (two bytes at QoS 1 whatever it is).
             let size = wire::size(self.version, &Out::Job(Box::new(job.clone())));
             if size > self.max_packet {

@@ -258,11 +258,7 @@ fn key_bytes<K: Key + 'static>(k: &K::SelfType<'_>) -> Vec<u8> {
 }
 
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic".into())
+    crate::telemetry::panic::message(panic).unwrap_or_else(|| "a panic".into())
 }
 
 /// Reads every table through `reader`, mends what depends on what was lost, and writes the
