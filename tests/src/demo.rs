@@ -304,7 +304,7 @@ async fn read_dead_letters(brokers: &str, expected: u64, path: &Path) -> anyhow:
 }
 
 /// `counts` of `summary.json`: what pixgate read, ignored and dead-lettered (by reason),
-/// and what the devices saw.
+/// what the devices saw, and how many records and jobs each latency stage timed.
 fn counts(published: u64, stats: &StatsReport, report: &fleet::FleetReport) -> Value {
     let c = &stats.counters;
     let mut dead: BTreeMap<&str, u64> = BTreeMap::new();
@@ -326,6 +326,7 @@ fn counts(published: u64, stats: &StatsReport, report: &fleet::FleetReport) -> V
         "device_failed_acks": report.stats.failed,
         "device_duplicates": report.stats.duplicates,
         "device_order_violations": report.stats.order_violations,
+        "stage_latency_counts": c.stage_latency.iter().map(|(stage, h)| (stage.clone(), h.count)).collect::<BTreeMap<_, _>>(),
     })
 }
 

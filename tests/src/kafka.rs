@@ -144,6 +144,35 @@ pub async fn bare_consume(brokers: &str, topics: &[&str], expected: u64) -> anyh
     Ok((n, start.elapsed()))
 }
 
+/// A bare consumer of `topic` from its end: every partition assigned (no group) at its
+/// high watermark, fetches held at most `fetch_wait_ms` (`fetch.wait.max.ms`). Each record
+/// it reads was readable on the broker by then, which makes it the reference the load
+/// harness times pixgate's added latency from.
+///
+/// # Errors
+/// The topic's metadata or watermarks could not be read within 10 s.
+pub fn tail_from_end(brokers: &str, topic: &str, fetch_wait_ms: u32) -> anyhow::Result<StreamConsumer> {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("pixgate-tail-{}-{}", std::process::id(), unique()))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", fetch_wait_ms.to_string())
+        .create()?;
+    let timeout = Duration::from_secs(10);
+    let metadata = consumer.fetch_metadata(Some(topic), timeout).context("topic metadata")?;
+    let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+    if partitions.is_empty() {
+        bail!("{topic} has no partitions");
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, timeout).context("watermarks")?;
+        tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
+}
+
 fn unique() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default()
 }

@@ -15,6 +15,7 @@ pub mod charges;
 pub mod cpu;
 pub mod demo;
 pub mod devices_broker;
+pub mod disk_io;
 pub mod gateway;
 pub mod harness;
 pub mod kafka;

@@ -12,7 +12,11 @@
 //!    acknowledged per second, `effects_done`), RSS sampled from `/proc/PID/status`;
 //! 5. **live**: charge events produced at `live_rate` per second for `live_seconds`;
 //!    latency from handing each event to the producer to the device's `done` ack of each of
-//!    its effects.
+//!    its effects. Beside pixgate a bare consumer reads the same records from the topic's
+//!    end with a short fetch wait (`tail_fetch_wait_ms`): when it reads a record, the
+//!    record was readable, so readable → `done` ack is what pixgate adds, and produce →
+//!    readable the producer's and the broker's part. pixgate's own stage histograms
+//!    (`/stats`' `stage_latency`, over the live phase) split what it adds.
 //!
 //! Expected effects come from the model of the routing rules ([`simulators::expected`]).
 //! In the backlog a charge's QR is often still queued when its payment arrives, so it is
@@ -75,6 +79,9 @@ pub struct LoadConfig {
     /// job goes through `pixgate.device-jobs`, created with N partitions, and is read back
     /// from it. 0: the edge box's hand-off (the outbox write).
     pub cluster_partitions: i32,
+    /// `fetch.wait.max.ms` of the bare consumer that reads the live phase beside pixgate
+    /// ([`crate::kafka::tail_from_end`]).
+    pub tail_fetch_wait_ms: u32,
 }
 
 /// Cuts a random device's connection every `60 / per_minute` s, when ticked.
@@ -186,6 +193,17 @@ pub struct LoadReport {
     pub samples: Vec<Sample>,
     /// Live phase: events produced, effects timed, latencies sorted (ms).
     pub live: (u64, Vec<f64>),
+    /// Live phase, per effect timed: produce → readable (read by the bare consumer beside
+    /// pixgate), ms, sorted.
+    pub live_readable: Vec<f64>,
+    /// Live phase, per effect timed: readable → the device's `done` ack (pixgate's added
+    /// latency), ms, sorted; negative when the bare consumer, sharing the cores, read the
+    /// record after pixgate had it carried out.
+    pub live_added: Vec<f64>,
+    /// Live phase: effects whose record the bare consumer never read.
+    pub live_unread: u64,
+    /// pixgate's stage histograms over the live phase (`/stats`' `stage_latency`).
+    pub live_stages: std::collections::BTreeMap<String, gateway::telemetry::latency::Histogram>,
     /// Devices' raw job deliveries and effects carried out, whole run.
     pub raw_jobs: (u64, u64),
     /// pixgate's own resend counter (`job_redeliveries`), whole run.
@@ -197,6 +215,20 @@ pub struct LoadReport {
     pub drain_cpu: Option<DrainCpu>,
     /// The fleet connecting.
     pub connect: ConnectReport,
+    /// What pixgate wrote to storage over the drain; `None` without `/proc/PID/io`.
+    pub drain_io: Option<DrainIo>,
+}
+
+/// Bytes written over the drain ([`LoadReport::drain_io`]): the write amplification an
+/// edge box's flash wears by.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainIo {
+    /// pixgate's bytes sent to storage, start-up included ([`crate::disk_io::written`]).
+    pub written: u64,
+    /// Of which its log file (its size: pixgate's stdout and stderr go there).
+    pub log: u64,
+    /// Job bytes the devices received (payload of every MQTT publish, resends included).
+    pub job_bytes: u64,
 }
 
 /// CPU time over the drain ([`LoadReport::drain_cpu`]).
@@ -353,16 +385,18 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     // 4. Drain: pixgate starts, the fleet connects.
     let (sink_tx, mut sink_rx) = mpsc::unbounded_channel::<Carried>();
     let stats = Arc::new(Stats::counting_only(Some(sink_tx)));
-    let produced_at: Arc<Mutex<HashMap<(String, EffectKind), Instant>>> = Arc::default();
-    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    // Live phase: the record each timed effect comes from (its index among the live
+    // records), and each timed effect's record with when it was carried out.
+    let effect_record: Arc<Mutex<HashMap<(String, EffectKind), usize>>> = Arc::default();
+    let carried: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::default();
     let collected = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let collector = {
-        let (produced_at, latencies, collected) = (produced_at.clone(), latencies.clone(), collected.clone());
+        let (effect_record, carried, collected) = (effect_record.clone(), carried.clone(), collected.clone());
         tokio::spawn(async move {
             while let Some(c) = sink_rx.recv().await {
                 collected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Some(t) = produced_at.lock().expect("lock").remove(&(c.charge, c.kind)) {
-                    latencies.lock().expect("lock").push(c.done_at.duration_since(t).as_secs_f64() * 1000.0);
+                if let Some(i) = effect_record.lock().expect("lock").remove(&(c.charge, c.kind)) {
+                    carried.lock().expect("lock").push((i, c.done_at));
                 }
             }
         })
@@ -441,6 +475,11 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
             }
             report.drained_effects = delivered;
             report.expected_backlog = (expected, c.superseded);
+            report.drain_io = crate::disk_io::written(gw.pid()).map(|written| DrainIo {
+                written,
+                log: std::fs::metadata(cfg.work.join("pixgate-1.log")).map_or(0, |m| m.len()),
+                job_bytes: stats.raw_bytes(),
+            });
             break;
         }
         if last_print.elapsed() > Duration::from_secs(10) {
@@ -485,18 +524,22 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
                 f.effects().iter().map(|e| (e.charge.clone(), e.kind)).collect()
             })
             .collect();
-        let superseded_before = gw.stats()?.counters.superseded;
+        let (tail, readable) = tail_live(&brokers, cfg.tail_fetch_wait_ms, &live)?;
+        let before = gw.stats()?.counters;
+        let superseded_before = before.superseded;
+        let mut produced_at: Vec<Option<Instant>> = vec![None; live.len()];
         let start = Instant::now();
         let mut i = 0;
         while i < live.len() {
             let due = ((start.elapsed().as_secs_f64() * cfg.live_rate) as usize + 1).min(live.len());
             if due > i {
                 {
-                    let mut map = produced_at.lock().expect("lock");
+                    let mut map = effect_record.lock().expect("lock");
                     let now = Instant::now();
-                    for f in &fates[i..due] {
+                    for (n, f) in fates.iter().enumerate().take(due).skip(i) {
+                        produced_at[n] = Some(now);
                         for key in f {
-                            map.insert(key.clone(), now);
+                            map.insert(key.clone(), n);
                         }
                     }
                 }
@@ -531,9 +574,39 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         while collected.load(std::sync::atomic::Ordering::Relaxed) < stats.carried_out() && Instant::now() < catch_up {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let mut l = latencies.lock().expect("lock").clone();
-        l.sort_by(f64::total_cmp);
-        report.live = (live.len() as u64, l);
+        tail.abort();
+        let after = gw.stats()?.counters;
+        let readable = readable.lock().expect("lock").clone();
+        let ms = |later: Instant, earlier: Instant| {
+            if later >= earlier {
+                later.duration_since(earlier).as_secs_f64() * 1e3
+            } else {
+                -(earlier.duration_since(later).as_secs_f64() * 1e3)
+            }
+        };
+        let (mut total, mut broker, mut added) = (Vec::new(), Vec::new(), Vec::new());
+        for &(n, done) in carried.lock().expect("lock").iter() {
+            let Some(produced) = produced_at[n] else { continue };
+            total.push(ms(done, produced));
+            match readable[n] {
+                Some(r) => {
+                    broker.push(ms(r, produced));
+                    added.push(ms(done, r));
+                }
+                None => report.live_unread += 1,
+            }
+        }
+        for v in [&mut total, &mut broker, &mut added] {
+            v.sort_by(f64::total_cmp);
+        }
+        report.live = (live.len() as u64, total);
+        report.live_readable = broker;
+        report.live_added = added;
+        report.live_stages = after
+            .stage_latency
+            .iter()
+            .map(|(stage, h)| (stage.clone(), h.since(before.stage_latency.get(stage).unwrap_or(&Default::default()))))
+            .collect();
     }
 
     report.pixgate_redeliveries = gw.stats()?.counters.job_redeliveries;
@@ -556,6 +629,41 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let _ = std::fs::remove_dir_all(&cfg.work);
     }
     Ok(report)
+}
+
+/// Starts a bare consumer reading `charge.upserted` from its end beside pixgate
+/// ([`crate::kafka::tail_from_end`]) and stamps, for each of `live` (matched by its value),
+/// when it was first read: when it was readable.
+fn tail_live(
+    brokers: &str,
+    fetch_wait_ms: u32,
+    live: &[CaptureRecord],
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<Mutex<Vec<Option<Instant>>>>)> {
+    use rdkafka::Message;
+    let digest = |v: &[u8]| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        v.hash(&mut h);
+        h.finish()
+    };
+    let index: HashMap<u64, usize> = live.iter().enumerate().map(|(n, r)| (digest(&r.value), n)).collect();
+    let readable: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; live.len()]));
+    let consumer = crate::kafka::tail_from_end(brokers, "charge.upserted", fetch_wait_ms)?;
+    let stamps = readable.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            match consumer.recv().await {
+                Ok(m) => {
+                    let now = Instant::now();
+                    if let Some(&n) = index.get(&digest(m.payload().unwrap_or_default())) {
+                        stamps.lock().expect("lock")[n].get_or_insert(now);
+                    }
+                }
+                Err(e) => say(format!("live: the bare consumer beside pixgate: {e}")),
+            }
+        }
+    });
+    Ok((task, readable))
 }
 
 /// The fleet's security and pixgate's matching settings: for TLS, a throwaway CA in `dir`
@@ -648,6 +756,17 @@ async fn connect_phase(
     }
 }
 
+/// What a stage spans, for the table.
+fn stage_span(stage: gateway::telemetry::latency::Stage) -> &'static str {
+    use gateway::telemetry::latency::Stage;
+    match stage {
+        Stage::Kafka => "record timestamp → read",
+        Stage::Accept => "read → durably accepted",
+        Stage::Queue => "accepted → first send",
+        Stage::Device => "first send → done ack",
+    }
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -713,6 +832,43 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
             pct(lat, 0.99),
             lat.last().copied().unwrap_or(f64::NAN)
         ));
+        let fetch_wait = cfg
+            .env
+            .iter()
+            .find(|(k, _)| k == "PIXGATE_KAFKA__FETCH_WAIT_MAX_MS")
+            .map_or("100 (default)".to_string(), |(_, v)| v.clone());
+        let spread = |v: &[f64]| {
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                pct(v, 0.5),
+                pct(v, 0.99),
+                v.last().copied().unwrap_or(f64::NAN)
+            )
+        };
+        t.push_str(&format!(
+            "| live, produce → readable (a bare consumer beside pixgate, fetch.wait.max.ms {}) | {} |\n",
+            cfg.tail_fetch_wait_ms,
+            spread(&r.live_readable)
+        ));
+        t.push_str(&format!(
+            "| live, **pixgate's added latency**: readable → device ack (pixgate's kafka.fetch_wait_max_ms {fetch_wait}) | {}; min {:.1} ms; {} effects not read by the bare consumer |\n",
+            spread(&r.live_added),
+            r.live_added.first().copied().unwrap_or(f64::NAN),
+            r.live_unread
+        ));
+        for stage in gateway::telemetry::latency::Stage::ALL {
+            let Some(h) = r.live_stages.get(stage.as_str()) else { continue };
+            let q = |p| h.quantile(p).map_or(f64::NAN, |s| s * 1e3);
+            t.push_str(&format!(
+                "| live, pixgate stage `{}` ({}; from its histogram, interpolated in 1-2-5 buckets) | p50 {:.1} ms, p99 {:.1} ms, mean {:.1} ms ({} observations) |\n",
+                stage.as_str(),
+                stage_span(stage),
+                q(0.5),
+                q(0.99),
+                h.mean().map_or(f64::NAN, |s| s * 1e3),
+                h.count
+            ));
+        }
     }
     t.push_str(&format!(
         "| raw job deliveries at devices | {} for {} effects = {} redeliveries (pixgate resends: {}) |\n",
@@ -763,6 +919,18 @@ pub fn table(cfg: &LoadConfig, r: &LoadReport) -> String {
             100.0 * c.machine.busy.as_secs_f64() / c.machine.total.as_secs_f64().max(1e-9),
             c.machine.busy.as_secs_f64(),
             c.machine.total.as_secs_f64()
+        ));
+    }
+    if let Some(io) = r.drain_io {
+        let outbox = io.written.saturating_sub(io.log);
+        t.push_str(&format!(
+            "| bytes written to storage over the drain (pixgate's /proc/PID/io write_bytes) | {:.1} MiB: {} per backlog record; without its log file ({:.1} MiB), {} per record = **{:.2} × the job bytes** ({} per record sent to devices) |\n",
+            io.written as f64 / (1024.0 * 1024.0),
+            io.written / r.produced.0.max(1),
+            io.log as f64 / (1024.0 * 1024.0),
+            outbox / r.produced.0.max(1),
+            outbox as f64 / io.job_bytes.max(1) as f64,
+            io.job_bytes / r.produced.0.max(1)
         ));
     }
     if let (Some(first), Some(last)) = (r.samples.first(), r.samples.last()) {

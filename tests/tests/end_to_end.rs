@@ -222,6 +222,15 @@ async fn fixtures_end_to_end_on_real_broker_and_mqtt() {
     let total_dead: u64 = dead.as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(total_dead, 10, "unexpected dead letters: {dead}");
 
+    // Every stage timed what passed through it: each record with jobs read and accepted,
+    // each job sent once first, each effect acknowledged.
+    let stages = &counts["stage_latency_counts"];
+    let acked: u64 = counts["effects_acknowledged"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(stages["device"], acked, "{stages}");
+    assert!(stages["queue"].as_u64() >= Some(acked), "every job done was sent first: {stages}");
+    assert_eq!(stages["kafka"], stages["accept"], "{stages}");
+    assert!(stages["accept"].as_u64().is_some_and(|n| n > 100), "{stages}");
+
     // 7. The dead letters are on the dead-letter topic, with reason and source position.
     let dls: Vec<Value> = std::fs::read_to_string(out.join("deadletters.jsonl"))
         .unwrap()

@@ -112,8 +112,12 @@ impl Batch {
 mod tests {
     use super::*;
 
+    fn offsets(records: &[RecordRef]) -> Vec<i64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
     fn rec(offset: i64) -> RecordRef {
-        RecordRef { part: ("t".to_string(), 0), offset, trace: None }
+        RecordRef { part: ("t".to_string(), 0), offset, trace: None, planned_at: Instant::now() }
     }
 
     #[test]
@@ -126,7 +130,7 @@ mod tests {
         b.push(rec(2), Accept::default());
         assert_eq!(b.due(), Some(due), "due with its oldest record");
         let sealed = b.take().expect("two records");
-        assert_eq!(sealed.records, vec![rec(1), rec(2)]);
+        assert_eq!(offsets(&sealed.records), [1, 2]);
         assert_eq!(sealed.accepts.len(), 2);
         assert!(b.due().is_none() && b.records() == 0);
 

@@ -49,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The write-then-enqueue step: the outbox the jobs are written to, and the dispatcher
 /// they go to.
@@ -131,6 +132,9 @@ pub struct Accepted {
     pub left_out: Vec<String>,
     /// Dead letters were parked (the dead-letter publisher has work).
     pub parked: bool,
+    /// For each record that queued or produced jobs, planned to accepted: the `accept`
+    /// stage ([`crate::telemetry::latency::Stage::Accept`]).
+    pub accept_times: Vec<Duration>,
 }
 
 impl InFlight {
@@ -322,8 +326,12 @@ impl Handoff {
                 return None;
             }
         };
+        let accepted_at = Instant::now();
         for ((accept, (queued, dls)), rec) in accepts.iter().zip(stored).zip(&records) {
             accepted.parked |= !dls.is_empty();
+            if !queued.is_empty() || !accept.produced.is_empty() {
+                accepted.accept_times.push(accepted_at.saturating_duration_since(rec.planned_at));
+            }
             // A traced record's line: what its producer's trace led to.
             if let Some(trace_id) = &rec.trace {
                 tracing::info!(trace_id = %trace_id, topic = %rec.part.0, partition = rec.part.1, offset = rec.offset, jobs = queued.len() + accept.produced.len(), deadletters = dls.len(), "record's effects accepted");
@@ -333,7 +341,8 @@ impl Handoff {
                     accepted.left_out.push(device.clone());
                 }
             }
-            for q in queued {
+            for mut q in queued {
+                q.accepted_at = Some(accepted_at);
                 let (device, job) = (&q.stored.device, &q.stored.job);
                 tracing::debug!(event_id = %job.event_id, message_id = %job.message_id, device = %device, charge = %job.charge_id, kind = job.kind.as_str(), seq = job.seq, "job queued");
                 if self.sending {
@@ -641,8 +650,12 @@ mod tests {
     use crate::test_fixtures::temp_outbox;
     use device_protocol::EffectKind;
 
+    fn offsets(records: &[RecordRef]) -> Vec<i64> {
+        records.iter().map(|r| r.offset).collect()
+    }
+
     fn rec(offset: i64) -> RecordRef {
-        RecordRef { part: ("charge.upserted".to_string(), 0), offset, trace: None }
+        RecordRef { part: ("charge.upserted".to_string(), 0), offset, trace: None, planned_at: Instant::now() }
     }
 
     /// A record's plan: one job per `(device, message id)`.
@@ -680,7 +693,8 @@ mod tests {
         batch.push(rec(2), accept(&[("p", "b")]));
         let attempt = h.start(&mut batch).expect("a batch").attempt().await;
         let accepted = h.land(attempt).await.expect("stored");
-        assert_eq!(accepted.records, vec![rec(1), rec(2)]);
+        assert_eq!(offsets(&accepted.records), [1, 2]);
+        assert_eq!(accepted.accept_times.len(), 2, "both records queued jobs: each timed");
         assert!(accepted.left_out.is_empty() && !accepted.parked);
         let expect = |v: &[(&str, u64, &str)]| {
             v.iter().map(|(d, s, id)| (d.to_string(), *s, id.to_string())).collect::<Vec<_>>()
@@ -693,7 +707,7 @@ mod tests {
         batch.push(rec(3), accept(&[("p", "c")]));
         let attempt = h.start(&mut batch).expect("a batch").attempt().await;
         let accepted = h.land(attempt).await.expect("stored");
-        assert_eq!(accepted.records, vec![rec(1), rec(3)]);
+        assert_eq!(offsets(&accepted.records), [1, 3]);
         assert_eq!(accepted.left_out, vec!["p".to_string(), "t".to_string()]);
         assert_eq!(sent(&mut rx), expect(&[("p", 3, "c")]));
         assert!(!h.gave_up());
@@ -717,7 +731,7 @@ mod tests {
         batch.push(rec(2), accept(&[("p", "b"), ("t", "x")]));
         let attempt = h.start(&mut batch).expect("a batch").attempt().await;
         let accepted = h.land(attempt).await.expect("stored");
-        assert_eq!(accepted.records, vec![rec(2)], "the record is accepted: its jobs are stored");
+        assert_eq!(offsets(&accepted.records), [2], "the record is accepted: its jobs are stored");
         assert_eq!(sent(&mut rx), Vec::new(), "nothing sent after sending stopped");
         let ids: Vec<String> = outbox.pending_headers().unwrap().into_iter().map(|q| q.job.message_id).collect();
         assert_eq!(ids, ["a", "b", "x"], "the outbox holds every job");
@@ -743,7 +757,7 @@ mod tests {
             until_written(&retry, outbox.clone(), vec![accept(&[("p", "a")])], Vec::new(), Err(refused().into())).await;
         let accepted =
             h.land(Attempt { records: vec![rec(1)], accepts, result }).await.expect("stored on the second try");
-        assert_eq!(accepted.records, vec![rec(1)]);
+        assert_eq!(offsets(&accepted.records), [1]);
         assert_eq!(sent(&mut rx), vec![("p".to_string(), 1, "a".to_string())]);
         assert!(!h.gave_up());
 

@@ -9,7 +9,7 @@ use crate::model::Partition;
 use std::collections::{BTreeSet, HashMap};
 
 /// A record read and not yet finished: its partition and offset.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct RecordRef {
     /// Its partition.
     pub part: Partition,
@@ -17,6 +17,9 @@ pub struct RecordRef {
     pub offset: i64,
     /// Its `traceparent`'s trace id, for the log line about its effects.
     pub trace: Option<String>,
+    /// When it was planned (read, or released after waiting for the registry): the start
+    /// of the `accept` stage ([`crate::telemetry::latency::Stage::Accept`]).
+    pub planned_at: tokio::time::Instant,
 }
 
 #[derive(Debug, Default)]

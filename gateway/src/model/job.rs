@@ -56,6 +56,10 @@ pub struct Queued {
     /// The job's JSON ([`Job`], payload included) exactly as stored and as published on
     /// the device's jobs topic.
     pub wire: Bytes,
+    /// When its record was durably accepted (set by the hand-off as it gives the job to
+    /// the dispatcher); `None` for a job stored by an earlier run. The start of the
+    /// `queue` stage ([`crate::telemetry::latency::Stage::Queue`]).
+    pub accepted_at: Option<tokio::time::Instant>,
 }
 
 impl Queued {
@@ -63,6 +67,6 @@ impl Queued {
     /// not come from the outbox's batch write (a replayed job, tests').
     pub fn from_stored(stored: StoredJob) -> Queued {
         let wire = Bytes::from(stored.job.to_json());
-        Queued { stored: stored.without_payload(), wire }
+        Queued { stored: stored.without_payload(), wire, accepted_at: None }
     }
 }

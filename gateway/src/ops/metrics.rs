@@ -60,10 +60,11 @@ struct Exposition {
 }
 
 mod expose {
-    use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+    use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
     use prometheus_client::metrics::counter::ConstCounter;
     use prometheus_client::metrics::gauge::ConstGauge;
     use prometheus_client::metrics::MetricType;
+    use prometheus_client::registry::Unit;
     use std::fmt;
 
     /// A counter family (`_total` is appended), one sample per label set.
@@ -99,6 +100,23 @@ mod expose {
         ConstGauge::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Gauge)?)
     }
 
+    /// A histogram family (`_bucket`, `_sum`, `_count`), one per label set: `(labels,
+    /// sum, count, buckets)`, the buckets `(upper bound, count)` not cumulative, the last
+    /// bound `f64::INFINITY`.
+    pub fn histograms<'a, L: EncodeLabelSet + 'a>(
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        unit: &Unit,
+        samples: impl IntoIterator<Item = (L, f64, u64, Vec<(f64, u64)>)>,
+    ) -> fmt::Result {
+        let mut m = enc.encode_descriptor(name, help, Some(unit), MetricType::Histogram)?;
+        for (labels, sum, count, buckets) in samples {
+            m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+        }
+        Ok(())
+    }
+
     /// A single unlabelled counter (`_total` is appended).
     pub fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
         ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
@@ -107,7 +125,7 @@ mod expose {
 
 impl prometheus_client::collector::Collector for Exposition {
     fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
-        use expose::{counter, counters, gauge, gauges};
+        use expose::{counter, counters, gauge, gauges, histograms};
         let (s, e) = (&self.r.counters, &mut enc);
         let topics = || self.r.topics.iter().map(|(t, v)| ([("topic", t.as_str())], v));
         let by = |label: &'static str, m: &'_ BTreeMap<String, u64>| {
@@ -283,6 +301,13 @@ impl prometheus_client::collector::Collector for Exposition {
             "Devices whose queue is held by their status, by why (offline, paper_out, cover_open).",
             s.held_devices.iter().map(|(k, v)| ([("reason", k.clone())], *v as f64)),
         )?;
+        histograms(
+            e,
+            "stage_latency",
+            "Time a record or job spent in each stage: kafka (record timestamp to read), accept (read to durably accepted), queue (accepted to first send), device (first send to the done ack).",
+            &prometheus_client::registry::Unit::Seconds,
+            s.stage_latency.iter().map(|(stage, h)| ([("stage", stage.clone())], h.sum_s, h.count, h.buckets())),
+        )?;
         Ok(())
     }
 }
@@ -292,6 +317,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::ops::report;
+    use crate::telemetry::latency::Stage;
     use crate::telemetry::{Monitor, Stats};
     use rdkafka::statistics::{Broker, Partition as KafkaPartition, Statistics, Topic};
 
@@ -299,18 +325,19 @@ mod tests {
     type Sample = (String, BTreeMap<String, String>, f64);
 
     /// Reads the Prometheus text format line by line, independently of the encoder: every
-    /// line is `# HELP …`, `# TYPE name counter|gauge`, or `name{k="v",…} value`.
+    /// line is `# HELP …`, `# UNIT …`, `# TYPE name counter|gauge|histogram`, or
+    /// `name{k="v",…} value`.
     fn parse(text: &str) -> Result<Vec<Sample>, String> {
         let mut out = Vec::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
                 let kind = rest.split(' ').nth(1).ok_or(line)?;
-                if !["counter", "gauge"].contains(&kind) {
+                if !["counter", "gauge", "histogram"].contains(&kind) {
                     return Err(format!("type {kind:?}: {line}"));
                 }
                 continue;
             }
-            if line.starts_with("# HELP ") {
+            if line.starts_with("# HELP ") || line.starts_with("# UNIT ") {
                 continue;
             }
             let (series, value) = line.rsplit_once(' ').ok_or(line)?;
@@ -388,6 +415,9 @@ mod tests {
             s.outbox_jobs = 4;
             s.paused_partitions = 1;
         });
+        for ms in [3, 8, 40] {
+            stats.observe(Stage::Device, std::time::Duration::from_millis(ms));
+        }
         stats.polled();
         report::sample(&stats, &health);
         let (snapshot, reasons) = report::report(&stats, &health, &crate::model::EffectFlags::default());
@@ -412,6 +442,18 @@ mod tests {
         assert_eq!(value(&samples, "pixgate_job_redeliveries_total", &[]), Some(2.0));
         assert_eq!(value(&samples, "pixgate_http_unauthorized_total", &[]), Some(3.0));
         assert_eq!(value(&samples, "pixgate_outbox_jobs", &[]), Some(4.0));
+        let device = |le: &'static str| {
+            value(&samples, "pixgate_stage_latency_seconds_bucket", &[("stage", "device"), ("le", le)])
+        };
+        assert_eq!(
+            [device("0.005"), device("0.01"), device("0.02"), device("0.05"), device("+Inf")],
+            [Some(1.0), Some(2.0), Some(2.0), Some(3.0), Some(3.0)],
+            "cumulative buckets: {text}"
+        );
+        assert_eq!(value(&samples, "pixgate_stage_latency_seconds_count", &[("stage", "device")]), Some(3.0));
+        let sum = value(&samples, "pixgate_stage_latency_seconds_sum", &[("stage", "device")]);
+        assert!(sum.is_some_and(|s| (s - 0.051).abs() < 1e-9), "{sum:?}");
+        assert_eq!(value(&samples, "pixgate_stage_latency_seconds_count", &[("stage", "queue")]), None, "not yet seen");
         assert_eq!(value(&samples, "pixgate_paused_partitions", &[]), Some(1.0));
         // device.upserted has no known offsets yet: no lag sample rather than a made-up one.
         assert_eq!(value(&samples, "pixgate_topic_lag_records", &[("topic", "device.upserted")]), None);

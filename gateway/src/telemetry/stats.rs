@@ -9,10 +9,11 @@
 //! readiness reasons beside them (`ops::report`); `/metrics` the same as Prometheus text.
 
 use crate::model::{DeadLetterReason, IgnoreReason};
+use crate::telemetry::latency::{Histogram, Stage};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A snapshot of the counters, as served on `/stats` (beside the health view).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -75,6 +76,10 @@ pub struct Snapshot {
     /// Times this replica rejoined a consumer group that gave it no partition of a topic
     /// (`ingest::group_watch`), by group.
     pub group_rejoins: BTreeMap<String, u64>,
+    /// Latency by stage ([`Stage::as_str`]: `kafka`, `accept`, `queue`, `device`), since
+    /// start; a stage appears with its first observation.
+    #[serde(default)]
+    pub stage_latency: BTreeMap<String, Histogram>,
 }
 
 /// Shared counters. Cheap enough for our rates: one short mutex hold per event.
@@ -137,6 +142,14 @@ impl Stats {
     /// A device acknowledged an effect of `kind` as done.
     pub fn effect_done(&self, kind: &str) {
         self.update(|s| bump(&mut s.effects_done, kind));
+    }
+
+    /// `stage` took `d` for one record or job.
+    pub fn observe(&self, stage: Stage, d: Duration) {
+        self.update(|s| match s.stage_latency.get_mut(stage.as_str()) {
+            Some(h) => h.observe(d),
+            None => s.stage_latency.entry(stage.as_str().to_string()).or_default().observe(d),
+        });
     }
 
     /// The consumer loop is alive now.

@@ -9,7 +9,8 @@ use std::time::Duration;
 /// Measures pixgate on a real broker with a simulated fleet: a backlog of charge events
 /// produced while pixgate is down, drained with the fleet connected (accept rate, delivery
 /// rate, RSS over time, peak RSS), compared with a bare Kafka consumer reading the same
-/// topic; then live traffic at a fixed rate (latency produce → device ack, p50/p99).
+/// topic; then live traffic at a fixed rate (latency produce → device ack, p50/p99, and
+/// pixgate's added latency by stage, timed from a bare consumer reading beside it).
 #[derive(Parser)]
 struct Args {
     /// Charge events in the backlog.
@@ -54,6 +55,11 @@ struct Args {
     /// with this many partitions, and read back (0: the edge box's outbox write).
     #[arg(long, default_value_t = 0)]
     cluster_partitions: i32,
+    /// `fetch.wait.max.ms` of the bare consumer that reads the live phase beside pixgate,
+    /// stamping when each record became readable (the reference for pixgate's added
+    /// latency).
+    #[arg(long, default_value_t = 5)]
+    tail_fetch_wait_ms: u32,
 }
 
 #[tokio::main]
@@ -78,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
         connect_timeout: Duration::from_secs(a.connect_timeout_s),
         churn_per_minute: a.churn_per_minute,
         cluster_partitions: a.cluster_partitions,
+        tail_fetch_wait_ms: a.tail_fetch_wait_ms,
     };
     println!("[pixgate-load] pixgate binary {}; work folder {}", cfg.pixgate_bin.display(), cfg.work.display());
     // Ctrl-C or SIGTERM: dropping the run stops the broker and pixgate it started (a

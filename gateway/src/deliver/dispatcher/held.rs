@@ -41,7 +41,7 @@ impl Held {
         let keep = self.budget.is_none_or(|budget| self.bytes + q.wire.len() <= budget);
         let wire = keep.then_some(q.wire);
         self.bytes += wire.as_ref().map_or(0, Bytes::len);
-        Waiting { stored: q.stored, wire }
+        Waiting { stored: q.stored, wire, accepted_at: q.accepted_at }
     }
 
     /// `w` left its queue (sent, superseded, expired): its bytes no longer count.

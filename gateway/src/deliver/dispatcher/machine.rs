@@ -12,6 +12,7 @@ use super::queue::{DeviceQueue, Waiting};
 use super::slot::{InFlight, Slot};
 use crate::config::DeliveryConfig;
 use crate::model::{Finished, Outcome, Queued, StoredJob};
+use crate::telemetry::latency::Stage;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use device_protocol::{Ack, AckResult, EffectKind, Status};
@@ -34,13 +35,15 @@ pub struct Machine {
     cfg: DeliveryConfig,
     devices: HashMap<String, DeviceQueue>,
     held: Held,
+    /// Stage latencies seen since the last [`Machine::take_observed`].
+    observed: Vec<(Stage, Duration)>,
 }
 
 impl Machine {
     /// A machine with the rules of `cfg`; every job keeps its wire bytes until
     /// [`read_back_beyond_budget`](Machine::read_back_beyond_budget).
     pub fn new(cfg: DeliveryConfig) -> Machine {
-        Machine { cfg, devices: HashMap::new(), held: Held::unlimited() }
+        Machine { cfg, devices: HashMap::new(), held: Held::unlimited(), observed: Vec::new() }
     }
 
     /// Queued jobs keep their wire bytes up to `delivery.held_payload_bytes` in all; the
@@ -60,7 +63,11 @@ impl Machine {
     /// otherwise whole jobs, serialized when sent.
     pub fn preload(&mut self, jobs: Vec<StoredJob>) -> Vec<Finished> {
         for stored in jobs {
-            self.devices.entry(stored.device.clone()).or_default().queue.push_back(Waiting { stored, wire: None });
+            self.devices.entry(stored.device.clone()).or_default().queue.push_back(Waiting {
+                stored,
+                wire: None,
+                accepted_at: None,
+            });
         }
         let mut over = Vec::new();
         for q in self.devices.values_mut() {
@@ -143,7 +150,12 @@ impl Machine {
         let Some(q) = self.devices.get_mut(device) else { return out };
         let Some(job) = q.slot.take_acked(&ack.message_id) else { return out };
         match ack.result {
-            AckResult::Done => out.push(Action::Finish(Finished { stored: job.stored, outcome: Outcome::Done })),
+            AckResult::Done => {
+                if let Some(sent) = job.first_sent {
+                    self.observed.push((Stage::Device, now.saturating_duration_since(sent)));
+                }
+                out.push(Action::Finish(Finished { stored: job.stored, outcome: Outcome::Done }));
+            }
             AckResult::Failed => {
                 let reason = ack.reason.unwrap_or_else(|| "unspecified".into());
                 if ack.permanent || job.attempts >= self.cfg.max_deliveries {
@@ -241,6 +253,13 @@ impl Machine {
         out
     }
 
+    /// The stage latencies seen since the last call: a job's first send (`queue`, from
+    /// its record's acceptance, for jobs this run stored) and its `done` ack (`device`,
+    /// from its first send).
+    pub fn take_observed(&mut self) -> Vec<(Stage, Duration)> {
+        std::mem::take(&mut self.observed)
+    }
+
     /// Jobs queued and in flight, all devices (walks every device).
     pub fn counts(&self) -> Counts {
         let (mut queued, mut in_flight) = (0, 0);
@@ -304,6 +323,12 @@ impl Machine {
                 None => Bytes::from(job.stored.job.to_json()),
             };
             job.attempts += 1;
+            if job.first_sent.is_none() {
+                job.first_sent = Some(now);
+                if let Some(at) = job.accepted_at {
+                    self.observed.push((Stage::Queue, now.saturating_duration_since(at)));
+                }
+            }
             let deadline = now + Duration::from_millis(self.cfg.ack_timeout_ms) + backoff(&self.cfg, job.attempts - 1);
             let j = &job.stored.job;
             out.push(Action::Send(Delivery {
@@ -506,6 +531,36 @@ mod tests {
         assert_eq!(m.held.bytes(), 0);
         assert_eq!(said(&m.ack("d", Ack::done("b", 2, false), t0, wall)), ["done b", "read_back 3"]);
         assert_eq!(m.counts(), Counts { queued: 1, in_flight: 0 });
+    }
+
+    /// A job's first send is timed from its record's acceptance (`queue`), its `done` ack
+    /// from its first send (`device`), resends included; a job stored by an earlier run
+    /// has no `queue` figure, and a failed job no `device` one.
+    #[test]
+    fn stage_latencies_are_timed_from_acceptance_and_from_the_first_send() {
+        let (t0, wall) = (Instant::now(), Utc::now());
+        let mut m = Machine::new(cfg(0));
+        let mut a = queued("d", "a", 1);
+        a.accepted_at = Some(t0);
+        let mut b = queued("d", "b", 2);
+        b.accepted_at = Some(ms(t0, 5));
+        m.enqueue(a, ms(t0, 2), wall);
+        m.enqueue(b, ms(t0, 5), wall);
+        assert_eq!(m.take_observed(), [(Stage::Queue, Duration::from_millis(2))]);
+        assert!(m.take_observed().is_empty(), "taken once");
+        assert_eq!(said(&m.due(ms(t0, 1_002), wall)), ["send a#2"]);
+        assert!(m.take_observed().is_empty(), "a resend is not a first send");
+        assert_eq!(said(&m.ack("d", Ack::done("a", 1, false), ms(t0, 1_010), wall)), ["done a", "send b#1"]);
+        assert_eq!(
+            m.take_observed(),
+            [(Stage::Device, Duration::from_millis(1_008)), (Stage::Queue, Duration::from_millis(1_005))],
+            "a's ack from its first send; b waited behind a"
+        );
+        assert!(m.ack("d", Ack::failed("b", 2, "jam", true), ms(t0, 1_020), wall).len() == 1);
+        m.preload(vec![queued("e", "c", 1).stored]);
+        assert_eq!(said(&m.start(ms(t0, 1_030), wall)), ["send c#1"]);
+        assert_eq!(said(&m.ack("e", Ack::done("c", 1, false), ms(t0, 1_040), wall)), ["done c"]);
+        assert_eq!(m.take_observed(), [(Stage::Device, Duration::from_millis(10))], "no queue figure for c");
     }
 
     /// A device that cannot take jobs keeps its queue and its due job; its job in flight

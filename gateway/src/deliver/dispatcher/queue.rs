@@ -6,6 +6,7 @@ use crate::model::StoredJob;
 use bytes::Bytes;
 use device_protocol::PrinterState;
 use std::collections::VecDeque;
+use tokio::time::Instant;
 
 /// A job waiting in its device's queue.
 #[derive(Debug)]
@@ -16,6 +17,8 @@ pub struct Waiting {
     /// back from the outbox when sent (or, without an outbox, serialized from `stored`,
     /// which then holds the whole job).
     pub wire: Option<Bytes>,
+    /// When its record was durably accepted ([`crate::model::Queued::accepted_at`]).
+    pub accepted_at: Option<Instant>,
 }
 
 impl Waiting {

@@ -149,7 +149,7 @@ impl<T: Transport> Dispatcher<T> {
     }
 
     /// Carries out `actions` in order; what a read-back leads to is carried out right after
-    /// it, before the rest.
+    /// it, before the rest. Then reports the stage latencies the machine saw.
     async fn carry_out(&mut self, actions: Vec<Action>) {
         let mut todo = VecDeque::from(actions);
         while let Some(action) = todo.pop_front() {
@@ -170,6 +170,9 @@ impl<T: Transport> Dispatcher<T> {
                     let _ = self.finished.send(Finished { stored, outcome: Outcome::Done });
                 }
             }
+        }
+        for (stage, took) in self.machine.take_observed() {
+            self.stats.observe(stage, took);
         }
     }
 

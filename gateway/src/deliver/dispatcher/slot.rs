@@ -30,12 +30,16 @@ pub struct InFlight {
     pub wire: Option<Bytes>,
     /// Deliveries so far.
     pub attempts: u32,
+    /// When its record was durably accepted, if this run stored it.
+    pub accepted_at: Option<Instant>,
+    /// When it was first sent.
+    pub first_sent: Option<Instant>,
 }
 
 impl InFlight {
     /// `w`, taken from the head of its queue, not yet sent.
     pub fn new(w: Waiting) -> InFlight {
-        InFlight { stored: w.stored, wire: w.wire, attempts: 0 }
+        InFlight { stored: w.stored, wire: w.wire, attempts: 0, accepted_at: w.accepted_at, first_sent: None }
     }
 
     /// Whether its time to live passed by `wall`.
@@ -149,7 +153,13 @@ mod tests {
             expires_at: None,
         };
         let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
-        InFlight { stored: StoredJob { device: "d".into(), job: j, source }, wire: None, attempts }
+        InFlight {
+            stored: StoredJob { device: "d".into(), job: j, source },
+            wire: None,
+            attempts,
+            accepted_at: None,
+            first_sent: None,
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ use crate::model::{Command, DeadLetter, DeadLetterReason, Finished, Outcome, Par
 use crate::shutdown::Shutdown;
 use crate::store::free_space::{self, Watermark};
 use crate::store::{Outbox, Removal, ReplayError};
+use crate::telemetry::latency::Stage;
 use crate::telemetry::{Monitor, Stats};
 
 use anyhow::Context;
@@ -560,7 +561,7 @@ impl Pipeline {
         let trace = upstream::trace_parent(&m).map(|t| t.trace_id);
         let span = trace.as_ref().map(|t| tracing::info_span!("record", trace_id = %t));
         let entered = span.as_ref().map(tracing::Span::enter);
-        let rec = RecordRef { part: part.clone(), offset: m.offset(), trace };
+        let rec = RecordRef { part: part.clone(), offset: m.offset(), trace, planned_at: tokio::time::Instant::now() };
         let src = Source {
             topic: m.topic(),
             partition: m.partition(),
@@ -594,6 +595,9 @@ impl Pipeline {
             }
         };
         drop(entered);
+        if !accept.jobs.is_empty() || !accept.produced.is_empty() {
+            self.observe_kafka_stage(&src);
+        }
         // Counted as soon as planned (not when written), so a batch cannot overshoot a
         // device's bound: a device at its bound pauses this record's partition at once.
         // Jobs bound for the device-jobs topic count where they are read back, so a device
@@ -607,6 +611,17 @@ impl Pipeline {
         self.batch.push(rec, accept);
         let decision = self.backpressure.record_read(&part, self.tracker.pending(&part));
         self.apply(consumer, decision);
+    }
+
+    /// The `kafka` stage of a record with jobs: its timestamp to now, when the timestamp is
+    /// not later than now (another host's clock may run ahead). Now is the host's clock, not
+    /// the injectable [`Clock`]: a test clock set to the fixtures' day still reads records
+    /// stamped today.
+    fn observe_kafka_stage(&self, src: &Source<'_>) {
+        let (Some(stamped), now) = (src.timestamp_ms, chrono::Utc::now().timestamp_millis()) else { return };
+        if let Ok(took) = u64::try_from(now - stamped) {
+            self.stats.observe(Stage::Kafka, Duration::from_millis(took));
+        }
     }
 
     /// Holds `m` until the registry has caught up (it stays pending: no offset is stored
@@ -655,6 +670,9 @@ impl Pipeline {
             return;
         };
         // Counted when planned; a job the dedupe window left out is not in the outbox.
+        for took in &accepted.accept_times {
+            self.stats.observe(Stage::Accept, *took);
+        }
         for device in &accepted.left_out {
             let decisions = self.backpressure.left_out(device);
             self.apply(consumer, decisions);

@@ -106,7 +106,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
             let header = job.clone();
             job.payload = payload;
             let stored = StoredJob { device: device.clone(), job: header, source: source.clone() };
-            queued.push(Queued { stored, wire: Bytes::from(row).slice(at..) });
+            queued.push(Queued { stored, wire: Bytes::from(row).slice(at..), accepted_at: None });
         }
         let mut parked = Vec::new();
         if !a.deadletters.is_empty() {
