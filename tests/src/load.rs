@@ -633,7 +633,9 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
 
 /// Starts a bare consumer reading `charge.upserted` from its end beside pixgate
 /// ([`crate::kafka::tail_from_end`]) and stamps, for each of `live` (matched by its value),
-/// when it was first read: when it was readable.
+/// when it was first read: when it was readable. A value produced twice (the scenario's
+/// upstream redeliveries) stamps both records at its first read; the redelivery has no
+/// effects of its own to time.
 fn tail_live(
     brokers: &str,
     fetch_wait_ms: u32,
@@ -646,7 +648,12 @@ fn tail_live(
         v.hash(&mut h);
         h.finish()
     };
-    let index: HashMap<u64, usize> = live.iter().enumerate().map(|(n, r)| (digest(&r.value), n)).collect();
+    // The scenario repeats some change events as an upstream redelivery would: one value,
+    // several records.
+    let mut index: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (n, r) in live.iter().enumerate() {
+        index.entry(digest(&r.value)).or_default().push(n);
+    }
     let readable: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; live.len()]));
     let consumer = crate::kafka::tail_from_end(brokers, "charge.upserted", fetch_wait_ms)?;
     let stamps = readable.clone();
@@ -655,8 +662,11 @@ fn tail_live(
             match consumer.recv().await {
                 Ok(m) => {
                     let now = Instant::now();
-                    if let Some(&n) = index.get(&digest(m.payload().unwrap_or_default())) {
-                        stamps.lock().expect("lock")[n].get_or_insert(now);
+                    if let Some(records) = index.get(&digest(m.payload().unwrap_or_default())) {
+                        let mut stamps = stamps.lock().expect("lock");
+                        for &n in records {
+                            stamps[n].get_or_insert(now);
+                        }
                     }
                 }
                 Err(e) => say(format!("live: the bare consumer beside pixgate: {e}")),

@@ -82,7 +82,27 @@ struct Reader<S> {
     version: Version,
 }
 
+/// Read room for an idle device's next packets, bytes: acks and statuses are a few hundred
+/// bytes, and thousands of idle devices each keep this much.
+const IDLE_READ_ROOM: usize = 512;
+
+/// Read room while a packet is partly read, bytes.
+const PARTIAL_READ_ROOM: usize = 4096;
+
 impl<S: AsyncRead + Unpin> Reader<S> {
+    /// Room for the next read: little while nothing is pending (a buffer the CONNECT or a
+    /// large packet grew is let go once consumed), more while a packet is partly read.
+    fn make_room(&mut self) {
+        if self.buf.is_empty() {
+            if self.buf.capacity() > 2 * IDLE_READ_ROOM {
+                self.buf = BytesMut::new();
+            }
+            self.buf.reserve(IDLE_READ_ROOM);
+        } else {
+            self.buf.reserve(PARTIAL_READ_ROOM);
+        }
+    }
+
     /// The next packet; `Err` names the cause (closed, malformed, too large).
     async fn next(&mut self) -> Result<Packet, (Option<Rule>, String)> {
         loop {
@@ -92,7 +112,7 @@ impl<S: AsyncRead + Unpin> Reader<S> {
                 Err(ReadError::TooLarge(e)) => return Err((Some(Rule::TooLarge), e)),
                 Err(ReadError::Malformed(e)) => return Err((Some(Rule::Malformed), e)),
             }
-            self.buf.reserve(4096);
+            self.make_room();
             match self.io.read_buf(&mut self.buf).await {
                 Ok(0) => return Err((None, "closed by the device".into())),
                 Ok(_) => {}
@@ -234,7 +254,7 @@ where
     let (rd, mut wr) = tokio::io::split(io);
     let mut reader = Reader {
         io: rd,
-        buf: BytesMut::with_capacity(1024),
+        buf: BytesMut::with_capacity(IDLE_READ_ROOM),
         max: shared.cfg.max_payload_bytes,
         version: Version::V311,
     };
@@ -361,10 +381,17 @@ where
         // Closed with the device's bytes still unread (a flood, say), the socket is reset,
         // and the device may lose the DISCONNECT before it reads it: what it still sends
         // is read and dropped until it closes, for at most LINGER.
-        let mut sink = [0u8; 4096];
-        let _ =
-            tokio::time::timeout(LINGER, async { while matches!(reader.io.read(&mut sink).await, Ok(n) if n > 0) {} })
-                .await;
+        // Into the read buffer, not a local array: a local held across the await would sit in
+        // every session's future for its whole life.
+        let drain = async {
+            loop {
+                reader.buf.clear();
+                if !matches!(reader.io.read_buf(&mut reader.buf).await, Ok(n) if n > 0) {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
     }
 }
 

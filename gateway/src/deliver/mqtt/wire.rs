@@ -51,7 +51,8 @@ pub struct Connect {
     /// How long the session outlives the connection, seconds, at most
     /// [`MAX_SESSION_EXPIRY_S`]: 3.1.1's clean session 0 keeps it that long, 1 not at all.
     pub session_expiry_s: u32,
-    /// The will's topic and payload.
+    /// The will's topic and payload; the payload is a copy, so the session's read buffer
+    /// it came in is not kept for the connection's life.
     pub will: Option<(String, Bytes)>,
     /// The largest packet the device takes (MQTT 5 §3.1.2.11.4); `None`: no limit.
     pub max_packet_size: Option<u32>,
@@ -174,7 +175,7 @@ fn read_v4(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
             client_id: c.client_id,
             login: c.login,
             keep_alive: c.keep_alive,
-            will: c.last_will.map(|w| (w.topic, w.message)),
+            will: c.last_will.map(|w| (w.topic, Bytes::copy_from_slice(&w.message))),
             max_packet_size: None,
             receive_maximum: None,
         }),
@@ -215,7 +216,8 @@ fn read_v5(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
                 keep_alive: c.keep_alive,
                 clean_start: c.clean_start,
                 session_expiry_s: props.session_expiry_interval.unwrap_or(0).min(MAX_SESSION_EXPIRY_S),
-                will: will.map(|w| (String::from_utf8_lossy(&w.topic).into_owned(), w.message)),
+                will: will
+                    .map(|w| (String::from_utf8_lossy(&w.topic).into_owned(), Bytes::copy_from_slice(&w.message))),
                 max_packet_size: props.max_packet_size,
                 receive_maximum: props.receive_maximum,
             })
