@@ -313,8 +313,9 @@ pub struct MqttConfig {
     /// Most devices connected at once; the next gets CONNACK 3 (server unavailable).
     pub max_connections: usize,
     /// Most connections being admitted at once (TLS handshake, CONNECT, authentication, up
-    /// to the CONNACK); a socket beyond it is closed (the device retries), so a storm of
-    /// reconnects cannot exhaust memory, and those admitted are answered in time.
+    /// to the CONNACK); while that many are, no socket is accepted (the rest wait in the
+    /// kernel's listen backlog), so a storm of reconnects cannot exhaust memory, and those
+    /// admitted are answered in time.
     pub max_handshakes: usize,
     /// Most of those `max_handshakes` one source address may hold, so that sockets from
     /// one address that never finish their handshake (a slowloris, a broken device in a

@@ -482,6 +482,33 @@ async fn other_protocol_levels_get_their_own_refusal_and_a_close() {
     pki.remove();
 }
 
+/// A fleet reconnecting all at once, beyond `mqtt.max_handshakes` (1 here), waits to be
+/// accepted instead of being turned away: every device gets in at its first attempt and
+/// nothing is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_beyond_max_handshakes_waits_to_be_accepted() {
+    let rig = Rig::builder("device-storm")
+        .env("PIXGATE_MQTT__MAX_HANDSHAKES", "1")
+        .env("PIXGATE_MQTT__REQUIRE_REGISTERED", "false")
+        .start()
+        .await;
+    let devices = pixgate_tests::fixture_devices(&pixgate_tests::demo::default_fixtures());
+    let n = devices.len();
+    let fleet = fleet::start_with_options(rig.fleet_config(devices), protocol_devices()).await.unwrap();
+    fleet.wait_connected(WAIT).await.unwrap();
+    let s = rig.gateway().stats().unwrap();
+    assert_eq!(
+        (fleet.connection_failures(), s.counters.mqtt_connected),
+        (0, n as u64),
+        "refusals {:?}",
+        s.counters.mqtt_refusals
+    );
+    assert!(s.counters.mqtt_refusals.is_empty(), "{:?}", s.counters.mqtt_refusals);
+    println!("{n} devices connecting at once through one handshake place: all in at their first attempt");
+    fleet.shutdown().await;
+    rig.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sockets_held_from_one_address_keep_no_other_device_out() {
     mosquitto::require_clients().unwrap_or_else(|e| panic!("{e:#}"));
@@ -536,7 +563,6 @@ async fn sockets_held_from_one_address_keep_no_other_device_out() {
     assert_eq!(open, per_address, "the admitted sockets are held, the others were closed at accept");
     let s = rig.gateway().stats().unwrap();
     assert_eq!(refusals(&s, "handshakes_per_address"), refused, "{:?}", s.counters.mqtt_refusals);
-    assert_eq!(refusals(&s, "handshakes_busy"), 0, "{:?}", s.counters.mqtt_refusals);
     println!(
         "{HELD} sockets held from 127.0.0.1: {per_address} admitted and held, {refused} refused at accept; two card machines from 127.0.0.2 and .3 got in meanwhile"
     );

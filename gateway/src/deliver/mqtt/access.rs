@@ -75,8 +75,6 @@ pub enum Rule {
     /// expired, or no TLS at all. (No certificate is not a failure: the device may use its
     /// secret; without one it is refused at CONNECT, [`Rule::NoCredentials`].)
     TlsHandshake,
-    /// `mqtt.max_handshakes` sockets were already being set up.
-    HandshakesBusy,
     /// `mqtt.max_handshakes_per_address` sockets from this address were already being set
     /// up.
     HandshakesPerAddress,
@@ -120,7 +118,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// The label: `malformed`, `protocol_version`, `connect_timeout`, `tls_handshake`, `handshakes_busy`,
+    /// The label: `malformed`, `protocol_version`, `connect_timeout`, `tls_handshake`,
     /// `handshakes_per_address`, `per_address`, `capacity`, `client_id`, `no_credentials`, `bad_credentials`,
     /// `identity_mismatch`, `unknown_device`, `disabled_device`, `will`, `subscribe`,
     /// `publish`, `too_large`, `malformed_message`, `message_rate`,
@@ -131,7 +129,6 @@ impl Rule {
             Rule::ProtocolVersion => "protocol_version",
             Rule::ConnectTimeout => "connect_timeout",
             Rule::TlsHandshake => "tls_handshake",
-            Rule::HandshakesBusy => "handshakes_busy",
             Rule::HandshakesPerAddress => "handshakes_per_address",
             Rule::PerAddress => "per_address",
             Rule::Capacity => "capacity",

@@ -4,11 +4,14 @@
 //! Nothing a socket does can hold up another: the accept loop only counts and spawns; the
 //! TLS handshake and the CONNECT run in the connection's own task under
 //! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` connections are being admitted
-//! at once, up to their CONNACK (a socket beyond that is closed at once, and its device
-//! retries), so a reconnect storm after a
-//! restart is served at the rate the machine can, without queueing unbounded work. One
+//! at once, up to their CONNACK. While that many are, the loop accepts nothing: the sockets
+//! beyond wait in the kernel's listen backlog (bounded there, 1,024 by tokio's `listen`
+//! and `net.core.somaxconn`, the kernel dropping SYNs beyond it for the devices' TCP to
+//! retry), so a reconnect storm after a restart is served at the rate the machine can,
+//! without refusing devices that would only come back, and without unbounded work. One
 //! source address holds at most `mqtt.max_handshakes_per_address` of those, so sockets
-//! from one address that never finish cannot keep the rest of the fleet out.
+//! from one address that never finish cannot keep the rest of the fleet out (a socket
+//! beyond it is closed at accept).
 
 use super::access::Rule;
 use super::auth::{Authenticator, Peer};
@@ -26,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How often the accept loop writes the refusals' summaries that are due ([`LogLimit`]).
 const SUMMARY_EVERY: Duration = Duration::from_secs(5);
@@ -135,18 +138,14 @@ impl Shared {
         Some(Slot { shared: self })
     }
 
-    /// A place among the connections being admitted, if `ip` holds fewer than
-    /// `mqtt.max_handshakes_per_address` of them and fewer than `mqtt.max_handshakes` are
-    /// taken in all; otherwise the rule that refuses the socket.
-    fn handshake_slot(self: &Arc<Self>, ip: IpAddr) -> Result<Handshake, Rule> {
+    /// A place among the connections being admitted for a socket from `ip`, with the
+    /// `mqtt.max_handshakes` permit taken before it was accepted; `None` if `ip` already
+    /// holds `mqtt.max_handshakes_per_address` of them (the permit is given back).
+    fn handshake_slot(self: &Arc<Self>, ip: IpAddr, permit: OwnedSemaphorePermit) -> Option<Handshake> {
         if !self.handshakes_per_address.try_take(ip, self.cfg.max_handshakes_per_address.max(1)) {
-            return Err(Rule::HandshakesPerAddress);
+            return None;
         }
-        let Ok(permit) = self.handshakes.clone().try_acquire_owned() else {
-            self.handshakes_per_address.give_back(ip);
-            return Err(Rule::HandshakesBusy);
-        };
-        Ok(Handshake { _permit: permit, shared: self.clone(), ip })
+        Some(Handshake { _permit: permit, shared: self.clone(), ip })
     }
 
     fn address_slot(self: &Arc<Self>, ip: IpAddr) -> Option<AddressSlot> {
@@ -199,7 +198,7 @@ impl Drop for Slot<'_> {
 /// `mqtt.max_handshakes` and its address's `mqtt.max_handshakes_per_address` until
 /// dropped: once the device has its CONNACK, or the socket is closed.
 pub struct Handshake {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _permit: OwnedSemaphorePermit,
     shared: Arc<Shared>,
     ip: IpAddr,
 }
@@ -227,6 +226,8 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
     // The refusals' summaries are written even when no refusal follows a burst.
     let mut summaries = tokio::time::interval(SUMMARY_EVERY);
     summaries.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // A place among the connections being admitted, taken before the next accept.
+    let mut place: Option<OwnedSemaphorePermit> = None;
     loop {
         let accepted = tokio::select! {
             () = shared.shutdown.requested() => return,
@@ -235,7 +236,11 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
                 shared.hub.log_due();
                 continue;
             }
-            a = listener.accept() => a,
+            p = shared.handshakes.clone().acquire_owned(), if place.is_none() => {
+                place = Some(p.expect("the handshake semaphore is never closed"));
+                continue;
+            }
+            a = listener.accept(), if place.is_some() => a,
         };
         let (socket, addr) = match accepted {
             Ok(s) => s,
@@ -251,16 +256,9 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
             shared.refuse(Rule::PerAddress, &peer, None, "at mqtt.max_per_address");
             continue;
         };
-        let permit = match shared.handshake_slot(addr.ip()) {
-            Ok(h) => h,
-            Err(rule) => {
-                let why = match rule {
-                    Rule::HandshakesPerAddress => "at mqtt.max_handshakes_per_address",
-                    _ => "at mqtt.max_handshakes",
-                };
-                shared.refuse(rule, &peer, None, why);
-                continue;
-            }
+        let Some(permit) = shared.handshake_slot(addr.ip(), place.take().expect("accepted with a place")) else {
+            shared.refuse(Rule::HandshakesPerAddress, &peer, None, "at mqtt.max_handshakes_per_address");
+            continue;
         };
         let _ = socket.set_nodelay(true);
         let shutdown = shared.shutdown.clone();
