@@ -631,6 +631,9 @@ pub async fn run(cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     Ok(report)
 }
 
+/// When each live record was first read by the bare consumer beside pixgate, by index.
+type Stamps = Arc<Mutex<Vec<Option<Instant>>>>;
+
 /// Starts a bare consumer reading `charge.upserted` from its end beside pixgate
 /// ([`crate::kafka::tail_from_end`]) and stamps, for each of `live` (matched by its value),
 /// when it was first read: when it was readable. A value produced twice (the scenario's
@@ -640,7 +643,7 @@ fn tail_live(
     brokers: &str,
     fetch_wait_ms: u32,
     live: &[CaptureRecord],
-) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<Mutex<Vec<Option<Instant>>>>)> {
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, Stamps)> {
     use rdkafka::Message;
     let digest = |v: &[u8]| {
         use std::hash::{Hash, Hasher};
@@ -654,7 +657,7 @@ fn tail_live(
     for (n, r) in live.iter().enumerate() {
         index.entry(digest(&r.value)).or_default().push(n);
     }
-    let readable: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; live.len()]));
+    let readable: Stamps = Arc::new(Mutex::new(vec![None; live.len()]));
     let consumer = crate::kafka::tail_from_end(brokers, "charge.upserted", fetch_wait_ms)?;
     let stamps = readable.clone();
     let task = tokio::spawn(async move {
