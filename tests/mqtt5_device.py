@@ -5,17 +5,22 @@ Commands come on stdin, one JSON object a line; what happens goes to stdout, one
 a line (`event`: `connack`, `suback`, `job`, `published` (its `mid`), `puback`, `disconnect`,
 `error`):
 
-  {"cmd": "connect", "clean_start": true, "session_expiry": 300, "max_packet": null, "receive_max": 1}
+  {"cmd": "connect", "clean_start": true, "session_expiry": 300, "max_packet": null, "receive_max": 1, "raw": false}
   {"cmd": "subscribe", "topics": ["pixgate/v1/devices/ID/jobs"]}
   {"cmd": "publish", "topic": "...", "payload": "...", "count": 1}
   {"cmd": "flood", "topic": "...", "payload": "...", "per_second": 500, "seconds": 15}
   {"cmd": "disconnect"}
 
 Every job received is acked `done` on the device's acks topic (QoS 1), unless `--no-ack`.
+With `"raw": true` the CONNECT asks for raw job payloads (user property
+`pixgate-payload: raw`); a job whose content type is not `application/json` is then
+reported with `payload_b64` (its bytes) and acked from its `message_id` and `seq` user
+properties.
 
 Usage: mqtt5_device.py HOST PORT DEVICE_ID CA CERT KEY [--no-ack]
 """
 
+import base64
 import json
 import sys
 import threading
@@ -59,11 +64,19 @@ def on_subscribe(client, userdata, mid, reason_codes, properties):
 
 
 def on_message(client, userdata, msg):
-    payload = msg.payload.decode()
-    say(event="job", topic=msg.topic, payload=payload, props=props_of(msg.properties))
-    if auto_ack:
+    props = props_of(msg.properties)
+    if props.get("ContentType", "application/json") == "application/json":
+        payload = msg.payload.decode()
+        say(event="job", topic=msg.topic, payload=payload, props=props)
         job = json.loads(payload)
-        ack = {"v": 1, "message_id": job["message_id"], "seq": job["seq"], "result": "done"}
+        message_id, seq = job["message_id"], job["seq"]
+    else:
+        say(event="job", topic=msg.topic, size=len(msg.payload), payload_b64=base64.b64encode(msg.payload).decode(),
+            props=props)
+        user = dict(props.get("UserProperty", []))
+        message_id, seq = user["message_id"], int(user["seq"])
+    if auto_ack:
+        ack = {"v": 1, "message_id": message_id, "seq": seq, "result": "done"}
         client.publish(f"pixgate/v1/devices/{device}/acks", json.dumps(ack), qos=1)
 
 
@@ -93,6 +106,8 @@ for line in sys.stdin:
                 props.MaximumPacketSize = c["max_packet"]
             if c.get("receive_max"):
                 props.ReceiveMaximum = c["receive_max"]
+            if c.get("raw"):
+                props.UserProperty = ("pixgate-payload", "raw")
             client.connect(host, int(port), keepalive=30, clean_start=c.get("clean_start", True), properties=props)
             client.loop_start()
         elif c["cmd"] == "subscribe":

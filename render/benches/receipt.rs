@@ -21,6 +21,11 @@
 //! measuring time (default 6 s). `PAYLOAD <brcode>` is the BR Code rendered, for the
 //! python-escpos comparison to check it renders the same one.
 //!
+//! Job sizes: `PIXGATE_BENCH_SIZES=1` prints `SIZE <case> <paper mm> raw=<bytes>
+//! json=<bytes>` for each printed job at 58 and 80 mm and exits: the ESC/POS bytes a
+//! device that asks for raw payloads gets against the JSON job (base64 payload) the others
+//! get.
+//!
 //! Profiling: `PIXGATE_BENCH_PROFILE=raster_qr_receipt:2000` runs one case that many
 //! times and exits, e.g. under `valgrind --tool=callgrind` (deterministic instruction
 //! counts, unlike wall time on a shared machine).
@@ -259,7 +264,39 @@ criterion_group! {
     targets = bench
 }
 
+/// `SIZE` lines: each printed job's ESC/POS bytes against its JSON job, at 58 and 80 mm.
+fn print_sizes() {
+    let c = charge();
+    for mm in [58, 80] {
+        let raster = PrinterProfile { paper_width_mm: mm, code_page: CodePage::Cp860, native_qr: false }.generic();
+        let native = PrinterProfile { native_qr: true, ..raster.printer }.generic();
+        let cases = [
+            ("slip_raster_qr", receipt_bytes(&c, &raster)),
+            ("slip_native_qr", receipt_bytes(&c, &native)),
+            ("paid_receipt", paid_bytes(&c, &raster)),
+        ];
+        for (name, raw) in cases {
+            let job = device_protocol::Job {
+                v: 1,
+                message_id: "5f0c6d2a9b8e4f1a3c7d2e6b9a0f4c8d".into(),
+                seq: 12_345,
+                kind: device_protocol::EffectKind::PrintReceipt,
+                event_id: "Charge:6748a1f0c2b3d4e5f6a7b8c9:7442103620327571457".into(),
+                charge_id: c.id.into(),
+                content_type: device_protocol::messages::CONTENT_ESCPOS.into(),
+                payload: device_protocol::Job::encode_payload(&raw),
+                expires_at: Some(c.expires_at),
+            };
+            println!("SIZE {name} {mm} raw={} json={}", raw.len(), job.to_json().len());
+        }
+    }
+}
+
 fn main() {
+    if std::env::var("PIXGATE_BENCH_SIZES").as_deref() == Ok("1") {
+        print_sizes();
+        return;
+    }
     // Every case renders something a reader accepts (checked in the tests; here only that
     // they run and have the expected shape).
     let ch = charge();

@@ -10,7 +10,9 @@
 //!   done; B's jobs are done as before;
 //! - a refused filter gets SUBACK 0x87, a malformed ack PUBACK 0x99, a PUBLISH on another
 //!   device's topic a DISCONNECT 0x87, a device beyond its rate for 10 s a DISCONNECT 0x96;
-//! - a session with an expiry is resumed (session present) within it.
+//! - a session with an expiry is resumed (session present) within it;
+//! - a device that asks for raw payloads gets its job's bytes with its fields as
+//!   properties, the same bytes the JSON on its other connection encodes.
 //!
 //! Real parts: tansu, the `pixgate` binary, Paho from PyPI in a virtualenv, Debian's
 //! mosquitto clients, certificates made by the test.
@@ -230,10 +232,58 @@ async fn mqtt5_devices_get_their_jobs_with_properties_and_reason_codes() {
     let rec = rig.publish_charge(B, 4).await;
     wait_done_by(&b, B, &rec, WAIT).await;
 
+    // A asks for raw payloads (CONNECT user property `pixgate-payload: raw`): its job comes
+    // as the payload's bytes with the job's fields as properties, and Paho acks it from
+    // them. mosquitto_sub, A's second connection without the property, gets the same job as
+    // JSON, whose base64 payload is those bytes.
+    a.stop().await;
+    let mut a = Paho::start(port, &pki, A);
+    a.send(json!({"cmd": "connect", "clean_start": true, "session_expiry": 0, "receive_max": 1, "raw": true})).await;
+    assert_eq!(a.next("connack").await["reason"], 0);
+    a.send(json!({"cmd": "subscribe", "topics": [a_jobs]})).await;
+    assert_eq!(a.next("suback").await["reason_codes"], json!([1]));
+    let rec = rig.publish_charge(A, 5).await;
+    let got = a.next("job").await;
+    assert!(got["payload"].is_null(), "not JSON: {got}");
+    let user: std::collections::HashMap<String, String> =
+        serde_json::from_value::<Vec<(String, String)>>(got["props"]["UserProperty"].clone())
+            .unwrap()
+            .into_iter()
+            .collect();
+    let job: Job = loop {
+        let line = tool.next_message(WAIT).await.unwrap().expect("A's job on its JSON connection");
+        if line.contains(&user["message_id"]) {
+            break serde_json::from_str(line.splitn(3, '|').nth(2).unwrap()).unwrap();
+        }
+    };
+    let event: Value = serde_json::from_slice(&rec.value).unwrap();
+    assert_eq!(job.event_id, event["eventId"].as_str().unwrap());
+    assert_eq!(got["payload_b64"].as_str(), Some(job.payload.as_str()), "the bytes the JSON's payload encodes");
+    assert_eq!(got["size"].as_u64(), Some(job.payload_bytes().unwrap().len() as u64));
+    assert_eq!(got["props"]["ContentType"].as_str(), Some(job.content_type.as_str()));
+    assert_eq!(got["props"]["PayloadFormatIndicator"], 0);
+    let fields = [
+        ("seq", job.seq.to_string()),
+        ("kind", job.kind.as_str().to_string()),
+        ("event_id", job.event_id.clone()),
+        ("charge_id", job.charge_id.clone()),
+        ("v", "1".to_string()),
+    ];
+    for (k, v) in fields {
+        assert_eq!(user.get(k), Some(&v), "user property {k}: {user:?}");
+    }
+    println!(
+        "A's raw job: {} bytes of {} against {} bytes of JSON",
+        got["size"],
+        job.content_type,
+        serde_json::to_string(&job).unwrap().len()
+    );
+    rig.wait_stats(WAIT, |s| count(&s.counters.effects_done, "display_qr") == 5).await;
+
     // A again, as the simulators' MQTT 5 device (`--mqtt-version 5`): it takes its next job.
     a.stop().await;
     let sim_a = simulated(&rig, &pki, A, FleetOptions { protocol: Protocol::V5, ..protocol_devices() }).await;
-    let rec = rig.publish_charge(A, 5).await;
+    let rec = rig.publish_charge(A, 6).await;
     wait_done_by(&sim_a, A, &rec, WAIT).await;
     sim_a.shutdown().await;
     println!("refusals by rule: {:?}", stats().counters.mqtt_refusals);

@@ -37,6 +37,13 @@ pub const RECEIVE_MAXIMUM: u16 = 32;
 /// Session Expiry Interval, MQTT 5 §3.1.2.11.2): a day, in seconds.
 pub const MAX_SESSION_EXPIRY_S: u32 = 86_400;
 
+/// The MQTT 5 CONNECT user property by which a device asks for its jobs' payloads as raw
+/// bytes ([`RAW_PAYLOADS`] as its value): a pixgate extension.
+pub const PAYLOAD_FORMAT_PROPERTY: &str = "pixgate-payload";
+
+/// The value of [`PAYLOAD_FORMAT_PROPERTY`] that asks for raw payloads.
+pub const RAW_PAYLOADS: &str = "raw";
+
 /// A CONNECT, of either version.
 #[derive(Debug)]
 pub struct Connect {
@@ -59,6 +66,8 @@ pub struct Connect {
     /// How many QoS 1 PUBLISHes the device takes unacknowledged (MQTT 5 §3.1.2.11.3);
     /// `None`: no limit stated (65,535 on MQTT 5, none on 3.1.1).
     pub receive_maximum: Option<u16>,
+    /// The device asked for raw job payloads (MQTT 5 only: [`PAYLOAD_FORMAT_PROPERTY`]).
+    pub raw_payloads: bool,
 }
 
 /// A packet a device sent.
@@ -134,6 +143,9 @@ pub struct Job {
     pub pkid: u16,
     /// The job's JSON, as stored.
     pub payload: Bytes,
+    /// Sent as raw bytes with the job's fields as properties ([`Connect::raw_payloads`];
+    /// MQTT 5 only, ignored on 3.1.1).
+    pub raw: bool,
 }
 
 impl Version {
@@ -178,6 +190,7 @@ fn read_v4(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
             will: c.last_will.map(|w| (w.topic, Bytes::copy_from_slice(&w.message))),
             max_packet_size: None,
             receive_maximum: None,
+            raw_payloads: false,
         }),
         P::Publish(p) => Packet::Publish { topic: p.topic, qos: p.qos, pkid: p.pkid, payload: p.payload },
         P::PubAck(_) | P::PubRec(_) | P::PubComp(_) => Packet::Answer,
@@ -220,6 +233,10 @@ fn read_v5(buf: &mut BytesMut, max: usize) -> Result<Packet, ReadError> {
                     .map(|w| (String::from_utf8_lossy(&w.topic).into_owned(), Bytes::copy_from_slice(&w.message))),
                 max_packet_size: props.max_packet_size,
                 receive_maximum: props.receive_maximum,
+                raw_payloads: props
+                    .user_properties
+                    .iter()
+                    .any(|(k, v)| k == PAYLOAD_FORMAT_PROPERTY && v == RAW_PAYLOADS),
             })
         }
         P::Publish(p) => Packet::Publish {
@@ -297,8 +314,11 @@ fn v5_packet(out: &Out) -> v5::Packet {
             }),
         }),
         Out::Job(j) => {
-            let mut p =
-                v5::Publish::new(j.topic.as_str(), to_v5(j.qos), j.payload.clone(), Some(job_properties(&j.payload)));
+            let (payload, props) = match j.raw.then(|| raw_job(&j.payload)).flatten() {
+                Some(raw) => raw,
+                None => (j.payload.clone(), job_properties(&j.payload)),
+            };
+            let mut p = v5::Publish::new(j.topic.as_str(), to_v5(j.qos), payload, Some(props));
             p.pkid = j.pkid;
             P::Publish(p)
         }
@@ -389,14 +409,46 @@ fn job_properties(payload: &[u8]) -> v5::PublishProperties {
         ..v5::PublishProperties::default()
     };
     if let Ok(h) = serde_json::from_slice::<JobHeader>(payload) {
-        props.message_expiry_interval = h.expires_at.map(|at| {
-            let ms = (at - chrono::Utc::now()).num_milliseconds().max(1);
-            u32::try_from((ms + 999) / 1000).unwrap_or(u32::MAX)
-        });
+        props.message_expiry_interval = h.expires_at.map(expiry_s);
         props.user_properties =
             vec![("message_id".into(), h.message_id), ("seq".into(), h.seq.to_string()), ("kind".into(), h.kind)];
     }
     props
+}
+
+/// A job as raw bytes for a device that asked for them: its decoded payload, its content
+/// type as the Content Type property, payload format indicator 0 (bytes), its time to live
+/// as the Message Expiry Interval, and `v`, `message_id`, `seq`, `kind`, `event_id`,
+/// `charge_id` and `expires_at` (RFC 3339, when it has one) as user properties. `None` if
+/// the stored JSON is not a job or its payload is not base64 (it is then sent as JSON).
+fn raw_job(json: &[u8]) -> Option<(Bytes, v5::PublishProperties)> {
+    let job: device_protocol::Job = serde_json::from_slice(json).ok()?;
+    let payload = Bytes::from(job.payload_bytes().ok()?);
+    let mut user_properties = vec![
+        ("v".to_string(), job.v.to_string()),
+        ("message_id".into(), job.message_id),
+        ("seq".into(), job.seq.to_string()),
+        ("kind".into(), job.kind.as_str().to_string()),
+        ("event_id".into(), job.event_id),
+        ("charge_id".into(), job.charge_id),
+    ];
+    if let Some(at) = job.expires_at {
+        user_properties.push(("expires_at".into(), at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)));
+    }
+    let props = v5::PublishProperties {
+        content_type: Some(job.content_type),
+        payload_format_indicator: Some(0),
+        message_expiry_interval: job.expires_at.map(expiry_s),
+        user_properties,
+        ..v5::PublishProperties::default()
+    };
+    Some((payload, props))
+}
+
+/// Seconds from now to `at`, rounded up, at least 1 (MQTT 5 §3.3.2.3.3: 0 is not "expired").
+fn expiry_s(at: chrono::DateTime<chrono::Utc>) -> u32 {
+    let ms = (at - chrono::Utc::now()).num_milliseconds().max(1);
+    u32::try_from((ms + 999) / 1000).unwrap_or(u32::MAX)
 }
 
 /// The size of `out` on the wire in `version`.
@@ -424,6 +476,7 @@ mod tests {
             qos: QoS::AtLeastOnce,
             pkid: 3,
             payload: Bytes::from(json),
+            raw: false,
         }));
         let mut buf = BytesMut::new();
         Version::V5.write(&job, &mut buf).unwrap();
@@ -435,6 +488,65 @@ mod tests {
         assert_eq!(props.content_type.as_deref(), Some("application/json"));
         assert!(props.user_properties.contains(&("message_id".into(), "m1".into())));
         assert!(props.user_properties.contains(&("seq".into(), "7".into())));
+    }
+
+    /// A job for a device that asked for raw payloads: the payload's bytes as they are, the
+    /// job's fields as properties, read back through rumqttc's decoder. On 3.1.1 the same
+    /// job stays JSON, and a stored row that is not a job goes out as it is.
+    #[test]
+    fn a_raw_job_is_its_bytes_with_its_fields_as_properties() {
+        let receipt: Vec<u8> = [b"\x1b@".as_slice(), &[0x1d, 0x76, 0x30, 0], &(0u8..=255).collect::<Vec<_>>()].concat();
+        let job = device_protocol::Job {
+            v: 1,
+            message_id: "m1".into(),
+            seq: 7,
+            kind: device_protocol::EffectKind::PrintReceipt,
+            event_id: "e".into(),
+            charge_id: "c".into(),
+            content_type: "application/vnd.escpos".into(),
+            payload: device_protocol::Job::encode_payload(&receipt),
+            expires_at: Some(chrono::Utc::now() + chrono::Duration::seconds(90)),
+        };
+        let json = Bytes::from(job.to_json());
+        let out = |payload: Bytes| {
+            Out::Job(Box::new(Job {
+                topic: "pixgate/v1/devices/d/jobs".into(),
+                qos: QoS::AtLeastOnce,
+                pkid: 3,
+                payload,
+                raw: true,
+            }))
+        };
+        let mut buf = BytesMut::new();
+        Version::V5.write(&out(json.clone()), &mut buf).unwrap();
+        let v5::Packet::Publish(p) = v5::Packet::read(&mut buf, None).unwrap() else { panic!("a PUBLISH") };
+        assert_eq!(p.payload.as_ref(), receipt.as_slice(), "the receipt's bytes, not base64");
+        let props = p.properties.unwrap();
+        assert_eq!(props.content_type.as_deref(), Some("application/vnd.escpos"));
+        assert_eq!(props.payload_format_indicator, Some(0));
+        assert!((89..=90).contains(&props.message_expiry_interval.unwrap()));
+        let user: std::collections::HashMap<_, _> = props.user_properties.into_iter().collect();
+        for (k, v) in [
+            ("v", "1"),
+            ("message_id", "m1"),
+            ("seq", "7"),
+            ("kind", "print_receipt"),
+            ("event_id", "e"),
+            ("charge_id", "c"),
+        ] {
+            assert_eq!(user.get(k).map(String::as_str), Some(v), "{k}");
+        }
+        let at = chrono::DateTime::parse_from_rfc3339(&user["expires_at"]).unwrap();
+        assert!((at.timestamp_millis() - job.expires_at.unwrap().timestamp_millis()).abs() <= 1);
+
+        let mut buf = BytesMut::new();
+        Version::V311.write(&out(json.clone()), &mut buf).unwrap();
+        let v4::Packet::Publish(p) = v4::Packet::read(&mut buf, usize::MAX).unwrap() else { panic!("a PUBLISH") };
+        assert_eq!(p.payload, json, "3.1.1 has no properties: JSON");
+        let mut buf = BytesMut::new();
+        Version::V5.write(&out(Bytes::from_static(b"not a job")), &mut buf).unwrap();
+        let v5::Packet::Publish(p) = v5::Packet::read(&mut buf, None).unwrap() else { panic!("a PUBLISH") };
+        assert_eq!(p.payload.as_ref(), b"not a job");
     }
 
     /// A refused CONNACK and SUBACK carry MQTT 5's reason codes on a level-5 connection;
