@@ -16,7 +16,8 @@
 //!    end with a short fetch wait (`tail_fetch_wait_ms`): when it reads a record, the
 //!    record was readable, so readable → `done` ack is what pixgate adds, and produce →
 //!    readable the producer's and the broker's part. pixgate's own stage histograms
-//!    (`/stats`' `stage_latency`, over the live phase) split what it adds.
+//!    (`/stats`' `stage_latency`, over the live phase) span record timestamp → ack: their
+//!    `kafka` stage holds the broker's part and pixgate's own fetch wait.
 //!
 //! Expected effects come from the model of the routing rules ([`simulators::expected`]).
 //! In the backlog a charge's QR is often still queued when its payment arrives, so it is

@@ -5,18 +5,19 @@
 //! A charge event's way to the device's ack, stage by stage ([`Stage`]):
 //!
 //! ```text
-//!  record timestamp ──kafka──► read ──accept──► durable ──queue──► sent ──device──► done ack
+//!  record timestamp ──kafka──► planned ──accept──► durable ──queue──► sent ──device──► done ack
 //! ```
 //!
 //! Observed per record (`kafka`, `accept`) and per job (`queue`, `device`). Jobs reloaded
-//! at start-up or restored from the delivery log have no `queue` figure (they were stored
-//! by an earlier run).
+//! at start-up, restored from the delivery log or replayed from the dead letters have no
+//! `queue` figure. With `cluster.enabled` a job record read back from the device-jobs
+//! topic is a record too: `kafka` and `accept` then count both hops.
 
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// Upper bounds of the buckets, seconds: 1-2-5 per decade from 0.1 ms to 5 minutes, and
-/// an implicit last bucket beyond (Prometheus' `+Inf`).
+/// Upper bounds of the buckets, seconds: 1-2-5 per decade from 0.1 ms to 20 s, then 60 s
+/// and 300 s, and an implicit last bucket beyond (Prometheus' `+Inf`).
 pub const BUCKET_BOUNDS_S: [f64; 19] = [
     0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0,
     300.0,
@@ -26,16 +27,18 @@ pub const BUCKET_BOUNDS_S: [f64; 19] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stage {
     /// The record's Kafka timestamp (`CreateTime`: the producer's clock;
-    /// `LogAppendTime`: the broker's) to the consumer reading it: the broker, its fetch
-    /// wait (`kafka.fetch_wait_max_ms`) and the read-ahead queue. Two hosts' clocks when
-    /// the producer stamps it; a timestamp later than the read is not counted.
+    /// `LogAppendTime`: the broker's) to its planning: the broker, its fetch wait
+    /// (`kafka.fetch_wait_max_ms`), the read-ahead queue, and any lag (a paused
+    /// partition, a backlog, a record held for the device registry). Two hosts' clocks
+    /// when the producer stamps it; a timestamp later than the planning is not counted.
     Kafka,
-    /// Read to durably accepted: planned, batched (`outbox.batch_max_delay_ms`) and
-    /// written to the outbox with one fsync (with `cluster.enabled`, also produced to the
-    /// device-jobs topic or logged in the delivery log). Records with jobs only.
+    /// Planned to durably accepted: batched (`outbox.batch_max_delay_ms`) and written to
+    /// the outbox with one fsync (with `cluster.enabled`, also produced to the device-jobs
+    /// topic or logged in the delivery log). Records whose jobs were queued (past the
+    /// dedupe window) or produced only.
     Accept,
     /// Durably accepted to the job's first send to its device: the dispatcher's queue,
-    /// behind the device's earlier jobs.
+    /// behind the device's earlier jobs, and while its device cannot take it.
     Queue,
     /// First send to the device's `done` ack: the network both ways and the device's own
     /// work (a printer printing), resends included.

@@ -5,10 +5,11 @@
 //! TLS handshake and the CONNECT run in the connection's own task under
 //! `mqtt.connect_timeout_ms`; at most `mqtt.max_handshakes` connections are being admitted
 //! at once, up to their CONNACK. While that many are, the loop accepts nothing: the sockets
-//! beyond wait in the kernel's listen backlog (bounded there, 1,024 by tokio's `listen`
-//! and `net.core.somaxconn`, the kernel dropping SYNs beyond it for the devices' TCP to
-//! retry), so a reconnect storm after a restart is served at the rate the machine can,
-//! without refusing devices that would only come back, and without unbounded work. One
+//! beyond wait in the kernel's listen backlog (bounded there: 128, the standard library's
+//! backlog that tokio's `bind` uses, or `net.core.somaxconn` if lower; the kernel drops
+//! SYNs beyond it and the devices' TCP sends them again), so a reconnect storm after a
+//! restart is served at the rate the machine can, every device in turn, without unbounded
+//! work. One
 //! source address holds at most `mqtt.max_handshakes_per_address` of those, so sockets
 //! from one address that never finish cannot keep the rest of the fleet out (a socket
 //! beyond it is closed at accept).
