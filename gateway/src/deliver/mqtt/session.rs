@@ -683,6 +683,29 @@ mod tests {
         whole
     }
 
+    /// An idle device's read buffer stays small: a large packet read in pieces gets room
+    /// as it comes, and once it is consumed the buffer it grew is let go.
+    #[tokio::test]
+    async fn the_read_buffer_shrinks_back_after_a_large_packet() {
+        use tokio::io::AsyncWriteExt;
+        let (mut device, server) = tokio::io::duplex(1 << 16);
+        let mut reader =
+            Reader { io: server, buf: BytesMut::with_capacity(IDLE_READ_ROOM), max: 1 << 20, version: Version::V311 };
+        let mut publish = BytesMut::new();
+        let mut big =
+            rumqttc::mqttbytes::v4::Publish::new("pixgate/v1/devices/d/status", QoS::AtLeastOnce, vec![b'x'; 20_000]);
+        big.pkid = 1;
+        rumqttc::mqttbytes::v4::Packet::Publish(big).write(&mut publish, usize::MAX).unwrap();
+        device.write_all(&publish).await.unwrap();
+        let Ok(Packet::Publish { payload, .. }) = reader.next().await else { panic!("the PUBLISH") };
+        assert_eq!(payload.len(), 20_000);
+        drop(payload);
+        // PINGREQ (MQTT 3.1.1 §3.12): a fixed header alone.
+        device.write_all(&[0xC0, 0x00]).await.unwrap();
+        assert!(matches!(reader.next().await, Ok(Packet::PingReq)));
+        assert!(reader.buf.is_empty() && reader.buf.capacity() <= 2 * IDLE_READ_ROOM, "{}", reader.buf.capacity());
+    }
+
     #[test]
     fn a_311_connect_goes_on_to_the_codec() {
         let mut buf = BytesMut::new();
