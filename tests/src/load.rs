@@ -673,7 +673,10 @@ fn tail_live(
                         }
                     }
                 }
-                Err(e) => say(format!("live: the bare consumer beside pixgate: {e}")),
+                Err(e) => {
+                    say(format!("live: the bare consumer beside pixgate: {e}"));
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
             }
         }
     });
@@ -774,8 +777,8 @@ async fn connect_phase(
 fn stage_span(stage: gateway::telemetry::latency::Stage) -> &'static str {
     use gateway::telemetry::latency::Stage;
     match stage {
-        Stage::Kafka => "record timestamp → read",
-        Stage::Accept => "read → durably accepted",
+        Stage::Kafka => "record timestamp → planned",
+        Stage::Accept => "planned → durably accepted",
         Stage::Queue => "accepted → first send",
         Stage::Device => "first send → done ack",
     }
