@@ -149,8 +149,10 @@ impl<T: Transport> Dispatcher<T> {
     }
 
     /// Carries out `actions` in order; what a read-back leads to is carried out right after
-    /// it, before the rest. Then reports the stage latencies the machine saw.
+    /// it, before the rest. The stage latencies the machine saw deciding them are reported
+    /// first, so `/stats` never counts a job done before its `device` figure.
     async fn carry_out(&mut self, actions: Vec<Action>) {
+        self.report_observed();
         let mut todo = VecDeque::from(actions);
         while let Some(action) = todo.pop_front() {
             match action {
@@ -158,6 +160,7 @@ impl<T: Transport> Dispatcher<T> {
                 Action::ReadBack { device, seq } => {
                     let got = self.read_back(&device, seq);
                     let next = self.machine.read_back(&device, seq, got, Instant::now(), self.clock.now());
+                    self.report_observed();
                     for a in next.into_iter().rev() {
                         todo.push_front(a);
                     }
@@ -171,6 +174,10 @@ impl<T: Transport> Dispatcher<T> {
                 }
             }
         }
+    }
+
+    /// Reports the stage latencies the machine saw since the last report.
+    fn report_observed(&mut self) {
         for (stage, took) in self.machine.take_observed() {
             self.stats.observe(stage, took);
         }
