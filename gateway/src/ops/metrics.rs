@@ -304,7 +304,7 @@ impl prometheus_client::collector::Collector for Exposition {
         histograms(
             e,
             "stage_latency",
-            "Time a record or job spent in each stage: kafka (record timestamp to read), accept (read to durably accepted), queue (accepted to first send), device (first send to the done ack).",
+            "Time a record or job spent in each stage: kafka (record timestamp to planned), accept (planned to durably accepted), queue (accepted to first send), device (first send to the done ack).",
             &prometheus_client::registry::Unit::Seconds,
             s.stage_latency.iter().map(|(stage, h)| ([("stage", stage.clone())], h.sum_s, h.count, h.buckets())),
         )?;
