@@ -4,7 +4,8 @@
 //! the removals of the jobs the devices finished meanwhile: each job is finished 2 to 6
 //! batches after it was queued (devices ack at their own pace, so a batch's jobs leave over
 //! several writes), and the queue holds about a thousand jobs as in `pixgate-load`'s drain
-//! while the dedupe window grows.
+//! while the dedupe window grows. Charge ids are ObjectIds (creation second first), as
+//! upstream's are.
 //!
 //! Prints CPU time (this process, user + system) and wall time per record and per job, and
 //! the bytes written to disk per record against the jobs' own size; then the time to open
@@ -94,8 +95,10 @@ fn main() {
                 let count = if rng.below(10) == 0 { 2 } else { 1 };
                 let jobs = (0..count).map(|_| (format!("dev-{:04}", rng.below(DEVICES)), job(&mut rng, n))).collect();
                 Accept {
+                    // A MongoDB ObjectId: its first 4 bytes are the creation second, so
+                    // new charges' ids ascend as the records do.
                     charge: Some((
-                        format!("{:024x}", rng.next()),
+                        format!("{:08x}{:016x}", 1_700_000_000 + n / 100, rng.next()),
                         ChargeState { version: 1, status: ChargeStatus::Completed },
                     )),
                     jobs,

@@ -1,4 +1,4 @@
-//! `pixgate outbox list|show` and `pixgate deadletter list|show|replay`.
+//! `pixgate outbox list|show|check|salvage|downgrade` and `pixgate deadletter list|show|replay`.
 //!
 //! A redb file is open in one process at a time, so while the gateway runs these commands
 //! ask it over HTTP (at `http.listen`); when it does not run they open the outbox file
@@ -48,6 +48,14 @@ pub enum OutboxCmd {
         damaged: std::path::PathBuf,
         /// The new outbox to write (must not exist).
         new: std::path::PathBuf,
+    },
+    /// Rewrites a stopped gateway's outbox with its queues in the earlier layout (rows
+    /// under (device, seq)), so that an earlier pixgate binary can run on it; this version
+    /// moves them back when it next opens the file. Exit status 0 when written or nothing
+    /// to do, 1 when refused (a gateway holds the file).
+    Downgrade {
+        /// The file (`outbox.path` by default).
+        file: Option<std::path::PathBuf>,
     },
 }
 
@@ -159,6 +167,22 @@ pub fn check(path: &std::path::Path) -> anyhow::Result<String> {
         jobs.len(),
         deadletters.len()
     ))
+}
+
+/// `pixgate outbox downgrade`: runs [`crate::store::outbox::downgrade`]; says what it did.
+///
+/// # Errors
+/// No file at `path`, or as [`crate::store::outbox::downgrade`].
+pub fn downgrade(path: &std::path::Path) -> anyhow::Result<String> {
+    anyhow::ensure!(path.is_file(), "no outbox file at {}", path.display());
+    let n = crate::store::outbox::downgrade(path).with_context(|| format!("downgrading {}", path.display()))?;
+    Ok(match n {
+        None => format!("the outbox {} has its queues in the earlier layout already: nothing to do", path.display()),
+        Some(n) => format!(
+            "the outbox {} has its {n} queued jobs in the earlier layout now: an earlier pixgate can run on it",
+            path.display()
+        ),
+    })
 }
 
 /// `pixgate outbox salvage`: runs [`crate::store::outbox::salvage`] and says what it did,
@@ -292,6 +316,17 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Inspection::Outbox(OutboxCmd::Downgrade { file }) = &cmd {
+        let path = file.as_deref().unwrap_or(&cfg.outbox.path);
+        match downgrade(path) {
+            Ok(summary) => println!("{summary}"),
+            Err(e) => {
+                eprintln!("{e:#}");
+                std::process::exit(1);
+            }
+        }
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let token = cfg.http.admin_token()?;
     let target = Target { http_listen: &cfg.http.listen, admin_token: token.as_deref(), path: &cfg.outbox.path };
@@ -307,7 +342,7 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
             Inspection::Outbox(OutboxCmd::Show { device, seq }) => {
                 run(t, format!("/outbox/{device}/{seq}"), false, |o| inspect::outbox_show(o, &device, seq)).await
             }
-            Inspection::Outbox(OutboxCmd::Check { .. } | OutboxCmd::Salvage { .. }) => {
+            Inspection::Outbox(OutboxCmd::Check { .. } | OutboxCmd::Salvage { .. } | OutboxCmd::Downgrade { .. }) => {
                 unreachable!("answered above, without the gateway")
             }
             Inspection::DeadLetter(DeadLetterCmd::List) => {

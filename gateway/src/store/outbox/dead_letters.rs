@@ -2,7 +2,8 @@
 //! until their retention ends, and replayed on an operator's request.
 
 use super::error::{err, OutboxError};
-use super::schema::{decode_row, encode_row, DEADLETTERS, DL_BY_SOURCE, JOBS, LAST_DEADLETTER_ID, META, PARKED, SEQ};
+use super::job_rows::JobTables;
+use super::schema::{decode_row, encode_row, DEADLETTERS, DL_BY_SOURCE, LAST_DEADLETTER_ID, META, PARKED, SEQ};
 use super::Outbox;
 use crate::model::{DeadLetter, DeadLetterReason, StoredJob};
 use crate::store::reconcile::Counting;
@@ -133,13 +134,15 @@ impl Outbox {
             counting.finish(&tx)?;
         }
         let id = {
-            let mut jobs = tx.open_table(JOBS).map_err(err)?;
+            let mut jobs = JobTables::open(&tx)?;
             // The job as stored, payload included: the dispatcher's copy may have shed its
             // payload while queued ([`StoredJob::without_payload`]).
-            let removed: Option<StoredJob> = match jobs.remove((stored.device.as_str(), stored.job.seq)).map_err(err)? {
-                Some(v) => Some(decode_row(&stored.device, v.value())?),
+            let removed: Option<StoredJob> = match jobs.take(&stored.device, stored.job.seq)? {
+                Some(row) => Some(decode_row(&stored.device, &row)?),
                 None => None,
             };
+            jobs.sweep()?;
+            drop(jobs);
             let job = match removed {
                 Some(full) => {
                     dl.job = serde_json::to_string(&full.job).ok();
@@ -287,10 +290,7 @@ impl Outbox {
                     chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
             }
             let (row, _) = encode_row(&stored.source, &stored.job)?;
-            tx.open_table(JOBS)
-                .map_err(|e| ReplayError::Outbox(err(e)))?
-                .insert((stored.device.as_str(), next), row.as_slice())
-                .map_err(|e| ReplayError::Outbox(err(e)))?;
+            JobTables::open(&tx)?.insert(&stored.device, next, &row)?;
             parked.replayed_at_ms = Some(now_ms);
             let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
             dls.insert(id, bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;

@@ -19,8 +19,10 @@
 //! its own ([`Durability::None`]; it becomes durable with the next synced write): a removal
 //! lost in a crash only means the job is sent again, and the device dedupes it by message id.
 //!
-//! Tables: `jobs` (device, seq) → a job row ([`encode_row`]: its source, then the job's JSON
-//! exactly as the device receives it, so it is serialized once and published as stored);
+//! Tables: `job_rows` acceptance key → a job row ([`encode_row`]: its source, then the
+//! job's JSON exactly as the device receives it, so it is serialized once and published as
+//! stored), `jobs` (device, seq) → row key and `job_live` row key → (device, seq), the
+//! queues (`job_rows.rs` says why rows are kept in acceptance order);
 //! `seq` device → last seq; `seen_by_event_time` (event `clusterTime`, message id) →
 //! accepted-at (Unix ms), the dedupe window; `charges` charge id → (`__v`, status code);
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
@@ -32,8 +34,8 @@
 //! was written whole ([`Outbox::mark_direct`]); `read_positions` (topic, partition) → the
 //! next offset of a topic read outside any consumer group ([`Outbox::read_positions`]).
 //!
-//! One file per concept: the tables and the row layout (`schema.rs`), the queues
-//! (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
+//! One file per concept: the tables and the row layout (`schema.rs`), where the queued
+//! rows live (`job_rows.rs`), the queues (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
 //! (`direct_marks.rs`), read positions (`read_positions.rs`), queues moving between the
 //! central shape's replicas (`moves.rs`), what a damaged file still holds copied into a new
@@ -45,6 +47,7 @@ mod dedupe;
 mod direct_marks;
 mod error;
 mod handle;
+mod job_rows;
 mod moves;
 mod queue;
 mod read_positions;
@@ -57,6 +60,7 @@ mod tests;
 pub use dead_letters::{ParkedDeadLetter, ReplayError};
 pub use direct_marks::DirectMark;
 pub use error::OutboxError;
+pub use job_rows::downgrade;
 pub use queue::{Accept, Removal, Written};
 pub use salvage::{salvage, LostJob, Salvaged, TableReport};
 pub use snapshots::{ChargeState, DeviceEntry};

@@ -4,7 +4,8 @@
 //! has them, `seq`s included.
 
 use super::error::{err, OutboxError};
-use super::schema::{encode_row, JOBS, RECONCILE_JOBS, SEEN, SEQ};
+use super::job_rows::JobTables;
+use super::schema::{encode_row, RECONCILE_JOBS, SEEN, SEQ};
 use super::Outbox;
 use crate::model::StoredJob;
 use redb::{Durability, ReadableTable};
@@ -52,14 +53,15 @@ impl Outbox {
     pub fn forget_jobs(&self, jobs: &[(String, u64, u64, String)]) -> Result<(), OutboxError> {
         let tx = self.db.begin_write().map_err(err)?;
         {
-            let mut table = tx.open_table(JOBS).map_err(err)?;
+            let mut table = JobTables::open(&tx)?;
             let mut links = tx.open_table(RECONCILE_JOBS).map_err(err)?;
             let mut seen = tx.open_table(SEEN).map_err(err)?;
             for (device, seq, event_time, message_id) in jobs {
-                table.remove((device.as_str(), *seq)).map_err(err)?;
+                table.remove(device, *seq)?;
                 links.remove((device.as_str(), *seq)).map_err(err)?;
                 seen.remove((*event_time, message_id.as_str())).map_err(err)?;
             }
+            table.sweep()?;
         }
         tx.commit().map_err(err)?;
         Ok(())
@@ -86,10 +88,10 @@ impl Outbox {
                     seq.insert(device.as_str(), *last).map_err(err)?;
                 }
             }
-            let mut table = tx.open_table(JOBS).map_err(err)?;
+            let mut table = JobTables::open(&tx)?;
             for j in &jobs {
                 let (row, _) = encode_row(&j.source, &j.job)?;
-                table.insert((j.device.as_str(), j.job.seq), row.as_slice()).map_err(err)?;
+                table.insert(&j.device, j.job.seq, &row)?;
             }
         }
         tx.commit().map_err(err)?;
@@ -101,22 +103,17 @@ fn forget_in<'a>(
     tx: &redb::WriteTransaction,
     devices: impl IntoIterator<Item = &'a str>,
 ) -> Result<usize, OutboxError> {
-    let mut table = tx.open_table(JOBS).map_err(err)?;
+    let mut table = JobTables::open(tx)?;
     let mut links = tx.open_table(RECONCILE_JOBS).map_err(err)?;
     let mut n = 0;
     for device in devices {
-        let seqs: Vec<u64> = table
-            .range((device, 0u64)..=(device, u64::MAX))
-            .map_err(err)?
-            .map(|item| item.map(|(k, _)| k.value().1))
-            .collect::<Result<_, _>>()
-            .map_err(err)?;
-        for s in seqs {
-            table.remove((device, s)).map_err(err)?;
+        for s in table.seqs(device)? {
+            table.remove(device, s)?;
             links.remove((device, s)).map_err(err)?;
             n += 1;
         }
     }
+    table.sweep()?;
     Ok(n)
 }
 

@@ -4,8 +4,9 @@
 
 use super::dead_letters::{park, which_of, ParkedDeadLetter, ReplayError};
 use super::error::{err, OutboxError};
+use super::job_rows::{self, JobTables};
 use super::schema::{
-    decode_row, encode_row, split_row, CHARGES, DEADLETTERS, DEVICES, DL_BY_SOURCE, JOBS, META, PARKED, SEEN, SEQ,
+    decode_row, encode_row, split_row, CHARGES, DEADLETTERS, DEVICES, DL_BY_SOURCE, META, PARKED, SEEN, SEQ,
 };
 use super::snapshots::{status_code, ChargeState, DeviceEntry};
 use super::Outbox;
@@ -71,7 +72,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
     let mut out = Vec::with_capacity(batch.len());
     let mut seen = tx.open_table(SEEN).map_err(err)?;
     let mut seq = tx.open_table(SEQ).map_err(err)?;
-    let mut table = tx.open_table(JOBS).map_err(err)?;
+    let mut table = JobTables::open(tx)?;
     let mut charges = tx.open_table(CHARGES).map_err(err)?;
     let mut devices = tx.open_table(DEVICES).map_err(err)?;
     let mut dls = tx.open_table(DEADLETTERS).map_err(err)?;
@@ -100,7 +101,7 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
             seen.insert((a.event_time, job.message_id.as_str()), now_ms).map_err(err)?;
             job.seq = next;
             let (row, at) = encode_row(&source, job)?;
-            table.insert((device.as_str(), next), row.as_slice()).map_err(err)?;
+            table.insert(device, next, &row)?;
             // The header without cloning the payload (kilobytes) only to drop it.
             let payload = std::mem::take(&mut job.payload);
             let header = job.clone();
@@ -156,18 +157,18 @@ impl Outbox {
     /// Disk or database failure; then nothing of this call was written.
     pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Written, OutboxError> {
         let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
-        self.commit(batch, removals, now_ms, durable)
+        self.commit(batch, removals, now_ms, durable, false)
     }
 
     /// Removes the finished jobs of `removals` in one synced transaction (`Durability::Immediate`,
-    /// whatever they are): redb reuses the pages a transaction freed only once a durable
-    /// commit has them, and these are written to make room for a write the disk refused
-    /// (`crate::ingest::held_removals`).
+    /// whatever they are), their rows at once ([`JobTables::remove_now`]): redb reuses the
+    /// pages a transaction freed only once a durable commit has them, and these are written
+    /// to make room for a write the disk refused (`crate::ingest::held_removals`).
     ///
     /// # Errors
     /// Disk or database failure; then none was removed.
     pub fn remove_synced(&self, removals: &[Removal]) -> Result<(), OutboxError> {
-        self.commit(&mut [], removals, 0, true).map(|_| ())
+        self.commit(&mut [], removals, 0, true, true).map(|_| ())
     }
 
     fn commit(
@@ -176,13 +177,23 @@ impl Outbox {
         removals: &[Removal],
         now_ms: u64,
         durable: bool,
+        rows_now: bool,
     ) -> Result<Written, OutboxError> {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
         if !removals.is_empty() {
-            let mut table = tx.open_table(JOBS).map_err(err)?;
+            let mut table = JobTables::open(&tx)?;
             for r in removals {
-                table.remove((r.device.as_str(), r.seq)).map_err(err)?;
+                if rows_now {
+                    table.remove_now(&r.device, r.seq)?;
+                } else {
+                    table.remove(&r.device, r.seq)?;
+                }
+            }
+            if rows_now {
+                table.drop_finished()?;
+            } else {
+                table.sweep()?;
             }
             drop(table);
             let mut counting = Counting::open(&tx)?;
@@ -269,13 +280,7 @@ impl Outbox {
     /// Disk or database failure, or a stored job that no longer parses.
     pub fn device_jobs(&self, device: &str) -> Result<Vec<StoredJob>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(JOBS).map_err(err)?;
-        let mut out = Vec::new();
-        for item in table.range((device, 0u64)..=(device, u64::MAX)).map_err(err)? {
-            let (_, v) = item.map_err(err)?;
-            out.push(decode_row(device, v.value())?);
-        }
-        Ok(out)
+        job_rows::device_rows(&tx, device)?.iter().map(|(_, row)| decode_row(device, row)).collect()
     }
 
     /// [`Outbox::write`] for one removal.
@@ -293,19 +298,7 @@ impl Outbox {
     /// Disk or database failure.
     pub fn queue_depths(&self) -> Result<std::collections::BTreeMap<String, u64>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(JOBS).map_err(err)?;
-        let mut out = std::collections::BTreeMap::<String, u64>::new();
-        for item in table.iter().map_err(err)? {
-            let (k, _) = item.map_err(err)?;
-            let device = k.value().0;
-            match out.get_mut(device) {
-                Some(n) => *n += 1,
-                None => {
-                    out.insert(device.to_string(), 1);
-                }
-            }
-        }
-        Ok(out)
+        job_rows::depths(&tx)
     }
 
     /// Every queued job, by device then seq (delivery order).
@@ -327,12 +320,11 @@ impl Outbox {
 
     fn pending_with(&self, f: impl Fn(StoredJob) -> StoredJob) -> Result<Vec<StoredJob>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(JOBS).map_err(err)?;
         let mut out = Vec::new();
-        for item in table.iter().map_err(err)? {
-            let (k, v) = item.map_err(err)?;
-            out.push(f(decode_row(k.value().0, v.value())?));
-        }
+        job_rows::each_row(&tx, |device, _, row| {
+            out.push(f(decode_row(device, row)?));
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -343,9 +335,8 @@ impl Outbox {
     /// Disk or database failure, or a row not in this format (see [`split_row`]).
     pub fn wire(&self, device: &str, seq: u64) -> Result<Option<Bytes>, OutboxError> {
         let tx = self.db.begin_read().map_err(err)?;
-        let table = tx.open_table(JOBS).map_err(err)?;
-        match table.get((device, seq)).map_err(err)? {
-            Some(v) => Ok(Some(Bytes::copy_from_slice(split_row(v.value())?.1))),
+        match job_rows::row(&tx, device, seq)? {
+            Some(row) => Ok(Some(Bytes::copy_from_slice(split_row(&row)?.1))),
             None => Ok(None),
         }
     }

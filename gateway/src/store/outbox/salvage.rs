@@ -28,8 +28,9 @@
 
 use super::error::{err, OutboxError};
 use super::schema::{
-    decode_row, CHARGES, DEADLETTERS, DEVICES, DIRECT_WRITING, DL_BY_SOURCE, FLAGS, JOBS, LAST_DEADLETTER_ID, META,
-    PARKED, READ_POSITIONS, RECONCILE_COUNTS, RECONCILE_JOBS, RECONCILE_MARKS, SEEN, SEQ,
+    decode_row, CHARGES, DEADLETTERS, DEVICES, DIRECT_WRITING, DL_BY_SOURCE, FLAGS, JOB_INDEX, JOB_LIVE, JOB_ROWS,
+    LAST_DEADLETTER_ID, LEGACY_JOBS, META, PARKED, READ_POSITIONS, RECONCILE_COUNTS, RECONCILE_JOBS, RECONCILE_MARKS,
+    SEEN, SEQ,
 };
 use redb::{Key, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -206,19 +207,45 @@ impl Reader {
         (out, Some(damage))
     }
 
+    /// Whether the file keeps its queues in the earlier layout (`jobs`: (device, seq) →
+    /// row) rather than in `job_rows` ([`super::job_rows`]).
+    fn legacy_layout(&mut self) -> bool {
+        let mut legacy = false;
+        let _ = self.attempt(|tx| {
+            legacy = matches!(tx.open_table(JOB_INDEX), Err(redb::TableError::TableTypeMismatch { .. }));
+            Ok(())
+        });
+        legacy
+    }
+
     /// The queued jobs of `device` it can read besides those in `jobs`, both ways.
-    fn device_jobs(&mut self, device: &str, jobs: &mut Entries) {
+    fn device_jobs(&mut self, legacy: bool, device: &str, jobs: &mut Entries) {
         for backward in [false, true] {
+            let mut found: Vec<(u64, u64)> = Vec::new();
             let done = self.attempt(|tx| {
-                let Some(t) = open(tx, JOBS)? else { return Ok(()) };
-                let range = t.range((device, 0)..=(device, u64::MAX))?;
-                let entries: Box<dyn Iterator<Item = _>> =
-                    if backward { Box::new(range.rev()) } else { Box::new(range) };
-                for entry in entries {
-                    put::<(&str, u64), &[u8]>(jobs, entry?);
+                if legacy {
+                    let Some(t) = open(tx, LEGACY_JOBS)? else { return Ok(()) };
+                    let range = t.range((device, 0)..=(device, u64::MAX))?;
+                    let entries: Box<dyn Iterator<Item = _>> =
+                        if backward { Box::new(range.rev()) } else { Box::new(range) };
+                    for entry in entries {
+                        put::<(&str, u64), &[u8]>(jobs, entry?);
+                    }
+                } else {
+                    let Some(t) = open(tx, JOB_INDEX)? else { return Ok(()) };
+                    let range = t.range((device, 0)..=(device, u64::MAX))?;
+                    let entries: Box<dyn Iterator<Item = _>> =
+                        if backward { Box::new(range.rev()) } else { Box::new(range) };
+                    for entry in entries {
+                        let (k, v) = entry?;
+                        found.push((k.value().1, v.value()));
+                    }
                 }
                 Ok(())
             });
+            for (seq, key) in found {
+                self.row(device, seq, key, jobs);
+            }
             if done.is_ok() {
                 return;
             }
@@ -226,11 +253,36 @@ impl Reader {
     }
 
     /// The job (`device`, `seq`), if it can be read.
-    fn job(&mut self, device: &str, seq: u64, jobs: &mut Entries) {
+    fn job(&mut self, legacy: bool, device: &str, seq: u64, jobs: &mut Entries) {
+        let mut key = None;
         let _ = self.attempt(|tx| {
-            let Some(t) = open(tx, JOBS)? else { return Ok(()) };
-            if let Some(row) = t.get((device, seq))? {
-                jobs.insert(key_bytes::<(&str, u64)>(&(device, seq)), row.value().to_vec());
+            if legacy {
+                let Some(t) = open(tx, LEGACY_JOBS)? else { return Ok(()) };
+                if let Some(row) = t.get((device, seq))? {
+                    jobs.insert(key_bytes::<(&str, u64)>(&(device, seq)), row.value().to_vec());
+                }
+            } else {
+                let Some(t) = open(tx, JOB_INDEX)? else { return Ok(()) };
+                key = t.get((device, seq))?.map(|v| v.value());
+            }
+            Ok(())
+        });
+        if let Some(key) = key {
+            self.row(device, seq, key, jobs);
+        }
+    }
+
+    /// The row under `key` of `job_rows`, as (`device`, `seq`)'s job, if it can be read
+    /// and `jobs` does not have it yet.
+    fn row(&mut self, device: &str, seq: u64, key: u64, jobs: &mut Entries) {
+        let at = key_bytes::<(&str, u64)>(&(device, seq));
+        if jobs.contains_key(&at) {
+            return;
+        }
+        let _ = self.attempt(|tx| {
+            let Some(t) = open(tx, JOB_ROWS)? else { return Ok(()) };
+            if let Some(row) = t.get(key)? {
+                jobs.insert(at, row.value().to_vec());
             }
             Ok(())
         });
@@ -273,8 +325,36 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     let reconcile_jobs = read(&mut s, "reconcile_jobs", reader.table(RECONCILE_JOBS));
     let reconcile_whole = s.tables.last().is_some_and(|t| t.damage.is_none());
     let direct = read(&mut s, "direct_writing", reader.table(DIRECT_WRITING));
-    let mut jobs = read(&mut s, "jobs", reader.table(JOBS));
-    let jobs_damaged = s.tables.last().is_some_and(|t| t.damage.is_some());
+    let legacy = reader.legacy_layout();
+    let (mut jobs, jobs_damaged) = if legacy {
+        let jobs = read(&mut s, "jobs", reader.table(LEGACY_JOBS));
+        (jobs, s.tables.last().is_some_and(|t| t.damage.is_some()))
+    } else {
+        // Each queued job is named twice, by the index and by `job_live`: either names it
+        // when the other's page is damaged.
+        let index = read(&mut s, "jobs", reader.table(JOB_INDEX));
+        let live = read(&mut s, "job_live", reader.table(JOB_LIVE));
+        let rows = read(&mut s, "job_rows", reader.table(JOB_ROWS));
+        let damaged = s.tables.iter().rev().take(3).any(|t| t.damage.is_some());
+        let mut named: BTreeMap<Vec<u8>, u64> =
+            index.iter().map(|(at, key)| (at.clone(), <u64 as Value>::from_bytes(key))).collect();
+        for (key, at) in &live {
+            named.entry(at.clone()).or_insert_with(|| <u64 as Value>::from_bytes(key));
+        }
+        let mut jobs = Entries::new();
+        for (at, key) in named {
+            match rows.get(&key_bytes::<u64>(&key)) {
+                Some(row) => {
+                    jobs.insert(at, row.clone());
+                }
+                None => {
+                    let (device, seq) = <(&str, u64) as Value>::from_bytes(&at);
+                    reader.row(device, seq, key, &mut jobs);
+                }
+            }
+        }
+        (jobs, damaged)
+    };
     s.lost_jobs_complete = reconcile_whole || !jobs_damaged;
     if jobs_damaged {
         let mut devices: BTreeSet<String> = BTreeSet::new();
@@ -283,12 +363,12 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
         devices.extend(reconcile_jobs.keys().map(|k| <(&str, u64) as Value>::from_bytes(k).0.to_string()));
         devices.extend(jobs.keys().map(|k| <(&str, u64) as Value>::from_bytes(k).0.to_string()));
         for device in &devices {
-            reader.device_jobs(device, &mut jobs);
+            reader.device_jobs(legacy, device, &mut jobs);
         }
         for k in reconcile_jobs.keys() {
             if !jobs.contains_key(k) {
                 let (device, n) = <(&str, u64) as Value>::from_bytes(k);
-                reader.job(device, n, &mut jobs);
+                reader.job(legacy, device, n, &mut jobs);
             }
         }
     }
@@ -408,7 +488,16 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     copied.insert("seq", write(&tx, SEQ, &seq)?);
     copied.insert("reconcile_jobs", write(&tx, RECONCILE_JOBS, &reconcile_jobs)?);
     copied.insert("direct_writing", write(&tx, DIRECT_WRITING, &direct)?);
-    copied.insert("jobs", write(&tx, JOBS, &jobs)?);
+    {
+        let mut table = super::job_rows::JobTables::open(&tx)?;
+        for (at, row) in &jobs {
+            let (device, seq) = <(&str, u64) as Value>::from_bytes(at);
+            table.insert(device, seq, row)?;
+        }
+    }
+    for name in ["jobs", "job_live", "job_rows"] {
+        copied.insert(name, jobs.len());
+    }
     copied.insert("seen_by_event_time", write(&tx, SEEN, &seen)?);
     copied.insert("charges", write(&tx, CHARGES, &charges)?);
     copied.insert("devices", write(&tx, DEVICES, &devices)?);

@@ -8,7 +8,17 @@ use crate::model::{SourceRef, StoredJob};
 use device_protocol::Job;
 use redb::TableDefinition;
 
-pub(super) const JOBS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs");
+/// The queued jobs' rows in acceptance order ([`super::job_rows`]): key → row ([`encode_row`]).
+pub(super) const JOB_ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("job_rows");
+/// The queues' index: (device, seq) → `job_rows` key. Named as the earlier layout's table
+/// of rows, (device, seq) → row, so that an earlier pixgate refuses a file of this layout
+/// (redb's `TableTypeMismatch`) instead of finding its queues empty.
+pub(super) const JOB_INDEX: TableDefinition<(&str, u64), u64> = TableDefinition::new("jobs");
+/// The rows still queued: `job_rows` key → (device, seq).
+pub(super) const JOB_LIVE: TableDefinition<u64, (&str, u64)> = TableDefinition::new("job_live");
+/// The earlier layout's queues, (device, seq) → row: read once to move them
+/// ([`super::job_rows::migrate`]).
+pub(super) const LEGACY_JOBS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs");
 pub(super) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// The dedupe window, keyed by (the event's `clusterTime`, message id) rather than by the
 /// id alone: message ids are hashes, so an id-keyed window takes each insert to a random
@@ -56,7 +66,8 @@ pub(crate) const RECONCILE_JOBS: TableDefinition<(&'static str, u64), (&'static 
 
 /// Creates every table in `tx` (a new file) or finds it (an existing one).
 pub(super) fn create_all(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
-    tx.open_table(JOBS).map_err(err)?;
+    super::job_rows::migrate(tx)?;
+    super::job_rows::JobTables::open(tx)?;
     tx.open_table(SEQ).map_err(err)?;
     tx.open_table(SEEN).map_err(err)?;
     tx.open_table(CHARGES).map_err(err)?;

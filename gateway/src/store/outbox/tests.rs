@@ -1,6 +1,6 @@
 //! The outbox across its files: order, dedupe and state across reopens, prunes, rows.
 
-use super::schema::JOBS;
+use super::schema::LEGACY_JOBS;
 use super::*;
 use crate::model::{DeadLetter, SourceRef, StoredJob};
 use cdc::ChargeStatus;
@@ -155,18 +155,100 @@ fn a_record_read_again_parks_its_dead_letters_once() {
     assert!(kept.is_empty(), "not pruned: still known");
 }
 
+/// Writes a file of the earlier queue layout (`jobs`: (device, seq) → row) holding `rows`.
+fn legacy_file(path: &std::path::Path, rows: &[(&str, u64, Vec<u8>)]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let db = redb::Database::create(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut t = tx.open_table(LEGACY_JOBS).unwrap();
+        for (device, seq, row) in rows {
+            t.insert((*device, *seq), row.as_slice()).unwrap();
+        }
+    }
+    tx.commit().unwrap();
+}
+
 /// An outbox whose job rows are in the earlier format (the whole stored job as JSON) is
 /// refused with a reason that says so, not read as garbage.
 #[test]
 fn rows_of_the_earlier_format_are_refused_by_name() {
-    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-old-row");
+    let dir = crate::test_fixtures::TempDir::new("outbox-old-row");
     let old = serde_json::to_vec(&StoredJob { device: "p".into(), job: job("a"), source: src(1) }).unwrap();
-    let tx = o.db.begin_write().unwrap();
-    tx.open_table(JOBS).unwrap().insert(("p", 1), old.as_slice()).unwrap();
-    tx.commit().unwrap();
+    legacy_file(&dir.outbox_path(), &[("p", 1, old)]);
+    let o = Outbox::open(&dir.outbox_path()).unwrap();
     let e = o.pending_headers().unwrap_err().to_string();
     assert!(e.contains("earlier pixgate"), "{e}");
     assert!(o.wire("p", 1).unwrap_err().to_string().contains("earlier pixgate"));
+}
+
+/// The queues of a file in the earlier layout are moved at open, in order, and go on from
+/// there; the moved file is one an earlier pixgate refuses rather than reads as empty.
+#[test]
+fn queues_of_the_earlier_layout_are_moved_at_open() {
+    let dir = crate::test_fixtures::TempDir::new("outbox-layout");
+    let row = |id: &str, seq: u64| {
+        let mut j = job(id);
+        j.seq = seq;
+        schema::encode_row(&src(seq as i64), &j).unwrap().0
+    };
+    legacy_file(&dir.outbox_path(), &[("p", 3, row("p3", 3)), ("p", 7, row("p7", 7)), ("q", 1, row("q1", 1))]);
+    let o = Outbox::open(&dir.outbox_path()).unwrap();
+    let ids = |o: &Outbox| {
+        o.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>()
+    };
+    let want = vec![("p".to_string(), 3, "p3".to_string()), ("p".into(), 7, "p7".into()), ("q".into(), 1, "q1".into())];
+    assert_eq!(ids(&o), want);
+    assert_eq!(o.queue_depths().unwrap(), [("p".to_string(), 2), ("q".to_string(), 1)].into());
+    assert_eq!(o.wire("p", 7).unwrap().unwrap(), split_wire(&row("p7", 7)));
+    o.complete("p", 3, false).unwrap();
+    drop(o);
+    let o = Outbox::open(&dir.outbox_path()).unwrap();
+    assert_eq!(ids(&o), want[1..].to_vec(), "opened again: nothing moved twice");
+    let tx = o.db.begin_read().unwrap();
+    let refused = tx.open_table(LEGACY_JOBS).map(|_| ()).unwrap_err();
+    assert!(matches!(refused, redb::TableError::TableTypeMismatch { .. }), "{refused}");
+}
+
+/// `pixgate outbox downgrade` writes the queues back in the earlier layout, as an earlier
+/// pixgate reads them, and this version moves them again at its next open.
+#[test]
+fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
+    let (dir, o) = crate::test_fixtures::temp_outbox("outbox-downgrade");
+    o.accept(None, vec![("p".into(), job("p1")), ("q".into(), job("q1")), ("p".into(), job("p2"))], &src(4), 0)
+        .unwrap();
+    o.complete("p", 1, false).unwrap();
+    let want = o.pending().unwrap();
+    let busy = downgrade(&dir.outbox_path()).unwrap_err();
+    assert!(busy.to_string().contains("in use by a running gateway"), "{busy}");
+    drop(o);
+    assert_eq!(downgrade(&dir.outbox_path()).unwrap(), Some(2));
+    assert_eq!(downgrade(&dir.outbox_path()).unwrap(), None, "already in that layout");
+    {
+        use redb::{ReadableDatabase, ReadableTable};
+        let db = redb::Database::open(dir.outbox_path()).unwrap();
+        let tx = db.begin_read().unwrap();
+        let t = tx.open_table(LEGACY_JOBS).unwrap();
+        let rows: Vec<(String, u64, StoredJob)> = t
+            .iter()
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                let (device, seq) = k.value();
+                (device.to_string(), seq, schema::decode_row(device, v.value()).unwrap())
+            })
+            .collect();
+        let got: Vec<(String, u64, StoredJob)> =
+            want.iter().map(|s| (s.device.clone(), s.job.seq, s.clone())).collect();
+        assert_eq!(rows, got, "row for row, under (device, seq)");
+        assert!(tx.open_table(schema::JOB_ROWS).is_err(), "no table of this layout left");
+    }
+    let o = Outbox::open(&dir.outbox_path()).unwrap();
+    assert_eq!(o.pending().unwrap(), want, "moved back at the next open");
+}
+
+fn split_wire(row: &[u8]) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(schema::split_row(row).unwrap().1)
 }
 
 /// A salvage of an outbox that is not damaged copies it whole and names nothing lost. It

@@ -1,0 +1,419 @@
+//! Where the queued jobs' rows live: in acceptance order, apart from the per-device index
+//! that gives the delivery order.
+//!
+//! redb rewrites every B-tree page a transaction changes (copy on write, 4 KiB pages). A
+//! table keyed by (device, seq) takes each batch's jobs to as many leaves as devices, and
+//! each job's removal rewrites its leaf again: 4.6 × the job bytes written to disk
+//! (`outbox_drain` bench). Here a row is appended under the next acceptance key, so a
+//! batch's rows fill new leaves whole; a finished job leaves the small index at once, and
+//! its row stays until every older row is finished too, when the whole run of rows goes
+//! in one range removal that frees leaves without rewriting them.
+//!
+//! Tables ([`super::schema`]): `job_rows` key → row ([`super::schema::encode_row`]);
+//! `jobs` (device, seq) → key, the queues' index; `job_live` key → (device, seq), the rows
+//! still queued, so that the oldest is found at once. A row older than every key in
+//! `job_live` is finished and removed at the next [`JobTables::sweep`].
+//!
+//! A job that stays queued (a printer offline for days) would hold back the removal of
+//! every row after it; when the finished rows awaiting removal outnumber the queued ones
+//! by [`RELOCATE_SLACK`], the oldest queued rows move to the end under new keys
+//! ([`RELOCATE_MAX`] a sweep). Their (device, seq), so their delivery order, is unchanged.
+
+use super::error::{err, OutboxError};
+use super::schema::{JOB_INDEX, JOB_LIVE, JOB_ROWS, LEGACY_JOBS};
+use redb::{ReadableTable, ReadableTableMetadata, Table};
+
+/// How many finished rows, beyond twice the queued ones, may wait for removal behind the
+/// oldest queued row before it is moved to the end (about 30 MiB of 2 KiB rows).
+pub const RELOCATE_SLACK: u64 = 16_384;
+/// At most how many queued rows one [`JobTables::sweep`] moves: a bound on the writes it
+/// adds to one transaction.
+pub const RELOCATE_MAX: usize = 256;
+
+/// The queued jobs' tables, open in a write transaction.
+pub(super) struct JobTables<'t> {
+    rows: Table<'t, u64, &'static [u8]>,
+    index: Table<'t, (&'static str, u64), u64>,
+    live: Table<'t, u64, (&'static str, u64)>,
+}
+
+impl<'t> JobTables<'t> {
+    /// Opens (or creates) the tables in `tx`.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn open(tx: &'t redb::WriteTransaction) -> Result<JobTables<'t>, OutboxError> {
+        Ok(JobTables {
+            rows: tx.open_table(JOB_ROWS).map_err(err)?,
+            index: tx.open_table(JOB_INDEX).map_err(err)?,
+            live: tx.open_table(JOB_LIVE).map_err(err)?,
+        })
+    }
+
+    fn next_key(&self) -> Result<u64, OutboxError> {
+        Ok(self.rows.last().map_err(err)?.map_or(0, |(k, _)| k.value()) + 1)
+    }
+
+    /// Queues `row` as `device`'s job `seq` (replacing a job of that (device, seq), whose
+    /// row becomes finished).
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn insert(&mut self, device: &str, seq: u64, row: &[u8]) -> Result<(), OutboxError> {
+        let key = self.next_key()?;
+        self.rows.insert(key, row).map_err(err)?;
+        let before = self.index.insert((device, seq), key).map_err(err)?.map(|v| v.value());
+        if let Some(old) = before {
+            self.live.remove(old).map_err(err)?;
+        }
+        self.live.insert(key, (device, seq)).map_err(err)?;
+        Ok(())
+    }
+
+    /// Takes `device`'s job `seq` out of its queue; returns whether it was queued. Its row
+    /// goes at a later [`JobTables::sweep`].
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn remove(&mut self, device: &str, seq: u64) -> Result<bool, OutboxError> {
+        let key = self.index.remove((device, seq)).map_err(err)?.map(|v| v.value());
+        match key {
+            Some(key) => {
+                self.live.remove(key).map_err(err)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// [`JobTables::remove`] and its row at once, whatever is older: what frees pages
+    /// inside the file when the disk is full ([`super::Outbox::remove_synced`]), at the
+    /// cost of rewriting the row's leaf.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn remove_now(&mut self, device: &str, seq: u64) -> Result<bool, OutboxError> {
+        let key = self.index.get((device, seq)).map_err(err)?.map(|v| v.value());
+        if let Some(key) = key {
+            self.rows.remove(key).map_err(err)?;
+        }
+        self.remove(device, seq)
+    }
+
+    /// [`JobTables::remove`], returning the job's row.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn take(&mut self, device: &str, seq: u64) -> Result<Option<Vec<u8>>, OutboxError> {
+        let Some(key) = self.index.get((device, seq)).map_err(err)?.map(|v| v.value()) else { return Ok(None) };
+        let row = self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec());
+        self.remove(device, seq)?;
+        Ok(row)
+    }
+
+    /// The seqs `device` has queued, in order.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn seqs(&self, device: &str) -> Result<Vec<u64>, OutboxError> {
+        self.index
+            .range((device, 0u64)..=(device, u64::MAX))
+            .map_err(err)?
+            .map(|item| item.map(|(k, _)| k.value().1).map_err(err))
+            .collect()
+    }
+
+    /// Removes the finished rows older than the oldest queued one, first moving the oldest
+    /// queued rows to the end when finished rows pile up behind them (module docs).
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn sweep(&mut self) -> Result<(), OutboxError> {
+        self.relocate_stuck()?;
+        self.drop_finished()
+    }
+
+    /// Moves up to [`RELOCATE_MAX`] of the oldest queued rows to the end when the finished
+    /// rows behind them are more than [`RELOCATE_SLACK`] beyond twice the queued ones.
+    fn relocate_stuck(&mut self) -> Result<(), OutboxError> {
+        let newest = self.rows.last().map_err(err)?.map_or(0, |(k, _)| k.value());
+        let queued = self.live.len().map_err(err)?;
+        let Some(oldest) = self.live.first().map_err(err)?.map(|(k, _)| k.value()) else { return Ok(()) };
+        if newest.saturating_sub(oldest) < 2 * queued + RELOCATE_SLACK {
+            return Ok(());
+        }
+        let moving: Vec<(u64, String, u64)> = self
+            .live
+            .iter()
+            .map_err(err)?
+            .take(RELOCATE_MAX)
+            .map(|item| {
+                item.map(|(k, v)| {
+                    let (device, seq) = v.value();
+                    (k.value(), device.to_string(), seq)
+                })
+                .map_err(err)
+            })
+            .collect::<Result<_, _>>()?;
+        for (key, device, seq) in moving {
+            let row = self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec());
+            match row {
+                Some(row) => self.insert(&device, seq, &row)?,
+                // A row that is gone cannot be sent: its job leaves the queue.
+                None => {
+                    self.remove(&device, seq)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the rows older than the oldest queued one (all of them when none is
+    /// queued): whole leaves freed, not rewritten. Writes nothing else, so it fits a
+    /// transaction made to free room on a full disk.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn drop_finished(&mut self) -> Result<(), OutboxError> {
+        match self.live.first().map_err(err)?.map(|(k, _)| k.value()) {
+            Some(oldest) => self.rows.retain_in(..oldest, |_, _| false).map_err(err)?,
+            None => self.rows.retain(|_, _| false).map_err(err)?,
+        }
+        Ok(())
+    }
+}
+
+/// `device`'s queued rows in `tx`, in delivery order: (seq, row).
+///
+/// # Errors
+/// Database failure, or an index entry whose row is gone ([`OutboxError::Format`]).
+pub(super) fn device_rows(tx: &redb::ReadTransaction, device: &str) -> Result<Vec<(u64, Vec<u8>)>, OutboxError> {
+    let index = tx.open_table(JOB_INDEX).map_err(err)?;
+    let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+    let mut out = Vec::new();
+    for item in index.range((device, 0u64)..=(device, u64::MAX)).map_err(err)? {
+        let (k, key) = item.map_err(err)?;
+        out.push((k.value().1, row_of(&rows, key.value())?));
+    }
+    Ok(out)
+}
+
+/// Every queued row in `tx`, by device then seq: `f(device, seq, row)` for each.
+///
+/// # Errors
+/// Database failure, a missing row, or `f`'s error.
+pub(super) fn each_row(
+    tx: &redb::ReadTransaction,
+    mut f: impl FnMut(&str, u64, &[u8]) -> Result<(), OutboxError>,
+) -> Result<(), OutboxError> {
+    let index = tx.open_table(JOB_INDEX).map_err(err)?;
+    let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+    for item in index.iter().map_err(err)? {
+        let (k, key) = item.map_err(err)?;
+        let (device, seq) = k.value();
+        let row = rows.get(key.value()).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?;
+        f(device, seq, row.value())?;
+    }
+    Ok(())
+}
+
+/// How many jobs each queued device has (the index alone: no row is read).
+///
+/// # Errors
+/// Database failure.
+pub(super) fn depths(tx: &redb::ReadTransaction) -> Result<std::collections::BTreeMap<String, u64>, OutboxError> {
+    let index = tx.open_table(JOB_INDEX).map_err(err)?;
+    let mut out = std::collections::BTreeMap::<String, u64>::new();
+    for item in index.iter().map_err(err)? {
+        let (k, _) = item.map_err(err)?;
+        let device = k.value().0;
+        match out.get_mut(device) {
+            Some(n) => *n += 1,
+            None => {
+                out.insert(device.to_string(), 1);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The row of `device`'s job `seq` in `tx`, if queued.
+///
+/// # Errors
+/// Database failure or a missing row.
+pub(super) fn row(tx: &redb::ReadTransaction, device: &str, seq: u64) -> Result<Option<Vec<u8>>, OutboxError> {
+    let index = tx.open_table(JOB_INDEX).map_err(err)?;
+    let Some(key) = index.get((device, seq)).map_err(err)?.map(|v| v.value()) else { return Ok(None) };
+    let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+    row_of(&rows, key).map(Some)
+}
+
+fn row_of(rows: &impl ReadableTable<u64, &'static [u8]>, key: u64) -> Result<Vec<u8>, OutboxError> {
+    Ok(rows.get(key).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?.value().to_vec())
+}
+
+/// Moves the queues of a file written by an earlier pixgate (`jobs`: (device, seq) → row)
+/// into this layout, in `tx`. A no-op on a file of this layout.
+///
+/// # Errors
+/// Database failure.
+pub(super) fn migrate(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
+    let legacy: Vec<(String, u64, Vec<u8>)> = match tx.open_table(LEGACY_JOBS) {
+        Ok(t) => t
+            .iter()
+            .map_err(err)?
+            .map(|item| {
+                item.map(|(k, v)| {
+                    let (device, seq) = k.value();
+                    (device.to_string(), seq, v.value().to_vec())
+                })
+                .map_err(err)
+            })
+            .collect::<Result<_, _>>()?,
+        // `jobs` is already this layout's index.
+        Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(()),
+        Err(e) => return Err(err(e)),
+    };
+    tx.delete_table(LEGACY_JOBS).map_err(err)?;
+    let mut jobs = JobTables::open(tx)?;
+    for (device, seq, row) in legacy {
+        jobs.insert(&device, seq, &row)?;
+    }
+    Ok(())
+}
+
+/// Rewrites the outbox at `path` with its queues in the earlier layout (`jobs`: (device,
+/// seq) → row), so that an earlier pixgate can run on it (`pixgate outbox downgrade`).
+/// Returns how many queued jobs were moved; `None`, nothing written, when the file is in
+/// that layout already. A pixgate of this version moves them back when it next opens the
+/// file.
+///
+/// # Errors
+/// The file is held by a running gateway ([`OutboxError::Folder`]), or cannot be opened or
+/// written.
+pub fn downgrade(path: &std::path::Path) -> Result<Option<usize>, OutboxError> {
+    let db = match redb::Database::open(path) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(OutboxError::Folder(std::io::Error::new(
+                std::io::ErrorKind::ResourceBusy,
+                format!("{} is in use by a running gateway: stop it first", path.display()),
+            )))
+        }
+        Err(e) => return Err(err(e)),
+    };
+    let tx = db.begin_write().map_err(err)?;
+    let queued: Vec<(String, u64, Vec<u8>)> = {
+        let index = match tx.open_table(JOB_INDEX) {
+            Ok(t) => t,
+            Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(None),
+            Err(e) => return Err(err(e)),
+        };
+        let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+        let mut out = Vec::new();
+        for item in index.iter().map_err(err)? {
+            let (k, key) = item.map_err(err)?;
+            let (device, seq) = k.value();
+            out.push((device.to_string(), seq, row_of(&rows, key.value())?));
+        }
+        out
+    };
+    tx.delete_table(JOB_INDEX).map_err(err)?;
+    tx.delete_table(JOB_ROWS).map_err(err)?;
+    tx.delete_table(JOB_LIVE).map_err(err)?;
+    {
+        let mut legacy = tx.open_table(LEGACY_JOBS).map_err(err)?;
+        for (device, seq, row) in &queued {
+            legacy.insert((device.as_str(), *seq), row.as_slice()).map_err(err)?;
+        }
+    }
+    tx.commit().map_err(err)?;
+    Ok(Some(queued.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RELOCATE_MAX, RELOCATE_SLACK};
+    use crate::model::SourceRef;
+    use crate::store::outbox::schema::{JOB_LIVE, JOB_ROWS};
+    use crate::store::{Accept, Outbox, Removal};
+    use crate::test_fixtures::{job, temp_outbox};
+    use device_protocol::EffectKind;
+    use redb::{ReadableTable, ReadableTableMetadata};
+
+    /// (rows kept, rows queued, the oldest row's key).
+    fn rows(o: &Outbox) -> (u64, u64, u64) {
+        let tx = o.db.begin_read().unwrap();
+        let rows = tx.open_table(JOB_ROWS).unwrap();
+        let live = tx.open_table(JOB_LIVE).unwrap();
+        (rows.len().unwrap(), live.len().unwrap(), rows.first().unwrap().map_or(0, |(k, _)| k.value()))
+    }
+
+    fn accept(o: &Outbox, jobs: &[(&str, &str)], removals: &[Removal]) -> Vec<u64> {
+        let mut batch = vec![Accept {
+            jobs: jobs.iter().map(|(d, id)| (d.to_string(), job(id, EffectKind::PrintReceipt, "c"))).collect(),
+            source: Some(SourceRef::unknown()),
+            ..Accept::default()
+        }];
+        let out = o.write(&mut batch, removals, 0).unwrap();
+        out.into_iter().flat_map(|(q, _)| q).map(|q| q.stored.job.seq).collect()
+    }
+
+    fn done(device: &str, seq: u64) -> Removal {
+        Removal { device: device.into(), seq, superseded: false }
+    }
+
+    #[test]
+    fn a_finished_row_goes_once_every_older_row_is_finished() {
+        let (_dir, o) = temp_outbox("job-rows-sweep");
+        accept(&o, &[("a", "a1"), ("b", "b1"), ("c", "c1")], &[]);
+        o.complete("b", 1, false).unwrap();
+        assert_eq!(rows(&o), (3, 2, 1), "b's row waits behind a's");
+        o.complete("a", 1, false).unwrap();
+        assert_eq!(rows(&o), (1, 1, 3), "a's and b's rows gone; c's stays");
+        let left: Vec<String> = o.pending().unwrap().into_iter().map(|s| s.job.message_id).collect();
+        assert_eq!(left, ["c1"]);
+        o.complete("c", 1, true).unwrap();
+        assert_eq!(rows(&o).0, 0, "an empty queue keeps no row");
+        // Keys go on after the last row, whatever was removed.
+        accept(&o, &[("a", "a2")], &[]);
+        assert_eq!(o.device_jobs("a").unwrap()[0].job.message_id, "a2");
+    }
+
+    #[test]
+    fn a_removal_to_make_room_takes_its_row_at_once() {
+        let (_dir, o) = temp_outbox("job-rows-room");
+        accept(&o, &[("a", "a1"), ("b", "b1"), ("c", "c1")], &[]);
+        o.remove_synced(&[done("b", 1)]).unwrap();
+        assert_eq!(rows(&o), (2, 2, 1), "b's row went though a's is older");
+        o.remove_synced(&[done("a", 1)]).unwrap();
+        assert_eq!(rows(&o), (1, 1, 3));
+    }
+
+    #[test]
+    fn a_job_that_stays_queued_moves_to_the_end_and_keeps_its_place() {
+        let (_dir, o) = temp_outbox("job-rows-relocate");
+        accept(&o, &[("stuck", "s1"), ("stuck", "s2")], &[]);
+        // Other devices' jobs come and go in batches, each finished at the next write.
+        let mut finishing: Vec<Removal> = Vec::new();
+        let mut most = 0;
+        for b in 0..40 {
+            let ids: Vec<String> = (0..1_000).map(|i| format!("m{b}-{i}")).collect();
+            let jobs: Vec<(&str, &str)> = ids.iter().map(|id| ("busy", id.as_str())).collect();
+            let seqs = accept(&o, &jobs, &finishing);
+            finishing = seqs.into_iter().map(|s| done("busy", s)).collect();
+            most = most.max(rows(&o).0);
+        }
+        let (kept, queued, oldest) = rows(&o);
+        println!("job rows: at most {most} kept; now {kept} kept, {queued} queued, oldest key {oldest}");
+        assert_eq!(queued, 1_002, "the stuck device's two and the last batch");
+        assert!(oldest > 2, "the stuck rows moved to the end (oldest key {oldest})");
+        assert!(
+            most <= 2 * 1_002 + RELOCATE_SLACK + 2_000 + RELOCATE_MAX as u64,
+            "finished rows do not pile up behind a stuck job: {most}"
+        );
+        let stuck: Vec<(u64, String)> =
+            o.device_jobs("stuck").unwrap().into_iter().map(|s| (s.job.seq, s.job.message_id)).collect();
+        assert_eq!(stuck, [(1, "s1".to_string()), (2, "s2".to_string())], "same seqs, same order");
+    }
+}
