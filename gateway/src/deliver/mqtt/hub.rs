@@ -25,6 +25,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+/// A connected session's job queue. futures' bounded channel rather than tokio's: tokio's
+/// allocates a block of 32 slots (1 KiB and more) per channel up front, futures' a node
+/// per message, and the queue of a session whose device reads is mostly empty.
+pub use futures_channel::mpsc as job_queue;
+
 /// Different jobs kept for a client with a persistent session while it is disconnected
 /// (a resend of one already kept is not kept again).
 pub const PENDING_PER_CLIENT: usize = 8;
@@ -72,7 +77,7 @@ struct Client {
 
 struct Live {
     session: u64,
-    jobs: mpsc::Sender<Bytes>,
+    jobs: job_queue::Sender<Bytes>,
 }
 
 /// A session's place in the hub, from [`Hub::attach`].
@@ -83,7 +88,7 @@ pub struct Attached {
     pub session: u64,
     /// Jobs for the device, in the order the dispatcher sent them. Ends when another
     /// connection takes the client id over.
-    pub jobs: mpsc::Receiver<Bytes>,
+    pub jobs: job_queue::Receiver<Bytes>,
     /// A persistent session was resumed (the CONNACK's session-present flag).
     pub session_present: bool,
     /// The resumed session's subscription to the jobs topic, if any.
@@ -107,7 +112,8 @@ impl Hub {
     /// already live under the client id is closed (its `jobs` end).
     pub fn attach(&self, client_id: &str, device: &str, clean: bool, expiry: Duration) -> Attached {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(SESSION_QUEUE);
+        // Room for `buffer` + one per sender: SESSION_QUEUE in all.
+        let (tx, rx) = job_queue::channel(SESSION_QUEUE - 1);
         let mut state = self.lock();
         let resumed = match state.clients.remove(client_id) {
             Some(old) if !clean && old.resumable(device) => Some(old),
@@ -181,15 +187,15 @@ impl Hub {
         let mut taken = 0;
         for id in ids {
             let Some(c) = clients.get_mut(id).filter(|c| c.subscribed.is_some()) else { continue };
-            match &c.live {
+            match &mut c.live {
                 Some(live) => match live.jobs.try_send(job.clone()) {
                     Ok(()) => taken += 1,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
+                    Err(e) if e.is_full() => {
                         if self.log_limit.admit("not_reading", device) {
                             tracing::warn!(rule = "not_reading", device, client_id = %id, "device is not reading its jobs; the ack timeout sends the job again");
                         }
                     }
-                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                    Err(_) => {}
                 },
                 // A resend of a job already waiting is not kept twice.
                 None if !c.expiry.is_zero() && !c.pending.contains(&job) => {
@@ -266,7 +272,7 @@ impl Client {
 
     /// Moves waiting jobs to the connection, if it is live and subscribed.
     fn flush(&mut self) {
-        let (Some(live), Some(_)) = (&self.live, self.subscribed) else { return };
+        let (Some(live), Some(_)) = (&mut self.live, self.subscribed) else { return };
         while let Some(job) = self.pending.pop_front() {
             if live.jobs.try_send(job).is_err() {
                 break;
@@ -355,7 +361,7 @@ mod tests {
         let mut first = hub.attach("dev-a", "a", true, Duration::ZERO);
         hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
         let mut second = hub.attach("dev-a", "a", true, Duration::ZERO);
-        assert!(matches!(first.jobs.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)), "first closed");
+        assert!(matches!(first.jobs.try_recv(), Err(job_queue::TryRecvError::Closed)), "first closed");
         // The first connection ending, or subscribing late, changes nothing for the second.
         hub.subscribe("dev-a", first.session, QoS::AtLeastOnce);
         hub.detach("dev-a", first.session);

@@ -284,7 +284,7 @@ async fn connection(
     // One deadline for the TLS handshake and the CONNECT together.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(shared.cfg.connect_timeout_ms);
     let Some(tls) = shared.tls.clone() else {
-        return session::serve(socket, peer, shared.clone(), permit, deadline).await;
+        return session::serve(tokio::io::split(socket), peer, shared.clone(), permit, deadline).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
     let stream = match tokio::time::timeout_at(deadline, acceptor.accept(socket)).await {
@@ -298,7 +298,7 @@ async fn connection(
         peer.certificate = Some(id);
         peer.serial = Some(serial);
     }
-    session::serve(stream, peer, shared, permit, deadline).await;
+    session::serve(tokio::io::split(stream), peer, shared, permit, deadline).await;
 }
 
 #[cfg(test)]

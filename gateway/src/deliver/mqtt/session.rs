@@ -12,7 +12,7 @@
 
 use super::access::{self, Rule};
 use super::auth::{Credential, Peer, Refusal};
-use super::hub::{Attached, Hub};
+use super::hub::{job_queue, Attached, Hub};
 use super::inbound::{self, Inbound, Verdict};
 use super::listener::{Handshake, Shared};
 use super::wire::{self, Out, Packet, ReadError, Version};
@@ -24,7 +24,7 @@ use rumqttc::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::DisconnectReasonCode as Reason;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 
 /// Why a session ended (logged at debug; refusals are logged where they happen).
@@ -242,17 +242,24 @@ fn refused(code: ConnectReturnCode) -> Out {
     Out::ConnAck { code, session_present: false, session_expiry_s: 0, max_packet: 0 }
 }
 
-/// Serves one connection (TLS already established when `peer.tls`) until it ends.
+/// Serves one connection (TLS already established when `peer.tls`), given as its two
+/// halves ([`tokio::io::split`]), until it ends. Split by the caller: the stream (a
+/// `TlsStream` is 1.2 KiB) then lives once, behind the halves, instead of also in a slot
+/// of this future that stays for the connection's whole life.
 /// `handshake` is the listener's handshake slot, released once the device has its
 /// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
 /// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive
 /// by `deadline` (`mqtt.connect_timeout_ms` after the socket was accepted, the TLS
 /// handshake included).
-pub async fn serve<S>(io: S, peer: Peer, shared: Arc<Shared>, handshake: Handshake, deadline: tokio::time::Instant)
-where
+pub async fn serve<S>(
+    (rd, mut wr): (ReadHalf<S>, WriteHalf<S>),
+    peer: Peer,
+    shared: Arc<Shared>,
+    handshake: Handshake,
+    deadline: tokio::time::Instant,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (rd, mut wr) = tokio::io::split(io);
     let mut reader = Reader {
         io: rd,
         buf: BytesMut::with_capacity(IDLE_READ_ROOM),
@@ -457,7 +464,7 @@ impl Conn<'_> {
         &mut self,
         reader: &mut Reader<R>,
         wr: &mut W,
-        mut jobs: mpsc::Receiver<Bytes>,
+        mut jobs: job_queue::Receiver<Bytes>,
         keep_alive: Option<Duration>,
         mut standing: tokio::sync::watch::Receiver<u64>,
         mut credentials: tokio::sync::watch::Receiver<u64>,
@@ -517,7 +524,7 @@ impl Conn<'_> {
                     }
                 }
                 job = jobs.recv() => {
-                    let Some(first) = job else { return End::Replaced };
+                    let Ok(first) = job else { return End::Replaced };
                     let mut packets = Vec::new();
                     packets.extend(self.job_packet(first));
                     while packets.len() < WRITE_BATCH {
