@@ -50,9 +50,10 @@ pub enum OutboxCmd {
         new: std::path::PathBuf,
     },
     /// Rewrites a stopped gateway's outbox with its queues in the earlier layout (rows
-    /// under (device, seq)), so that an earlier pixgate binary can run on it; this version
-    /// moves them back when it next opens the file. Exit status 0 when written or nothing
-    /// to do, 1 when refused (a gateway holds the file).
+    /// under (device, seq)), for a pixgate built before the queues were kept in acceptance
+    /// order. Any command of this version that opens the file afterwards moves them back.
+    /// Exit status 0 when written or nothing to do, 1 when it failed (no file, a gateway
+    /// holds it, a disk error).
     Downgrade {
         /// The file (`outbox.path` by default).
         file: Option<std::path::PathBuf>,
@@ -179,7 +180,7 @@ pub fn downgrade(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(match n {
         None => format!("the outbox {} has its queues in the earlier layout already: nothing to do", path.display()),
         Some(n) => format!(
-            "the outbox {} has its {n} queued jobs in the earlier layout now: an earlier pixgate can run on it",
+            "the outbox {} has its {n} queued jobs in the earlier layout: an earlier pixgate can run on it (opened by this one, by any command, it moves them back)",
             path.display()
         ),
     })

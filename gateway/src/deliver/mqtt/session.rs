@@ -243,9 +243,9 @@ fn refused(code: ConnectReturnCode) -> Out {
 }
 
 /// Serves one connection (TLS already established when `peer.tls`), given as its two
-/// halves ([`tokio::io::split`]), until it ends. Split by the caller: the stream (a
-/// `TlsStream` is 1.2 KiB) then lives once, behind the halves, instead of also in a slot
-/// of this future that stays for the connection's whole life.
+/// halves ([`tokio::io::split`]), until it ends. The caller splits it so that the stream
+/// (a `TlsStream` is 1.2 KiB) lives once, behind the halves: an argument moved into this
+/// future keeps its slot there for the connection's whole life.
 /// `handshake` is the listener's handshake slot, released once the device has its
 /// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
 /// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive

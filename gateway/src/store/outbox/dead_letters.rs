@@ -141,7 +141,8 @@ impl Outbox {
                 Some(row) => Some(decode_row(&stored.device, &row)?),
                 None => None,
             };
-            jobs.sweep()?;
+            // No rows moved here: this may be retried on a full disk.
+            jobs.drop_finished()?;
             drop(jobs);
             let job = match removed {
                 Some(full) => {

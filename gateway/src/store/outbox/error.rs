@@ -10,9 +10,13 @@ pub enum OutboxError {
     /// A stored row or dead letter that cannot be written or read back as JSON.
     #[error("outbox row: {0}")]
     Row(#[from] serde_json::Error),
-    /// A `jobs` row that is not in this version's format.
+    /// A job row that is not in this version's format, or a queue that names a row the
+    /// file does not have.
     #[error("outbox: {0}")]
     Format(&'static str),
+    /// The file is held by a running gateway (redb's lock): the command needs it stopped.
+    #[error("the outbox {} is in use by a running gateway: stop it first", .0.display())]
+    InUse(std::path::PathBuf),
     /// The folder for the outbox file cannot be made.
     #[error("outbox folder: {0}")]
     Folder(#[from] std::io::Error),

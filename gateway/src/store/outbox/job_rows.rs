@@ -15,16 +15,18 @@
 //! `job_live` is finished and removed at the next [`JobTables::sweep`].
 //!
 //! A job that stays queued (a printer offline for days) would hold back the removal of
-//! every row after it; when the finished rows awaiting removal outnumber the queued ones
-//! by [`RELOCATE_SLACK`], the oldest queued rows move to the end under new keys
-//! ([`RELOCATE_MAX`] a sweep). Their (device, seq), so their delivery order, is unchanged.
+//! every row after it; when the finished rows from the oldest queued row on outnumber the
+//! queued ones by more than [`RELOCATE_SLACK`], the queued rows that far behind move to
+//! the end under new keys ([`RELOCATE_MAX`] a sweep). Their (device, seq), so their
+//! delivery order, is unchanged.
 
 use super::error::{err, OutboxError};
-use super::schema::{JOB_INDEX, JOB_LIVE, JOB_ROWS, LEGACY_JOBS};
+use super::schema::{JOB_INDEX, JOB_INDEX_MOVING, JOB_LIVE, JOB_ROWS, LEGACY_JOBS, LEGACY_JOBS_MOVING};
 use redb::{ReadableTable, ReadableTableMetadata, Table};
 
-/// How many finished rows, beyond twice the queued ones, may wait for removal behind the
-/// oldest queued row before it is moved to the end (about 30 MiB of 2 KiB rows).
+/// How many more finished rows than queued ones may lie from the oldest queued row to the
+/// newest row before the queued rows far behind move to the end (about 30 MiB of 2 KiB
+/// rows).
 pub const RELOCATE_SLACK: u64 = 16_384;
 /// At most how many queued rows one [`JobTables::sweep`] moves: a bound on the writes it
 /// adds to one transaction.
@@ -86,20 +88,6 @@ impl<'t> JobTables<'t> {
         }
     }
 
-    /// [`JobTables::remove`] and its row at once, whatever is older: what frees pages
-    /// inside the file when the disk is full ([`super::Outbox::remove_synced`]), at the
-    /// cost of rewriting the row's leaf.
-    ///
-    /// # Errors
-    /// Database failure.
-    pub(super) fn remove_now(&mut self, device: &str, seq: u64) -> Result<bool, OutboxError> {
-        let key = self.index.get((device, seq)).map_err(err)?.map(|v| v.value());
-        if let Some(key) = key {
-            self.rows.remove(key).map_err(err)?;
-        }
-        self.remove(device, seq)
-    }
-
     /// [`JobTables::remove`], returning the job's row.
     ///
     /// # Errors
@@ -134,17 +122,24 @@ impl<'t> JobTables<'t> {
     }
 
     /// Moves up to [`RELOCATE_MAX`] of the oldest queued rows to the end when the finished
-    /// rows behind them are more than [`RELOCATE_SLACK`] beyond twice the queued ones.
+    /// rows from the oldest queued one on outnumber the queued ones by more than
+    /// [`RELOCATE_SLACK`]: those more than twice the queue's length behind the newest row.
+    ///
+    /// # Errors
+    /// Database failure, or a queued job whose row is gone ([`OutboxError::Format`]).
     fn relocate_stuck(&mut self) -> Result<(), OutboxError> {
         let newest = self.rows.last().map_err(err)?.map_or(0, |(k, _)| k.value());
         let queued = self.live.len().map_err(err)?;
         let Some(oldest) = self.live.first().map_err(err)?.map(|(k, _)| k.value()) else { return Ok(()) };
-        if newest.saturating_sub(oldest) < 2 * queued + RELOCATE_SLACK {
+        // `newest - oldest + 1` rows, `queued` of them queued: finished ones beyond
+        // `queued + RELOCATE_SLACK`.
+        if newest - oldest < 2 * queued + RELOCATE_SLACK {
             return Ok(());
         }
+        let behind = newest.saturating_sub(2 * queued);
         let moving: Vec<(u64, String, u64)> = self
             .live
-            .iter()
+            .range(..behind)
             .map_err(err)?
             .take(RELOCATE_MAX)
             .map(|item| {
@@ -156,14 +151,8 @@ impl<'t> JobTables<'t> {
             })
             .collect::<Result<_, _>>()?;
         for (key, device, seq) in moving {
-            let row = self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec());
-            match row {
-                Some(row) => self.insert(&device, seq, &row)?,
-                // A row that is gone cannot be sent: its job leaves the queue.
-                None => {
-                    self.remove(&device, seq)?;
-                }
-            }
+            let row = row_of(&self.rows, key)?;
+            self.insert(&device, seq, &row)?;
         }
         Ok(())
     }
@@ -179,6 +168,31 @@ impl<'t> JobTables<'t> {
             Some(oldest) => self.rows.retain_in(..oldest, |_, _| false).map_err(err)?,
             None => self.rows.retain(|_, _| false).map_err(err)?,
         }
+        Ok(())
+    }
+
+    /// Removes every finished row, also those between queued ones: each run of finished
+    /// rows between two queued rows goes in one range removal. What makes room inside the
+    /// file when the disk is full ([`super::Outbox::remove_synced`]); it reads every queued
+    /// row's key.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(super) fn drop_every_finished(&mut self) -> Result<(), OutboxError> {
+        let queued: Vec<u64> = self
+            .live
+            .iter()
+            .map_err(err)?
+            .map(|item| item.map(|(k, _)| k.value()).map_err(err))
+            .collect::<Result<_, _>>()?;
+        let mut from = 0u64;
+        for key in queued {
+            if key > from {
+                self.rows.retain_in(from..key, |_, _| false).map_err(err)?;
+            }
+            from = key + 1;
+        }
+        self.rows.retain_in(from.., |_, _| false).map_err(err)?;
         Ok(())
     }
 }
@@ -253,32 +267,37 @@ fn row_of(rows: &impl ReadableTable<u64, &'static [u8]>, key: u64) -> Result<Vec
 }
 
 /// Moves the queues of a file written by an earlier pixgate (`jobs`: (device, seq) → row)
-/// into this layout, in `tx`. A no-op on a file of this layout.
+/// into this layout, in `tx`, row by row (the queue is not held in memory; the file needs
+/// room for one more copy of the queued rows until `tx` commits). A no-op on a file of
+/// this layout.
 ///
 /// # Errors
-/// Database failure.
+/// Database failure, the disk full among them.
 pub(super) fn migrate(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
-    let legacy: Vec<(String, u64, Vec<u8>)> = match tx.open_table(LEGACY_JOBS) {
-        Ok(t) => t
-            .iter()
-            .map_err(err)?
-            .map(|item| {
-                item.map(|(k, v)| {
-                    let (device, seq) = k.value();
-                    (device.to_string(), seq, v.value().to_vec())
-                })
-                .map_err(err)
-            })
-            .collect::<Result<_, _>>()?,
-        // `jobs` is already this layout's index.
+    match tx.open_table(LEGACY_JOBS) {
+        Ok(t) => {
+            if t.is_empty().map_err(err)? {
+                drop(t);
+                tx.delete_table(LEGACY_JOBS).map_err(err)?;
+                return Ok(());
+            }
+        }
+        // `jobs` is this layout's index already.
         Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(()),
         Err(e) => return Err(err(e)),
-    };
-    tx.delete_table(LEGACY_JOBS).map_err(err)?;
-    let mut jobs = JobTables::open(tx)?;
-    for (device, seq, row) in legacy {
-        jobs.insert(&device, seq, &row)?;
     }
+    // The index takes the name `jobs`: the rows move out of the way first.
+    tx.rename_table(LEGACY_JOBS, LEGACY_JOBS_MOVING).map_err(err)?;
+    {
+        let legacy = tx.open_table(LEGACY_JOBS_MOVING).map_err(err)?;
+        let mut jobs = JobTables::open(tx)?;
+        for item in legacy.iter().map_err(err)? {
+            let (k, row) = item.map_err(err)?;
+            let (device, seq) = k.value();
+            jobs.insert(device, seq, row.value())?;
+        }
+    }
+    tx.delete_table(LEGACY_JOBS_MOVING).map_err(err)?;
     Ok(())
 }
 
@@ -289,46 +308,41 @@ pub(super) fn migrate(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
 /// file.
 ///
 /// # Errors
-/// The file is held by a running gateway ([`OutboxError::Folder`]), or cannot be opened or
+/// The file is held by a running gateway ([`OutboxError::InUse`]), or cannot be opened or
 /// written.
 pub fn downgrade(path: &std::path::Path) -> Result<Option<usize>, OutboxError> {
     let db = match redb::Database::open(path) {
         Ok(db) => db,
-        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-            return Err(OutboxError::Folder(std::io::Error::new(
-                std::io::ErrorKind::ResourceBusy,
-                format!("{} is in use by a running gateway: stop it first", path.display()),
-            )))
-        }
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(OutboxError::InUse(path.to_path_buf())),
         Err(e) => return Err(err(e)),
     };
     let tx = db.begin_write().map_err(err)?;
-    let queued: Vec<(String, u64, Vec<u8>)> = {
-        let index = match tx.open_table(JOB_INDEX) {
-            Ok(t) => t,
-            Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(None),
-            Err(e) => return Err(err(e)),
-        };
+    match tx.open_table(JOB_INDEX) {
+        Ok(_) => {}
+        Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(None),
+        Err(e) => return Err(err(e)),
+    }
+    // The earlier layout's rows take the name `jobs`: the index moves out of the way first.
+    tx.rename_table(JOB_INDEX, JOB_INDEX_MOVING).map_err(err)?;
+    let mut moved = 0;
+    {
+        let index = tx.open_table(JOB_INDEX_MOVING).map_err(err)?;
         let rows = tx.open_table(JOB_ROWS).map_err(err)?;
-        let mut out = Vec::new();
+        let mut legacy = tx.open_table(LEGACY_JOBS).map_err(err)?;
         for item in index.iter().map_err(err)? {
             let (k, key) = item.map_err(err)?;
             let (device, seq) = k.value();
-            out.push((device.to_string(), seq, row_of(&rows, key.value())?));
-        }
-        out
-    };
-    tx.delete_table(JOB_INDEX).map_err(err)?;
-    tx.delete_table(JOB_ROWS).map_err(err)?;
-    tx.delete_table(JOB_LIVE).map_err(err)?;
-    {
-        let mut legacy = tx.open_table(LEGACY_JOBS).map_err(err)?;
-        for (device, seq, row) in &queued {
-            legacy.insert((device.as_str(), *seq), row.as_slice()).map_err(err)?;
+            let row =
+                rows.get(key.value()).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?;
+            legacy.insert((device, seq), row.value()).map_err(err)?;
+            moved += 1;
         }
     }
+    tx.delete_table(JOB_INDEX_MOVING).map_err(err)?;
+    tx.delete_table(JOB_ROWS).map_err(err)?;
+    tx.delete_table(JOB_LIVE).map_err(err)?;
     tx.commit().map_err(err)?;
-    Ok(Some(queued.len()))
+    Ok(Some(moved))
 }
 
 #[cfg(test)]
@@ -381,13 +395,15 @@ mod tests {
     }
 
     #[test]
-    fn a_removal_to_make_room_takes_its_row_at_once() {
+    fn a_removal_to_make_room_takes_every_finished_row() {
         let (_dir, o) = temp_outbox("job-rows-room");
-        accept(&o, &[("a", "a1"), ("b", "b1"), ("c", "c1")], &[]);
-        o.remove_synced(&[done("b", 1)]).unwrap();
-        assert_eq!(rows(&o), (2, 2, 1), "b's row went though a's is older");
-        o.remove_synced(&[done("a", 1)]).unwrap();
-        assert_eq!(rows(&o), (1, 1, 3));
+        accept(&o, &[("a", "a1"), ("b", "b1"), ("c", "c1"), ("d", "d1"), ("e", "e1")], &[]);
+        o.complete("b", 1, false).unwrap();
+        assert_eq!(rows(&o), (5, 4, 1), "b's row waits behind a's");
+        o.remove_synced(&[done("d", 1)]).unwrap();
+        assert_eq!(rows(&o), (3, 3, 1), "b's and d's rows went, between queued ones");
+        let left: Vec<String> = o.pending().unwrap().into_iter().map(|s| s.job.message_id).collect();
+        assert_eq!(left, ["a1", "c1", "e1"]);
     }
 
     #[test]

@@ -12,7 +12,8 @@ use redb::{Durability, ReadableTable};
 use std::collections::{BTreeSet, HashMap};
 
 impl Outbox {
-    /// Removes every queued job of `devices` (their rows and reconciliation links),
+    /// Removes every queued job of `devices` from the queues (with their reconciliation
+    /// links; their rows go with the finished ones, [`super::job_rows`]),
     /// counting none of them as delivered: another replica delivers them. Returns how
     /// many were removed. Not synced: jobs that come back after a crash are forgotten again
     /// at the next start (a replica of the central shape starts with no queue).

@@ -161,9 +161,10 @@ impl Outbox {
     }
 
     /// Removes the finished jobs of `removals` in one synced transaction (`Durability::Immediate`,
-    /// whatever they are), their rows at once ([`JobTables::remove_now`]): redb reuses the
-    /// pages a transaction freed only once a durable commit has them, and these are written
-    /// to make room for a write the disk refused (`crate::ingest::held_removals`).
+    /// whatever they are), with every finished row still in the file
+    /// ([`JobTables::drop_every_finished`]): redb reuses the pages a transaction freed only
+    /// once a durable commit has them, and these are written to make room for a write the
+    /// disk refused (`crate::ingest::held_removals`).
     ///
     /// # Errors
     /// Disk or database failure; then none was removed.
@@ -184,14 +185,10 @@ impl Outbox {
         if !removals.is_empty() {
             let mut table = JobTables::open(&tx)?;
             for r in removals {
-                if rows_now {
-                    table.remove_now(&r.device, r.seq)?;
-                } else {
-                    table.remove(&r.device, r.seq)?;
-                }
+                table.remove(&r.device, r.seq)?;
             }
             if rows_now {
-                table.drop_finished()?;
+                table.drop_every_finished()?;
             } else {
                 table.sweep()?;
             }

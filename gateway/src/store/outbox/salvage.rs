@@ -121,10 +121,7 @@ fn copy_into(damaged: &Path, new: &Path) -> Result<Salvaged, OutboxError> {
     let in_use =
         catch_unwind(|| matches!(redb::ReadOnlyDatabase::open(damaged), Err(redb::DatabaseError::DatabaseAlreadyOpen)));
     if in_use.unwrap_or(false) {
-        return Err(OutboxError::Folder(std::io::Error::new(
-            std::io::ErrorKind::ResourceBusy,
-            format!("{} is in use by a running gateway: stop it first", damaged.display()),
-        )));
+        return Err(OutboxError::InUse(damaged.to_path_buf()));
     }
     let mut reading = new.as_os_str().to_owned();
     reading.push(".reading");
@@ -378,15 +375,17 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     let mut lost: BTreeSet<(String, u64)> = BTreeSet::new();
     jobs.retain(|k, row| {
         let (device, n) = <(&str, u64) as Value>::from_bytes(k);
-        match decode_row(device, row) {
-            Ok(job) => {
+        // A damaged index page read as noise may name another job's (finished) row: a row is
+        // kept only as the job it says it is.
+        match decode_row(device, row).ok().filter(|job| job.job.seq == n) {
+            Some(job) => {
                 if let Some(t) = cluster_time_of(&job.job.event_id) {
                     kept_events.push((t, job.job.message_id.clone()));
                 }
                 kept_ids.insert(job.job.message_id);
                 true
             }
-            Err(_) => {
+            None => {
                 lost.insert((device.to_string(), n));
                 false
             }

@@ -19,6 +19,10 @@ pub(super) const JOB_LIVE: TableDefinition<u64, (&str, u64)> = TableDefinition::
 /// The earlier layout's queues, (device, seq) → row: read once to move them
 /// ([`super::job_rows::migrate`]).
 pub(super) const LEGACY_JOBS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs");
+/// The earlier layout's queues while [`super::job_rows::migrate`] moves them.
+pub(super) const LEGACY_JOBS_MOVING: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs_being_moved");
+/// The index while [`super::job_rows::downgrade`] writes the earlier layout.
+pub(super) const JOB_INDEX_MOVING: TableDefinition<(&str, u64), u64> = TableDefinition::new("jobs_index_being_moved");
 pub(super) const SEQ: TableDefinition<&str, u64> = TableDefinition::new("seq");
 /// The dedupe window, keyed by (the event's `clusterTime`, message id) rather than by the
 /// id alone: message ids are hashes, so an id-keyed window takes each insert to a random
@@ -85,7 +89,7 @@ pub(super) fn create_all(tx: &redb::WriteTransaction) -> Result<(), OutboxError>
     Ok(())
 }
 
-/// A `jobs` row: the length of the source's JSON (`u32`, little-endian), the source
+/// A job row (`job_rows`): the length of the source's JSON (`u32`, little-endian), the source
 /// ([`SourceRef`], JSON), then `job`'s JSON: the wire bytes, which start at the returned
 /// offset. The device is the row's key.
 pub(super) fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usize), OutboxError> {
@@ -99,18 +103,18 @@ pub(super) fn encode_row(source: &SourceRef, job: &Job) -> Result<(Vec<u8>, usiz
     Ok((row, at))
 }
 
-/// The source's JSON and the job's wire bytes of a `jobs` row ([`encode_row`]).
+/// The source's JSON and the job's wire bytes of a job row ([`encode_row`]).
 pub(super) fn split_row(row: &[u8]) -> Result<(&[u8], &[u8]), OutboxError> {
     // A row of the earlier format (the whole stored job as JSON) lands here too.
     let bad = || {
-        OutboxError::Format("a jobs row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?")
+        OutboxError::Format("a job row is not in this version's format (length, source, job); was the outbox written by an earlier pixgate?")
     };
     let len = u32::from_le_bytes(row.get(..4).ok_or_else(bad)?.try_into().expect("4 bytes")) as usize;
     let source = row.get(4..4 + len).ok_or_else(bad)?;
     Ok((source, &row[4 + len..]))
 }
 
-/// The [`StoredJob`] of `device`'s `jobs` row.
+/// The [`StoredJob`] of a job row of `device`'s.
 pub(super) fn decode_row(device: &str, row: &[u8]) -> Result<StoredJob, OutboxError> {
     let (source, wire) = split_row(row)?;
     Ok(StoredJob {

@@ -206,6 +206,8 @@ fn queues_of_the_earlier_layout_are_moved_at_open() {
     let o = Outbox::open(&dir.outbox_path()).unwrap();
     assert_eq!(ids(&o), want[1..].to_vec(), "opened again: nothing moved twice");
     let tx = o.db.begin_read().unwrap();
+    let names: Vec<String> = tx.list_tables().unwrap().map(|t| redb::TableHandle::name(&t).to_string()).collect();
+    assert!(!names.iter().any(|n| n.contains("moved")), "nothing left of the move: {names:?}");
     let refused = tx.open_table(LEGACY_JOBS).map(|_| ()).unwrap_err();
     assert!(matches!(refused, redb::TableError::TableTypeMismatch { .. }), "{refused}");
 }
@@ -242,6 +244,8 @@ fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
             want.iter().map(|s| (s.device.clone(), s.job.seq, s.clone())).collect();
         assert_eq!(rows, got, "row for row, under (device, seq)");
         assert!(tx.open_table(schema::JOB_ROWS).is_err(), "no table of this layout left");
+        let names: Vec<String> = tx.list_tables().unwrap().map(|t| redb::TableHandle::name(&t).to_string()).collect();
+        assert!(!names.iter().any(|n| n.starts_with("job_") || n.contains("moved")), "{names:?}");
     }
     let o = Outbox::open(&dir.outbox_path()).unwrap();
     assert_eq!(o.pending().unwrap(), want, "moved back at the next open");
