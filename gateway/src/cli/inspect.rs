@@ -170,6 +170,17 @@ pub fn check(path: &std::path::Path) -> anyhow::Result<String> {
     ))
 }
 
+/// Prints a file command's summary, or its error on stderr and exits 1.
+fn say_or_exit(result: anyhow::Result<String>) {
+    match result {
+        Ok(summary) => println!("{summary}"),
+        Err(e) => {
+            eprintln!("{e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
 /// `pixgate outbox downgrade`: runs [`crate::store::outbox::downgrade`]; says what it did.
 ///
 /// # Errors
@@ -292,14 +303,7 @@ pub enum Inspection {
 /// Neither the gateway nor the outbox file could be reached.
 pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
     if let Inspection::Outbox(OutboxCmd::Check { file }) = &cmd {
-        let path = file.as_deref().unwrap_or(&cfg.outbox.path);
-        match check(path) {
-            Ok(summary) => println!("{summary}"),
-            Err(e) => {
-                eprintln!("{e:#}");
-                std::process::exit(1);
-            }
-        }
+        say_or_exit(check(file.as_deref().unwrap_or(&cfg.outbox.path)));
         return Ok(());
     }
     if let Inspection::Outbox(OutboxCmd::Salvage { damaged, new }) = &cmd {
@@ -318,14 +322,7 @@ pub fn command(cfg: &Config, cmd: Inspection) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Inspection::Outbox(OutboxCmd::Downgrade { file }) = &cmd {
-        let path = file.as_deref().unwrap_or(&cfg.outbox.path);
-        match downgrade(path) {
-            Ok(summary) => println!("{summary}"),
-            Err(e) => {
-                eprintln!("{e:#}");
-                std::process::exit(1);
-            }
-        }
+        say_or_exit(downgrade(file.as_deref().unwrap_or(&cfg.outbox.path)));
         return Ok(());
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -37,7 +37,12 @@ pub(super) struct JobTables<'t> {
     rows: Table<'t, u64, &'static [u8]>,
     index: Table<'t, (&'static str, u64), u64>,
     live: Table<'t, u64, (&'static str, u64)>,
+    /// The key the next row takes: one past the newest row's, read once at open.
+    next: u64,
 }
+
+/// A queue entry whose row the file does not have.
+const MISSING_ROW: OutboxError = OutboxError::Format("a queued job's row is missing");
 
 impl<'t> JobTables<'t> {
     /// Opens (or creates) the tables in `tx`.
@@ -45,15 +50,14 @@ impl<'t> JobTables<'t> {
     /// # Errors
     /// Database failure.
     pub(super) fn open(tx: &'t redb::WriteTransaction) -> Result<JobTables<'t>, OutboxError> {
+        let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+        let next = rows.last().map_err(err)?.map_or(0, |(k, _)| k.value()) + 1;
         Ok(JobTables {
-            rows: tx.open_table(JOB_ROWS).map_err(err)?,
+            rows,
             index: tx.open_table(JOB_INDEX).map_err(err)?,
             live: tx.open_table(JOB_LIVE).map_err(err)?,
+            next,
         })
-    }
-
-    fn next_key(&self) -> Result<u64, OutboxError> {
-        Ok(self.rows.last().map_err(err)?.map_or(0, |(k, _)| k.value()) + 1)
     }
 
     /// Queues `row` as `device`'s job `seq` (replacing a job of that (device, seq), whose
@@ -62,7 +66,8 @@ impl<'t> JobTables<'t> {
     /// # Errors
     /// Database failure.
     pub(super) fn insert(&mut self, device: &str, seq: u64, row: &[u8]) -> Result<(), OutboxError> {
-        let key = self.next_key()?;
+        let key = self.next;
+        self.next += 1;
         self.rows.insert(key, row).map_err(err)?;
         let before = self.index.insert((device, seq), key).map_err(err)?.map(|v| v.value());
         if let Some(old) = before {
@@ -72,20 +77,17 @@ impl<'t> JobTables<'t> {
         Ok(())
     }
 
-    /// Takes `device`'s job `seq` out of its queue; returns whether it was queued. Its row
-    /// goes at a later [`JobTables::sweep`].
+    /// Takes `device`'s job `seq` out of its queue; returns its row's key if it was queued.
+    /// The row goes at a later [`JobTables::sweep`].
     ///
     /// # Errors
     /// Database failure.
-    pub(super) fn remove(&mut self, device: &str, seq: u64) -> Result<bool, OutboxError> {
+    pub(super) fn remove(&mut self, device: &str, seq: u64) -> Result<Option<u64>, OutboxError> {
         let key = self.index.remove((device, seq)).map_err(err)?.map(|v| v.value());
-        match key {
-            Some(key) => {
-                self.live.remove(key).map_err(err)?;
-                Ok(true)
-            }
-            None => Ok(false),
+        if let Some(key) = key {
+            self.live.remove(key).map_err(err)?;
         }
+        Ok(key)
     }
 
     /// [`JobTables::remove`], returning the job's row.
@@ -93,10 +95,8 @@ impl<'t> JobTables<'t> {
     /// # Errors
     /// Database failure.
     pub(super) fn take(&mut self, device: &str, seq: u64) -> Result<Option<Vec<u8>>, OutboxError> {
-        let Some(key) = self.index.get((device, seq)).map_err(err)?.map(|v| v.value()) else { return Ok(None) };
-        let row = self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec());
-        self.remove(device, seq)?;
-        Ok(row)
+        let Some(key) = self.remove(device, seq)? else { return Ok(None) };
+        Ok(self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec()))
     }
 
     /// The seqs `device` has queued, in order.
@@ -128,7 +128,7 @@ impl<'t> JobTables<'t> {
     /// # Errors
     /// Database failure, or a queued job whose row is gone ([`OutboxError::Format`]).
     fn relocate_stuck(&mut self) -> Result<(), OutboxError> {
-        let newest = self.rows.last().map_err(err)?.map_or(0, |(k, _)| k.value());
+        let newest = self.next - 1;
         let queued = self.live.len().map_err(err)?;
         let Some(oldest) = self.live.first().map_err(err)?.map(|(k, _)| k.value()) else { return Ok(()) };
         // `newest - oldest + 1` rows, `queued` of them queued: finished ones beyond
@@ -225,7 +225,7 @@ pub(super) fn each_row(
     for item in index.iter().map_err(err)? {
         let (k, key) = item.map_err(err)?;
         let (device, seq) = k.value();
-        let row = rows.get(key.value()).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?;
+        let row = rows.get(key.value()).map_err(err)?.ok_or(MISSING_ROW)?;
         f(device, seq, row.value())?;
     }
     Ok(())
@@ -263,7 +263,7 @@ pub(super) fn row(tx: &redb::ReadTransaction, device: &str, seq: u64) -> Result<
 }
 
 fn row_of(rows: &impl ReadableTable<u64, &'static [u8]>, key: u64) -> Result<Vec<u8>, OutboxError> {
-    Ok(rows.get(key).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?.value().to_vec())
+    Ok(rows.get(key).map_err(err)?.ok_or(MISSING_ROW)?.value().to_vec())
 }
 
 /// Moves the queues of a file written by an earlier pixgate (`jobs`: (device, seq) → row)
@@ -332,8 +332,7 @@ pub fn downgrade(path: &std::path::Path) -> Result<Option<usize>, OutboxError> {
         for item in index.iter().map_err(err)? {
             let (k, key) = item.map_err(err)?;
             let (device, seq) = k.value();
-            let row =
-                rows.get(key.value()).map_err(err)?.ok_or(OutboxError::Format("a queued job's row is missing"))?;
+            let row = rows.get(key.value()).map_err(err)?.ok_or(MISSING_ROW)?;
             legacy.insert((device, seq), row.value()).map_err(err)?;
             moved += 1;
         }
