@@ -110,6 +110,9 @@ pub struct Decoded {
     pub qr_codes: Vec<String>,
     /// Number of cuts (`GS V`, `ESC i`, `ESC m`).
     pub cuts: usize,
+    /// Where each cut fell, in dots from the top of `image`, in order: the paper above a
+    /// cut is one piece (the dashed line drawn for the cut lies below it).
+    pub cut_rows: Vec<u32>,
     /// Unknown or unsupported commands, by name (`"GS L"`, `"ESC 0x07"`), counted.
     pub skipped: BTreeMap<String, usize>,
     /// Problems in the stream: truncation, lying lengths, raw UTF-8 text, short `ESC p` …
@@ -217,6 +220,7 @@ struct Decoder {
     bit_image_marker: Option<(usize, u32, u32)>,
     qr_codes: Vec<String>,
     cuts: usize,
+    cut_rows: Vec<u32>,
     skipped: BTreeMap<String, usize>,
     warnings: Warnings,
     status_requests: Vec<u8>,
@@ -242,6 +246,7 @@ impl Decoder {
             bit_image_marker: None,
             qr_codes: vec![],
             cuts: 0,
+            cut_rows: Vec::new(),
             skipped: BTreeMap::new(),
             warnings: Warnings::default(),
             status_requests: vec![],
@@ -366,6 +371,7 @@ impl Decoder {
             Command::Cut { partial, feed } => {
                 self.flush_pending();
                 self.page.feed(feed as u32);
+                self.cut_rows.push(self.page.y);
                 let y = self.page.y + 4;
                 self.page.dashed_line(y);
                 self.page.feed(10);
@@ -729,6 +735,7 @@ impl Decoder {
             transcript,
             qr_codes: self.qr_codes,
             cuts: self.cuts,
+            cut_rows: self.cut_rows,
             skipped: self.skipped,
             warnings: self.warnings.finish(),
             status_requests: self.status_requests,

@@ -307,6 +307,23 @@ fn barcodes_render_and_are_listed() {
     assert_eq!(d.skipped.get("GS k CODE39 (placeholder)"), Some(&1));
 }
 
+/// A cut's row is where the paper above it ends: everything printed lies above it, the
+/// cut's dashed line below it.
+#[test]
+fn a_cut_row_ends_the_printed_paper() {
+    let d = decode(b"AAAA\n\x1dVA\x00BBBB\n\x1dV\x01", &DecodeOptions::mm58());
+    assert_eq!(d.cut_rows.len(), 2);
+    let (first, second) = (d.cut_rows[0], d.cut_rows[1]);
+    let ink = |rows: std::ops::Range<u32>| {
+        rows.flat_map(|y| (0..384).map(move |x| (x, y))).filter(|&(x, y)| d.image.get_pixel(x, y).0[0] == 0).count()
+    };
+    assert!(ink(0..first) > 0, "the first line is above the first cut");
+    assert_eq!(ink(first..first + 3), 0, "nothing printed at the cut itself");
+    assert!(ink(first + 3..first + 7) > 0, "the first cut's dashes");
+    assert!(ink(first + 7..second) > 0, "the second line is between the cuts");
+    assert!(second < d.image.height());
+}
+
 #[test]
 fn graphics_store_and_print() {
     // 10 × 2 graphic: first row all black.
