@@ -96,6 +96,17 @@ pub struct DirectPrinter {
     pub interrupted: Interrupted,
 }
 
+/// A printer that fetches its own jobs from pixgate over its maker's cloud protocol, with
+/// no box beside it: `printer.transport` `cloudprnt-http` (Star CloudPRNT, the HTTP
+/// method: the printer polls, GETs the job, DELETEs it when printed) with the pixgate
+/// extension `printer.mac`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudPrinter {
+    /// `printer.mac`: the MAC address the printer reports (CloudPRNT `printerMAC`),
+    /// normalized to lower-case hex pairs joined by `:`, e.g. `00:11:62:0a:1b:2c`.
+    pub mac: String,
+}
+
 /// What happens to a job a direct printer may or may not have printed (pixgate crashed, or
 /// the connection dropped, while writing it): a raw printer cannot dedupe, and nobody can
 /// tell whether the paper came out.
@@ -144,6 +155,9 @@ pub enum DeviceKind {
         /// `printer.transport` other than `mqtt`: pixgate drives the printer itself
         /// ([`DirectPrinter`]); `None` for an MQTT printer (the default).
         direct: Option<DirectPrinter>,
+        /// `printer.transport` `cloudprnt-http`: the printer polls pixgate for its jobs
+        /// ([`CloudPrinter`]); `None` for every other transport.
+        cloud: Option<CloudPrinter>,
     },
     /// A card machine.
     Terminal {

@@ -4,7 +4,9 @@
 //! unit test and by the fuzz target `fuzz/fuzz_targets/cdc_decode.rs`); device events and
 //! the fallback take these.
 
-use crate::document::{Charge, ChargeStatus, Device, DeviceKind, DirectPrinter, Envelope, Interrupted, Operation};
+use crate::document::{
+    Charge, ChargeStatus, CloudPrinter, Device, DeviceKind, DirectPrinter, Envelope, Interrupted, Operation,
+};
 use crate::error::DecodeError;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -101,9 +103,10 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 /// # Errors
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
 /// 80 mm, an unknown code page, a `printer.nativeQr` or `printer.printPixSlip` that is not
-/// a boolean, a `printer.transport` other than `mqtt`, `tcp`, `serial`, `usb`, a direct
-/// transport without a `printer.endpoint` of its scheme (or an MQTT one with one), a
-/// `printer.interruptedJob` other than `reprint`, `hold`.
+/// a boolean, a `printer.transport` other than `mqtt`, `tcp`, `serial`, `usb`,
+/// `cloudprnt-http`, a direct transport without a `printer.endpoint` of its scheme (or
+/// another one with one), a `printer.interruptedJob` other than `reprint`, `hold`, a
+/// `cloudprnt-http` printer without a `printer.mac` of six hex pairs.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     let id = oid(req(&doc["_id"], "_id")?, "_id")?;
     let company = oid(req(&doc["company"], "company")?, "company")?;
@@ -128,8 +131,8 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
             // Absent `nativeQr` means a raster QR, which every printer prints.
             let native_qr = flag("nativeQr", "printer.nativeQr")?;
             let pix_slip = flag("printPixSlip", "printer.printPixSlip")?;
-            let direct = direct_printer(p)?;
-            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr, pix_slip, direct }
+            let (direct, cloud) = printer_transport(p)?;
+            DeviceKind::Printer { paper_width_mm: width as u8, code_page, native_qr, pix_slip, direct, cloud }
         }
         "terminal" => {
             let s = &doc["screen"];
@@ -157,14 +160,47 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     })
 }
 
-/// `printer.transport` (`mqtt` when absent), `printer.endpoint` (required for the others,
-/// its scheme the transport's name) and `printer.interruptedJob` (`reprint` when absent).
-fn direct_printer(p: &Value) -> Result<Option<DirectPrinter>, DecodeError> {
+/// The transports `printer.transport` may name: MQTT, the direct ones, the cloud ones.
+const TRANSPORTS: [&str; 5] = ["mqtt", "tcp", "serial", "usb", "cloudprnt-http"];
+
+/// `printer.transport` (`mqtt` when absent), then what that transport needs: a
+/// `printer.endpoint` of its scheme and `printer.interruptedJob` (`reprint` when absent)
+/// for a direct one, a `printer.mac` for `cloudprnt-http`.
+fn printer_transport(p: &Value) -> Result<(Option<DirectPrinter>, Option<CloudPrinter>), DecodeError> {
     let transport = match &p["transport"] {
         Value::Null => "mqtt",
-        Value::String(t) if ["mqtt", "tcp", "serial", "usb"].contains(&t.as_str()) => t.as_str(),
-        other => return Err(invalid("printer.transport", format!("{other} is not mqtt, tcp, serial or usb"))),
+        Value::String(t) if TRANSPORTS.contains(&t.as_str()) => t.as_str(),
+        other => return Err(invalid("printer.transport", format!("{other} is not one of {}", TRANSPORTS.join(", ")))),
     };
+    let mac = match &p["mac"] {
+        Value::Null => None,
+        Value::String(m) => Some(m.as_str()),
+        other => return Err(invalid("printer.mac", format!("{other} is not a string"))),
+    };
+    if transport == "cloudprnt-http" {
+        if !p["endpoint"].is_null() {
+            return Err(invalid("printer.endpoint", "is set but a cloudprnt-http printer polls pixgate".into()));
+        }
+        let mac = mac.ok_or_else(|| invalid("printer.mac", "printer.transport cloudprnt-http needs a mac".into()))?;
+        let mac = normalize_mac(mac).ok_or_else(|| invalid("printer.mac", format!("`{mac}` is not six hex pairs")))?;
+        return Ok((None, Some(CloudPrinter { mac })));
+    }
+    if let Some(m) = mac {
+        return Err(invalid("printer.mac", format!("`{m}` is set but printer.transport is {transport}")));
+    }
+    Ok((direct_printer(p, transport)?, None))
+}
+
+/// `aa:bb:cc:dd:ee:ff` (or `-` between pairs, any case) in lower case with `:`; `None`
+/// for anything else.
+pub fn normalize_mac(text: &str) -> Option<String> {
+    let pairs: Vec<&str> = text.split([':', '-']).collect();
+    let ok = pairs.len() == 6 && pairs.iter().all(|p| p.len() == 2 && p.bytes().all(|b| b.is_ascii_hexdigit()));
+    ok.then(|| pairs.join(":").to_ascii_lowercase())
+}
+
+/// A direct `transport`'s `printer.endpoint` and `printer.interruptedJob`; `None` for MQTT.
+fn direct_printer(p: &Value, transport: &str) -> Result<Option<DirectPrinter>, DecodeError> {
     let endpoint = match &p["endpoint"] {
         Value::Null => None,
         Value::String(e) => Some(e.as_str()),
@@ -289,6 +325,42 @@ mod tests {
             (json!({"transport": "tcp", "endpoint": "tcp://h", "interruptedJob": "twice"}), "invalid_field:printer.interruptedJob"),
         ] {
             let got = direct(printer.clone()).unwrap_err();
+            assert!(got.starts_with(why), "{printer}: {got}");
+        }
+    }
+
+    /// `printer.transport` `cloudprnt-http` needs a `printer.mac` (normalized) and no
+    /// endpoint; a MAC on any other transport is an error, not ignored.
+    #[test]
+    fn a_cloudprnt_printer_and_its_mac() {
+        let doc = |printer: Value| json!({"_id": "p1", "company": "c1", "kind": "printer", "printer": printer});
+        let cloud = |printer: Value| match decode_device(&doc(printer)).map(|d| d.kind) {
+            Ok(DeviceKind::Printer { direct, cloud, .. }) => Ok((direct, cloud)),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => Err(e.reason() + " " + &e.to_string()),
+        };
+        assert_eq!(
+            cloud(json!({"transport": "cloudprnt-http", "mac": "00-11-62-0A-1B-2C"})),
+            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into() })))
+        );
+        assert_eq!(cloud(json!({"transport": "tcp", "endpoint": "tcp://h"})).unwrap().1, None);
+        for (printer, why) in [
+            (json!({"transport": "cloudprnt-http"}), "invalid_field:printer.mac"),
+            (json!({"transport": "cloudprnt-http", "mac": "00:11:62:0a:1b"}), "invalid_field:printer.mac"),
+            (json!({"transport": "cloudprnt-http", "mac": "00:11:62:0a:1b:zz"}), "invalid_field:printer.mac"),
+            (json!({"transport": "cloudprnt-http", "mac": 17}), "invalid_field:printer.mac"),
+            (
+                json!({"transport": "cloudprnt-http", "mac": "00:11:62:0a:1b:2c", "endpoint": "tcp://h"}),
+                "invalid_field:printer.endpoint",
+            ),
+            (
+                json!({"transport": "tcp", "endpoint": "tcp://h", "mac": "00:11:62:0a:1b:2c"}),
+                "invalid_field:printer.mac",
+            ),
+            (json!({"mac": "00:11:62:0a:1b:2c"}), "invalid_field:printer.mac"),
+            (json!({"transport": "cloudprnt-mqtt"}), "invalid_field:printer.transport"),
+        ] {
+            let got = cloud(printer.clone()).unwrap_err();
             assert!(got.starts_with(why), "{printer}: {got}");
         }
     }

@@ -94,6 +94,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let printers = Arc::new(DirectPrinters::with_local(local_printers));
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
+    let directory_for_cloud = directory.clone();
     let mut partition_links = None;
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
@@ -118,6 +119,27 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             (DeviceLink::Broker(publisher), Some(board as Arc<dyn Presence>))
         }
     };
+    if cfg.cluster.enabled && cfg.cloudprnt.listen.is_some() {
+        // A poll may reach a replica that does not hold the printer's queue.
+        anyhow::bail!("cloudprnt.listen is not served with cluster.enabled: run the CloudPRNT server on an edge box");
+    }
+    let board = Arc::new(deliver::cloudprnt::Board::new(
+        printers.clone(),
+        incoming_tx.clone(),
+        std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
+        cfg.cloudprnt.max_polls_per_second,
+    ));
+    deliver::cloudprnt::start(
+        &cfg.cloudprnt,
+        board.clone(),
+        printers.clone(),
+        directory_for_cloud,
+        cfg.mqtt.credentials.clone(),
+        stats.clone(),
+        devices.clone(),
+    )
+    .await
+    .context("starting the CloudPRNT server")?;
     let shared = deliver::direct::printer::Shared {
         cfg: cfg.direct.clone(),
         printers,
@@ -125,7 +147,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming: incoming_tx,
         clock: clock.clone(),
     };
-    let transport = deliver::direct::Routed::new(shared, link);
+    let transport = deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board, link));
 
     if cfg.cluster.enabled {
         // The central shape's queues are a cache of the delivery log: what this replica

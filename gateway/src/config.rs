@@ -39,6 +39,9 @@ pub struct Config {
     pub outbox: OutboxConfig,
     /// Printers pixgate drives itself (raw TCP, serial, USB).
     pub direct: DirectConfig,
+    /// Printers that poll pixgate over Star CloudPRNT's HTTP method
+    /// ([`crate::deliver::cloudprnt`]). Off unless `cloudprnt.listen` is set.
+    pub cloudprnt: CloudPrntConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
     /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
@@ -65,6 +68,7 @@ impl Default for Config {
             delivery: DeliveryConfig::default(),
             outbox: OutboxConfig::default(),
             direct: DirectConfig::default(),
+            cloudprnt: CloudPrntConfig::default(),
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
             reconcile: ReconcileConfig::default(),
@@ -145,6 +149,58 @@ impl Default for DirectConfig {
             poll_ms: 1_000,
             reconnect_initial_ms: 500,
             reconnect_max_ms: 30_000,
+        }
+    }
+}
+
+/// The Star CloudPRNT server ([`crate::deliver::cloudprnt`]): printers whose registry
+/// document says `printer.transport` `cloudprnt-http` poll it at
+/// `https://LISTEN/cloudprnt`, authenticated with HTTP Basic (user: the device id,
+/// password: its secret from `pixgate devices credentials issue`, checked against
+/// `mqtt.credentials`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CloudPrntConfig {
+    /// Listen address, `HOST:PORT`; unset: no CloudPRNT server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// The server's certificate chain and key (PEM). Required unless `plain`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP: the printers' passwords cross the network readable. Only for a
+    /// loopback demo or test.
+    pub plain: bool,
+    /// Connections open at once (a printer keeps one, polling on it); beyond, a new one is
+    /// closed at once.
+    pub max_connections: usize,
+    /// Largest request body, bytes (a poll is a few hundred).
+    pub max_body_bytes: usize,
+    /// Polls a printer may make per second; beyond, `429 Too Many Requests`. Star printers
+    /// poll every 5 s, and at once on a status change.
+    pub max_polls_per_second: u32,
+    /// A printer silent this long is reported offline and its queue held (not burning its
+    /// jobs' deliveries), ms. Star's guide counts a printer gone after two poll intervals
+    /// plus 5 s.
+    pub offline_after_ms: u64,
+    /// A connection's TLS handshake must end within this, ms.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for CloudPrntConfig {
+    fn default() -> Self {
+        CloudPrntConfig {
+            listen: None,
+            tls_cert: None,
+            tls_key: None,
+            plain: false,
+            max_connections: 4_096,
+            max_body_bytes: 16 << 10,
+            max_polls_per_second: 4,
+            offline_after_ms: 15_000,
+            request_timeout_ms: 10_000,
         }
     }
 }

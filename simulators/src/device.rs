@@ -170,13 +170,8 @@ impl ClientTls {
     /// The CA file cannot be read or holds no usable certificate.
     pub fn new(security: &MqttSecurity) -> Result<Option<ClientTls>> {
         let MqttSecurity::Tls { ca, identity } = security else { return Ok(None) };
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading CA file {}", ca.display()))? {
-            let cert = cert.with_context(|| format!("CA file {}", ca.display()))?;
-            roots.add(cert).with_context(|| format!("CA file {}: unusable certificate", ca.display()))?;
-        }
-        anyhow::ensure!(!roots.is_empty(), "CA file {} holds no certificate", ca.display());
-        let mut tls = ClientTls { ca: ca.clone(), roots: Arc::new(roots), identity: identity.clone(), shared: None };
+        let roots = Arc::new(ca_roots(ca)?);
+        let mut tls = ClientTls { ca: ca.clone(), roots, identity: identity.clone(), shared: None };
         if let DeviceIdentity::Secret { .. } = identity {
             let mut config = tls.builder()?.with_no_client_auth();
             config.resumption = rustls::client::Resumption::disabled();
@@ -186,10 +181,7 @@ impl ClientTls {
     }
 
     fn builder(&self) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>> {
-        Ok(rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .context("TLS protocol versions")?
-            .with_root_certificates(self.roots.clone()))
+        ring_client_builder(self.roots.clone())
     }
 
     /// The configuration device `id` connects with: the shared one, or one with the
@@ -214,6 +206,34 @@ impl ClientTls {
                 .with_context(|| format!("device {id}: client certificate"))?,
         ))
     }
+}
+
+/// The certificates of the PEM file `ca`, as the only roots a TLS client trusts.
+///
+/// # Errors
+/// The file cannot be read or holds no usable certificate.
+pub fn ca_roots(ca: &Path) -> Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading CA file {}", ca.display()))? {
+        let cert = cert.with_context(|| format!("CA file {}", ca.display()))?;
+        roots.add(cert).with_context(|| format!("CA file {}: unusable certificate", ca.display()))?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "CA file {} holds no certificate", ca.display());
+    Ok(roots)
+}
+
+/// A rustls client configuration on the ring provider (the one crypto provider in the
+/// build) verifying servers against `roots`, waiting for the client-authentication choice.
+///
+/// # Errors
+/// The provider offers none of rustls's safe default protocol versions.
+pub fn ring_client_builder(
+    roots: Arc<rustls::RootCertStore>,
+) -> Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>> {
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots))
 }
 
 /// An MQTT username and password.

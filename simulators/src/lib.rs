@@ -1,10 +1,12 @@
-//! Stand-ins for the world around pixgate: receipt printers over MQTT ([`printer`]) or a
-//! raw byte transport ([`raw_printer`]), card machines ([`terminal`]), a fleet of both on
-//! one broker ([`fleet`], [`device`]), and the upstream capture job ([`capture`]). What a
-//! device makes of a job (the paper, the screen) is the `preview` crate's.
+//! Stand-ins for the world around pixgate: receipt printers over MQTT ([`printer`]), on a
+//! raw byte transport ([`raw_printer`]) or polling a Star CloudPRNT server ([`cloudprnt`]),
+//! card machines ([`terminal`]), a fleet of both on one broker ([`fleet`], [`device`]), and
+//! the upstream capture job ([`capture`]). What a device makes of a job (the paper, the
+//! screen) is the `preview` crate's.
 
 pub mod capture;
 pub mod cli;
+pub mod cloudprnt;
 pub mod device;
 pub mod effect;
 pub mod expected;

@@ -1,9 +1,11 @@
 //! Direct printers in tests: `printer-sim listen` as a child process on loopback TCP or a
 //! pseudo-terminal (real transports, not mocks), switched at run time through its state
-//! file and read back through its stdout lines and transcript; and a registry file in
-//! which a fixture printer is driven directly.
+//! file and read back through its stdout lines and transcript; `printer-sim cloudprnt`, a
+//! Star CloudPRNT printer polling a server, likewise; and a registry file in which a
+//! fixture printer is driven directly.
 
 use serde_json::Value;
+use std::cell::Cell;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -115,6 +117,146 @@ impl RawSim {
 }
 
 impl Drop for RawSim {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running `printer-sim cloudprnt` and the lines it prints (`polling …`, `refused …`,
+/// `duplicate …`, `printed … token=…`).
+pub struct CloudSim {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// `printed` lines read so far, by any method.
+    printed_seen: Cell<usize>,
+    /// Where its PNGs, `jobs.jsonl` and `state` file are.
+    pub out: PathBuf,
+}
+
+impl CloudSim {
+    /// Starts `printer-sim cloudprnt --out OUT --state-file OUT/state ARGS…` (ARGS: at
+    /// least `--url URL --mac MAC`). `out` is created; the state file is written `ready`
+    /// unless it exists (write it first to start in another condition).
+    ///
+    /// # Panics
+    /// The binary is not built (`cargo build --workspace --bins`) or cannot start.
+    pub fn start(out: &Path, args: &[&str]) -> CloudSim {
+        std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+        let state = out.join("state");
+        if !state.exists() {
+            std::fs::write(&state, "ready").expect("state file");
+        }
+        let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
+        let mut child = Command::new(bin)
+            .arg("cloudprnt")
+            .arg("--out")
+            .arg(out)
+            .arg("--state-file")
+            .arg(&state)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("printer-sim starts (cargo build --workspace --bins)");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        CloudSim { child, lines, printed_seen: Cell::new(0), out: out.to_path_buf() }
+    }
+
+    /// The next line, counting `printed` lines.
+    fn next_line(&self, waiting_for: &str) -> String {
+        let l = self
+            .lines
+            .recv_timeout(LINE_TIMEOUT)
+            .unwrap_or_else(|e| panic!("printer-sim cloudprnt said no {waiting_for:?}: {e}"));
+        if l.starts_with("printed ") {
+            self.printed_seen.set(self.printed_seen.get() + 1);
+        }
+        l
+    }
+
+    /// The rest of the next line starting with `prefix`, skipping others.
+    ///
+    /// # Panics
+    /// No such line within [`LINE_TIMEOUT`].
+    pub fn line(&self, prefix: &str) -> String {
+        loop {
+            if let Some(rest) = self.next_line(prefix).strip_prefix(prefix) {
+                return rest.trim().to_string();
+            }
+        }
+    }
+
+    /// Every line up to and including the next that starts with `prefix`.
+    ///
+    /// # Panics
+    /// No such line within [`LINE_TIMEOUT`].
+    pub fn lines_until(&self, prefix: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let l = self.next_line(prefix);
+            let done = l.starts_with(prefix);
+            seen.push(l);
+            if done {
+                return seen;
+            }
+        }
+    }
+
+    /// Waits until the `n`-th `printed` line since the start (counting those already read
+    /// by [`CloudSim::line`] and [`CloudSim::lines_until`]); returns the lines read on the
+    /// way (empty if it had already come).
+    ///
+    /// # Panics
+    /// No such line within [`LINE_TIMEOUT`] of each other line.
+    pub fn wait_printed(&self, n: usize) -> Vec<String> {
+        let mut seen = Vec::new();
+        while self.printed_seen.get() < n {
+            seen.push(self.next_line(&format!("printed (number {n})")));
+        }
+        seen
+    }
+
+    /// Switches the simulated printer (the state file's words: `ready`, `paper-out`,
+    /// `paper-near-end`, `cover-open`, `offline`).
+    ///
+    /// # Panics
+    /// The file cannot be written.
+    pub fn set_state(&self, words: &str) {
+        std::fs::write(self.out.join("state"), words).expect("state file");
+    }
+
+    /// The jobs printed so far, from `jobs.jsonl`: each PNG's path and its job token (empty
+    /// when the server gave none).
+    ///
+    /// # Panics
+    /// A line of `jobs.jsonl` is not a job record.
+    pub fn printed(&self) -> Vec<(PathBuf, String)> {
+        let text = std::fs::read_to_string(self.out.join("jobs.jsonl")).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                let rec: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("jobs.jsonl line {l:?}: {e}"));
+                let file = rec["file"].as_str().unwrap_or_else(|| panic!("no file in {l:?}"));
+                (self.out.join(file), rec["token"].as_str().unwrap_or("").to_string())
+            })
+            .collect()
+    }
+
+    /// Kills it at once (SIGKILL), as a printer switched off mid-job.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for CloudSim {
     fn drop(&mut self) {
         self.kill();
     }

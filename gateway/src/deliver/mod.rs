@@ -2,9 +2,11 @@
 //! devices ([`transport`]) and its implementations: the embedded MQTT broker ([`mqtt`]), an
 //! external MQTT broker ([`broker`]), one of the two chosen at start ([`device_link`]); the
 //! publisher of parked dead letters to Kafka ([`deadletter`]); printers driven directly over
-//! TCP 9100, serial or USB ([`direct`]).
+//! TCP 9100, serial or USB ([`direct`]); printers that poll pixgate over Star CloudPRNT
+//! ([`cloudprnt`]).
 
 pub mod broker;
+pub mod cloudprnt;
 pub mod deadletter;
 pub mod device_link;
 pub mod direct;

@@ -3,7 +3,12 @@
 //! printers whose registry document does not say, the local printers file
 //! (`direct.printers_file`). The registry writes here (`route::registry`); the delivery
 //! transport reads it for every job it hands on (`deliver::direct`).
+//!
+//! It also keeps the printers that poll pixgate over their maker's cloud protocol
+//! (`printer.transport` `cloudprnt-http`, [`CloudSettings`]), which the registry alone
+//! names: the other printers that are not on pixgate's MQTT device protocol.
 
+use crate::model::cloud_printer::CloudSettings;
 use crate::model::endpoint::{BadEndpoint, Endpoint};
 use cdc::Interrupted;
 use render::codepage::CodePage;
@@ -87,12 +92,13 @@ pub enum BadPrintersFile {
 pub struct DirectPrinters {
     registry: RwLock<HashMap<String, DirectSettings>>,
     local: HashMap<String, DirectSettings>,
+    cloud: RwLock<HashMap<String, CloudSettings>>,
 }
 
 impl DirectPrinters {
     /// Printers from the local file only (the registry adds its own as it is applied).
     pub fn with_local(local: HashMap<String, DirectSettings>) -> DirectPrinters {
-        DirectPrinters { registry: RwLock::default(), local }
+        DirectPrinters { registry: RwLock::default(), local, cloud: RwLock::default() }
     }
 
     /// Reads the local printers file:
@@ -140,10 +146,28 @@ impl DirectPrinters {
         };
     }
 
-    /// How to reach `id` directly now; `None`: over MQTT.
+    /// How to reach `id` directly now; `None`: over MQTT, or a cloud printer. A cloud
+    /// printer named in the local file too is reached the registry's way.
     pub fn get(&self, id: &str) -> Option<DirectSettings> {
+        if self.cloud(id).is_some() {
+            return None;
+        }
         let r = self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         r.get(id).or_else(|| self.local.get(id)).cloned()
+    }
+
+    /// Records what the registry says of `id`: a cloud printer (`Some`) or not.
+    pub fn set_cloud(&self, id: &str, cloud: Option<CloudSettings>) {
+        let mut c = self.cloud.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match cloud {
+            Some(s) => c.insert(id.to_string(), s),
+            None => c.remove(id),
+        };
+    }
+
+    /// `id`'s settings if it polls pixgate over a cloud protocol now.
+    pub fn cloud(&self, id: &str) -> Option<CloudSettings> {
+        self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
     }
 }
 

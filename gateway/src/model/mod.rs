@@ -1,10 +1,11 @@
 //! Records shared by the stages: jobs as stored and queued ([`job`]), dead letters
-//! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), what passes between the consumer and the dispatcher ([`handoff`]),
+//! ([`dead_letter`]) and why ([`reason`]), which devices may connect ([`directory`]), which printers pixgate drives itself and where they are ([`direct_printers`], [`endpoint`]), printers that poll it over their maker's cloud protocol ([`cloud_printer`]), what passes between the consumer and the dispatcher ([`handoff`]),
 //! a job between the central shape's stages ([`device_job`]) and its partition
 //! ([`device_partition`]) and the deliver stage's log
 //! ([`delivery_log`]), the effect flags of a
 //! cutover ([`flags`]), and a Kafka partition's name ([`Partition`]).
 
+pub mod cloud_printer;
 pub mod dead_letter;
 pub mod delivery_log;
 pub mod device_job;
@@ -17,6 +18,7 @@ pub mod handoff;
 pub mod job;
 pub mod reason;
 
+pub use cloud_printer::CloudSettings;
 pub use dead_letter::DeadLetter;
 pub use device_job::DeviceJobRecord;
 pub use direct_printers::{DirectPrinters, DirectSettings};

@@ -224,6 +224,12 @@ impl prometheus_client::collector::Collector for Exposition {
         )?;
         counters(
             e,
+            "cloudprnt_refusals",
+            "Connections and requests the CloudPRNT server refused, by rule.",
+            by("rule", &s.cloudprnt_refusals),
+        )?;
+        counters(
+            e,
             "group_rejoins",
             "Times this replica rejoined a consumer group that gave it no partition of a topic, by group.",
             by("group", &s.group_rejoins),
@@ -273,6 +279,7 @@ impl prometheus_client::collector::Collector for Exposition {
             "Requests to an admin endpoint refused with 401 (missing or wrong admin token).",
             s.http_unauthorized,
         )?;
+        counter(e, "cloudprnt_polls", "Polls the CloudPRNT server answered (authenticated).", s.cloudprnt_polls)?;
         gauge(e, "deadletters_parked", "Dead letters waiting in the outbox for Kafka.", s.deadletters_parked as f64)?;
         gauge(
             e,
@@ -412,6 +419,7 @@ mod tests {
             s.effects_done.insert("print_receipt".into(), 3);
             s.job_redeliveries = 2;
             s.http_unauthorized = 3;
+            s.cloudprnt_polls = 5;
             s.outbox_jobs = 4;
             s.paused_partitions = 1;
         });
@@ -441,6 +449,7 @@ mod tests {
         assert_eq!(value(&samples, "pixgate_effects_done_total", &[("kind", "print_receipt")]), Some(3.0));
         assert_eq!(value(&samples, "pixgate_job_redeliveries_total", &[]), Some(2.0));
         assert_eq!(value(&samples, "pixgate_http_unauthorized_total", &[]), Some(3.0));
+        assert_eq!(value(&samples, "pixgate_cloudprnt_polls_total", &[]), Some(5.0));
         assert_eq!(value(&samples, "pixgate_outbox_jobs", &[]), Some(4.0));
         let device = |le: &'static str| {
             value(&samples, "pixgate_stage_latency_seconds_bucket", &[("stage", "device"), ("le", le)])

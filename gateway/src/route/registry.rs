@@ -2,7 +2,7 @@
 //! `device.upserted` events. An event older (by oplog position) than what is already applied
 //! for that device is ignored, so a redelivered old event cannot undo a newer change.
 
-use crate::model::{DirectPrinters, DirectSettings, Directory};
+use crate::model::{CloudSettings, DirectPrinters, DirectSettings, Directory};
 use cdc::{Device, DeviceKind};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +60,7 @@ impl Registry {
                 None
             });
             printers.set(id, direct.flatten());
+            printers.set_cloud(id, device.as_ref().and_then(CloudSettings::of_device));
         }
         self.devices.insert(id.to_string(), (cluster_time, device));
         if removed {

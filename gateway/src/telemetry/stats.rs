@@ -67,6 +67,11 @@ pub struct Snapshot {
     /// Sockets, CONNECTs and packets the MQTT listener refused, by rule
     /// (`deliver::mqtt::access::Rule`).
     pub mqtt_refusals: BTreeMap<String, u64>,
+    /// Connections and requests the CloudPRNT server refused, by rule
+    /// (`deliver::cloudprnt::server::Refusal`).
+    pub cloudprnt_refusals: BTreeMap<String, u64>,
+    /// Polls the CloudPRNT server answered (authenticated, within their rate).
+    pub cloudprnt_polls: u64,
     /// Requests to an admin endpoint refused with 401 (no token, a wrong one, or no token
     /// configured on a listener that is not loopback; [`crate::ops::admin`]).
     pub http_unauthorized: u64,
@@ -110,6 +115,11 @@ impl Stats {
     /// The MQTT listener refused something by `rule`.
     pub fn mqtt_refused(&self, rule: &str) {
         self.update(|s| bump(&mut s.mqtt_refusals, rule));
+    }
+
+    /// The CloudPRNT server refused something by `rule`.
+    pub fn cloudprnt_refused(&self, rule: &str) {
+        self.update(|s| bump(&mut s.cloudprnt_refusals, rule));
     }
 
     /// A record was ignored for `reason`.

@@ -10,6 +10,11 @@
 //!   [--cover-open] [--state-file FILE]` is a printer on a raw byte transport that answers
 //!   `DLE EOT` (`simulators::raw_printer`) until killed. It prints `listening tcp ADDR` or
 //!   `listening pty /dev/pts/N` first, then `printed PATH` for each job.
+//! - `printer-sim cloudprnt --url URL --mac MAC --out DIR [--user ID (--password-file FILE |
+//!   --secrets FILE)] [--ca CA.crt] [--poll-ms 5000] [--state-file FILE] [--skip-confirm N]
+//!   [--paper 80]` is a Star CloudPRNT printer (HTTP method, `simulators::cloudprnt`)
+//!   polling URL until killed. It prints `polling URL` first, then `printed PATH
+//!   token=TOKEN`, `duplicate TOKEN` and `refused STATUS` as they happen.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -17,10 +22,13 @@ use preview::escpos::status::PrinterCondition;
 use render::codepage::CodePage;
 use render::profile::profile_for_model;
 use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
+use simulators::cloudprnt::{BasicAuth, CloudPrinter, CloudPrntOptions};
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;
+use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(about = "Simulated ESC/POS receipt printer")]
@@ -114,6 +122,47 @@ enum Cmd {
         #[arg(long, requires = "pty")]
         xonxoff: bool,
     },
+    /// Be a Star CloudPRNT printer (HTTP method): poll URL, fetch jobs as image/png, save
+    /// them, confirm them; until killed.
+    #[command(group(clap::ArgGroup::new("password").args(["password_file", "secrets"]).requires("user")))]
+    Cloudprnt {
+        /// The CloudPRNT server URL the printer polls (POST) and, unless the poll answer
+        /// names others, fetches (GET) and confirms (DELETE) jobs at.
+        #[arg(long)]
+        url: String,
+        /// The MAC address the printer reports (`printerMAC`, `mac=`), e.g. 00:11:62:0a:1b:2c.
+        #[arg(long)]
+        mac: String,
+        /// Where PNGs (`NNNN-print.png`) and `jobs.jsonl` go.
+        #[arg(long)]
+        out: PathBuf,
+        /// HTTP Basic authentication user name; needs --password-file or --secrets.
+        #[arg(long, requires = "password")]
+        user: Option<String>,
+        /// File holding the password (trimmed).
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+        /// A JSON object {"<id>": "<secret>", ...} (the --mqtt-secrets format); the
+        /// password is the entry of --user.
+        #[arg(long, value_name = "FILE")]
+        secrets: Option<PathBuf>,
+        /// Verify https servers against this CA file (PEM), the only root trusted.
+        #[arg(long, value_name = "FILE")]
+        ca: Option<PathBuf>,
+        /// Time between polls, ms.
+        #[arg(long, default_value_t = 5000)]
+        poll_ms: u64,
+        /// Read the condition from this file before each poll (words `paper-out`,
+        /// `paper-near-end`, `cover-open`, `offline`; empty, missing or `ready`: ready).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
+        /// Print the first N jobs but do not confirm them (a lost confirmation).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        skip_confirm: u64,
+        /// Paper width in mm (58, 80 or 112).
+        #[arg(long, default_value_t = 80)]
+        paper: u8,
+    },
 }
 
 fn code_page(name: &str) -> Result<CodePage> {
@@ -188,6 +237,49 @@ async fn main() -> Result<()> {
                 println!("listening pty {}", line.path());
                 line.serve(&mut printer, &mut StdoutReport)?;
             }
+        }
+        Cmd::Cloudprnt {
+            url,
+            mac,
+            out,
+            user,
+            password_file,
+            secrets,
+            ca,
+            poll_ms,
+            state_file,
+            skip_confirm,
+            paper,
+        } => {
+            let url = url.parse().with_context(|| format!("--url {url:?} is not a URL"))?;
+            let auth = match (user, password_file, secrets) {
+                (Some(user), Some(file), _) => {
+                    Some(BasicAuth { password: simulators::cloudprnt::password_from_file(&file)?, user })
+                }
+                (Some(user), None, Some(file)) => {
+                    Some(BasicAuth { password: simulators::cloudprnt::password_from_secrets(&file, &user)?, user })
+                }
+                _ => None,
+            };
+            let printer = CloudPrinter::new(CloudPrntOptions {
+                url,
+                mac,
+                out,
+                auth,
+                ca,
+                poll: Duration::from_millis(poll_ms),
+                state_file,
+                skip_confirm,
+                paper_mm: paper,
+            })?;
+            // Tests read these lines as they come: flush each.
+            printer
+                .run(&mut |event| {
+                    let mut stdout = std::io::stdout().lock();
+                    let _ = writeln!(stdout, "{event}");
+                    let _ = stdout.flush();
+                })
+                .await;
         }
     }
     Ok(())

@@ -1,0 +1,343 @@
+//! What each CloudPRNT printer is offered: the job the dispatcher has in flight for it,
+//! waiting for the printer's next poll, and the printer's condition as its polls report
+//! it.
+//!
+//! The dispatcher keeps one job in flight per device; "sending" it to a printer that pulls
+//! its jobs means offering it ([`Board::offer`]). The next poll answers `jobReady` with the
+//! job's message id as `jobToken`; the printer GETs it (no side effects: the offer stays)
+//! and confirms with a DELETE, which becomes the same [`Ack`] an MQTT printer publishes
+//! ([`Board::confirm`]). An offer sent again (the ack timeout) is the same offer; a
+//! confirmation for a token no longer offered is answered and ignored.
+//!
+//! A printer that has not polled for `cloudprnt.offline_after_ms` (or never since the
+//! start) is reported `online: false`, so its queue is held instead of its jobs' deliveries
+//! running out while it is switched off; its jobs still expire by their time to live.
+
+use super::status::Condition;
+use crate::model::{DirectPrinters, Incoming};
+use bytes::Bytes;
+use device_protocol::{Ack, Job, Status};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How a printer confirmed a job (the DELETE's `code`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confirmation {
+    /// Printed: `OK`, or a 2xx code.
+    Printed,
+    /// `520`-`529`: the download failed or timed out; offered again.
+    Download(String),
+    /// Any other code (`510` incompatible media, `511` decoding error, `521` too large…):
+    /// this job cannot print there; it fails for good.
+    Refused(String),
+}
+
+impl Confirmation {
+    /// Reads a DELETE's `code` (URL-decoded already or not).
+    pub fn of_code(code: &str) -> Confirmation {
+        let code = super::status::decode(code).trim().to_string();
+        if code.eq_ignore_ascii_case("ok") || code.starts_with('2') {
+            Confirmation::Printed
+        } else if code.starts_with("52") {
+            Confirmation::Download(code)
+        } else {
+            Confirmation::Refused(code)
+        }
+    }
+}
+
+/// One job offered to a printer.
+#[derive(Debug, Clone)]
+pub struct Offer {
+    /// The job's message id: the `jobToken`.
+    pub message_id: String,
+    /// Its seq in the device's queue.
+    pub seq: u64,
+    /// Its JSON as stored.
+    pub wire: Bytes,
+    /// Its picture, drawn at the first GET and kept for the GETs after.
+    pub picture: Arc<OnceLock<Arc<Vec<u8>>>>,
+}
+
+/// One printer's state.
+#[derive(Debug, Default)]
+struct Printer {
+    offer: Option<Offer>,
+    last_poll: Option<Instant>,
+    /// The last status told to the dispatcher.
+    reported: Option<Status>,
+}
+
+/// Why a poll is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollRefused {
+    /// Faster than `cloudprnt.max_polls_per_second`.
+    Rate,
+}
+
+/// The offers and conditions of every CloudPRNT printer.
+pub struct Board {
+    printers: Arc<DirectPrinters>,
+    incoming: mpsc::Sender<Incoming>,
+    offline_after: Duration,
+    min_poll_gap: Duration,
+    state: Mutex<HashMap<String, Printer>>,
+}
+
+impl Board {
+    /// A board for the cloud printers `printers` names, telling acks and status on
+    /// `incoming` (the dispatcher's, as MQTT devices' are).
+    pub fn new(
+        printers: Arc<DirectPrinters>,
+        incoming: mpsc::Sender<Incoming>,
+        offline_after: Duration,
+        max_polls_per_second: u32,
+    ) -> Board {
+        Board {
+            printers,
+            incoming,
+            offline_after,
+            min_poll_gap: Duration::from_secs(1) / max_polls_per_second.max(1),
+            state: Mutex::default(),
+        }
+    }
+
+    /// Whether `device` is a cloud printer now.
+    pub fn serves(&self, device: &str) -> bool {
+        self.printers.cloud(device).is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Printer>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Offers `wire` to `device`'s next poll (replacing an older offer: the dispatcher has
+    /// moved on from it). Never waits. A printer not polling is reported offline.
+    pub fn offer(&self, device: &str, wire: Bytes) {
+        let job = match serde_json::from_slice::<Job>(&wire) {
+            Ok(j) => j,
+            Err(e) => {
+                // Not a job at all: nothing to acknowledge it by; the ack timeout ends it.
+                tracing::error!(device, error = %e, "a CloudPRNT printer was handed bytes that are not a job");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut state = self.lock();
+        let p = state.entry(device.to_string()).or_default();
+        if p.offer.as_ref().is_none_or(|o| o.message_id != job.message_id) {
+            tracing::debug!(device, seq = job.seq, message_id = %job.message_id, "offered to the printer's next poll");
+            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture: Arc::default() });
+        }
+        if !self.polling(p, now) {
+            self.report(device, p, Status { v: 1, online: false, printer: None });
+        }
+    }
+
+    fn polling(&self, p: &Printer, now: Instant) -> bool {
+        p.last_poll.is_some_and(|t| now.duration_since(t) < self.offline_after)
+    }
+
+    /// Tells the dispatcher `status` if it changed. Never waits: a full channel leaves it
+    /// untold, and the next poll or check tells it.
+    fn report(&self, device: &str, p: &mut Printer, status: Status) {
+        if p.reported == Some(status.clone()) {
+            return;
+        }
+        let msg = Incoming::Status { device: device.to_string(), status: status.clone() };
+        if self.incoming.try_send(msg).is_ok() {
+            p.reported = Some(status);
+        }
+    }
+
+    /// A poll from `device` reporting `condition`: the token of the job to print now, if
+    /// there is one and the printer can print it (not `printing` another).
+    ///
+    /// # Errors
+    /// [`PollRefused::Rate`]: too soon after its last poll.
+    pub fn poll(&self, device: &str, condition: &Condition, printing: bool) -> Result<Option<String>, PollRefused> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let p = state.entry(device.to_string()).or_default();
+        if p.last_poll.is_some_and(|t| now.duration_since(t) < self.min_poll_gap) {
+            return Err(PollRefused::Rate);
+        }
+        p.last_poll = Some(now);
+        let status = condition.status();
+        let can_print = status.online && status.printer.is_none_or(|s| s.can_print());
+        self.report(device, p, status);
+        Ok(p.offer.as_ref().filter(|_| can_print && !printing).map(|o| o.message_id.clone()))
+    }
+
+    /// The job offered to `device` under `token` (or the one offered, for firmware that
+    /// sends no token).
+    pub fn job(&self, device: &str, token: Option<&str>) -> Option<Offer> {
+        let state = self.lock();
+        let offer = state.get(device)?.offer.as_ref()?;
+        token.is_none_or(|t| t == offer.message_id).then(|| offer.clone())
+    }
+
+    /// The printer confirmed the job under `token` (or the one offered, without a token):
+    /// the offer ends and the dispatcher gets its ack. `false` when no such job is offered
+    /// (confirmed already, or superseded).
+    pub async fn confirm(&self, device: &str, token: Option<&str>, how: Confirmation) -> bool {
+        let offer = {
+            let mut state = self.lock();
+            let Some(p) = state.get_mut(device) else { return false };
+            if p.offer.as_ref().is_none_or(|o| token.is_some_and(|t| t != o.message_id)) {
+                return false;
+            }
+            p.offer.take()
+        };
+        let Some(o) = offer else { return false };
+        let ack = match how {
+            Confirmation::Printed => Ack::done(&o.message_id, o.seq, false),
+            Confirmation::Download(code) => Ack::failed(&o.message_id, o.seq, format!("printer: {code}"), false),
+            Confirmation::Refused(code) => {
+                Ack::failed(&o.message_id, o.seq, format!("printer cannot print it: {code}"), true)
+            }
+        };
+        tracing::info!(device, seq = o.seq, message_id = %o.message_id, result = ?ack.result, reason = ack.reason.as_deref().unwrap_or(""), "CloudPRNT printer confirmed");
+        let _ = self.incoming.send(Incoming::Ack { device: device.to_string(), ack }).await;
+        true
+    }
+
+    /// The offer under `token` cannot be drawn: it fails for good with `why`.
+    pub async fn fail(&self, device: &str, token: &str, why: String) {
+        let offer = {
+            let mut state = self.lock();
+            let Some(p) = state.get_mut(device) else { return };
+            if p.offer.as_ref().is_none_or(|o| o.message_id != token) {
+                return;
+            }
+            p.offer.take()
+        };
+        if let Some(o) = offer {
+            let ack = Ack::failed(&o.message_id, o.seq, why, true);
+            let _ = self.incoming.send(Incoming::Ack { device: device.to_string(), ack }).await;
+        }
+    }
+
+    /// Reports offline every printer silent for `offline_after` (module docs), and forgets
+    /// those no longer cloud printers with nothing offered. Called every second.
+    pub fn check(&self) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.retain(|device, p| p.offer.is_some() || self.printers.cloud(device).is_some());
+        for (device, p) in state.iter_mut() {
+            if !self.polling(p, now) && p.reported.as_ref().is_none_or(|s| s.online) {
+                if p.last_poll.is_some() {
+                    tracing::warn!(device = %device, "CloudPRNT printer stopped polling; its queue is held");
+                }
+                self.report(device, p, Status { v: 1, online: false, printer: None });
+            }
+        }
+    }
+
+    /// Runs [`Board::check`] every second until `shutdown`.
+    pub async fn watch(self: Arc<Self>, shutdown: crate::shutdown::Shutdown) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.check(),
+                () = shutdown.requested() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CloudSettings;
+    use device_protocol::{AckResult, EffectKind, PrinterState};
+    use render::codepage::CodePage;
+
+    fn board() -> (Board, mpsc::Receiver<Incoming>) {
+        let printers = Arc::new(DirectPrinters::default());
+        let s = CloudSettings {
+            mac: "00:11:62:00:00:01".into(),
+            width_dots: 576,
+            code_page: CodePage::Cp860,
+            model: String::new(),
+        };
+        printers.set_cloud("p", Some(s));
+        let (tx, rx) = mpsc::channel(16);
+        (Board::new(printers, tx, Duration::from_secs(60), u32::MAX), rx)
+    }
+
+    fn wire(id: &str, seq: u64) -> Bytes {
+        let mut job = crate::test_fixtures::job(id, EffectKind::PrintReceipt, "c");
+        job.seq = seq;
+        Bytes::from(job.to_json())
+    }
+
+    fn ready() -> Condition {
+        Condition::read("200 OK", None)
+    }
+
+    /// Offer, poll, GET, confirm: the token is the message id, a resend is the same offer,
+    /// the confirmation is the dispatcher's ack, and a second confirmation is ignored.
+    #[tokio::test]
+    async fn an_offer_is_polled_fetched_and_confirmed_once() {
+        let (b, mut rx) = board();
+        b.offer("p", wire("m1", 1));
+        let held = rx.try_recv().unwrap();
+        assert!(matches!(&held, Incoming::Status { status, .. } if !status.online), "never polled: {held:?}");
+        assert_eq!(b.poll("p", &ready(), false), Ok(Some("m1".into())));
+        let online = rx.try_recv().unwrap();
+        assert!(
+            matches!(&online, Incoming::Status { status, .. } if status.online && status.printer == Some(PrinterState::Ready))
+        );
+        b.offer("p", wire("m1", 1));
+        assert!(rx.try_recv().is_err(), "a resend changes nothing");
+        assert_eq!(b.job("p", Some("m1")).unwrap().seq, 1);
+        assert!(b.job("p", Some("m0")).is_none());
+        assert_eq!(b.poll("p", &ready(), true), Ok(None), "printing: not offered again meanwhile");
+        assert!(b.confirm("p", Some("m1"), Confirmation::of_code("OK")).await);
+        let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
+        assert_eq!((ack.message_id.as_str(), ack.seq, ack.result), ("m1", 1, AckResult::Done));
+        assert!(!b.confirm("p", Some("m1"), Confirmation::Printed).await, "confirmed already");
+        assert_eq!(b.poll("p", &ready(), false), Ok(None), "nothing offered");
+    }
+
+    /// Paper out is told and offers nothing; a 520 is a transient failure, a 510 a
+    /// permanent one; polls faster than the bound are refused.
+    #[tokio::test]
+    async fn conditions_codes_and_rate() {
+        let (b, mut rx) = board();
+        let b = Board { min_poll_gap: Duration::from_millis(200), ..b };
+        b.offer("p", wire("m1", 1));
+        let _ = rx.try_recv();
+        assert_eq!(b.poll("p", &Condition::read("410%20Out%20of%20Paper", None), false), Ok(None));
+        let Incoming::Status { status, .. } = rx.try_recv().unwrap() else { panic!() };
+        assert_eq!(status.printer, Some(PrinterState::PaperOut));
+        assert_eq!(b.poll("p", &ready(), false), Err(PollRefused::Rate));
+        assert!(b.confirm("p", None, Confirmation::of_code("520%20Download%20Timeout")).await);
+        let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
+        assert_eq!((ack.result, ack.permanent), (AckResult::Failed, false));
+        b.offer("p", wire("m2", 2));
+        assert!(b.confirm("p", Some("m2"), Confirmation::of_code("510 Incompatible Media Type")).await);
+        let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
+        assert_eq!((ack.message_id.as_str(), ack.result, ack.permanent), ("m2", AckResult::Failed, true));
+        assert_eq!(Confirmation::of_code("200%20OK"), Confirmation::Printed);
+    }
+
+    /// A printer that stops polling is reported offline once.
+    #[tokio::test]
+    async fn a_silent_printer_is_reported_offline() {
+        let (b, mut rx) = board();
+        let b = Board { offline_after: Duration::from_millis(50), ..b };
+        assert_eq!(b.poll("p", &ready(), false), Ok(None));
+        assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if status.online));
+        b.check();
+        assert!(rx.try_recv().is_err(), "polled just now");
+        std::thread::sleep(Duration::from_millis(80));
+        b.check();
+        assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if !status.online));
+        b.check();
+        assert!(rx.try_recv().is_err(), "told once");
+    }
+}

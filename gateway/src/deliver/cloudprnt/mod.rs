@@ -1,0 +1,89 @@
+//! Printers that fetch their own jobs over Star CloudPRNT's HTTP method: a stock Star
+//! network printer pointed at pixgate (its web settings: server URL, user name, password)
+//! prints pixgate's receipts with no firmware of pixgate's and no box beside it.
+//!
+//! The printer polls; the job the dispatcher has in flight for it is offered to the poll,
+//! fetched as a picture and confirmed when printed ([`board`]); the queue, order, one job
+//! in flight, resends, time to live and dead letters are the dispatcher's, as for every
+//! device. Parts: the poll's condition ([`status`]), the picture ([`media`]), the
+//! endpoint and who may use it ([`server`]), its sockets ([`listener`]), the seam
+//! ([`routed`]).
+//!
+//! The job token is the job's message id: a printer that printed a job but whose
+//! confirmation was lost is offered the same token again, and a printer that remembers
+//! its last tokens (as Star's MQTT method requires) does not print it twice.
+
+pub mod board;
+pub mod listener;
+pub mod media;
+pub mod routed;
+pub mod server;
+pub mod status;
+
+pub use board::Board;
+pub use routed::CloudRouted;
+
+use crate::config::{CloudPrntConfig, TlsConfig};
+use crate::deliver::mqtt::auth::Secrets;
+use crate::model::{DirectPrinters, Directory};
+use crate::shutdown::Shutdown;
+use crate::telemetry::Stats;
+use anyhow::Context;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Starts the server on `cfg.listen` (and the board's offline check, whether or not it
+/// listens), until `shutdown`. `secrets` is `mqtt.credentials`. Returns where it listens.
+///
+/// # Errors
+/// `cfg.listen` cannot be bound, or neither `cfg.plain` nor a usable `tls_cert`/`tls_key`
+/// is given.
+pub async fn start(
+    cfg: &CloudPrntConfig,
+    board: Arc<Board>,
+    printers: Arc<DirectPrinters>,
+    directory: Arc<Directory>,
+    secrets: Option<PathBuf>,
+    stats: Arc<Stats>,
+    shutdown: Shutdown,
+) -> anyhow::Result<Option<SocketAddr>> {
+    shutdown.spawn(board.clone().watch(shutdown.clone()));
+    let Some(listen) = &cfg.listen else { return Ok(None) };
+    let tls = if cfg.plain {
+        tracing::warn!(%listen, "cloudprnt.plain: printers' passwords cross the network readable");
+        None
+    } else {
+        let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) else {
+            anyhow::bail!("cloudprnt.listen needs cloudprnt.tls_cert and cloudprnt.tls_key (or cloudprnt.plain for a loopback test)");
+        };
+        let tls = TlsConfig { cert: cert.clone(), key: key.clone(), client_ca: None, crls: Vec::new(), reload_ms: 0 };
+        let config = crate::deliver::mqtt::tls::server_config(&tls).context("cloudprnt TLS")?;
+        Some(tokio_rustls::TlsAcceptor::from(config))
+    };
+    let tcp =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding cloudprnt.listen `{listen}`"))?;
+    let server = server::Server {
+        board,
+        printers,
+        directory,
+        secrets: secrets.map(|p| Arc::new(Secrets::new(p))),
+        stats,
+        log: Arc::default(),
+    };
+    let handshake = Duration::from_millis(cfg.request_timeout_ms.max(1));
+    let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;
+    let local = axum::serve::Listener::local_addr(&listener)?;
+    tracing::info!(listen = %local, tls = !cfg.plain, "CloudPRNT server listening");
+    let routes = server::routes(server, cfg.max_body_bytes);
+    let until = shutdown.clone();
+    shutdown.spawn(async move {
+        if let Err(e) =
+            axum::serve(listener, routes).with_graceful_shutdown(async move { until.requested().await }).await
+        {
+            tracing::error!(error = %e, "CloudPRNT server failed");
+        }
+    });
+    Ok(Some(local))
+}

@@ -1,0 +1,259 @@
+//! The CloudPRNT endpoint a printer is pointed at, `/cloudprnt` (Star CloudPRNT protocol
+//! guide, "HTTP method reference"; one URL for the three requests):
+//!
+//! | request | what |
+//! |---|---|
+//! | `POST /cloudprnt` | the poll: JSON `statusCode`, `status` (ASB), `printerMAC`, `printingInProgress`; answered `{"jobReady": false}` or `{"jobReady": true, "mediaTypes": ["image/png"], "jobToken": MESSAGE_ID, "deleteMethod": "DELETE"}` |
+//! | `GET /cloudprnt?type=image/png&mac=MAC&token=T` | the job's picture; no side effects, the same bytes every time; `404` when `T` is not offered |
+//! | `DELETE /cloudprnt?mac=MAC&code=OK&token=T` | printed (`OK` or 2xx), or why not: the dispatcher's ack; `200` always |
+//!
+//! Every request carries HTTP Basic credentials (the printer's web settings: user name,
+//! password): the device id and the secret issued to it, checked against
+//! `mqtt.credentials`. The device must be a registered, enabled `cloudprnt-http` printer,
+//! and the MAC the request names (`printerMAC`, `mac`) the one its registry document
+//! gives: a printer reaches only its own jobs. Every refusal is counted
+//! (`cloudprnt_refusals{rule}`) and logged (bounded, [`LogLimit`]). Anything else on the
+//! listener (Star firmware's `cloudprnt-setting.json` included) is `404`: pixgate serves
+//! the HTTP method only.
+
+use super::board::{Board, Confirmation, PollRefused};
+use super::media;
+use super::status::Condition;
+use crate::deliver::mqtt::auth::Secrets;
+use crate::model::{CloudSettings, DirectPrinters, Directory, Standing};
+use crate::telemetry::log_limit::LogLimit;
+use crate::telemetry::Stats;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine;
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// Why a request was refused: the `rule` of the log line and the label on `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// No HTTP Basic credentials: `401`.
+    NoCredentials,
+    /// A wrong secret, or none issued: `401`.
+    BadCredentials,
+    /// Not a registered `cloudprnt-http` printer: `403`.
+    UnknownDevice,
+    /// Registered with `enabled: false`: `403`.
+    DisabledDevice,
+    /// The request's MAC is not the registry's for that printer (or names none): `403`.
+    MacMismatch,
+    /// A poll body that is not CloudPRNT's JSON: `400`.
+    Malformed,
+    /// Polls beyond `cloudprnt.max_polls_per_second`: `429`.
+    PollRate,
+    /// `cloudprnt.max_connections` open already: the connection is closed.
+    Capacity,
+    /// The TLS handshake failed or did not end in `cloudprnt.request_timeout_ms`.
+    TlsHandshake,
+}
+
+impl Refusal {
+    /// The label: `no_credentials`, `bad_credentials`, `unknown_device`,
+    /// `disabled_device`, `mac_mismatch`, `malformed`, `poll_rate`, `capacity`,
+    /// `tls_handshake`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoCredentials => "no_credentials",
+            Refusal::BadCredentials => "bad_credentials",
+            Refusal::UnknownDevice => "unknown_device",
+            Refusal::DisabledDevice => "disabled_device",
+            Refusal::MacMismatch => "mac_mismatch",
+            Refusal::Malformed => "malformed",
+            Refusal::PollRate => "poll_rate",
+            Refusal::Capacity => "capacity",
+            Refusal::TlsHandshake => "tls_handshake",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            Refusal::NoCredentials | Refusal::BadCredentials => StatusCode::UNAUTHORIZED,
+            Refusal::Malformed => StatusCode::BAD_REQUEST,
+            Refusal::PollRate => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::FORBIDDEN,
+        }
+    }
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Server {
+    /// The offers.
+    pub board: Arc<Board>,
+    /// Which printers are cloud printers, and their MACs.
+    pub printers: Arc<DirectPrinters>,
+    /// Which devices are enabled.
+    pub directory: Arc<Directory>,
+    /// The device secrets (`mqtt.credentials`); `None`: no secret verifies.
+    pub secrets: Option<Arc<Secrets>>,
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// Bounds the log lines refusals write.
+    pub log: Arc<LogLimit>,
+}
+
+impl Server {
+    /// Counts and logs a refusal of `source` (a device id, or the user name given).
+    pub fn refuse(&self, rule: Refusal, source: &str, detail: &str) {
+        self.stats.cloudprnt_refused(rule.as_str());
+        if self.log.admit(rule.as_str(), source) {
+            tracing::warn!(rule = rule.as_str(), source, detail, "CloudPRNT request refused");
+        }
+    }
+
+    fn refusal(&self, rule: Refusal, source: &str, detail: &str) -> Response {
+        self.refuse(rule, source, detail);
+        let mut r = rule.status().into_response();
+        if rule.status() == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Basic realm=\"pixgate\""));
+        }
+        r
+    }
+
+    /// The printer the request's credentials and `mac` prove, or the refusal to answer.
+    #[allow(clippy::result_large_err)]
+    fn authenticate(&self, headers: &HeaderMap, mac: Option<&str>) -> Result<(String, CloudSettings), Response> {
+        let Some(basic) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
+        else {
+            return Err(self.refusal(Refusal::NoCredentials, "-", "no HTTP Basic credentials"));
+        };
+        let decoded = base64::engine::general_purpose::STANDARD.decode(basic.trim()).ok();
+        let Some((id, secret)) =
+            decoded.as_deref().and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| d.split_once(':'))
+        else {
+            return Err(self.refusal(Refusal::BadCredentials, "-", "HTTP Basic credentials do not decode"));
+        };
+        let Some(settings) = self.printers.cloud(id) else {
+            return Err(self.refusal(Refusal::UnknownDevice, id, "not a registered cloudprnt-http printer"));
+        };
+        if self.directory.standing(id) != Standing::Enabled {
+            return Err(self.refusal(Refusal::DisabledDevice, id, "disabled in the registry"));
+        }
+        if !self.secrets.as_ref().is_some_and(|s| s.verify(id, secret.as_bytes())) {
+            return Err(self.refusal(Refusal::BadCredentials, id, "wrong secret, or none issued"));
+        }
+        let mac = mac.map(super::status::decode);
+        if mac.as_deref().and_then(cdc::value::normalize_mac).as_deref() != Some(settings.mac.as_str()) {
+            let detail = format!("MAC {} is not the registry's {}", mac.as_deref().unwrap_or("(none)"), settings.mac);
+            return Err(self.refusal(Refusal::MacMismatch, id, &detail));
+        }
+        Ok((id.to_string(), settings))
+    }
+}
+
+/// The routes, with request bodies bounded by `max_body_bytes`.
+pub fn routes(server: Server, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/cloudprnt", post(poll).get(job).delete(confirm))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(server)
+}
+
+/// A poll's fields pixgate reads (the guide: only `statusCode` is always there).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Poll {
+    status_code: String,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default, rename = "printerMAC")]
+    printer_mac: Option<String>,
+    #[serde(default)]
+    printing_in_progress: Option<bool>,
+}
+
+async fn poll(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Response {
+    // Some firmware labels the JSON as a form: the body is read as JSON whatever it says.
+    let poll: Poll = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => return s.refusal(Refusal::Malformed, "-", &format!("poll body: {e}")),
+    };
+    let (device, _) = match s.authenticate(&headers, poll.printer_mac.as_deref()) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let condition = Condition::read(&poll.status_code, poll.status.as_deref());
+    let answer = s.board.poll(&device, &condition, poll.printing_in_progress.unwrap_or(false));
+    if answer.is_ok() {
+        s.stats.update(|c| c.cloudprnt_polls += 1);
+    }
+    match answer {
+        Err(PollRefused::Rate) => s.refusal(Refusal::PollRate, &device, "polling too often"),
+        Ok(None) => Json(serde_json::json!({ "jobReady": false })).into_response(),
+        Ok(Some(token)) => Json(serde_json::json!({
+            "jobReady": true,
+            "mediaTypes": [media::PNG],
+            "jobToken": token,
+            "deleteMethod": "DELETE",
+        }))
+        .into_response(),
+    }
+}
+
+/// The query of the job GET and the confirmation.
+#[derive(Debug, Deserialize)]
+struct JobQuery {
+    mac: Option<String>,
+    token: Option<String>,
+    #[serde(rename = "type")]
+    media: Option<String>,
+    code: Option<String>,
+}
+
+async fn job(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQuery>) -> Response {
+    let (device, settings) = match s.authenticate(&headers, q.mac.as_deref()) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    if q.media.as_deref().is_some_and(|m| m != media::PNG) {
+        return StatusCode::UNSUPPORTED_MEDIA_TYPE.into_response();
+    }
+    let Some(offer) = s.board.job(&device, q.token.as_deref()) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let picture = match offer.picture.get() {
+        Some(p) => p.clone(),
+        None => {
+            let wire = offer.wire.clone();
+            match tokio::task::spawn_blocking(move || media::png(&wire, &settings)).await {
+                Ok(Ok(png)) => offer.picture.get_or_init(|| Arc::new(png)).clone(),
+                Ok(Err(e)) => {
+                    tracing::error!(device = %device, message_id = %offer.message_id, error = %e, "the job cannot be drawn for the printer");
+                    s.board.fail(&device, &offer.message_id, e.to_string()).await;
+                    return StatusCode::NOT_FOUND.into_response();
+                }
+                Err(e) => {
+                    tracing::error!(device = %device, error = %e, "drawing the job panicked");
+                    return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+                }
+            }
+        }
+    };
+    tracing::debug!(device = %device, seq = offer.seq, message_id = %offer.message_id, bytes = picture.len(), "job fetched by the printer");
+    ([(header::CONTENT_TYPE, media::PNG)], picture.to_vec()).into_response()
+}
+
+async fn confirm(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQuery>) -> Response {
+    let (device, _) = match s.authenticate(&headers, q.mac.as_deref()) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let how = Confirmation::of_code(q.code.as_deref().unwrap_or(""));
+    if !s.board.confirm(&device, q.token.as_deref(), how).await {
+        tracing::debug!(device = %device, token = q.token.as_deref().unwrap_or(""), "confirmation of a job not offered; ignored");
+    }
+    StatusCode::OK.into_response()
+}

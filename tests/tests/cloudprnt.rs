@@ -1,0 +1,290 @@
+//! Printers that poll pixgate over Star CloudPRNT's HTTP method: a fixture printer whose
+//! registry document says `printer.transport: cloudprnt-http` with its `printer.mac`,
+//! played by `printer-sim cloudprnt` (a client written from Star's protocol guide) over
+//! real TLS with certificates the test makes, authenticated with a secret pixgate issued.
+//! Real tansu broker, pixgate as a child process. What the printer printed is read back
+//! from its `jobs.jsonl` (each PNG and its job token) and its PNGs, decoded.
+
+// Helpers of a test are test steps too: a panic is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use pixgate_tests::harness::Rig;
+use pixgate_tests::printer_sim::CloudSim;
+use serde_json::Value;
+use simulators::capture::{self, CaptureRecord};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A card machine of the fixtures and the printer it is paired with (58 mm, CP850).
+const TERMINAL: &str = "7f80e222f828767efc2f9162";
+const PRINTER: &str = "8baa7196b50ac2f86702824c";
+/// The MAC the registry gives the printer, and one it does not.
+const MAC: &str = "00:11:62:0a:1b:2c";
+const OTHER_MAC: &str = "00:11:62:0a:1b:2d";
+const WAIT: Duration = Duration::from_secs(90);
+
+/// The CloudPRNT server's TLS files, the printer's secret, and where it listens.
+struct Setup {
+    url: String,
+    ca: PathBuf,
+    secret_file: PathBuf,
+    env: Vec<(&'static str, String)>,
+}
+
+fn pixgate(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(bin).args(args).envs(env.iter().copied()).output().unwrap();
+    assert!(out.status.success(), "pixgate {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A fleet CA (its server certificate for 127.0.0.1), a secret issued to [`PRINTER`], and
+/// the gateway's settings for a CloudPRNT server on TLS at a free port.
+fn setup(dir: &Path) -> Setup {
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let pki = pixgate_tests::pki::Fleet::create(&dir.join("pki"), &[]).unwrap();
+    let secrets = dir.join("credentials.json");
+    let secrets_s = secrets.display().to_string();
+    let secret =
+        pixgate(&bin, &["devices", "credentials", "issue", PRINTER], &[("PIXGATE_MQTT__CREDENTIALS", &secrets_s)]);
+    let secret_file = dir.join("printer.secret");
+    std::fs::write(&secret_file, secret.trim()).unwrap();
+    let listen = format!("127.0.0.1:{}", pixgate_tests::net::free_port());
+    let env = vec![
+        ("PIXGATE_MQTT__CREDENTIALS", secrets_s),
+        ("PIXGATE_CLOUDPRNT__LISTEN", listen.clone()),
+        ("PIXGATE_CLOUDPRNT__TLS_CERT", pki.server_cert().display().to_string()),
+        ("PIXGATE_CLOUDPRNT__TLS_KEY", pki.server_key().display().to_string()),
+        ("PIXGATE_CLOUDPRNT__OFFLINE_AFTER_MS", "3000".into()),
+        ("PIXGATE_CLOUDPRNT__MAX_POLLS_PER_SECOND", "20".into()),
+        // A lost confirmation is offered again soon.
+        ("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", "2000".into()),
+        ("PIXGATE_DELIVERY__BACKOFF_INITIAL_MS", "200".into()),
+    ];
+    Setup { url: format!("https://{listen}/cloudprnt"), ca: pki.ca_cert(), secret_file, env }
+}
+
+/// Publishes the fixture registry with [`PRINTER`] polling over CloudPRNT as [`MAC`],
+/// printing the pay-with-Pix slip too when `slip` (a QR to decode from its picture).
+async fn publish_registry(rig: &Rig, slip: bool) {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let text = std::fs::read_to_string(fixtures.join("devices.jsonl")).unwrap();
+    let mut found = 0;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut rec: Value = serde_json::from_str(l).unwrap();
+            if rec["key"] == PRINTER {
+                let p = &mut rec["value"]["fullDocument"]["printer"];
+                p["transport"] = "cloudprnt-http".into();
+                p["mac"] = MAC.to_ascii_uppercase().into();
+                p["printPixSlip"] = slip.into();
+                found += 1;
+            }
+            rec.to_string()
+        })
+        .collect();
+    assert_eq!(found, 1, "the printer is a fixture device record");
+    let file = rig.dir().join("devices.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    rig.publish_registry_file(&file).await;
+}
+
+/// Charge `id` created on the card machine (`ACTIVE`: a slip with its QR on a printer set
+/// to print one) and paid (`COMPLETED`: the receipt).
+fn charge(id: &str, t: u64) -> [CaptureRecord; 2] {
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let template = pixgate_tests::charges::template(&fixtures);
+    let rec = |status, v| pixgate_tests::charges::charge_record(&template, TERMINAL, id, status, v, 60, t);
+    [rec("ACTIVE", 0), rec("COMPLETED", 1)]
+}
+
+/// Publishes the charges `ids`, one record at a time (each read before the next is sent:
+/// the jobs are queued in this order).
+async fn publish_charges(rig: &Rig, ids: &[String]) {
+    let producer = rig.producer();
+    let t = chrono::Utc::now().timestamp() as u64;
+    let mut read = rig.gateway().stats().unwrap().counters.events_read.get("charge.upserted").copied().unwrap_or(0);
+    for id in ids {
+        for r in charge(id, t) {
+            capture::publish_records(&producer, std::slice::from_ref(&r)).await.unwrap();
+            read += 1;
+            rig.wait_stats(Duration::from_secs(30), |s| {
+                s.counters.events_read.get("charge.upserted").copied() == Some(read) && s.counters.pending_records == 0
+            })
+            .await;
+        }
+    }
+}
+
+/// The printer's queued jobs, in seq order: (message id, kind).
+fn queued(rig: &Rig) -> Vec<(String, String)> {
+    let (status, body) = rig.gateway().get(&format!("/outbox/{PRINTER}")).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let listed: Value = serde_json::from_str(&body).unwrap();
+    let mut jobs: Vec<(u64, String, String)> = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| {
+            (j["seq"].as_u64().unwrap(), j["message_id"].as_str().unwrap().into(), j["kind"].as_str().unwrap().into())
+        })
+        .collect();
+    jobs.sort();
+    jobs.into_iter().map(|(_, m, k)| (m, k)).collect()
+}
+
+fn refusals(rig: &Rig, rule: &str) -> u64 {
+    rig.gateway().stats().unwrap().counters.cloudprnt_refusals.get(rule).copied().unwrap_or(0)
+}
+
+/// Proofs 1 to 4 on one printer: out of paper, its jobs are held and the poll reports it;
+/// a printer with a wrong password or another MAC gets nothing and is counted; paper back,
+/// every job prints once and in queue order, the first one after a lost confirmation (the
+/// same token offered again, not printed twice); the pictures are as wide as the head, and
+/// a pay-with-Pix slip's QR decodes to the charge's BR Code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
+    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let s = setup(&scratch);
+    let mut rig = Rig::builder("cloudprnt").envs(s.env.clone()).start().await;
+    publish_registry(&rig, true).await;
+    let ca = s.ca.display().to_string();
+    let secret = s.secret_file.display().to_string();
+    let printer_args = |mac: &'static str, secret: String| {
+        vec![
+            "--url".to_string(),
+            s.url.clone(),
+            "--mac".into(),
+            mac.into(),
+            "--user".into(),
+            PRINTER.into(),
+            "--password-file".into(),
+            secret,
+            "--ca".into(),
+            ca.clone(),
+            "--poll-ms".into(),
+            "300".into(),
+            "--paper".into(),
+            "58".into(),
+        ]
+    };
+    let out = rig.dir().join("printer");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("state"), "paper-out").unwrap();
+    let mut args = printer_args(MAC, secret.clone());
+    args.extend(["--skip-confirm".to_string(), "1".into()]);
+    let sim = CloudSim::start(&out, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    // Strangers: a wrong password, and the right one from a printer with another MAC.
+    let wrong = scratch.join("wrong.secret");
+    std::fs::write(&wrong, "not-the-secret").unwrap();
+    let stranger_args = printer_args(MAC, wrong.display().to_string());
+    let stranger =
+        CloudSim::start(&rig.dir().join("stranger"), &stranger_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(stranger.line("refused"), "401");
+    let other_args = printer_args(OTHER_MAC, secret.clone());
+    let other = CloudSim::start(&rig.dir().join("other"), &other_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(other.line("refused"), "403");
+
+    let ids: Vec<String> = "abc".chars().map(|c| c.to_string().repeat(24)).collect();
+    publish_charges(&rig, &ids).await;
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
+    let jobs = queued(&rig);
+    // A slip still queued when its charge is paid is superseded by the receipt.
+    assert!(
+        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
+        "a receipt per charge: {jobs:?}"
+    );
+    // Held: the poll reported paper out, and nothing was printed over several polls.
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
+    let (_, body) = rig.gateway().get(&format!("/outbox/{PRINTER}")).unwrap();
+    assert!(body.contains(r#""held":"paper_out""#), "{body}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sim.printed().is_empty(), "printed while out of paper");
+    assert!(refusals(&rig, "bad_credentials") >= 1, "the wrong password is counted");
+    assert!(refusals(&rig, "mac_mismatch") >= 1, "the other MAC is counted");
+
+    // Paper back: every job once, in the queue's order.
+    sim.set_state("ready");
+    let lines = sim.wait_printed(jobs.len());
+    // (The card machine is not connected: its screens stay queued.)
+    let receipts = ids.len() as u64;
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&receipts)).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while !queued(&rig).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the printer's queue empties: {:?}", queued(&rig));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let printed = sim.printed();
+    let tokens: Vec<String> = printed.iter().map(|(_, t)| t.clone()).collect();
+    let want: Vec<String> = jobs.iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(tokens, want, "each job once, in order (the job token is its message id)");
+    // The first job's confirmation was lost: it was still offered at the next poll (before
+    // the second job, one in flight) and not printed again.
+    let first = &want[0];
+    assert!(lines.iter().any(|l| l == &format!("duplicate {first}")), "the unconfirmed job came again: {lines:?}");
+    let stats = rig.gateway().stats().unwrap().counters;
+    assert_eq!(stats.deadletters_parked + stats.deadletters_published, 0, "nothing dead-lettered");
+    assert!(stats.cloudprnt_polls > jobs.len() as u64, "polls counted: {}", stats.cloudprnt_polls);
+
+    // A charge left unpaid: its slip prints. The pictures are 384 dots wide (58 mm), and
+    // the slip's QR decodes to the charge's BR Code.
+    let t = chrono::Utc::now().timestamp() as u64;
+    let [active, _] = charge(&"e".repeat(24), t);
+    capture::publish_records(&rig.producer(), &[active]).await.unwrap();
+    sim.wait_printed(jobs.len() + 1);
+    let printed = sim.printed();
+    assert_eq!(printed.len(), jobs.len() + 1);
+    for (png, _) in &printed {
+        let img = image::open(png).unwrap().to_luma8();
+        assert_eq!(img.width(), 384, "{}", png.display());
+    }
+    let template = pixgate_tests::charges::template(&pixgate_tests::demo::default_fixtures());
+    let brcode = template["value"]["fullDocument"]["brCode"].as_str().unwrap().to_string();
+    let slip = image::open(&printed[jobs.len()].0).unwrap().to_luma8();
+    let mut grid = rqrr::PreparedImage::prepare(slip);
+    let found = grid.detect_grids();
+    assert_eq!(found.len(), 1, "one QR on the slip");
+    let (_, text) = found[0].decode().unwrap();
+    assert_eq!(text, brcode);
+    for (png, _) in &printed {
+        let _ = std::fs::create_dir_all("/tmp/cloudprnt-look");
+        let _ = std::fs::copy(png, std::path::Path::new("/tmp/cloudprnt-look").join(png.file_name().unwrap()));
+    }
+    let receipt = image::open(&printed[0].0).unwrap().to_luma8();
+    assert!(rqrr::PreparedImage::prepare(receipt).detect_grids().is_empty(), "never a QR on a paid receipt");
+    assert!(stranger.printed().is_empty() && other.printed().is_empty(), "strangers printed nothing");
+    drop((sim, stranger, other));
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Proof 5: a printer that never polls holds its queue as offline, and its receipt expires
+/// by its time to live instead of being dead-lettered for running out of deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
+    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-ttl-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let s = setup(&scratch);
+    let mut env = s.env.clone();
+    env.extend([
+        ("PIXGATE_DELIVERY__TTL__PRINT_RECEIPT_S", "8".to_string()),
+        ("PIXGATE_DELIVERY__MAX_DELIVERIES", "2".into()),
+    ]);
+    let mut rig = Rig::builder("cloudprnt-ttl").envs(env).start().await;
+    publish_registry(&rig, false).await;
+    let ids = vec!["d".repeat(24)];
+    publish_charges(&rig, &ids).await;
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("offline") == Some(&1)).await;
+    rig.wait_stats(WAIT, |s| s.counters.expired.get("print_receipt") == Some(&1)).await;
+    let stats = rig.gateway().stats().unwrap().counters;
+    assert!(!stats.effects_done.contains_key("print_receipt"), "never printed");
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
