@@ -12,6 +12,7 @@ pub mod broker;
 pub mod browser;
 pub mod central;
 pub mod charges;
+pub mod cloudprnt_bench;
 pub mod cpu;
 pub mod demo;
 pub mod devices_broker;

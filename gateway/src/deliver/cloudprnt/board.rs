@@ -13,7 +13,6 @@
 //! start) is reported `online: false`, so its queue is held instead of its jobs' deliveries
 //! running out while it is switched off; its jobs still expire by their time to live.
 
-use super::status::Condition;
 use crate::model::{DirectPrinters, Incoming};
 use bytes::Bytes;
 use device_protocol::{Ack, Job, Status};
@@ -58,7 +57,7 @@ pub struct Offer {
     /// Its JSON as stored.
     pub wire: Bytes,
     /// Its picture, drawn at the first GET and kept for the GETs after.
-    pub picture: Arc<OnceLock<Arc<Vec<u8>>>>,
+    pub picture: Arc<OnceLock<Bytes>>,
 }
 
 /// One printer's state.
@@ -152,12 +151,12 @@ impl Board {
         }
     }
 
-    /// A poll from `device` reporting `condition`: the token of the job to print now, if
+    /// A poll from `device` reporting `status`: the token of the job to print now, if
     /// there is one and the printer can print it (not `printing` another).
     ///
     /// # Errors
     /// [`PollRefused::Rate`]: too soon after its last poll.
-    pub fn poll(&self, device: &str, condition: &Condition, printing: bool) -> Result<Option<String>, PollRefused> {
+    pub fn poll(&self, device: &str, status: Status, printing: bool) -> Result<Option<String>, PollRefused> {
         let now = Instant::now();
         let mut state = self.lock();
         let p = state.entry(device.to_string()).or_default();
@@ -165,7 +164,6 @@ impl Board {
             return Err(PollRefused::Rate);
         }
         p.last_poll = Some(now);
-        let status = condition.status();
         let can_print = status.online && status.printer.is_none_or(|s| s.can_print());
         self.report(device, p, status);
         Ok(p.offer.as_ref().filter(|_| can_print && !printing).map(|o| o.message_id.clone()))
@@ -251,6 +249,7 @@ impl Board {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deliver::cloudprnt::status::Condition;
     use crate::model::CloudSettings;
     use device_protocol::{AckResult, EffectKind, PrinterState};
     use render::codepage::CodePage;
@@ -274,8 +273,8 @@ mod tests {
         Bytes::from(job.to_json())
     }
 
-    fn ready() -> Condition {
-        Condition::read("200 OK", None)
+    fn ready() -> Status {
+        Condition::read("200 OK", None).status()
     }
 
     /// Offer, poll, GET, confirm: the token is the message id, a resend is the same offer,
@@ -286,7 +285,7 @@ mod tests {
         b.offer("p", wire("m1", 1));
         let held = rx.try_recv().unwrap();
         assert!(matches!(&held, Incoming::Status { status, .. } if !status.online), "never polled: {held:?}");
-        assert_eq!(b.poll("p", &ready(), false), Ok(Some("m1".into())));
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
         let online = rx.try_recv().unwrap();
         assert!(
             matches!(&online, Incoming::Status { status, .. } if status.online && status.printer == Some(PrinterState::Ready))
@@ -295,12 +294,12 @@ mod tests {
         assert!(rx.try_recv().is_err(), "a resend changes nothing");
         assert_eq!(b.job("p", Some("m1")).unwrap().seq, 1);
         assert!(b.job("p", Some("m0")).is_none());
-        assert_eq!(b.poll("p", &ready(), true), Ok(None), "printing: not offered again meanwhile");
+        assert_eq!(b.poll("p", ready(), true), Ok(None), "printing: not offered again meanwhile");
         assert!(b.confirm("p", Some("m1"), Confirmation::of_code("OK")).await);
         let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
         assert_eq!((ack.message_id.as_str(), ack.seq, ack.result), ("m1", 1, AckResult::Done));
         assert!(!b.confirm("p", Some("m1"), Confirmation::Printed).await, "confirmed already");
-        assert_eq!(b.poll("p", &ready(), false), Ok(None), "nothing offered");
+        assert_eq!(b.poll("p", ready(), false), Ok(None), "nothing offered");
     }
 
     /// Paper out is told and offers nothing; a 520 is a transient failure, a 510 a
@@ -311,10 +310,10 @@ mod tests {
         let b = Board { min_poll_gap: Duration::from_millis(200), ..b };
         b.offer("p", wire("m1", 1));
         let _ = rx.try_recv();
-        assert_eq!(b.poll("p", &Condition::read("410%20Out%20of%20Paper", None), false), Ok(None));
+        assert_eq!(b.poll("p", Condition::read("410%20Out%20of%20Paper", None).status(), false), Ok(None));
         let Incoming::Status { status, .. } = rx.try_recv().unwrap() else { panic!() };
         assert_eq!(status.printer, Some(PrinterState::PaperOut));
-        assert_eq!(b.poll("p", &ready(), false), Err(PollRefused::Rate));
+        assert_eq!(b.poll("p", ready(), false), Err(PollRefused::Rate));
         assert!(b.confirm("p", None, Confirmation::of_code("520%20Download%20Timeout")).await);
         let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
         assert_eq!((ack.result, ack.permanent), (AckResult::Failed, false));
@@ -330,7 +329,7 @@ mod tests {
     async fn a_silent_printer_is_reported_offline() {
         let (b, mut rx) = board();
         let b = Board { offline_after: Duration::from_millis(50), ..b };
-        assert_eq!(b.poll("p", &ready(), false), Ok(None));
+        assert_eq!(b.poll("p", ready(), false), Ok(None));
         assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if status.online));
         b.check();
         assert!(rx.try_recv().is_err(), "polled just now");

@@ -71,6 +71,7 @@ pub async fn start(
         secrets: secrets.map(|p| Arc::new(Secrets::new(p))),
         stats,
         log: Arc::default(),
+        drawing: Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
     };
     let handshake = Duration::from_millis(cfg.request_timeout_ms.max(1));
     let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;

@@ -99,6 +99,8 @@ pub struct Server {
     pub stats: Arc<Stats>,
     /// Bounds the log lines refusals write.
     pub log: Arc<LogLimit>,
+    /// Pictures drawn at once (CPU-bound: one per core); a GET waits for a slot.
+    pub drawing: Arc<tokio::sync::Semaphore>,
 }
 
 impl Server {
@@ -186,7 +188,7 @@ async fn poll(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Respo
         Err(r) => return r,
     };
     let condition = Condition::read(&poll.status_code, poll.status.as_deref());
-    let answer = s.board.poll(&device, &condition, poll.printing_in_progress.unwrap_or(false));
+    let answer = s.board.poll(&device, condition.status(), poll.printing_in_progress.unwrap_or(false));
     if answer.is_ok() {
         s.stats.update(|c| c.cloudprnt_polls += 1);
     }
@@ -227,9 +229,10 @@ async fn job(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQue
     let picture = match offer.picture.get() {
         Some(p) => p.clone(),
         None => {
+            let Ok(_slot) = s.drawing.acquire().await else { return StatusCode::SERVICE_UNAVAILABLE.into_response() };
             let wire = offer.wire.clone();
             match tokio::task::spawn_blocking(move || media::png(&wire, &settings)).await {
-                Ok(Ok(png)) => offer.picture.get_or_init(|| Arc::new(png)).clone(),
+                Ok(Ok(png)) => offer.picture.get_or_init(|| Bytes::from(png)).clone(),
                 Ok(Err(e)) => {
                     tracing::error!(device = %device, message_id = %offer.message_id, error = %e, "the job cannot be drawn for the printer");
                     s.board.fail(&device, &offer.message_id, e.to_string()).await;
@@ -243,7 +246,7 @@ async fn job(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQue
         }
     };
     tracing::debug!(device = %device, seq = offer.seq, message_id = %offer.message_id, bytes = picture.len(), "job fetched by the printer");
-    ([(header::CONTENT_TYPE, media::PNG)], picture.to_vec()).into_response()
+    ([(header::CONTENT_TYPE, media::PNG)], picture).into_response()
 }
 
 async fn confirm(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQuery>) -> Response {
