@@ -138,14 +138,15 @@ impl Server {
         else {
             return Err(self.refusal(Refusal::BadCredentials, "-", "HTTP Basic credentials do not decode"));
         };
+        // The secret first: without it, nobody learns which ids are printers.
+        if !self.secrets.as_ref().is_some_and(|s| s.verify(id, secret.as_bytes())) {
+            return Err(self.refusal(Refusal::BadCredentials, id, "wrong secret, or none issued"));
+        }
         let Some(settings) = self.printers.cloud(id) else {
             return Err(self.refusal(Refusal::UnknownDevice, id, "not a registered cloudprnt-http printer"));
         };
         if self.directory.standing(id) != Standing::Enabled {
             return Err(self.refusal(Refusal::DisabledDevice, id, "disabled in the registry"));
-        }
-        if !self.secrets.as_ref().is_some_and(|s| s.verify(id, secret.as_bytes())) {
-            return Err(self.refusal(Refusal::BadCredentials, id, "wrong secret, or none issued"));
         }
         let mac = mac.map(super::status::decode);
         if mac.as_deref().and_then(cdc::value::normalize_mac).as_deref() != Some(settings.mac.as_str()) {
@@ -259,4 +260,142 @@ async fn confirm(State(s): State<Server>, headers: HeaderMap, Query(q): Query<Jo
         tracing::debug!(device = %device, token = q.token.as_deref().unwrap_or(""), "confirmation of a job not offered; ignored");
     }
     StatusCode::OK.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CloudSettings, Incoming};
+    use crate::store::credentials::Credentials;
+    use crate::test_fixtures::TempDir;
+    use device_protocol::messages::CONTENT_ESCPOS;
+    use device_protocol::{AckResult, EffectKind, Job};
+    use render::codepage::CodePage;
+    use std::time::Duration;
+    use tokio::sync::mpsc;
+
+    const MAC: &str = "00:11:62:0a:1b:2c";
+
+    struct Rig {
+        _dir: TempDir,
+        url: String,
+        secrets: std::collections::HashMap<String, String>,
+        board: Arc<Board>,
+        stats: Arc<Stats>,
+        directory: Arc<Directory>,
+        incoming: mpsc::Receiver<Incoming>,
+        http: reqwest::Client,
+    }
+
+    /// A server on loopback: printer `p` (a cloud printer, enabled) and device `q` (not a
+    /// printer of this kind), each with a secret.
+    async fn rig() -> Rig {
+        let dir = TempDir::new("cloudprnt-server");
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let file = dir.path().join("secrets.json");
+        let secrets = Credentials::load(&file, true).unwrap().issue_many(["p", "q"]).unwrap().into_iter().collect();
+        let printers = Arc::new(DirectPrinters::default());
+        let settings =
+            CloudSettings { mac: MAC.into(), width_dots: 384, code_page: CodePage::Cp860, model: String::new() };
+        printers.set_cloud("p", Some(settings));
+        let directory = Arc::new(Directory::default());
+        directory.set("p", Some(true));
+        directory.set("q", Some(true));
+        let (tx, incoming) = mpsc::channel(16);
+        let board = Arc::new(Board::new(printers.clone(), tx, Duration::from_secs(60), 1_000_000));
+        let stats = Arc::new(Stats::default());
+        let server = Server {
+            board: board.clone(),
+            printers,
+            directory: directory.clone(),
+            secrets: Some(Arc::new(Secrets::new(file))),
+            stats: stats.clone(),
+            log: Arc::default(),
+            drawing: Arc::new(tokio::sync::Semaphore::new(1)),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/cloudprnt", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, routes(server, 16 << 10)).await });
+        Rig { _dir: dir, url, secrets, board, stats, directory, incoming, http: reqwest::Client::new() }
+    }
+
+    impl Rig {
+        async fn poll(&self, user: Option<(&str, &str)>, mac: &str) -> (u16, String) {
+            let mut r = self.http.post(&self.url).body(format!(
+                r#"{{"statusCode":"200%20OK","printerMAC":"{mac}","status":"23 86 00 00 00 00 00 00 00"}}"#
+            ));
+            if let Some((u, p)) = user {
+                r = r.basic_auth(u, Some(p));
+            }
+            let resp = r.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+
+        fn refused(&self, rule: &str) -> u64 {
+            self.stats.snapshot().cloudprnt_refusals.get(rule).copied().unwrap_or(0)
+        }
+    }
+
+    /// Each way in is refused with its own status and rule until the printer's own secret
+    /// and MAC are given; then the offered job is polled, fetched as a PNG and confirmed
+    /// into the dispatcher's ack.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_printer_with_its_secret_and_mac_gets_its_job() {
+        let mut r = rig().await;
+        let (p, q) = (r.secrets["p"].clone(), r.secrets["q"].clone());
+        let mut job = crate::test_fixtures::job("m1", EffectKind::PrintReceipt, "c");
+        job.seq = 1;
+        job.content_type = CONTENT_ESCPOS.into();
+        job.payload = Job::encode_payload(b"\x1b@\x1bt\x03PAGO\n\x1dVA\x03");
+        r.board.offer("p", bytes::Bytes::from(job.to_json()));
+        let _offline = r.incoming.recv().await.unwrap();
+
+        let resp = r.http.post(&r.url).body("{}").send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "a body without statusCode");
+        assert_eq!(r.refused("malformed"), 1);
+        let resp = r.http.post(&r.url).body(r#"{"statusCode":"200"}"#).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+        assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"pixgate\"");
+        assert_eq!(r.refused("no_credentials"), 1);
+        assert_eq!(r.poll(Some(("p", "guess")), MAC).await.0, 401);
+        assert_eq!(r.poll(Some(("nobody", &p)), MAC).await.0, 401, "an unknown id is a wrong secret");
+        assert_eq!(r.refused("bad_credentials"), 2);
+        assert_eq!(r.poll(Some(("q", &q)), MAC).await.0, 403, "q is no CloudPRNT printer");
+        assert_eq!(r.refused("unknown_device"), 1);
+        assert_eq!(r.poll(Some(("p", &p)), "00:11:62:0a:1b:2d").await.0, 403);
+        assert_eq!(r.refused("mac_mismatch"), 1);
+        r.directory.set("p", Some(false));
+        assert_eq!(r.poll(Some(("p", &p)), MAC).await.0, 403);
+        assert_eq!(r.refused("disabled_device"), 1);
+        r.directory.set("p", Some(true));
+        let get = |token: &str| {
+            r.http.get(format!("{}?type=image%2Fpng&mac=00%3A11%3A62%3A0A%3A1B%3A2C&token={token}", r.url))
+        };
+        assert_eq!(get("m1").send().await.unwrap().status().as_u16(), 401, "no credentials on the GET");
+
+        let (status, body) = r.poll(Some(("p", &p)), "00-11-62-0A-1B-2C").await;
+        assert_eq!(status, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["jobReady"], true);
+        assert_eq!(answer["jobToken"], "m1");
+        assert_eq!(answer["mediaTypes"], serde_json::json!(["image/png"]));
+        assert_eq!(r.stats.snapshot().cloudprnt_polls, 1);
+        assert_eq!(get("m0").basic_auth("p", Some(&p)).send().await.unwrap().status().as_u16(), 404);
+        let png = get("m1").basic_auth("p", Some(&p)).send().await.unwrap();
+        assert_eq!(png.status().as_u16(), 200);
+        assert_eq!(png.headers()[header::CONTENT_TYPE], "image/png");
+        let img = image::load_from_memory(&png.bytes().await.unwrap()).unwrap();
+        assert_eq!(img.width(), 384);
+        let confirm = r.http.delete(format!("{}?mac=00%3A11%3A62%3A0a%3A1b%3A2c&code=OK&token=m1", r.url));
+        assert_eq!(confirm.basic_auth("p", Some(&p)).send().await.unwrap().status().as_u16(), 200);
+        loop {
+            match r.incoming.recv().await.unwrap() {
+                Incoming::Ack { device, ack } => {
+                    assert_eq!((device.as_str(), ack.message_id.as_str(), ack.result), ("p", "m1", AckResult::Done));
+                    break;
+                }
+                Incoming::Status { .. } => {}
+            }
+        }
+    }
 }
