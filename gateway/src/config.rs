@@ -124,8 +124,8 @@ impl Default for DashboardConfig {
 #[serde(default)]
 pub struct DirectConfig {
     /// The local printers file (TOML, `[printers.<device id>] endpoint = "tcp://…"`,
-    /// [`crate::model::DirectPrinters::load_file`]): printers whose registry document
-    /// names no direct transport. A bad file stops pixgate at start-up.
+    /// [`crate::model::DirectPrinters::load_file`]): an entry wins over the registry's
+    /// document of that printer. A bad file stops pixgate at start-up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub printers_file: Option<PathBuf>,
     /// Opening a connection and waiting for each `DLE EOT` reply, ms.

@@ -1,7 +1,6 @@
-//! Which printers pixgate drives itself, and where they are: the registry's view
-//! (`printer.transport` `tcp`, `serial` or `usb` with its `printer.endpoint`) and, for
-//! printers whose registry document does not say, the local printers file
-//! (`direct.printers_file`). The registry writes here (`route::registry`); the delivery
+//! Which printers pixgate drives itself, and where they are: the local printers file
+//! (`direct.printers_file`), whose entries win, and the registry's view (`printer.transport`
+//! `tcp`, `serial` or `usb` with its `printer.endpoint`). The registry writes here (`route::registry`); the delivery
 //! transport reads it for every job it hands on (`deliver::direct`).
 //!
 //! It also keeps the printers that poll pixgate over their maker's cloud protocol
@@ -86,8 +85,9 @@ pub enum BadPrintersFile {
     },
 }
 
-/// Device id → direct settings, from the registry and the local file. The registry's word
-/// wins for a device it names as direct; the local file covers the rest.
+/// Device id → direct settings, from the registry and the local file. An entry of the local
+/// file wins over the registry (the owner's rule: the box's own file is what its operator
+/// wired); the registry covers the rest.
 #[derive(Debug, Default)]
 pub struct DirectPrinters {
     registry: RwLock<HashMap<String, DirectSettings>>,
@@ -146,14 +146,16 @@ impl DirectPrinters {
         };
     }
 
-    /// How to reach `id` directly now; `None`: over MQTT, or a cloud printer. A cloud
-    /// printer named in the local file too is reached the registry's way.
+    /// How to reach `id` directly now; `None`: over MQTT, or a cloud printer. An entry
+    /// of the local file wins over whatever the registry says of `id`.
     pub fn get(&self, id: &str) -> Option<DirectSettings> {
+        if let Some(local) = self.local.get(id) {
+            return Some(local.clone());
+        }
         if self.cloud(id).is_some() {
             return None;
         }
-        let r = self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        r.get(id).or_else(|| self.local.get(id)).cloned()
+        self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
     }
 
     /// Records what the registry says of `id`: a cloud printer (`Some`) or not.
@@ -165,8 +167,12 @@ impl DirectPrinters {
         };
     }
 
-    /// `id`'s settings if it polls pixgate over a cloud protocol now.
+    /// `id`'s settings if it polls pixgate over a cloud protocol now (the registry says so
+    /// and the local file does not list it).
     pub fn cloud(&self, id: &str) -> Option<CloudSettings> {
+        if self.local.contains_key(id) {
+            return None;
+        }
         self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
     }
 }
@@ -176,7 +182,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_registry_wins_and_the_local_file_covers_the_rest() {
+    fn the_local_file_wins_and_the_registry_covers_the_rest() {
         let dir = std::env::temp_dir().join(format!("pixgate-printers-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("printers.toml");
@@ -195,9 +201,21 @@ mod tests {
         assert!(printers.get("c").is_none(), "MQTT");
         let from_registry = DirectSettings { endpoint: Endpoint::parse("tcp://10.0.0.9").unwrap(), ..a };
         printers.set("a", Some(from_registry.clone()));
-        assert_eq!(printers.get("a"), Some(from_registry));
-        printers.set("a", None);
-        assert_eq!(printers.get("a").unwrap().endpoint.to_string(), "tcp://10.0.0.5:9100", "the local file again");
+        assert_eq!(printers.get("a").unwrap().endpoint.to_string(), "tcp://10.0.0.5:9100", "the local file wins");
+        printers.set("c", Some(from_registry.clone()));
+        assert_eq!(printers.get("c"), Some(from_registry), "the registry covers the rest");
+        printers.set("c", None);
+        assert!(printers.get("c").is_none());
+        let cloud = CloudSettings {
+            mac: "00:11:62:00:00:01".into(),
+            width_dots: 576,
+            code_page: CodePage::Cp860,
+            model: String::new(),
+        };
+        printers.set_cloud("b", Some(cloud.clone()));
+        printers.set_cloud("d", Some(cloud.clone()));
+        assert!(printers.cloud("b").is_none() && printers.get("b").is_some(), "the local file wins over CloudPRNT too");
+        assert_eq!((printers.cloud("d"), printers.get("d")), (Some(cloud), None));
 
         for (text, why) in [
             ("[printers.x]\nendpoint = \"lpt://1\"\n", "printer x: printer endpoint `lpt://1`: unknown scheme"),
