@@ -12,6 +12,7 @@ use pixgate_tests::harness::Rig;
 use pixgate_tests::printer_sim::CloudSim;
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -37,15 +38,15 @@ fn pixgate(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// A fleet CA (its server certificate for 127.0.0.1), a secret issued to [`PRINTER`], and
-/// the gateway's settings for a CloudPRNT server on TLS at a free port.
-fn setup(dir: &Path) -> Setup {
+/// A fleet CA (its server certificate for 127.0.0.1), a secret issued to `printer`, and the
+/// gateway's settings for a CloudPRNT server on TLS at a free port.
+fn setup(dir: &Path, printer: &str) -> Setup {
     let bin = pixgate_tests::gateway::find_binary().unwrap();
     let pki = pixgate_tests::pki::Fleet::create(&dir.join("pki"), &[]).unwrap();
     let secrets = dir.join("credentials.json");
     let secrets_s = secrets.display().to_string();
     let secret =
-        pixgate(&bin, &["devices", "credentials", "issue", PRINTER], &[("PIXGATE_MQTT__CREDENTIALS", &secrets_s)]);
+        pixgate(&bin, &["devices", "credentials", "issue", printer], &[("PIXGATE_MQTT__CREDENTIALS", &secrets_s)]);
     let secret_file = dir.join("printer.secret");
     std::fs::write(&secret_file, secret.trim()).unwrap();
     let listen = format!("127.0.0.1:{}", pixgate_tests::net::free_port());
@@ -63,9 +64,10 @@ fn setup(dir: &Path) -> Setup {
     Setup { url: format!("https://{listen}/cloudprnt"), ca: pki.ca_cert(), secret_file, env }
 }
 
-/// Publishes the fixture registry with [`PRINTER`] polling over CloudPRNT as [`MAC`],
+/// Publishes the fixture registry with `printer` polling over CloudPRNT as [`MAC`],
 /// printing the pay-with-Pix slip too when `slip` (a QR to decode from its picture).
-async fn publish_registry(rig: &Rig, slip: bool) {
+/// Returns the records published.
+async fn publish_registry(rig: &Rig, printer: &str, slip: bool) -> u64 {
     let fixtures = pixgate_tests::demo::default_fixtures();
     let text = std::fs::read_to_string(fixtures.join("devices.jsonl")).unwrap();
     let mut found = 0;
@@ -73,7 +75,7 @@ async fn publish_registry(rig: &Rig, slip: bool) {
         .lines()
         .map(|l| {
             let mut rec: Value = serde_json::from_str(l).unwrap();
-            if rec["key"] == PRINTER {
+            if rec["key"] == printer {
                 let p = &mut rec["value"]["fullDocument"]["printer"];
                 p["transport"] = "cloudprnt-http".into();
                 p["mac"] = MAC.to_ascii_uppercase().into();
@@ -86,7 +88,7 @@ async fn publish_registry(rig: &Rig, slip: bool) {
     assert_eq!(found, 1, "the printer is a fixture device record");
     let file = rig.dir().join("devices.jsonl");
     std::fs::write(&file, lines.join("\n") + "\n").unwrap();
-    rig.publish_registry_file(&file).await;
+    rig.publish_registry_file(&file).await
 }
 
 /// Charge `id` created on the card machine (`ACTIVE`: a slip with its QR on a printer set
@@ -147,9 +149,9 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
     let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-files-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
-    let s = setup(&scratch);
+    let s = setup(&scratch, PRINTER);
     let mut rig = Rig::builder("cloudprnt").envs(s.env.clone()).start().await;
-    publish_registry(&rig, true).await;
+    publish_registry(&rig, PRINTER, true).await;
     let ca = s.ca.display().to_string();
     let secret = s.secret_file.display().to_string();
     let printer_args = |mac: &'static str, secret: String| {
@@ -270,20 +272,111 @@ async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
     let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-ttl-files-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
-    let s = setup(&scratch);
+    let s = setup(&scratch, PRINTER);
     let mut env = s.env.clone();
     env.extend([
         ("PIXGATE_DELIVERY__TTL__PRINT_RECEIPT_S", "8".to_string()),
         ("PIXGATE_DELIVERY__MAX_DELIVERIES", "2".into()),
     ]);
     let mut rig = Rig::builder("cloudprnt-ttl").envs(env).start().await;
-    publish_registry(&rig, false).await;
+    publish_registry(&rig, PRINTER, false).await;
     let ids = vec!["d".repeat(24)];
     publish_charges(&rig, &ids).await;
     rig.wait_stats(WAIT, |s| s.counters.held_devices.get("offline") == Some(&1)).await;
     rig.wait_stats(WAIT, |s| s.counters.expired.get("print_receipt") == Some(&1)).await;
     let stats = rig.gateway().stats().unwrap().counters;
     assert!(!stats.effects_done.contains_key("print_receipt"), "never printed");
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Proof 1 on the bundled fixtures: one 80 mm printer polls over CloudPRNT, every other
+/// device is on MQTT: every effect of `expected.json` is carried out once, on its device.
+/// The CloudPRNT printer's job tokens are its receipts' message ids, computed here from the
+/// records' event ids (`device_protocol::ids::message_id`): each of its receipts is printed
+/// once, on a page as wide as its head. (Order across charges is not the records' order
+/// here: they are read from three partitions; the first test proves queue order.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fixtures_with_a_cloudprnt_printer_give_every_expected_effect() {
+    const CLOUD: &str = "8940f1f836f99eee3692f09e"; // 80 mm
+    let fixtures = pixgate_tests::demo::default_fixtures();
+    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-fixtures-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let s = setup(&scratch, CLOUD);
+    let mut rig = Rig::builder("cloudprnt-fixtures")
+        .envs(s.env.clone())
+        .envs(pixgate_tests::replay_clock_env(&fixtures))
+        .start()
+        .await;
+    let mqtt_devices: Vec<_> =
+        pixgate_tests::fixture_devices(&fixtures).into_iter().filter(|d| d.id() != CLOUD).collect();
+    let fleet = rig.start_fleet(mqtt_devices, pixgate_tests::harness::replay_devices()).await;
+    let published = publish_registry(&rig, CLOUD, false).await;
+    let args = [
+        "--url",
+        &s.url,
+        "--mac",
+        MAC,
+        "--user",
+        CLOUD,
+        "--password-file",
+        &s.secret_file.display().to_string(),
+        "--ca",
+        &s.ca.display().to_string(),
+        "--poll-ms",
+        "300",
+        "--paper",
+        "80",
+    ]
+    .map(String::from);
+    let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    // Keeping up, as the demo does: a batch without a repeated charge, then everything done.
+    let producer = rig.producer();
+    let charges = capture::read_records(&fixtures.join("charges.jsonl")).unwrap();
+    let mut read = 0;
+    for batch in pixgate_tests::demo::batches_without_repeated_keys(charges.clone()) {
+        read += capture::publish_records(&producer, &batch).await.unwrap() as u64;
+        rig.wait_stats(WAIT, |s| {
+            let c = &s.counters;
+            pixgate_tests::gateway::total(&c.events_read) >= published + read
+                && c.pending_records == 0
+                && c.queued_jobs == 0
+                && c.outbox_jobs == 0
+        })
+        .await;
+    }
+
+    // Each record's receipt on CLOUD, by message id: its charge.
+    let mut receipt_of: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    for r in &charges {
+        let v: Value = serde_json::from_slice(&r.value).unwrap();
+        let event = v["eventId"].as_str().unwrap();
+        let id = device_protocol::ids::message_id(event, CLOUD, device_protocol::EffectKind::PrintReceipt);
+        receipt_of.insert(id, r.key.clone().unwrap());
+    }
+    let want_order = pixgate_tests::expected_effects(&fixtures);
+    let mut got: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for e in fleet.effects() {
+        got.entry((e.device.clone(), e.charge.clone())).or_default().push(e.kind.as_str().to_string());
+    }
+    let printed = sim.printed();
+    let mine = want_order.keys().filter(|(d, _)| d == CLOUD).count();
+    assert!(mine >= 10, "{mine} receipts expected on {CLOUD}");
+    assert_eq!(printed.len(), mine, "one page per receipt");
+    for (png, token) in &printed {
+        let charge = receipt_of.get(token).unwrap_or_else(|| panic!("token {token} is no receipt's"));
+        got.entry((CLOUD.to_string(), charge.clone())).or_default().push("print_receipt".into());
+        let img = image::open(png).unwrap().to_luma8();
+        assert_eq!(img.width(), 576, "{}: 80 mm at 203 dpi", png.display());
+        assert!(img.height() > 300 && img.pixels().any(|p| p.0[0] < 128), "{}", png.display());
+    }
+    assert_eq!(got, want_order, "effects carried out differ from expected.json");
+    fleet.shutdown().await;
+    drop(sim);
     rig.kill_gateway();
     rig.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);
