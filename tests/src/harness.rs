@@ -300,6 +300,24 @@ impl Rig {
         rec
     }
 
+    /// Publishes `records` of `charge.upserted` one at a time, each read (and nothing
+    /// pending) before the next is sent: their jobs are queued in this order.
+    ///
+    /// # Panics
+    /// A publish failed, or pixgate did not read a record within 30 s.
+    pub async fn publish_charges_in_order(&self, records: &[capture::CaptureRecord]) {
+        let producer = self.producer();
+        let read_now = |s: &crate::gateway::StatsReport| s.counters.events_read.get("charge.upserted").copied();
+        let before = self.gateway().stats().map(|s| read_now(&s).unwrap_or(0)).unwrap_or(0);
+        for (r, read) in records.iter().zip(before + 1..) {
+            capture::publish_records(&producer, std::slice::from_ref(r))
+                .await
+                .unwrap_or_else(|e| panic!("publishing a charge record: {e:#}"));
+            self.wait_stats(Duration::from_secs(30), |s| read_now(s) == Some(read) && s.counters.pending_records == 0)
+                .await;
+        }
+    }
+
     /// Publishes a registry file (`devices.jsonl` lines, `capture::publish_file`) and waits
     /// until pixgate has applied that many device records (`devices_applied` on `/stats`),
     /// as the contract asks before any charge event. Returns how many records it published.

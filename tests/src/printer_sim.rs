@@ -24,6 +24,36 @@ pub struct RawSim {
     pub out: PathBuf,
 }
 
+/// `path` as text for a command line (test paths are UTF-8).
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+/// Starts `printer-sim ARGS…` with its stdout read line by line into the returned channel
+/// (stderr dropped).
+///
+/// # Panics
+/// The binary is not built (`cargo build --workspace --bins`) or cannot start.
+fn spawn_with_lines(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("printer-sim starts (cargo build --workspace --bins)");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, lines)
+}
+
 impl RawSim {
     /// Starts `printer-sim listen TRANSPORT…` (e.g. `["--tcp", "127.0.0.1:0"]`, `["--pty"]`)
     /// writing into `out` (created), a printer of `model` (e.g. `Epson TM-T20X`: its
@@ -35,28 +65,13 @@ impl RawSim {
     pub fn start(out: &Path, transport: &[&str], model: &str, paper_mm: u8, state: &str) -> RawSim {
         std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
         std::fs::write(out.join("state"), state).expect("state file");
-        let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
-        let mut child = Command::new(bin)
-            .arg("listen")
-            .args(transport)
-            .arg("--out")
-            .arg(out)
-            .arg("--state-file")
-            .arg(out.join("state"))
-            .args(["--model", model, "--paper", &paper_mm.to_string(), "--idle-ms", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("printer-sim starts (cargo build --workspace --bins)");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let mut args = vec!["listen"];
+        args.extend(transport);
+        let state = out.join("state");
+        let paper = paper_mm.to_string();
+        args.extend(["--out", path_str(out), "--state-file", path_str(&state)]);
+        args.extend(["--model", model, "--paper", &paper, "--idle-ms", "0"]);
+        let (child, lines) = spawn_with_lines(&args);
         RawSim { child, lines, out: out.to_path_buf() }
     }
 
@@ -146,27 +161,9 @@ impl CloudSim {
         if !state.exists() {
             std::fs::write(&state, "ready").expect("state file");
         }
-        let bin = crate::gateway::find_binary().expect("pixgate built").with_file_name("printer-sim");
-        let mut child = Command::new(bin)
-            .arg("cloudprnt")
-            .arg("--out")
-            .arg(out)
-            .arg("--state-file")
-            .arg(&state)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("printer-sim starts (cargo build --workspace --bins)");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let mut all = vec!["cloudprnt", "--out", path_str(out), "--state-file", path_str(&state)];
+        all.extend(args);
+        let (child, lines) = spawn_with_lines(&all);
         CloudSim { child, lines, printed_seen: Cell::new(0), out: out.to_path_buf() }
     }
 

@@ -103,19 +103,9 @@ fn charge(id: &str, t: u64) -> [CaptureRecord; 2] {
 /// Publishes the charges `ids`, one record at a time (each read before the next is sent:
 /// the jobs are queued in this order).
 async fn publish_charges(rig: &Rig, ids: &[String]) {
-    let producer = rig.producer();
     let t = chrono::Utc::now().timestamp() as u64;
-    let mut read = rig.gateway().stats().unwrap().counters.events_read.get("charge.upserted").copied().unwrap_or(0);
-    for id in ids {
-        for r in charge(id, t) {
-            capture::publish_records(&producer, std::slice::from_ref(&r)).await.unwrap();
-            read += 1;
-            rig.wait_stats(Duration::from_secs(30), |s| {
-                s.counters.events_read.get("charge.upserted").copied() == Some(read) && s.counters.pending_records == 0
-            })
-            .await;
-        }
-    }
+    let records: Vec<CaptureRecord> = ids.iter().flat_map(|id| charge(id, t)).collect();
+    rig.publish_charges_in_order(&records).await;
 }
 
 /// The printer's queued jobs, in seq order: (message id, kind).

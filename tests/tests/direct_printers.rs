@@ -50,19 +50,9 @@ async fn publish_registry(rig: &Rig, transport: &str, endpoint: &str) {
 /// Publishes the paid charges `ids`, one record at a time (each read before the next is
 /// sent: the receipts are queued in this order).
 async fn publish_paid(rig: &Rig, ids: &[String]) {
-    let producer = rig.producer();
     let t = chrono::Utc::now().timestamp() as u64;
-    let mut read = rig.gateway().stats().unwrap().counters.events_read.get("charge.upserted").copied().unwrap_or(0);
-    for id in ids {
-        for r in paid_charge(id, t) {
-            capture::publish_records(&producer, std::slice::from_ref(&r)).await.unwrap();
-            read += 1;
-            rig.wait_stats(Duration::from_secs(30), |s| {
-                s.counters.events_read.get("charge.upserted").copied() == Some(read) && s.counters.pending_records == 0
-            })
-            .await;
-        }
-    }
+    let records: Vec<CaptureRecord> = ids.iter().flat_map(|id| paid_charge(id, t)).collect();
+    rig.publish_charges_in_order(&records).await;
 }
 
 /// How many jobs the outbox holds for [`PRINTER`] (`GET /outbox/{device}`).
