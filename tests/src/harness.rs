@@ -318,6 +318,36 @@ impl Rig {
         }
     }
 
+    /// Replays the charge records `charges` keeping up, as the demo does: a batch without a
+    /// repeated charge ([`crate::demo::batches_without_repeated_keys`]), then everything read
+    /// (beyond the `before` records of any topic read already), committed, and no job left
+    /// queued or in the outbox, before the next batch.
+    ///
+    /// # Panics
+    /// A publish failed, or a batch was not done within `timeout`.
+    pub async fn replay_charges_keeping_up(
+        &self,
+        charges: Vec<capture::CaptureRecord>,
+        before: u64,
+        timeout: Duration,
+    ) {
+        let producer = self.producer();
+        let mut read = 0;
+        for batch in crate::demo::batches_without_repeated_keys(charges) {
+            read += capture::publish_records(&producer, &batch)
+                .await
+                .unwrap_or_else(|e| panic!("publishing charge records: {e:#}")) as u64;
+            self.wait_stats(timeout, |s| {
+                let c = &s.counters;
+                crate::gateway::total(&c.events_read) >= before + read
+                    && c.pending_records == 0
+                    && c.queued_jobs == 0
+                    && c.outbox_jobs == 0
+            })
+            .await;
+        }
+    }
+
     /// Publishes a registry file (`devices.jsonl` lines, `capture::publish_file`) and waits
     /// until pixgate has applied that many device records (`devices_applied` on `/stats`),
     /// as the contract asks before any charge event. Returns how many records it published.

@@ -325,20 +325,8 @@ async fn the_fixtures_with_a_cloudprnt_printer_give_every_expected_effect() {
     sim.line("polling");
 
     // Keeping up, as the demo does: a batch without a repeated charge, then everything done.
-    let producer = rig.producer();
     let charges = capture::read_records(&fixtures.join("charges.jsonl")).unwrap();
-    let mut read = 0;
-    for batch in pixgate_tests::demo::batches_without_repeated_keys(charges.clone()) {
-        read += capture::publish_records(&producer, &batch).await.unwrap() as u64;
-        rig.wait_stats(WAIT, |s| {
-            let c = &s.counters;
-            pixgate_tests::gateway::total(&c.events_read) >= published + read
-                && c.pending_records == 0
-                && c.queued_jobs == 0
-                && c.outbox_jobs == 0
-        })
-        .await;
-    }
+    rig.replay_charges_keeping_up(charges.clone(), published, WAIT).await;
 
     // Each record's receipt on CLOUD, by message id: its charge.
     let mut receipt_of: std::collections::HashMap<String, String> = std::collections::HashMap::new();
