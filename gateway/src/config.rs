@@ -185,7 +185,8 @@ pub struct CloudPrntConfig {
     /// jobs' deliveries), ms. Star's guide counts a printer gone after two poll intervals
     /// plus 5 s.
     pub offline_after_ms: u64,
-    /// A connection's TLS handshake must end within this, ms.
+    /// A connection's TLS handshake must end within this, and a connection on which
+    /// nothing moves for as long is closed, ms.
     pub request_timeout_ms: u64,
 }
 

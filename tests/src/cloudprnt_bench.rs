@@ -80,6 +80,8 @@ pub struct BenchReport {
     pub load_wall: Duration,
     /// pixgate's resident memory after the load, KiB.
     pub rss_kib: u64,
+    /// Requests the CloudPRNT server refused over the run, by rule.
+    pub refusals: std::collections::BTreeMap<String, u64>,
 }
 
 impl BenchReport {
@@ -102,7 +104,7 @@ impl BenchReport {
     /// The `CLOUDPRNT …` line.
     pub fn line(&self, mode: Mode, cfg: &BenchConfig) -> String {
         format!(
-            "CLOUDPRNT mode={} printers={} poll_ms={} idle_s={:.1} idle_polls={} idle_cpu_pct={:.1} us_per_poll={} jobs={} load_s={:.1} us_per_job={:.0} rss_mib={:.0}",
+            "CLOUDPRNT mode={} printers={} poll_ms={} idle_s={:.1} idle_polls={} idle_cpu_pct={:.1} us_per_poll={} jobs={} load_s={:.1} us_per_job={:.0} rss_mib={:.0} refusals={:?}",
             match mode {
                 Mode::Http => "http",
                 Mode::Mqtt => "mqtt",
@@ -117,6 +119,7 @@ impl BenchReport {
             self.load_wall.as_secs_f64(),
             self.us_per_job(),
             self.rss_kib as f64 / 1024.0,
+            self.refusals,
         )
     }
 }
@@ -211,11 +214,12 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
         ("PIXGATE_MQTT__CREDENTIALS", secrets_file.display().to_string()),
         ("PIXGATE_MQTT__MAX_CONNECTIONS", room.clone()),
         ("PIXGATE_MQTT__MAX_PER_ADDRESS", room.clone()),
-        ("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", room.clone()),
+        ("PIXGATE_MQTT__MAX_HANDSHAKES_PER_ADDRESS", room),
         ("PIXGATE_CLOUDPRNT__LISTEN", cloudprnt_listen.clone()),
         ("PIXGATE_CLOUDPRNT__TLS_CERT", pki.server_cert().display().to_string()),
         ("PIXGATE_CLOUDPRNT__TLS_KEY", pki.server_key().display().to_string()),
-        ("PIXGATE_CLOUDPRNT__MAX_CONNECTIONS", room),
+        // An HTTP client may open a second connection while its first goes back to its pool.
+        ("PIXGATE_CLOUDPRNT__MAX_CONNECTIONS", (2 * cfg.printers + 64).to_string()),
         ("PIXGATE_LOG__LEVEL", "warn".into()),
     ]);
     let settings = GatewaySettings {
@@ -325,7 +329,9 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
         .await?;
     report.load_wall = t0.elapsed();
     report.load_cpu = cpu()?.saturating_sub(c0);
-    report.jobs = gw.stats()?.counters.effects_done.get("print_receipt").copied().unwrap_or(0);
+    let end = gw.stats()?.counters;
+    report.jobs = end.effects_done.get("print_receipt").copied().unwrap_or(0);
+    report.refusals = end.cloudprnt_refusals;
     report.rss_kib = gw.memory_kib().map(|(rss, _)| rss).unwrap_or(0);
     if mode == Mode::Http {
         say(format!("{mode:?}: {} receipts printed by the simulated printers", done.load(Ordering::Relaxed)));

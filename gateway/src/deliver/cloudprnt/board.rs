@@ -65,6 +65,8 @@ pub struct Offer {
 struct Printer {
     offer: Option<Offer>,
     last_poll: Option<Instant>,
+    /// Polls since `window`'s start, a second at most ago.
+    window: Option<(Instant, u32)>,
     /// The last status told to the dispatcher.
     reported: Option<Status>,
 }
@@ -81,7 +83,7 @@ pub struct Board {
     printers: Arc<DirectPrinters>,
     incoming: mpsc::Sender<Incoming>,
     offline_after: Duration,
-    min_poll_gap: Duration,
+    max_polls_per_second: u32,
     state: Mutex<HashMap<String, Printer>>,
 }
 
@@ -98,7 +100,7 @@ impl Board {
             printers,
             incoming,
             offline_after,
-            min_poll_gap: Duration::from_secs(1) / max_polls_per_second.max(1),
+            max_polls_per_second: max_polls_per_second.max(1),
             state: Mutex::default(),
         }
     }
@@ -155,14 +157,21 @@ impl Board {
     /// there is one and the printer can print it (not `printing` another).
     ///
     /// # Errors
-    /// [`PollRefused::Rate`]: too soon after its last poll.
+    /// [`PollRefused::Rate`]: its polls in the last second reached the bound.
     pub fn poll(&self, device: &str, status: Status, printing: bool) -> Result<Option<String>, PollRefused> {
         let now = Instant::now();
         let mut state = self.lock();
         let p = state.entry(device.to_string()).or_default();
-        if p.last_poll.is_some_and(|t| now.duration_since(t) < self.min_poll_gap) {
+        // A window of a second, not a gap between polls: a printer polls again at once after
+        // a job or a status change, a burst a steady rate would refuse.
+        let (start, polls) = match p.window {
+            Some((start, n)) if now.duration_since(start) < Duration::from_secs(1) => (start, n),
+            _ => (now, 0),
+        };
+        if polls >= self.max_polls_per_second {
             return Err(PollRefused::Rate);
         }
+        p.window = Some((start, polls + 1));
         p.last_poll = Some(now);
         let can_print = status.online && status.printer.is_none_or(|s| s.can_print());
         self.report(device, p, status);
@@ -303,17 +312,21 @@ mod tests {
     }
 
     /// Paper out is told and offers nothing; a 520 is a transient failure, a 510 a
-    /// permanent one; polls faster than the bound are refused.
+    /// permanent one; polls beyond the bound within a second are refused.
     #[tokio::test]
     async fn conditions_codes_and_rate() {
         let (b, mut rx) = board();
-        let b = Board { min_poll_gap: Duration::from_millis(200), ..b };
+        let b = Board { max_polls_per_second: 2, ..b };
         b.offer("p", wire("m1", 1));
         let _ = rx.try_recv();
         assert_eq!(b.poll("p", Condition::read("410%20Out%20of%20Paper", None).status(), false), Ok(None));
         let Incoming::Status { status, .. } = rx.try_recv().unwrap() else { panic!() };
         assert_eq!(status.printer, Some(PrinterState::PaperOut));
-        assert_eq!(b.poll("p", ready(), false), Err(PollRefused::Rate));
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())), "a second poll within the second");
+        assert!(
+            matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if status.printer == Some(PrinterState::Ready))
+        );
+        assert_eq!(b.poll("p", ready(), false), Err(PollRefused::Rate), "a third is beyond 2 a second");
         assert!(b.confirm("p", None, Confirmation::of_code("520%20Download%20Timeout")).await);
         let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
         assert_eq!((ack.result, ack.permanent), (AckResult::Failed, false));
