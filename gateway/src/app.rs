@@ -121,7 +121,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     if cfg.cluster.enabled && cfg.cloudprnt.listen.is_some() {
         // A poll may reach a replica that does not hold the printer's queue.
-        anyhow::bail!("cloudprnt.listen is not served with cluster.enabled: run the CloudPRNT server on an edge box");
+        anyhow::bail!(
+            "cloudprnt.listen is not served with cluster.enabled yet: run it on a pixgate without cluster.enabled"
+        );
     }
     let board = Arc::new(deliver::cloudprnt::Board::new(
         printers.clone(),

@@ -149,6 +149,9 @@ impl Board {
         }
         let msg = Incoming::Status { device: device.to_string(), status: status.clone() };
         if self.incoming.try_send(msg).is_ok() {
+            if status.online && p.reported.as_ref().is_none_or(|s| !s.online) {
+                tracing::info!(device, printer = ?status.printer, "CloudPRNT printer polling");
+            }
             p.reported = Some(status);
         }
     }

@@ -38,8 +38,8 @@ use std::time::Duration;
 /// listens), until `shutdown`. `secrets` is `mqtt.credentials`. Returns where it listens.
 ///
 /// # Errors
-/// `cfg.listen` cannot be bound, or neither `cfg.plain` nor a usable `tls_cert`/`tls_key`
-/// is given.
+/// `cfg.listen` cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a
+/// usable `tls_cert`/`tls_key` is given.
 pub async fn start(
     cfg: &CloudPrntConfig,
     board: Arc<Board>,
@@ -51,6 +51,9 @@ pub async fn start(
 ) -> anyhow::Result<Option<SocketAddr>> {
     shutdown.spawn(board.clone().watch(shutdown.clone()));
     let Some(listen) = &cfg.listen else { return Ok(None) };
+    let Some(secrets) = secrets else {
+        anyhow::bail!("cloudprnt.listen needs mqtt.credentials: the printers' secrets are checked there");
+    };
     let tls = if cfg.plain {
         tracing::warn!(%listen, "cloudprnt.plain: printers' passwords cross the network readable");
         None
@@ -68,7 +71,7 @@ pub async fn start(
         board,
         printers,
         directory,
-        secrets: secrets.map(|p| Arc::new(Secrets::new(p))),
+        secrets: Some(Arc::new(Secrets::new(secrets))),
         stats,
         log: Arc::default(),
         drawing: Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
