@@ -68,6 +68,19 @@ pub fn replay_devices() -> FleetOptions {
     FleetOptions { honor_expiry: false, ..FleetOptions::default() }
 }
 
+/// Polls `done` every 100 ms until it holds: for a state another process reaches later
+/// (a file it writes, a queue it drains).
+///
+/// # Panics
+/// `done` did not hold within `timeout` (the message names `what`).
+pub async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Devices for generated scenarios: they honour `expires_at`, check each payload without
 /// drawing it (`Rendering::Verify`, cheap enough for hundreds of devices), and count what
 /// they carry out into `stats`, which the test reads while the scenario runs.

@@ -8,7 +8,7 @@
 // Helpers of a test are test steps too: a panic is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use pixgate_tests::harness::Rig;
+use pixgate_tests::harness::{wait_for, Rig};
 use pixgate_tests::printer_sim::CloudSim;
 use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
@@ -32,12 +32,6 @@ struct Setup {
     env: Vec<(&'static str, String)>,
 }
 
-fn pixgate(bin: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = std::process::Command::new(bin).args(args).envs(env.iter().copied()).output().unwrap();
-    assert!(out.status.success(), "pixgate {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// A fleet CA (its server certificate for 127.0.0.1), a secret issued to `printer`, and the
 /// gateway's settings for a CloudPRNT server on TLS at a free port.
 fn setup(dir: &Path, printer: &str) -> Setup {
@@ -45,8 +39,9 @@ fn setup(dir: &Path, printer: &str) -> Setup {
     let pki = pixgate_tests::pki::Fleet::create(&dir.join("pki"), &[]).unwrap();
     let secrets = dir.join("credentials.json");
     let secrets_s = secrets.display().to_string();
-    let secret =
-        pixgate(&bin, &["devices", "credentials", "issue", printer], &[("PIXGATE_MQTT__CREDENTIALS", &secrets_s)]);
+    let issue = ["devices", "credentials", "issue", printer];
+    let (ok, secret, err) = pixgate_tests::gateway::cli(&bin, 0, &issue, &[("PIXGATE_MQTT__CREDENTIALS", &secrets_s)]);
+    assert!(ok, "pixgate {issue:?}: {err}");
     let secret_file = dir.join("printer.secret");
     std::fs::write(&secret_file, secret.trim()).unwrap();
     let listen = format!("127.0.0.1:{}", pixgate_tests::net::free_port());
@@ -205,11 +200,7 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
     // (The card machine is not connected: its screens stay queued.)
     let receipts = ids.len() as u64;
     rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&receipts)).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while !queued(&rig).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the printer's queue empties: {:?}", queued(&rig));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for("the printer's queue to empty", WAIT, || queued(&rig).is_empty()).await;
     let printed = sim.printed();
     let tokens: Vec<String> = printed.iter().map(|(_, t)| t.clone()).collect();
     let want: Vec<String> = jobs.iter().map(|(m, _)| m.clone()).collect();

@@ -8,11 +8,11 @@
 // Helpers of a test are test steps too: a panic is a failed test.
 #![allow(clippy::unwrap_used)]
 
-use pixgate_tests::harness::{protocol_devices, replay_devices, Rig};
+use pixgate_tests::harness::{protocol_devices, replay_devices, wait_for, Rig};
 use pixgate_tests::printer_sim::{registry_with_direct_printers, RawSim};
 use simulators::capture::{self, CaptureRecord};
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A card machine of the fixtures and the printer it is paired with (58 mm, CP850).
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
@@ -63,14 +63,6 @@ fn printer_jobs(rig: &Rig) -> usize {
     listed["jobs"].as_array().map_or(0, Vec::len)
 }
 
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The charge ids (of `ids`) each printed job names, in the order printed.
 fn printed_charges(sim: &RawSim, ids: &[String]) -> Vec<String> {
     let collapse = |t: &str| t.split_whitespace().collect::<String>();
@@ -101,7 +93,7 @@ async fn paper_out_on_a_tcp_printer_holds_only_its_queue_and_resumes_in_order() 
     publish_paid(&rig, &ids).await;
 
     // The card machine got every "paid" screen; the printer's receipts are all held.
-    wait_for("the card machine's paid screens", || {
+    wait_for("the card machine's paid screens", WAIT, || {
         terminal.effects().iter().filter(|e| e.kind.as_str() == "payment_confirmed").count() == ids.len()
     })
     .await;
@@ -123,7 +115,7 @@ async fn paper_out_on_a_tcp_printer_holds_only_its_queue_and_resumes_in_order() 
 
     // The paper is back: the receipts print in their order, each once, none a reprint.
     sim.set_state("ready");
-    wait_for("the held receipts", || sim.jobs().len() >= ids.len()).await;
+    wait_for("the held receipts", WAIT, || sim.jobs().len() >= ids.len()).await;
     rig.wait_stats(WAIT, |s| s.counters.outbox_jobs == 0 && s.counters.held_devices.is_empty()).await;
     assert_eq!(printed_charges(&sim, &ids), ids, "in order, each once");
     assert!(!sim.transcript().contains(HEADER), "no reprint:\n{}", sim.transcript());
@@ -152,8 +144,8 @@ async fn a_printer_killed_mid_job_prints_it_again_once_marked_as_a_reprint() {
     publish_paid(&rig, &ids[1..]).await;
 
     let second = RawSim::start(&rig.dir().join("printer-2"), &["--tcp", &addr], "Epson TM-T20X", 58, "ready");
-    wait_for("every receipt", || second.jobs().len() >= ids.len()).await;
-    wait_for("the printer's outbox to empty", || printer_jobs(&rig) == 0).await;
+    wait_for("every receipt", WAIT, || second.jobs().len() >= ids.len()).await;
+    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
     let jobs = second.jobs();
     assert_eq!(printed_charges(&second, &ids), ids, "each once, in order:\n{}", second.transcript());
     assert!(jobs[0].contains(HEADER), "the cut-short receipt is marked as a reprint:\n{}", jobs[0]);
@@ -182,24 +174,24 @@ async fn a_serial_path_that_disappears_and_comes_back_holds_then_resumes() {
 
     let ids: Vec<String> = "ijkl".chars().map(|c| c.to_string().repeat(24)).collect();
     publish_paid(&rig, &ids[..1]).await;
-    wait_for("the first receipt", || first.jobs().len() == 1).await;
+    wait_for("the first receipt", WAIT, || first.jobs().len() == 1).await;
 
     // Unplugged: the device path is gone; two receipts wait.
     let mut first = first;
     first.kill();
     std::fs::remove_file(&link).unwrap();
     publish_paid(&rig, &ids[1..3]).await;
-    wait_for("two receipts held", || printer_jobs(&rig) == 2).await;
+    wait_for("two receipts held", WAIT, || printer_jobs(&rig) == 2).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(printer_jobs(&rig), 2, "held, not dropped");
 
     // Plugged back (a new line at the same path): they print, then one more.
     let second = RawSim::start(&rig.dir().join("printer-2"), &["--pty"], "Epson TM-T20X", 58, "ready");
     std::os::unix::fs::symlink(second.line("listening pty"), &link).unwrap();
-    wait_for("the held receipts", || second.jobs().len() >= 2).await;
+    wait_for("the held receipts", WAIT, || second.jobs().len() >= 2).await;
     publish_paid(&rig, &ids[3..]).await;
-    wait_for("the last receipt", || second.jobs().len() >= 3).await;
-    wait_for("the printer's outbox to empty", || printer_jobs(&rig) == 0).await;
+    wait_for("the last receipt", WAIT, || second.jobs().len() >= 3).await;
+    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
     let mut printed = printed_charges(&first, &ids);
     printed.extend(printed_charges(&second, &ids));
     assert_eq!(printed, ids, "each once, in order");
@@ -297,12 +289,12 @@ async fn pixgate_killed_20_times_mid_job_repeats_only_marked_reprints() {
         println!("SIGKILL {} while a receipt was being written", kill + 1);
         rig.start_gateway();
     }
-    wait_for("every receipt", || {
+    wait_for("every receipt", WAIT, || {
         let text: String = sim.transcript().split_whitespace().collect();
         ids.iter().all(|id| text.contains(id.as_str()))
     })
     .await;
-    wait_for("the printer's outbox to empty", || printer_jobs(&rig) == 0).await;
+    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
 
     let collapse = |t: &str| t.split_whitespace().collect::<String>();
     let mut printed: BTreeMap<&str, usize> = BTreeMap::new();

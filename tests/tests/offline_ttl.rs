@@ -15,7 +15,7 @@
 
 use base64::Engine;
 use pixgate_tests::gateway::count;
-use pixgate_tests::harness::{protocol_devices, Rig};
+use pixgate_tests::harness::{protocol_devices, wait_for, Rig};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::ClientConfig;
@@ -23,7 +23,7 @@ use serde_json::Value;
 use simulators::capture::{self, CaptureRecord};
 use simulators::fleet;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TERMINAL: &str = "7f80e222f828767efc2f9162";
 const PRINTER: &str = "8baa7196b50ac2f86702824c";
@@ -39,14 +39,6 @@ fn carried_out(f: &fleet::FleetHandle, device: &str) -> Vec<(String, String)> {
         .filter(|e| e.device == device)
         .map(|e| (e.kind.as_str().to_string(), e.charge.clone()))
         .collect()
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn pixgate_cli(bin: &Path, http_port: u16, args: &[&str]) -> (bool, Value, String) {

@@ -152,7 +152,7 @@ impl DirectPrinters {
         if let Some(local) = self.local.get(id) {
             return Some(local.clone());
         }
-        if self.cloud(id).is_some() {
+        if self.is_cloud(id) {
             return None;
         }
         self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
@@ -174,6 +174,13 @@ impl DirectPrinters {
             return None;
         }
         self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
+    }
+
+    /// Whether `id` polls pixgate over a cloud protocol now ([`DirectPrinters::cloud`]
+    /// without the copy: asked for every job sent).
+    pub fn is_cloud(&self, id: &str) -> bool {
+        !self.local.contains_key(id)
+            && self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(id)
     }
 }
 

@@ -107,7 +107,7 @@ impl Board {
 
     /// Whether `device` is a cloud printer now.
     pub fn serves(&self, device: &str) -> bool {
-        self.printers.cloud(device).is_some()
+        self.printers.is_cloud(device)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Printer>> {
@@ -193,6 +193,31 @@ impl Board {
     /// the offer ends and the dispatcher gets its ack. `false` when no such job is offered
     /// (confirmed already, or superseded).
     pub async fn confirm(&self, device: &str, token: Option<&str>, how: Confirmation) -> bool {
+        self.finish(device, token, "CloudPRNT printer confirmed", |o| match how {
+            Confirmation::Printed => Ack::done(&o.message_id, o.seq, false),
+            Confirmation::Download(code) => Ack::failed(&o.message_id, o.seq, format!("printer: {code}"), false),
+            Confirmation::Refused(code) => {
+                Ack::failed(&o.message_id, o.seq, format!("printer cannot print it: {code}"), true)
+            }
+        })
+        .await
+    }
+
+    /// The offer under `token` cannot be drawn: it fails for good with `why`.
+    pub async fn fail(&self, device: &str, token: &str, why: String) {
+        let ack = |o: &Offer| Ack::failed(&o.message_id, o.seq, why, true);
+        self.finish(device, Some(token), "CloudPRNT job cannot be drawn", ack).await;
+    }
+
+    /// Ends the offer under `token` (any offer without one) with the ack `ack` makes of it,
+    /// logged as `what`; `false` when no such job is offered.
+    async fn finish(
+        &self,
+        device: &str,
+        token: Option<&str>,
+        what: &'static str,
+        ack: impl FnOnce(&Offer) -> Ack,
+    ) -> bool {
         let offer = {
             let mut state = self.lock();
             let Some(p) = state.get_mut(device) else { return false };
@@ -202,32 +227,10 @@ impl Board {
             p.offer.take()
         };
         let Some(o) = offer else { return false };
-        let ack = match how {
-            Confirmation::Printed => Ack::done(&o.message_id, o.seq, false),
-            Confirmation::Download(code) => Ack::failed(&o.message_id, o.seq, format!("printer: {code}"), false),
-            Confirmation::Refused(code) => {
-                Ack::failed(&o.message_id, o.seq, format!("printer cannot print it: {code}"), true)
-            }
-        };
-        tracing::info!(device, seq = o.seq, message_id = %o.message_id, result = ?ack.result, reason = ack.reason.as_deref().unwrap_or(""), "CloudPRNT printer confirmed");
+        let ack = ack(&o);
+        tracing::info!(device, seq = o.seq, message_id = %o.message_id, result = ?ack.result, reason = ack.reason.as_deref().unwrap_or(""), "{what}");
         let _ = self.incoming.send(Incoming::Ack { device: device.to_string(), ack }).await;
         true
-    }
-
-    /// The offer under `token` cannot be drawn: it fails for good with `why`.
-    pub async fn fail(&self, device: &str, token: &str, why: String) {
-        let offer = {
-            let mut state = self.lock();
-            let Some(p) = state.get_mut(device) else { return };
-            if p.offer.as_ref().is_none_or(|o| o.message_id != token) {
-                return;
-            }
-            p.offer.take()
-        };
-        if let Some(o) = offer {
-            let ack = Ack::failed(&o.message_id, o.seq, why, true);
-            let _ = self.incoming.send(Incoming::Ack { device: device.to_string(), ack }).await;
-        }
     }
 
     /// Reports offline every printer silent for `offline_after` (module docs), and forgets
@@ -235,7 +238,7 @@ impl Board {
     pub fn check(&self) {
         let now = Instant::now();
         let mut state = self.lock();
-        state.retain(|device, p| p.offer.is_some() || self.printers.cloud(device).is_some());
+        state.retain(|device, p| p.offer.is_some() || self.printers.is_cloud(device));
         for (device, p) in state.iter_mut() {
             if !self.polling(p, now) && p.reported.as_ref().is_none_or(|s| s.online) {
                 if p.last_poll.is_some() {

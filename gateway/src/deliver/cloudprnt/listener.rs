@@ -20,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 
 /// Connections accepted and set up, waiting for axum to take them.
 const READY: usize = 64;
@@ -51,10 +52,8 @@ impl Conn {
     }
 }
 
-enum Io {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
+/// A plain or a TLS stream (boxed: a TLS stream's buffers are large).
+type Io = Either<TcpStream, Box<TlsStream<TcpStream>>>;
 
 /// The accepted connections, set up by a task of its own ([`CloudListener::start`]).
 pub struct CloudListener {
@@ -100,7 +99,7 @@ impl CloudListener {
                 };
                 let _ = socket.set_nodelay(true);
                 let Some(acceptor) = tls.clone() else {
-                    if tx.send((Conn::new(Io::Plain(socket), handshake, slot), addr)).await.is_err() {
+                    if tx.send((Conn::new(Either::Left(socket), handshake, slot), addr)).await.is_err() {
                         return;
                     }
                     continue;
@@ -109,7 +108,7 @@ impl CloudListener {
                 tokio::spawn(async move {
                     match tokio::time::timeout(handshake, acceptor.accept(socket)).await {
                         Ok(Ok(s)) => {
-                            let _ = tx.send((Conn::new(Io::Tls(Box::new(s)), handshake, slot), addr)).await;
+                            let _ = tx.send((Conn::new(Either::Right(Box::new(s)), handshake, slot), addr)).await;
                         }
                         Ok(Err(e)) => server.refuse(Refusal::TlsHandshake, &addr.ip().to_string(), &e.to_string()),
                         Err(_) => server.refuse(Refusal::TlsHandshake, &addr.ip().to_string(), "timed out"),
@@ -141,10 +140,7 @@ impl axum::serve::Listener for CloudListener {
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let polled = match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        };
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         match polled {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
@@ -161,10 +157,7 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let polled = match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        };
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
         match polled {
             Poll::Ready(Ok(n)) => {
                 self.touch();
@@ -178,17 +171,11 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.io {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 

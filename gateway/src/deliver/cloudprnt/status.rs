@@ -23,7 +23,7 @@ const ASB_MIN: usize = 6;
 /// What a poll says of the printer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Condition {
-    /// Online and able to print (no fault below).
+    /// Offline: a 4xx code other than those below, no code, or ASB byte 3 bit 3.
     pub offline: bool,
     /// Cover open.
     pub cover_open: bool,
