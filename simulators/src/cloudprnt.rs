@@ -1,7 +1,9 @@
 //! A simulated Star CloudPRNT printer, HTTP method: the printer fetches its own jobs by
 //! polling a server, as a Star mC-Print3 or TSP100IV set to a CloudPRNT URL does. Written
 //! from Star's documents (Star CloudPRNT guide v2.4.0, "protocol-reference"; Star CloudPRNT
-//! Developer Guide Rev 1.4; Star Line Mode Command Specifications, ASB).
+//! Developer Guide Rev 1.4; Star Line Mode Command Specifications, ASB). `printer-sim
+//! cloudprnt` first asks the server which method it wants ([`crate::cloudprnt_mqtt`]) and
+//! runs this one ([`CloudPrinter::run`]) when the answer is HTTP.
 //!
 //! One cycle (guide: *Server Polling (POST)*, *Job Request (GET)*, *Job Confirmation
 //! (DELETE)*; Rev 1.4: "All CloudPRNT communication is handled via a single URL"):
@@ -262,7 +264,10 @@ pub fn head_dots(paper_mm: u8) -> u32 {
 
 /// The simulated printer.
 pub struct CloudPrinter {
-    opts: CloudPrntOptions,
+    pub(crate) opts: CloudPrntOptions,
+    /// The roots https servers (and, in [`crate::cloudprnt_mqtt`], a TLS broker) are
+    /// verified against: `ca`'s certificates, or none.
+    pub(crate) roots: Arc<rustls::RootCertStore>,
     http: reqwest::Client,
     condition: PrinterCondition,
     /// Tokens of the last [`REMEMBERED_TOKENS`] printed jobs, oldest first.
@@ -295,7 +300,8 @@ impl CloudPrinter {
                 rustls::RootCertStore::empty()
             }
         };
-        let tls = crate::device::ring_client_builder(Arc::new(roots))?.with_no_client_auth();
+        let roots = Arc::new(roots);
+        let tls = crate::device::ring_client_builder(roots.clone())?.with_no_client_auth();
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
             .user_agent(USER_AGENT)
@@ -306,6 +312,7 @@ impl CloudPrinter {
             .context("building the HTTP client")?;
         Ok(CloudPrinter {
             opts,
+            roots,
             http,
             condition: PrinterCondition::default(),
             tokens: VecDeque::new(),
@@ -351,8 +358,7 @@ impl CloudPrinter {
     }
 
     /// Waits for the poll interval, or less if the condition changes from `polled`.
-    async fn wait(&mut self, polled: &PrinterCondition) {
-        let reported = |c: &PrinterCondition| (c.offline, c.cover_open, c.paper_out, c.paper_near_end);
+    pub(crate) async fn wait(&mut self, polled: &PrinterCondition) {
         let deadline = Instant::now() + self.opts.poll;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -412,7 +418,7 @@ impl CloudPrinter {
         token: Option<&str>,
         report: &mut (dyn FnMut(&Event) + Send),
     ) -> Result<Outcome> {
-        if let Some(t) = token.filter(|t| self.tokens.iter().any(|known| known == t)) {
+        if let Some(t) = token.filter(|t| self.knows(t)) {
             report(&Event::Duplicate(t.to_string()));
             return Ok(Outcome::Confirm("OK"));
         }
@@ -433,30 +439,68 @@ impl CloudPrinter {
                 return Ok(Outcome::Confirm("520 Job Download Error"));
             }
         };
-        let (width, height) = match image::load_from_memory_with_format(&png, image::ImageFormat::Png) {
+        let (width, height) = match self.png_size(&png) {
+            Ok(size) => size,
+            Err(code) => return Ok(Outcome::Confirm(code)),
+        };
+        self.print(&png, token, width, height, report)?;
+        if self.confirmation_skipped() {
+            tracing::info!(seq = self.seq, "confirmation skipped (--skip-confirm)");
+            return Ok(Outcome::Unconfirmed);
+        }
+        Ok(Outcome::Confirm("OK"))
+    }
+
+    /// Whether `token` is among the last [`REMEMBERED_TOKENS`] printed.
+    pub(crate) fn knows(&self, token: &str) -> bool {
+        self.tokens.iter().any(|known| known == token)
+    }
+
+    /// The size of the PNG `png`, or the status code of one that does not decode (511).
+    /// Warns about an image wider than the print head.
+    pub(crate) fn png_size(&self, png: &[u8]) -> Result<(u32, u32), &'static str> {
+        let (width, height) = match image::load_from_memory_with_format(png, image::ImageFormat::Png) {
             Ok(img) => (img.width(), img.height()),
             Err(e) => {
                 tracing::warn!(bytes = png.len(), "the job is not a PNG: {e}");
-                return Ok(Outcome::Confirm("511 Media Decoding Error"));
+                return Err("511 Media Decoding Error");
             }
         };
         let dots = head_dots(self.opts.paper_mm);
         if width > dots {
             tracing::warn!(width, dots, "the PNG is wider than the print head: a real printer loses the excess");
         }
-        let path = self.write(&png, token, width, height)?;
-        report(&Event::Printed { path, token: token.map(str::to_string) });
+        Ok((width, height))
+    }
+
+    /// Prints the decoded PNG `png` ([`CloudPrinter::write`]), reports it and remembers
+    /// its token.
+    ///
+    /// # Errors
+    /// The PNG or its record could not be written.
+    pub(crate) fn print(
+        &mut self,
+        png: &[u8],
+        token: Option<&str>,
+        width: u32,
+        height: u32,
+        report: &mut (dyn FnMut(&Event) + Send),
+    ) -> Result<PathBuf> {
+        let path = self.write(png, token, width, height)?;
+        report(&Event::Printed { path: path.clone(), token: token.map(str::to_string) });
         if let Some(t) = token {
             self.tokens.push_back(t.to_string());
             if self.tokens.len() > REMEMBERED_TOKENS {
                 self.tokens.pop_front();
             }
         }
-        if self.seq <= self.opts.skip_confirm {
-            tracing::info!(seq = self.seq, "confirmation skipped (--skip-confirm)");
-            return Ok(Outcome::Unconfirmed);
-        }
-        Ok(Outcome::Confirm("OK"))
+        Ok(path)
+    }
+
+    /// Whether the job just printed is one of the first `skip_confirm` (its confirmation
+    /// or result is then lost).
+    pub(crate) fn confirmation_skipped(&self) -> bool {
+        self.seq <= self.opts.skip_confirm
     }
 
     /// GETs the job at `url`: its bytes, or the confirmation code for an answer that is not
@@ -464,7 +508,7 @@ impl CloudPrinter {
     ///
     /// # Errors
     /// The request or reading the body failed.
-    async fn download(&self, url: Url) -> Result<Result<Vec<u8>, &'static str>> {
+    pub(crate) async fn download(&self, url: Url) -> Result<Result<Vec<u8>, &'static str>> {
         let resp = self.request(Method::GET, url).send().await?;
         if resp.status() != StatusCode::OK {
             tracing::warn!(status = %resp.status(), "job GET not answered 200");
@@ -508,20 +552,15 @@ impl CloudPrinter {
     /// # Errors
     /// `alternative` is not a URL.
     fn target(&self, alternative: Option<&str>, query: &str) -> Result<Url> {
-        let mut url = match alternative.filter(|u| !u.is_empty()) {
+        let url = match alternative.filter(|u| !u.is_empty()) {
             Some(u) => self.opts.url.join(u).with_context(|| format!("{u:?} is not a URL"))?,
             None => self.opts.url.clone(),
         };
-        let full = match url.query().filter(|q| !q.is_empty()) {
-            Some(q) => format!("{q}&{query}"),
-            None => query.to_string(),
-        };
-        url.set_query(Some(&full));
-        Ok(url)
+        Ok(append_query(url, query))
     }
 
     /// A request with the printer's credentials.
-    fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: Method, url: Url) -> reqwest::RequestBuilder {
         let r = self.http.request(method, url);
         match &self.opts.auth {
             Some(a) => r.basic_auth(&a.user, Some(&a.password)),
@@ -546,6 +585,22 @@ impl CloudPrinter {
             .with_context(|| format!("appending to {}", jobs.display()))?;
         Ok(path)
     }
+}
+
+/// `url` with `query` after any query it already has (`?query`, or `?old&query`).
+pub(crate) fn append_query(mut url: Url, query: &str) -> Url {
+    let full = match url.query().filter(|q| !q.is_empty()) {
+        Some(q) => format!("{q}&{query}"),
+        None => query.to_string(),
+    };
+    url.set_query(Some(&full));
+    url
+}
+
+/// The parts of a condition a printer reports (`statusCode`, ASB), and `offline`: a change
+/// in them polls at once (HTTP) or publishes a `client-status` (MQTT).
+pub(crate) fn reported(c: &PrinterCondition) -> (bool, bool, bool, bool) {
+    (c.offline, c.cover_open, c.paper_out, c.paper_near_end)
 }
 
 /// Reads a bare password from `path` (surrounding whitespace and the final newline
@@ -624,8 +679,9 @@ mod tests {
     }
 
     /// Serves HTTP/1.1 on `listener`, one request per connection: polls (POST) are
-    /// answered with `offer` while it is set, GETs with `png`, DELETEs with 200; every
-    /// request is recorded in `seen`.
+    /// answered with `offer` while it is set, GETs with `png` (but the server setting
+    /// request, `/cloudprnt-setting.json`, with 404: an HTTP-only server), DELETEs with 200;
+    /// every request is recorded in `seen`.
     async fn serve(
         listener: tokio::net::TcpListener,
         offer: Arc<Mutex<Option<serde_json::Value>>>,
@@ -655,8 +711,10 @@ mod tests {
                 let len = headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
                 let mut body = vec![0; len];
                 stream.read_exact(&mut body).await.unwrap();
+                let setting = method == "GET" && target.starts_with("/cloudprnt-setting.json");
                 seen.lock().unwrap().push(Seen { method: method.clone(), target, headers, body });
                 let (content_type, answer) = match method.as_str() {
+                    _ if setting => ("text/plain", Vec::new()),
                     "POST" => {
                         let offer = offer.lock().unwrap().clone().unwrap_or(serde_json::json!({"jobReady": false}));
                         ("application/json", offer.to_string().into_bytes())
@@ -664,8 +722,9 @@ mod tests {
                     "GET" => ("image/png", png),
                     _ => ("text/plain", Vec::new()),
                 };
+                let status = if setting { "404 Not Found" } else { "200 OK" };
                 let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     answer.len()
                 );
                 let mut stream = stream.into_inner();
@@ -772,6 +831,49 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(&requests[0].body).unwrap();
         assert_eq!(body["statusCode"], "410%20Out%20of%20Paper");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `printer-sim cloudprnt` against an HTTP-only server: the server setting request
+    /// (with the poll's credentials) is answered 404, and the printer polls.
+    #[tokio::test]
+    async fn a_404_server_setting_means_polling() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/cloudprnt", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        tokio::spawn(serve(listener, Arc::new(Mutex::new(None)), Vec::new(), seen.clone()));
+        let printer = CloudPrinter::new(CloudPrntOptions {
+            url: Url::parse(&base).unwrap(),
+            mac: "00:11:62:0A:1B:2C".into(),
+            out: std::env::temp_dir().join(format!("pixgate-cloudprnt-404-{}", std::process::id())),
+            auth: Some(BasicAuth { user: "printer1".into(), password: "s3cret".into() }),
+            ca: None,
+            poll: Duration::from_millis(50),
+            state_file: None,
+            skip_confirm: 0,
+            paper_mm: 80,
+        })
+        .unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let log = events.clone();
+        let mut report = move |e: &Event| log.lock().unwrap().push(e.clone());
+        let run = crate::cloudprnt_mqtt::run(printer, Default::default(), &mut report);
+        let _ = tokio::time::timeout(Duration::from_millis(400), run).await;
+
+        assert_eq!(*events.lock().unwrap(), [Event::Polling(base.clone())]);
+        let requests = std::mem::take(&mut *seen.lock().unwrap());
+        let (setting, polls) = requests.split_first().expect("a server setting request");
+        assert_eq!(setting.method, "GET");
+        assert_eq!(
+            setting.target, "/cloudprnt-setting.json?mac=00%3A11%3A62%3A0a%3A1b%3A2c&replaced_path=cloudprnt",
+            "the MAC lower case"
+        );
+        assert_eq!(setting.headers.get("authorization").map(String::as_str), Some("Basic cHJpbnRlcjE6czNjcmV0"));
+        assert!(polls.len() >= 2, "{polls:?}");
+        for poll in polls {
+            assert_eq!((poll.method.as_str(), poll.target.as_str()), ("POST", "/cloudprnt"));
+            let body: serde_json::Value = serde_json::from_slice(&poll.body).unwrap();
+            assert_eq!(body["printerMAC"], "00:11:62:0A:1B:2C", "HTTP polls report the MAC as given");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Stand-ins for the world around pixgate: receipt printers over MQTT ([`printer`]), on a
-//! raw byte transport ([`raw_printer`]) or polling a Star CloudPRNT server ([`cloudprnt`]),
+//! raw byte transport ([`raw_printer`]) or as a Star CloudPRNT printer ([`cloudprnt`] polling
+//! over HTTP, [`cloudprnt_mqtt`] over MQTT when the server offers it),
 //! card machines ([`terminal`]), a fleet of both on one broker ([`fleet`], [`device`]), and
 //! the upstream capture job ([`capture`]). What a device makes of a job (the paper, the
 //! screen) is the `preview` crate's.
@@ -7,6 +8,7 @@
 pub mod capture;
 pub mod cli;
 pub mod cloudprnt;
+pub mod cloudprnt_mqtt;
 pub mod device;
 pub mod effect;
 pub mod expected;

@@ -12,8 +12,11 @@
 //!   `listening pty /dev/pts/N` first, then `printed PATH` for each job.
 //! - `printer-sim cloudprnt --url URL --mac MAC --out DIR [--user ID (--password-file FILE |
 //!   --secrets FILE)] [--ca CA.crt] [--poll-ms 5000] [--state-file FILE] [--skip-confirm N]
-//!   [--paper 80]` is a Star CloudPRNT printer (HTTP method, `simulators::cloudprnt`)
-//!   polling URL until killed. It prints `polling URL` first, then `printed PATH
+//!   [--paper 80] [--duplicate-code "200 OK"]` is a Star CloudPRNT printer until killed: it
+//!   asks the server for its setting (`cloudprnt-setting.json` beside URL), then polls URL
+//!   (HTTP method, `simulators::cloudprnt`) or, when the server offers MQTT, takes its jobs
+//!   from the broker the setting names (`simulators::cloudprnt_mqtt`). It prints `polling
+//!   URL` when polling starts (on MQTT: after every subscription), then `printed PATH
 //!   token=TOKEN`, `duplicate TOKEN` and `refused STATUS` as they happen.
 
 use anyhow::{Context, Result};
@@ -23,6 +26,7 @@ use render::codepage::CodePage;
 use render::profile::profile_for_model;
 use simulators::cli::{init_tracing, run_single_device, DeviceArgs};
 use simulators::cloudprnt::{BasicAuth, CloudPrinter, CloudPrntOptions};
+use simulators::cloudprnt_mqtt::CloudPrntMqttOptions;
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;
@@ -122,8 +126,9 @@ enum Cmd {
         #[arg(long, requires = "pty")]
         xonxoff: bool,
     },
-    /// Be a Star CloudPRNT printer (HTTP method): poll URL, fetch jobs as image/png, save
-    /// them, confirm them; until killed.
+    /// Be a Star CloudPRNT printer: ask the server for its setting, then poll URL (HTTP
+    /// method) or take jobs from the MQTT broker the setting names (MQTT method); fetch jobs
+    /// as image/png, save them, confirm them; until killed.
     #[command(group(clap::ArgGroup::new("password").args(["password_file", "secrets"]).requires("user")))]
     Cloudprnt {
         /// The CloudPRNT server URL the printer polls (POST) and, unless the poll answer
@@ -146,22 +151,30 @@ enum Cmd {
         /// password is the entry of --user.
         #[arg(long, value_name = "FILE")]
         secrets: Option<PathBuf>,
-        /// Verify https servers against this CA file (PEM), the only root trusted.
+        /// Verify https servers (and, on MQTT with `useTls`, the broker) against this CA
+        /// file (PEM), the only root trusted.
         #[arg(long, value_name = "FILE")]
         ca: Option<PathBuf>,
-        /// Time between polls, ms.
+        /// Time between polls, ms (also the wait before asking for the server setting or
+        /// connecting to the broker again after a refusal or failure).
         #[arg(long, default_value_t = 5000)]
         poll_ms: u64,
         /// Read the condition from this file before each poll (words `paper-out`,
         /// `paper-near-end`, `cover-open`, `offline`; empty, missing or `ready`: ready).
         #[arg(long)]
         state_file: Option<PathBuf>,
-        /// Print the first N jobs but do not confirm them (a lost confirmation).
+        /// Print the first N jobs but do not confirm them (a lost confirmation: no DELETE on
+        /// HTTP, no print-result on MQTT).
         #[arg(long, value_name = "N", default_value_t = 0)]
         skip_confirm: u64,
         /// Paper width in mm (58, 80 or 112).
         #[arg(long, default_value_t = 80)]
         paper: u8,
+        /// MQTT method: the print-result status code of a print-job whose jobToken was
+        /// printed already (Star does not document the value); printSucceeded is true when
+        /// it starts with 2.
+        #[arg(long, value_name = "CODE", default_value = simulators::cloudprnt_mqtt::DEFAULT_DUPLICATE_CODE)]
+        duplicate_code: String,
     },
 }
 
@@ -250,6 +263,7 @@ async fn main() -> Result<()> {
             state_file,
             skip_confirm,
             paper,
+            duplicate_code,
         } => {
             let url = url.parse().with_context(|| format!("--url {url:?} is not a URL"))?;
             let auth = match (user, password_file, secrets) {
@@ -273,13 +287,12 @@ async fn main() -> Result<()> {
                 paper_mm: paper,
             })?;
             // Tests read these lines as they come: flush each.
-            printer
-                .run(&mut |event| {
-                    let mut stdout = std::io::stdout().lock();
-                    let _ = writeln!(stdout, "{event}");
-                    let _ = stdout.flush();
-                })
-                .await;
+            let mut report = |event: &simulators::cloudprnt::Event| {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{event}");
+                let _ = stdout.flush();
+            };
+            simulators::cloudprnt_mqtt::run(printer, CloudPrntMqttOptions { duplicate_code }, &mut report).await;
         }
     }
     Ok(())
