@@ -97,14 +97,26 @@ pub struct DirectPrinter {
 }
 
 /// A printer that fetches its own jobs from pixgate over its maker's cloud protocol, with
-/// no box beside it: `printer.transport` `cloudprnt-http` (Star CloudPRNT, the HTTP
-/// method: the printer polls, GETs the job, DELETEs it when printed) with the pixgate
-/// extension `printer.mac`.
+/// no box beside it: `printer.transport` `cloudprnt-http` or `cloudprnt-mqtt` (Star
+/// CloudPRNT) with the pixgate extension `printer.mac`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudPrinter {
     /// `printer.mac`: the MAC address the printer reports (CloudPRNT `printerMAC`),
     /// normalized to lower-case hex pairs joined by `:`, e.g. `00:11:62:0a:1b:2c`.
     pub mac: String,
+    /// How it is told of its jobs.
+    pub method: CloudMethod,
+}
+
+/// The CloudPRNT method a printer is set to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudMethod {
+    /// `cloudprnt-http`: the printer polls (POST), GETs the job, DELETEs it when printed.
+    Http,
+    /// `cloudprnt-mqtt`: the printer connects to pixgate's MQTT listener, is told of each
+    /// job there (`print-job`), GETs it over HTTP and reports the result over MQTT
+    /// (`print-result`).
+    Mqtt,
 }
 
 /// What happens to a job a direct printer may or may not have printed (pixgate crashed, or

@@ -27,7 +27,8 @@ pub mod value;
 
 pub use charge_record::{decode_charge_record, decode_with_values, ChargeRecord};
 pub use document::{
-    Charge, ChargeStatus, CloudPrinter, Device, DeviceKind, DirectPrinter, Envelope, Interrupted, Operation,
+    Charge, ChargeStatus, CloudMethod, CloudPrinter, Device, DeviceKind, DirectPrinter, Envelope, Interrupted,
+    Operation,
 };
 pub use error::DecodeError;
 pub use value::{decode_charge, decode_device, decode_envelope};

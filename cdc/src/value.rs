@@ -5,7 +5,8 @@
 //! the fallback take these.
 
 use crate::document::{
-    Charge, ChargeStatus, CloudPrinter, Device, DeviceKind, DirectPrinter, Envelope, Interrupted, Operation,
+    Charge, ChargeStatus, CloudMethod, CloudPrinter, Device, DeviceKind, DirectPrinter, Envelope, Interrupted,
+    Operation,
 };
 use crate::error::DecodeError;
 use chrono::{DateTime, Utc};
@@ -104,9 +105,9 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
 /// 80 mm, an unknown code page, a `printer.nativeQr` or `printer.printPixSlip` that is not
 /// a boolean, a `printer.transport` other than `mqtt`, `tcp`, `serial`, `usb`,
-/// `cloudprnt-http`, a direct transport without a `printer.endpoint` of its scheme (or
-/// another one with one), a `printer.interruptedJob` other than `reprint`, `hold`, a
-/// `cloudprnt-http` printer without a `printer.mac` of six hex pairs.
+/// `cloudprnt-http`, `cloudprnt-mqtt`, a direct transport without a `printer.endpoint` of
+/// its scheme (or another one with one), a `printer.interruptedJob` other than `reprint`,
+/// `hold`, a cloud printer without a `printer.mac` of six hex pairs.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
     let id = oid(req(&doc["_id"], "_id")?, "_id")?;
     let company = oid(req(&doc["company"], "company")?, "company")?;
@@ -161,11 +162,11 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
 }
 
 /// The transports `printer.transport` may name: MQTT, the direct ones, the cloud ones.
-const TRANSPORTS: [&str; 5] = ["mqtt", "tcp", "serial", "usb", "cloudprnt-http"];
+const TRANSPORTS: [&str; 6] = ["mqtt", "tcp", "serial", "usb", "cloudprnt-http", "cloudprnt-mqtt"];
 
 /// `printer.transport` (`mqtt` when absent), then what that transport needs: a
 /// `printer.endpoint` of its scheme and `printer.interruptedJob` (`reprint` when absent)
-/// for a direct one, a `printer.mac` for `cloudprnt-http`.
+/// for a direct one, a `printer.mac` for `cloudprnt-http` and `cloudprnt-mqtt`.
 fn printer_transport(p: &Value) -> Result<(Option<DirectPrinter>, Option<CloudPrinter>), DecodeError> {
     let transport = match &p["transport"] {
         Value::Null => "mqtt",
@@ -177,13 +178,18 @@ fn printer_transport(p: &Value) -> Result<(Option<DirectPrinter>, Option<CloudPr
         Value::String(m) => Some(m.as_str()),
         other => return Err(invalid("printer.mac", format!("{other} is not a string"))),
     };
-    if transport == "cloudprnt-http" {
+    let method = match transport {
+        "cloudprnt-http" => Some(CloudMethod::Http),
+        "cloudprnt-mqtt" => Some(CloudMethod::Mqtt),
+        _ => None,
+    };
+    if let Some(method) = method {
         if !p["endpoint"].is_null() {
-            return Err(invalid("printer.endpoint", "is set but a cloudprnt-http printer polls pixgate".into()));
+            return Err(invalid("printer.endpoint", format!("is set but a {transport} printer fetches its jobs")));
         }
-        let mac = mac.ok_or_else(|| invalid("printer.mac", "printer.transport cloudprnt-http needs a mac".into()))?;
+        let mac = mac.ok_or_else(|| invalid("printer.mac", format!("printer.transport {transport} needs a mac")))?;
         let mac = normalize_mac(mac).ok_or_else(|| invalid("printer.mac", format!("`{mac}` is not six hex pairs")))?;
-        return Ok((None, Some(CloudPrinter { mac })));
+        return Ok((None, Some(CloudPrinter { mac, method })));
     }
     if let Some(m) = mac {
         return Err(invalid("printer.mac", format!("`{m}` is set but printer.transport is {transport}")));
@@ -341,10 +347,15 @@ mod tests {
         };
         assert_eq!(
             cloud(json!({"transport": "cloudprnt-http", "mac": "00-11-62-0A-1B-2C"})),
-            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into() })))
+            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into(), method: CloudMethod::Http })))
+        );
+        assert_eq!(
+            cloud(json!({"transport": "cloudprnt-mqtt", "mac": "00:11:62:0a:1b:2c"})),
+            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into(), method: CloudMethod::Mqtt })))
         );
         assert_eq!(cloud(json!({"transport": "tcp", "endpoint": "tcp://h"})).unwrap().1, None);
         for (printer, why) in [
+            (json!({"transport": "cloudprnt-mqtt"}), "invalid_field:printer.mac"),
             (json!({"transport": "cloudprnt-http"}), "invalid_field:printer.mac"),
             (json!({"transport": "cloudprnt-http", "mac": "00:11:62:0a:1b"}), "invalid_field:printer.mac"),
             (json!({"transport": "cloudprnt-http", "mac": "00:11:62:0a:1b:zz"}), "invalid_field:printer.mac"),
@@ -358,7 +369,7 @@ mod tests {
                 "invalid_field:printer.mac",
             ),
             (json!({"mac": "00:11:62:0a:1b:2c"}), "invalid_field:printer.mac"),
-            (json!({"transport": "cloudprnt-mqtt"}), "invalid_field:printer.transport"),
+            (json!({"transport": "epson-sdp"}), "invalid_field:printer.transport"),
         ] {
             let got = cloud(printer.clone()).unwrap_err();
             assert!(got.starts_with(why), "{printer}: {got}");

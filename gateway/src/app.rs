@@ -95,11 +95,20 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
     let directory_for_cloud = directory.clone();
+    let board = Arc::new(deliver::cloudprnt::Board::new(
+        printers.clone(),
+        incoming_tx.clone(),
+        std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
+        cfg.cloudprnt.max_polls_per_second,
+    ));
+    // Star printers on CloudPRNT's MQTT method GET their jobs and settings from the
+    // CloudPRNT server: served on the listener only when that server is.
+    let star = cfg.cloudprnt.listen.is_some().then(|| board.clone() as Arc<dyn deliver::mqtt::star::StarPrinters>);
     let mut partition_links = None;
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
             let publisher =
-                deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), devices.clone())
+                deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), star, devices.clone())
                     .await
                     .context("starting the device listener")?;
             let presence = publisher.hub().map(|hub| hub as Arc<dyn Presence>);
@@ -125,18 +134,19 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             "cloudprnt.listen is not served with cluster.enabled yet: run it on a pixgate without cluster.enabled"
         );
     }
-    let board = Arc::new(deliver::cloudprnt::Board::new(
-        printers.clone(),
-        incoming_tx.clone(),
-        std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
-        cfg.cloudprnt.max_polls_per_second,
-    ));
     deliver::cloudprnt::start(
         &cfg.cloudprnt,
         board.clone(),
-        printers.clone(),
         directory_for_cloud,
         cfg.mqtt.credentials.clone(),
+        cfg.broker.is_none().then(|| deliver::cloudprnt::server::MqttListener {
+            host: cfg.cloudprnt.mqtt_host.clone(),
+            port: cfg
+                .cloudprnt
+                .mqtt_port
+                .unwrap_or_else(|| cfg.mqtt.listen.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(8883)),
+            tls: cfg.mqtt.tls.is_some(),
+        }),
         stats.clone(),
         devices.clone(),
     )

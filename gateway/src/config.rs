@@ -188,6 +188,13 @@ pub struct CloudPrntConfig {
     /// A connection's TLS handshake must end within this, and a connection on which
     /// nothing moves for as long is closed, ms.
     pub request_timeout_ms: u64,
+    /// The host name Star printers on the MQTT method (`cloudprnt-mqtt`) are told to
+    /// connect to (the settings' `hostName`); unset: the host they reached this server at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mqtt_host: Option<String>,
+    /// The port they are told (`portNumber`); unset: `mqtt.listen`'s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mqtt_port: Option<u16>,
 }
 
 impl Default for CloudPrntConfig {
@@ -202,6 +209,8 @@ impl Default for CloudPrntConfig {
             max_polls_per_second: 4,
             offline_after_ms: 15_000,
             request_timeout_ms: 10_000,
+            mqtt_host: None,
+            mqtt_port: None,
         }
     }
 }

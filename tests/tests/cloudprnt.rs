@@ -1,7 +1,9 @@
-//! Printers that poll pixgate over Star CloudPRNT's HTTP method: a fixture printer whose
-//! registry document says `printer.transport: cloudprnt-http` with its `printer.mac`,
-//! played by `printer-sim cloudprnt` (a client written from Star's protocol guide) over
-//! real TLS with certificates the test makes, authenticated with a secret pixgate issued.
+//! Printers that fetch their jobs from pixgate over Star CloudPRNT: a fixture printer whose
+//! registry document says `printer.transport: cloudprnt-http` (it polls) or
+//! `cloudprnt-mqtt` (it is told of its jobs on pixgate's MQTT listener) with its
+//! `printer.mac`, played by `printer-sim cloudprnt` (a client written from Star's protocol
+//! guide) over real TLS with certificates the test makes, authenticated with a secret
+//! pixgate issued; `mosquitto_sub` as a stranger on the MQTT listener.
 //! Real tansu broker, pixgate as a child process. What the printer printed is read back
 //! from its `jobs.jsonl` (each PNG and its job token) and its PNGs, decoded.
 
@@ -30,6 +32,9 @@ struct Setup {
     ca: PathBuf,
     secret_file: PathBuf,
     env: Vec<(&'static str, String)>,
+    /// The settings of pixgate's MQTT listener on TLS with the same fleet CA (the printer
+    /// on the MQTT method connects there).
+    mqtt_env: Vec<(&'static str, String)>,
 }
 
 /// A fleet CA (its server certificate for 127.0.0.1), a secret issued to `printer`, and the
@@ -56,13 +61,24 @@ fn setup(dir: &Path, printer: &str) -> Setup {
         ("PIXGATE_DELIVERY__ACK_TIMEOUT_MS", "2000".into()),
         ("PIXGATE_DELIVERY__BACKOFF_INITIAL_MS", "200".into()),
     ];
-    Setup { url: format!("https://{listen}/cloudprnt"), ca: pki.ca_cert(), secret_file, env }
+    Setup {
+        url: format!("https://{listen}/cloudprnt"),
+        ca: pki.ca_cert(),
+        secret_file,
+        env,
+        mqtt_env: pki.gateway_env(),
+    }
 }
 
 /// Publishes the fixture registry with `printer` polling over CloudPRNT as [`MAC`],
 /// printing the pay-with-Pix slip too when `slip` (a QR to decode from its picture).
 /// Returns the records published.
 async fn publish_registry(rig: &Rig, printer: &str, slip: bool) -> u64 {
+    publish_registry_as(rig, printer, "cloudprnt-http", slip).await
+}
+
+/// [`publish_registry`] with the printer on `transport`.
+async fn publish_registry_as(rig: &Rig, printer: &str, transport: &str, slip: bool) -> u64 {
     let fixtures = pixgate_tests::demo::default_fixtures();
     let text = std::fs::read_to_string(fixtures.join("devices.jsonl")).unwrap();
     let mut found = 0;
@@ -72,7 +88,7 @@ async fn publish_registry(rig: &Rig, printer: &str, slip: bool) -> u64 {
             let mut rec: Value = serde_json::from_str(l).unwrap();
             if rec["key"] == printer {
                 let p = &mut rec["value"]["fullDocument"]["printer"];
-                p["transport"] = "cloudprnt-http".into();
+                p["transport"] = transport.into();
                 p["mac"] = MAC.to_ascii_uppercase().into();
                 p["printPixSlip"] = slip.into();
                 found += 1;
@@ -233,14 +249,130 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
     assert_eq!(found.len(), 1, "one QR on the slip");
     let (_, text) = found[0].decode().unwrap();
     assert_eq!(text, brcode);
-    for (png, _) in &printed {
-        let _ = std::fs::create_dir_all("/tmp/cloudprnt-look");
-        let _ = std::fs::copy(png, std::path::Path::new("/tmp/cloudprnt-look").join(png.file_name().unwrap()));
-    }
     let receipt = image::open(&printed[0].0).unwrap().to_luma8();
     assert!(rqrr::PreparedImage::prepare(receipt).detect_grids().is_empty(), "never a QR on a paid receipt");
     assert!(stranger.printed().is_empty() && other.printed().is_empty(), "strangers printed nothing");
     drop((sim, stranger, other));
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// The same proofs on the MQTT method: the printer asks its settings, connects to
+/// pixgate's MQTT listener with them, and is told of each job there; out of paper its
+/// jobs are held; a stranger (a wrong password, the printer's own credentials on another
+/// MAC's or pixgate's topics) gets nothing and is counted; paper back, every job once and
+/// in order, the first after a lost `print-result` sent again and reported a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_own() {
+    use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
+    mosquitto::require_clients().unwrap();
+    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-mqtt-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let s = setup(&scratch, PRINTER);
+    let mut rig = Rig::builder("cloudprnt-mqtt").envs(s.env.clone()).envs(s.mqtt_env.clone()).start().await;
+    publish_registry_as(&rig, PRINTER, "cloudprnt-mqtt", false).await;
+    let out = rig.dir().join("printer");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("state"), "paper-out").unwrap();
+    let secret_path = s.secret_file.display().to_string();
+    let ca = s.ca.display().to_string();
+    let args = [
+        "--url",
+        &s.url,
+        "--mac",
+        MAC,
+        "--user",
+        PRINTER,
+        "--password-file",
+        &secret_path,
+        "--ca",
+        &ca,
+        "--poll-ms",
+        "300",
+        "--paper",
+        "58",
+        "--skip-confirm",
+        "1",
+    ];
+    let sim = CloudSim::start(&out, &args);
+    sim.line("polling");
+    let port = rig.settings().mqtt_port;
+    wait_for("the printer's MQTT session", WAIT, || {
+        rig.gateway()
+            .stats()
+            .is_ok_and(|s| s.counters.held_devices.get("paper_out") == Some(&1) || s.counters.mqtt_connected >= 1)
+    })
+    .await;
+
+    // Strangers on the MQTT listener: a wrong password is refused at CONNECT; the printer's
+    // own credentials get neither another MAC's topics nor pixgate's device topics.
+    let secret = std::fs::read_to_string(&s.secret_file).unwrap();
+    let wrong = ClientAuth::password(&s.ca, PRINTER, "not-the-secret");
+    let other = format!("star/cloudprnt/to-device/{OTHER_MAC}/#");
+    let refused = Subscriber::start_granted(port, &wrong, &format!("dev-{PRINTER}.x"), &[&other], 1, false, WAIT).await;
+    assert!(refused.is_err(), "a wrong password subscribes to nothing");
+    let own = ClientAuth::password(&s.ca, PRINTER, secret.trim());
+    let jobs = format!("pixgate/v1/devices/{PRINTER}/jobs");
+    let (spy, granted) =
+        Subscriber::start_granted(port, &own, &format!("dev-{PRINTER}.spy"), &[&other, &jobs], 1, false, WAIT)
+            .await
+            .unwrap();
+    assert_eq!(granted, [128, 128], "another MAC's and pixgate's topics are not the printer's");
+    spy.stop().await;
+
+    let ids: Vec<String> = "fgh".chars().map(|c| c.to_string().repeat(24)).collect();
+    publish_charges(&rig, &ids).await;
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
+    let jobs = queued(&rig);
+    assert!(
+        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
+        "a receipt per charge: {jobs:?}"
+    );
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sim.printed().is_empty(), "printed while out of paper");
+    let counters = rig.gateway().stats().unwrap().counters;
+    let refused = |rule: &str| counters.mqtt_refusals.get(rule).copied().unwrap_or(0);
+    assert!(refused("bad_credentials") >= 1 && refused("subscribe") >= 2, "{:?}", counters.mqtt_refusals);
+
+    // Paper back: told at once over MQTT, every job once and in order.
+    sim.set_state("ready");
+    let lines = sim.wait_printed(jobs.len());
+    let receipts = ids.len() as u64;
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&receipts)).await;
+    wait_for("the printer's queue to empty", WAIT, || queued(&rig).is_empty()).await;
+    let tokens: Vec<String> = sim.printed().iter().map(|(_, t)| t.clone()).collect();
+    let want: Vec<String> = jobs.iter().map(|(m, _)| m.clone()).collect();
+    assert_eq!(tokens, want, "each job once, in order (the job token is its message id)");
+    let first = &want[0];
+    assert!(
+        lines.iter().any(|l| l == &format!("duplicate {first}")),
+        "the job whose result was lost came again: {lines:?}"
+    );
+    let stats = rig.gateway().stats().unwrap().counters;
+    assert_eq!(stats.deadletters_parked + stats.deadletters_published, 0, "nothing dead-lettered");
+    assert_eq!(stats.cloudprnt_polls, 0, "told over MQTT: it never polled");
+    for (png, _) in &sim.printed() {
+        assert_eq!(image::open(png).unwrap().to_luma8().width(), 384, "{}", png.display());
+    }
+
+    // Switched off: its connection drops without DISCONNECT, and the next receipt waits
+    // held as offline; switched on, it asks its settings again, reconnects and prints it.
+    sim.set_state("offline");
+    wait_for("the printer's session to end", WAIT, || {
+        rig.gateway().stats().is_ok_and(|s| s.counters.mqtt_connected == 0)
+    })
+    .await;
+    let late = vec!["i".repeat(24)];
+    publish_charges(&rig, &late).await;
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("offline") == Some(&1)).await;
+    assert_eq!(sim.printed().len(), jobs.len(), "nothing printed while switched off");
+    sim.set_state("ready");
+    sim.wait_printed(jobs.len() + 1);
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&(receipts + 1))).await;
+    drop(sim);
     rig.kill_gateway();
     rig.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);

@@ -1,17 +1,20 @@
 //! A printer that fetches its own jobs over its maker's cloud protocol (Star CloudPRNT, the
-//! HTTP method): who it is (its MAC) and the paper its jobs are drawn for. The registry
+//! HTTP or the MQTT method): who it is (its MAC), how it hears of its jobs and the paper
+//! they are drawn for. The registry
 //! writes these into [`crate::model::DirectPrinters`]; the CloudPRNT server
 //! (`deliver::cloudprnt`) reads them at every request.
 
 use render::codepage::CodePage;
 
 /// One CloudPRNT printer, from its registry document (`printer.transport`
-/// `cloudprnt-http`).
+/// `cloudprnt-http` or `cloudprnt-mqtt`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudSettings {
     /// `printer.mac`, normalized (`00:11:62:0a:1b:2c`): the poll's `printerMAC` and the
     /// `mac` of its job requests must be this.
     pub mac: String,
+    /// Whether it polls (HTTP) or is told of its jobs over MQTT.
+    pub method: cdc::CloudMethod,
     /// Print head width in dots the job's picture is drawn at (`printer.paperWidthMm` on
     /// the model's profile: 576 for 80 mm, 384 for 58 mm on most heads). Star's guide: a
     /// PNG is printed pixel for pixel, unscaled.
@@ -31,6 +34,7 @@ impl CloudSettings {
         let profile = render::profile::profile_for_model(&device.model);
         Some(CloudSettings {
             mac: c.mac.clone(),
+            method: c.method,
             width_dots: profile.dots_per_line(*paper_width_mm),
             code_page: *code_page,
             model: device.model.clone(),

@@ -12,6 +12,13 @@
 //! A printer that has not polled for `cloudprnt.offline_after_ms` (or never since the
 //! start) is reported `online: false`, so its queue is held instead of its jobs' deliveries
 //! running out while it is switched off; its jobs still expire by their time to live.
+//!
+//! A printer set to CloudPRNT's MQTT method (Full MQTT / Pass URL) does not poll: it is
+//! connected to pixgate's MQTT listener ([`crate::deliver::mqtt::star`]) and online while a
+//! session of it is up. Its offer is the same; what changes is how it hears of it and
+//! answers: a `print-job` message ([`Board::print_job`]) names the URL to GET the job
+//! from, the printer's `client-status` messages are its condition, and its `print-result`
+//! is the confirmation ([`Confirmation::of_print_result`]).
 
 use crate::model::{DirectPrinters, Incoming};
 use bytes::Bytes;
@@ -26,10 +33,11 @@ use tokio::sync::mpsc;
 pub enum Confirmation {
     /// Printed: `OK`, or a 2xx code.
     Printed,
-    /// `520`-`529`: the download failed or timed out; offered again.
-    Download(String),
-    /// Any other code (`510` incompatible media, `511` decoding error, `521` too large…):
-    /// this job cannot print there; it fails for good.
+    /// Not printed this time (a DELETE's `520`-`529`: the download failed or timed out; a
+    /// `print-result`'s paper or cover condition): offered again.
+    Again(String),
+    /// This job cannot print there (a DELETE's other codes: `510` incompatible media, `511`
+    /// decoding error, `521` too large…): it fails for good.
     Refused(String),
 }
 
@@ -40,9 +48,27 @@ impl Confirmation {
         if code.eq_ignore_ascii_case("ok") || code.starts_with('2') {
             Confirmation::Printed
         } else if code.starts_with("52") {
-            Confirmation::Download(code)
+            Confirmation::Again(code)
         } else {
             Confirmation::Refused(code)
+        }
+    }
+
+    /// Reads an MQTT `print-result`: its `statusCode` and `printSucceeded`. Printed when it
+    /// says it succeeded or the code is 2xx; a `51x` code (`510` incompatible media, `511`
+    /// decoding error) is this job's own fault; any other (`410` out of paper, `420` cover
+    /// open, a failed download) is the printer's condition, and the job is offered again.
+    /// Star documents a result "indicating a duplicate jobToken" for a job the printer had
+    /// printed already without giving its code: a 2xx code ends the job, any other offers
+    /// it again until its time to live (logged with the code).
+    pub fn of_print_result(code: &str, succeeded: Option<bool>) -> Confirmation {
+        let code = super::status::decode(code).trim().to_string();
+        if succeeded == Some(true) || code.eq_ignore_ascii_case("ok") || code.starts_with('2') {
+            Confirmation::Printed
+        } else if code.starts_with("51") {
+            Confirmation::Refused(code)
+        } else {
+            Confirmation::Again(code)
         }
     }
 }
@@ -69,6 +95,13 @@ struct Printer {
     window: Option<(Instant, u32)>,
     /// The last status told to the dispatcher.
     reported: Option<Status>,
+    /// The last status to tell it (told again by [`Board::check`] while the channel was full).
+    wanted: Option<Status>,
+    /// Its MQTT sessions up (the MQTT method).
+    sessions: u32,
+    /// Where it GETs its jobs (the MQTT method): this server's URL as the printer reached it
+    /// for its settings.
+    url: Option<String>,
 }
 
 /// Why a poll is refused.
@@ -110,6 +143,16 @@ impl Board {
         self.printers.is_cloud(device)
     }
 
+    /// The printers it serves.
+    pub fn printers(&self) -> Arc<DirectPrinters> {
+        self.printers.clone()
+    }
+
+    /// `device`'s settings if it is a cloud printer now.
+    pub fn settings(&self, device: &str) -> Option<crate::model::CloudSettings> {
+        self.printers.cloud(device)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Printer>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -138,12 +181,13 @@ impl Board {
     }
 
     fn polling(&self, p: &Printer, now: Instant) -> bool {
-        p.last_poll.is_some_and(|t| now.duration_since(t) < self.offline_after)
+        p.sessions > 0 || p.last_poll.is_some_and(|t| now.duration_since(t) < self.offline_after)
     }
 
     /// Tells the dispatcher `status` if it changed. Never waits: a full channel leaves it
-    /// untold, and the next poll or check tells it.
+    /// untold, and the next check tells it.
     fn report(&self, device: &str, p: &mut Printer, status: Status) {
+        p.wanted = Some(status.clone());
         if p.reported == Some(status.clone()) {
             return;
         }
@@ -181,6 +225,44 @@ impl Board {
         Ok(p.offer.as_ref().filter(|_| can_print && !printing).map(|o| o.message_id.clone()))
     }
 
+    /// A session of `device` (the MQTT method) came up or ended: online while one is up.
+    pub fn session(&self, device: &str, up: bool) {
+        let mut state = self.lock();
+        let p = state.entry(device.to_string()).or_default();
+        if up {
+            p.sessions += 1;
+            if p.sessions == 1 {
+                // Its condition follows in its first `client-status`.
+                self.report(device, p, Status { v: 1, online: true, printer: None });
+            }
+        } else {
+            p.sessions = p.sessions.saturating_sub(1);
+            if !self.polling(p, Instant::now()) {
+                tracing::warn!(device, "CloudPRNT printer disconnected; its queue is held");
+                self.report(device, p, Status { v: 1, online: false, printer: None });
+            }
+        }
+    }
+
+    /// `device` reported `status` on its own (the MQTT method's `client-status` and
+    /// `client-will`): told to the dispatcher, not counted as a poll.
+    pub fn condition(&self, device: &str, status: Status) {
+        let mut state = self.lock();
+        let p = state.entry(device.to_string()).or_default();
+        self.report(device, p, status);
+    }
+
+    /// Where `device` GETs its jobs (the MQTT method): `url`, this server's job URL as the
+    /// printer reached it.
+    pub fn set_url(&self, device: &str, url: String) {
+        self.lock().entry(device.to_string()).or_default().url = Some(url);
+    }
+
+    /// The URL `device` GETs its jobs from, if it asked for its settings.
+    pub fn url(&self, device: &str) -> Option<String> {
+        self.lock().get(device)?.url.clone()
+    }
+
     /// The job offered to `device` under `token` (or the one offered, for firmware that
     /// sends no token).
     pub fn job(&self, device: &str, token: Option<&str>) -> Option<Offer> {
@@ -195,7 +277,7 @@ impl Board {
     pub async fn confirm(&self, device: &str, token: Option<&str>, how: Confirmation) -> bool {
         self.finish(device, token, "CloudPRNT printer confirmed", |o| match how {
             Confirmation::Printed => Ack::done(&o.message_id, o.seq, false),
-            Confirmation::Download(code) => Ack::failed(&o.message_id, o.seq, format!("printer: {code}"), false),
+            Confirmation::Again(code) => Ack::failed(&o.message_id, o.seq, format!("printer: {code}"), false),
             Confirmation::Refused(code) => {
                 Ack::failed(&o.message_id, o.seq, format!("printer cannot print it: {code}"), true)
             }
@@ -245,6 +327,8 @@ impl Board {
                     tracing::warn!(device = %device, "CloudPRNT printer stopped polling; its queue is held");
                 }
                 self.report(device, p, Status { v: 1, online: false, printer: None });
+            } else if let Some(wanted) = p.wanted.clone().filter(|w| p.reported.as_ref() != Some(w)) {
+                self.report(device, p, wanted);
             }
         }
     }
@@ -273,6 +357,7 @@ mod tests {
         let printers = Arc::new(DirectPrinters::default());
         let s = CloudSettings {
             mac: "00:11:62:00:00:01".into(),
+            method: cdc::CloudMethod::Http,
             width_dots: 576,
             code_page: CodePage::Cp860,
             model: String::new(),

@@ -202,6 +202,8 @@ mod tests {
             stats: stats.clone(),
             log: Arc::default(),
             drawing: Arc::new(Semaphore::new(1)),
+            mqtt: None,
+            scheme: "http",
         };
         let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let listener = CloudListener::start(tcp, None, 1, Duration::from_millis(300), server.clone()).unwrap();

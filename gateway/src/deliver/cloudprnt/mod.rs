@@ -16,6 +16,7 @@
 pub mod board;
 pub mod listener;
 pub mod media;
+pub mod mqtt;
 pub mod routed;
 pub mod server;
 pub mod status;
@@ -25,7 +26,7 @@ pub use routed::CloudRouted;
 
 use crate::config::{CloudPrntConfig, TlsConfig};
 use crate::deliver::mqtt::auth::Secrets;
-use crate::model::{DirectPrinters, Directory};
+use crate::model::Directory;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Stats;
 use anyhow::Context;
@@ -35,7 +36,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts the server on `cfg.listen` (and the board's offline check, whether or not it
-/// listens), until `shutdown`. `secrets` is `mqtt.credentials`. Returns where it listens.
+/// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` pixgate's MQTT
+/// listener as printers on the MQTT method are told it (`None`: devices use an external
+/// broker). Returns where it listens.
 ///
 /// # Errors
 /// `cfg.listen` cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a
@@ -43,9 +46,9 @@ use std::time::Duration;
 pub async fn start(
     cfg: &CloudPrntConfig,
     board: Arc<Board>,
-    printers: Arc<DirectPrinters>,
     directory: Arc<Directory>,
     secrets: Option<PathBuf>,
+    mqtt: Option<server::MqttListener>,
     stats: Arc<Stats>,
     shutdown: Shutdown,
 ) -> anyhow::Result<Option<SocketAddr>> {
@@ -68,13 +71,15 @@ pub async fn start(
     let tcp =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding cloudprnt.listen `{listen}`"))?;
     let server = server::Server {
+        printers: board.printers(),
         board,
-        printers,
         directory,
         secrets: Some(Arc::new(Secrets::new(secrets))),
         stats,
         log: Arc::default(),
         drawing: Arc::new(tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))),
+        mqtt,
+        scheme: if cfg.plain { "http" } else { "https" },
     };
     let handshake = Duration::from_millis(cfg.request_timeout_ms.max(1));
     let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;

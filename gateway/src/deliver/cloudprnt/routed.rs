@@ -1,6 +1,7 @@
-//! The transport seam for CloudPRNT printers: a job for a printer that polls pixgate is
-//! offered on the [`Board`] for its next poll; every other device's goes to the next
-//! transport.
+//! The transport seam for CloudPRNT printers: a job for a printer that fetches its jobs
+//! from pixgate is offered on the [`Board`] for its next poll or GET, and a printer on the
+//! MQTT method is told of it by a `print-job` message sent through the next transport
+//! (pixgate's MQTT listener); every other device's job goes to the next transport.
 
 use super::board::Board;
 use crate::deliver::transport::{Transport, TransportError};
@@ -23,7 +24,11 @@ impl<T: Transport> CloudRouted<T> {
 impl<T: Transport> Transport for CloudRouted<T> {
     async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
         if self.board.serves(device) {
+            let told = self.board.print_job(device, &wire);
             self.board.offer(device, wire);
+            if let Some(message) = told {
+                return self.other.send(device, message).await;
+            }
             return Ok(());
         }
         self.other.send(device, wire).await

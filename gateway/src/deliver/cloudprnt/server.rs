@@ -6,15 +6,20 @@
 //! | `POST /cloudprnt` | the poll: JSON `statusCode`, `status` (ASB), `printerMAC`, `printingInProgress`; answered `{"jobReady": false}` or `{"jobReady": true, "mediaTypes": ["image/png"], "jobToken": MESSAGE_ID, "deleteMethod": "DELETE"}` |
 //! | `GET /cloudprnt?type=image/png&mac=MAC&token=T` | the job's picture; no side effects, the same bytes every time; `404` when `T` is not offered |
 //! | `DELETE /cloudprnt?mac=MAC&code=OK&token=T` | printed (`OK` or 2xx), or why not: the dispatcher's ack; `200` always |
+//! | `GET /cloudprnt-setting.json?mac=MAC` | the printer's settings ("Server setting information request"): for a `cloudprnt-mqtt` printer, pixgate's MQTT listener and the credentials to connect with; `404` ("the server supports the HTTP method only") for a `cloudprnt-http` one |
 //!
 //! Every request carries HTTP Basic credentials (the printer's web settings: user name,
 //! password): the device id and the secret issued to it, checked against
-//! `mqtt.credentials`. The device must be a registered, enabled `cloudprnt-http` printer,
-//! and the MAC the request names (`printerMAC`, `mac`) the one its registry document
-//! gives: a printer reaches only its own jobs. Every refusal is counted
+//! `mqtt.credentials`. The device must be a registered, enabled CloudPRNT printer, and the
+//! MAC the request names (`printerMAC`, `mac`) the one its registry document gives: a
+//! printer reaches only its own jobs. Every refusal is counted
 //! (`cloudprnt_refusals{rule}`) and logged (bounded, [`LogLimit`]). Anything else on the
-//! listener (Star firmware's `cloudprnt-setting.json` included) is `404`: pixgate serves
-//! the HTTP method only.
+//! listener is `404`.
+//!
+//! The settings give a printer on the MQTT method the client id `dev-{id}`, its device id
+//! as the username and, as the password, the secret it has just proved with: pixgate keeps
+//! no secret readable, and the printer holds it already. They are answered over TLS only
+//! (or `cloudprnt.plain`), never cached.
 
 use super::board::{Board, Confirmation, PollRefused};
 use super::media;
@@ -27,7 +32,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine;
 use serde::Deserialize;
@@ -101,6 +106,23 @@ pub struct Server {
     pub log: Arc<LogLimit>,
     /// Pictures drawn at once (CPU-bound: one per core); a GET waits for a slot.
     pub drawing: Arc<tokio::sync::Semaphore>,
+    /// pixgate's MQTT listener as printers on the MQTT method are told it; `None`: the
+    /// devices use an external broker, and every printer is told to use the HTTP method.
+    pub mqtt: Option<MqttListener>,
+    /// `https`, or `http` with `cloudprnt.plain`: the scheme of the job URL given to
+    /// printers on the MQTT method.
+    pub scheme: &'static str,
+}
+
+/// What a printer on the MQTT method is told of pixgate's MQTT listener.
+#[derive(Debug, Clone)]
+pub struct MqttListener {
+    /// `cloudprnt.mqtt_host`; `None`: the host the printer reached this server at.
+    pub host: Option<String>,
+    /// `cloudprnt.mqtt_port`, else `mqtt.listen`'s port.
+    pub port: u16,
+    /// Whether it speaks TLS (`mqtt.tls`).
+    pub tls: bool,
 }
 
 impl Server {
@@ -125,25 +147,19 @@ impl Server {
     /// The printer the request's credentials and `mac` prove, or the refusal to answer.
     #[allow(clippy::result_large_err)]
     fn authenticate(&self, headers: &HeaderMap, mac: Option<&str>) -> Result<(String, CloudSettings), Response> {
-        let Some(basic) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
-        else {
+        let Some(basic) = basic(headers) else {
             return Err(self.refusal(Refusal::NoCredentials, "-", "no HTTP Basic credentials"));
         };
-        let decoded = base64::engine::general_purpose::STANDARD.decode(basic.trim()).ok();
-        let Some((id, secret)) =
-            decoded.as_deref().and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| d.split_once(':'))
-        else {
+        let Some((id, secret)) = basic else {
             return Err(self.refusal(Refusal::BadCredentials, "-", "HTTP Basic credentials do not decode"));
         };
+        let (id, secret) = (id.as_str(), secret.as_str());
         // The secret first: without it, nobody learns which ids are printers.
         if !self.secrets.as_ref().is_some_and(|s| s.verify(id, secret.as_bytes())) {
             return Err(self.refusal(Refusal::BadCredentials, id, "wrong secret, or none issued"));
         }
         let Some(settings) = self.printers.cloud(id) else {
-            return Err(self.refusal(Refusal::UnknownDevice, id, "not a registered cloudprnt-http printer"));
+            return Err(self.refusal(Refusal::UnknownDevice, id, "not a registered CloudPRNT printer"));
         };
         if self.directory.standing(id) != Standing::Enabled {
             return Err(self.refusal(Refusal::DisabledDevice, id, "disabled in the registry"));
@@ -157,10 +173,23 @@ impl Server {
     }
 }
 
+/// A request's HTTP Basic user and password: `None` without the header, `Some(None)` when
+/// it does not decode.
+fn basic(headers: &HeaderMap) -> Option<Option<(String, String)>> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok();
+    let pair = decoded.as_deref().and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| d.split_once(':'));
+    Some(pair.map(|(user, password)| (user.to_string(), password.to_string())))
+}
+
 /// The routes, with request bodies bounded by `max_body_bytes`.
 pub fn routes(server: Server, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/cloudprnt", post(poll).get(job).delete(confirm))
+        .route("/cloudprnt-setting.json", get(settings))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(server)
 }
@@ -262,6 +291,55 @@ async fn confirm(State(s): State<Server>, headers: HeaderMap, Query(q): Query<Jo
     StatusCode::OK.into_response()
 }
 
+/// The query of the settings request (`uid` and `replaced_path` are not read: the job URL
+/// is always this server's `/cloudprnt`).
+#[derive(Debug, Deserialize)]
+struct SettingsQuery {
+    mac: Option<String>,
+}
+
+async fn settings(State(s): State<Server>, headers: HeaderMap, Query(q): Query<SettingsQuery>) -> Response {
+    let (device, cloud) = match s.authenticate(&headers, q.mac.as_deref()) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let Some(mqtt) = s.mqtt.as_ref().filter(|_| cloud.method == cdc::CloudMethod::Mqtt) else {
+        // Star: 404 means the server supports the HTTP method only; the printer polls.
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Some(Some((_, password))) = basic(&headers) else { return StatusCode::UNAUTHORIZED.into_response() };
+    let Some(authority) = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+    else {
+        return s.refusal(Refusal::Malformed, &device, "no Host header");
+    };
+    s.board.set_url(&device, format!("{}://{authority}/cloudprnt", s.scheme));
+    let host =
+        mqtt.host.clone().unwrap_or_else(|| authority.host().trim_start_matches('[').trim_end_matches(']').to_string());
+    tracing::info!(device = %device, host = %host, port = mqtt.port, "CloudPRNT printer asked for its MQTT settings");
+    let settings = serde_json::json!({
+        "title": "star_cloudprnt_server_setting",
+        "version": "1.0.0",
+        "serverSupportProtocol": ["HTTP", "MQTT"],
+        "settingForMQTT": {
+            "useTriggerPOST": false,
+            "mqttConnectionSetting": {
+                "hostName": host,
+                "portNumber": mqtt.port,
+                "useTls": mqtt.tls,
+                "authenticationSetting": {
+                    "clientId": format!("{}{device}", crate::deliver::mqtt::access::CLIENT_ID_PREFIX),
+                    "username": device,
+                    "password": password,
+                },
+            },
+        },
+    });
+    ([(header::CACHE_CONTROL, "no-store")], Json(settings)).into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +353,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     const MAC: &str = "00:11:62:0a:1b:2c";
+    /// The MAC of `m`, a printer on the MQTT method.
+    const MQTT_MAC: &str = "00:11:62:0a:1b:2d";
 
     struct Rig {
         _dir: TempDir,
@@ -287,19 +367,28 @@ mod tests {
         http: reqwest::Client,
     }
 
-    /// A server on loopback: printer `p` (a cloud printer, enabled) and device `q` (not a
-    /// printer of this kind), each with a secret.
+    /// A server on loopback: printer `p` (a cloud printer, enabled), printer `m` (the same
+    /// on the MQTT method) and device `q` (not a printer of this kind), each with a secret.
     async fn rig() -> Rig {
         let dir = TempDir::new("cloudprnt-server");
         std::fs::create_dir_all(dir.path()).unwrap();
         let file = dir.path().join("secrets.json");
-        let secrets = Credentials::load(&file, true).unwrap().issue_many(["p", "q"]).unwrap().into_iter().collect();
+        let secrets =
+            Credentials::load(&file, true).unwrap().issue_many(["p", "q", "m"]).unwrap().into_iter().collect();
         let printers = Arc::new(DirectPrinters::default());
-        let settings =
-            CloudSettings { mac: MAC.into(), width_dots: 384, code_page: CodePage::Cp860, model: String::new() };
-        printers.set_cloud("p", Some(settings));
+        let settings = CloudSettings {
+            mac: MAC.into(),
+            method: cdc::CloudMethod::Http,
+            width_dots: 384,
+            code_page: CodePage::Cp860,
+            model: String::new(),
+        };
+        printers.set_cloud("p", Some(settings.clone()));
+        let on_mqtt = CloudSettings { mac: MQTT_MAC.into(), method: cdc::CloudMethod::Mqtt, ..settings };
+        printers.set_cloud("m", Some(on_mqtt));
         let directory = Arc::new(Directory::default());
         directory.set("p", Some(true));
+        directory.set("m", Some(true));
         directory.set("q", Some(true));
         let (tx, incoming) = mpsc::channel(16);
         let board = Arc::new(Board::new(printers.clone(), tx, Duration::from_secs(60), 1_000_000));
@@ -312,6 +401,8 @@ mod tests {
             stats: stats.clone(),
             log: Arc::default(),
             drawing: Arc::new(tokio::sync::Semaphore::new(1)),
+            mqtt: Some(MqttListener { host: None, port: 8883, tls: true }),
+            scheme: "http",
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/cloudprnt", listener.local_addr().unwrap());
@@ -320,6 +411,15 @@ mod tests {
     }
 
     impl Rig {
+        async fn settings(&self, user: Option<(&str, &str)>, mac: &str) -> reqwest::Response {
+            let url = self.url.replace("/cloudprnt", "/cloudprnt-setting.json");
+            let mut r = self.http.get(url).query(&[("mac", mac), ("replaced_path", "cloudprnt")]);
+            if let Some((u, p)) = user {
+                r = r.basic_auth(u, Some(p));
+            }
+            r.send().await.unwrap()
+        }
+
         async fn poll(&self, user: Option<(&str, &str)>, mac: &str) -> (u16, String) {
             let mut r = self.http.post(&self.url).body(format!(
                 r#"{{"statusCode":"200%20OK","printerMAC":"{mac}","status":"23 86 00 00 00 00 00 00 00"}}"#
@@ -397,5 +497,36 @@ mod tests {
                 Incoming::Status { .. } => {}
             }
         }
+    }
+    /// A printer on the MQTT method asking for its settings with its own secret and MAC is
+    /// told pixgate's MQTT listener, its client id, username and the secret it gave; one on
+    /// the HTTP method gets 404 (it polls); anyone else is refused as on every route.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_printer_on_mqtt_is_told_where_and_how_to_connect() {
+        let r = rig().await;
+        let m = r.secrets["m"].clone();
+        assert_eq!(r.settings(None, MQTT_MAC).await.status().as_u16(), 401);
+        assert_eq!(r.settings(Some(("m", "guess")), MQTT_MAC).await.status().as_u16(), 401);
+        assert_eq!(r.settings(Some(("m", &m)), MAC).await.status().as_u16(), 403, "another MAC");
+        assert_eq!(r.settings(Some(("q", &r.secrets["q"])), MQTT_MAC).await.status().as_u16(), 403);
+        assert_eq!(r.settings(Some(("p", &r.secrets["p"])), MAC).await.status().as_u16(), 404, "the HTTP method");
+        assert!(r.board.url("m").is_none());
+
+        let resp = r.settings(Some(("m", &m)), &MQTT_MAC.to_uppercase()).await;
+        assert_eq!(resp.status().as_u16(), 200);
+        assert_eq!(resp.headers()[header::CACHE_CONTROL], "no-store");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        let setting = &body["settingForMQTT"];
+        assert_eq!(body["title"], "star_cloudprnt_server_setting");
+        assert_eq!(body["serverSupportProtocol"], serde_json::json!(["HTTP", "MQTT"]));
+        assert_eq!(setting["useTriggerPOST"], false);
+        let connection = &setting["mqttConnectionSetting"];
+        assert_eq!(connection["hostName"], "127.0.0.1", "the host it reached this server at");
+        assert_eq!((connection["portNumber"].as_u64(), connection["useTls"].as_bool()), (Some(8883), Some(true)));
+        assert_eq!(
+            connection["authenticationSetting"],
+            serde_json::json!({"clientId": "dev-m", "username": "m", "password": m})
+        );
+        assert_eq!(r.board.url("m"), Some(r.url.clone()), "its jobs are GET from this server's /cloudprnt");
     }
 }

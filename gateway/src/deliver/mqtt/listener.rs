@@ -18,6 +18,7 @@ use super::access::Rule;
 use super::auth::{Authenticator, Peer};
 use super::hub::Hub;
 use super::session;
+use super::star::StarPrinters;
 use super::tls::{certificate_identity, Tls};
 use crate::config::MqttConfig;
 use crate::model::Directory;
@@ -53,6 +54,8 @@ pub struct Shared {
     pub shutdown: Shutdown,
     /// Bounds the refusals' log lines.
     pub log_limit: LogLimit,
+    /// The Star CloudPRNT printers that use the MQTT method, if pixgate serves them.
+    pub star: Option<Arc<dyn StarPrinters>>,
     connected: AtomicUsize,
     per_address: PerAddress,
     handshakes: Arc<Semaphore>,
@@ -83,12 +86,20 @@ impl Shared {
             hub,
             shutdown,
             log_limit: LogLimit::default(),
+            star: None,
             connected: AtomicUsize::new(0),
             per_address: PerAddress::default(),
             handshakes,
             handshakes_per_address: PerAddress::default(),
             credentials: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// Serves the Star printers `star` names on their own topics ([`super::star`]).
+    #[must_use]
+    pub fn with_star(mut self, star: Option<Arc<dyn StarPrinters>>) -> Shared {
+        self.star = star;
+        self
     }
 
     /// Changes of the credentials (TLS files, revocation lists, secrets).

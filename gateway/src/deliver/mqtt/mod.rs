@@ -21,6 +21,7 @@ pub mod inbound;
 pub mod listener;
 pub mod publisher;
 pub mod session;
+pub mod star;
 pub mod tls;
 mod wire;
 
@@ -54,6 +55,7 @@ pub async fn start(
     directory: Arc<Directory>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
+    star: Option<Arc<dyn star::StarPrinters>>,
     shutdown: Shutdown,
 ) -> anyhow::Result<Publisher> {
     let tls = match (&cfg.tls, cfg.plain) {
@@ -94,7 +96,7 @@ pub async fn start(
         require_registered: cfg.require_registered,
     };
     tracing::info!(listen = %cfg.listen, tls = tls.is_some(), "device listener up");
-    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, hub, shutdown.clone()));
+    let shared = Arc::new(Shared::new(cfg.clone(), tls, auth, directory, stats, hub, shutdown.clone()).with_star(star));
     shared.clone().watch_credentials();
     shutdown.spawn(listener::run(listener, shared));
     Ok(publisher)
@@ -123,9 +125,10 @@ mod tests {
     async fn listener(capacity: usize) -> (u16, Publisher, mpsc::Receiver<Incoming>) {
         let port = free_port();
         let (tx, rx) = mpsc::channel(capacity);
-        let publisher = start(&open(format!("127.0.0.1:{port}")), Arc::default(), Arc::default(), tx, Shutdown::new())
-            .await
-            .unwrap();
+        let publisher =
+            start(&open(format!("127.0.0.1:{port}")), Arc::default(), Arc::default(), tx, None, Shutdown::new())
+                .await
+                .unwrap();
         (port, publisher, rx)
     }
 
@@ -287,5 +290,105 @@ mod tests {
         }
         let more = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
         assert!(more.is_err(), "the device that sent DISCONNECT left no will: {more:?}");
+    }
+    /// The CloudPRNT side as the session sees it: one Star printer `s` on the MQTT method,
+    /// and what it published.
+    #[derive(Default)]
+    struct Printers {
+        heard: std::sync::Mutex<Vec<(String, String)>>,
+        sessions: std::sync::Mutex<Vec<bool>>,
+    }
+
+    const STAR_MAC: &str = "00:11:62:0a:1b:2c";
+
+    impl star::StarPrinters for Printers {
+        fn mac_of(&self, device: &str) -> Option<String> {
+            (device == "s").then(|| STAR_MAC.to_string())
+        }
+        fn session(&self, _device: &str, up: bool) {
+            self.sessions.lock().unwrap().push(up);
+        }
+        fn published<'a>(&'a self, _device: &'a str, method: &'a str, payload: &'a [u8]) -> star::Pending<'a> {
+            let text = String::from_utf8_lossy(payload).to_string();
+            Box::pin(async move {
+                if text == "bad" {
+                    return Err("not JSON".to_string());
+                }
+                self.heard.lock().unwrap().push((method.to_string(), text));
+                Ok(())
+            })
+        }
+    }
+
+    /// A Star printer reaches only its own `star/cloudprnt/…/{mac}` topics: its jobs come
+    /// on its `print-job` topic, what it publishes goes to the CloudPRNT side (not the
+    /// device protocol), another MAC's filter is refused, and pixgate's topics are not its.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_star_printer_reaches_its_own_topics_only() {
+        let port = free_port();
+        let (tx, mut rx) = mpsc::channel(16);
+        let printers = Arc::new(Printers::default());
+        let publisher = start(
+            &open(format!("127.0.0.1:{port}")),
+            Arc::default(),
+            Arc::default(),
+            tx,
+            Some(printers.clone() as Arc<dyn star::StarPrinters>),
+            Shutdown::new(),
+        )
+        .await
+        .unwrap();
+        let mut opts = MqttOptions::new("dev-s", "127.0.0.1", port);
+        let will = format!("star/cloudprnt/to-server/{STAR_MAC}/client-will");
+        opts.set_last_will(rumqttc::LastWill::new(&will, "{}", QoS::AtLeastOnce, false));
+        let (client, mut eventloop) = AsyncClient::new(opts, 16);
+        client.subscribe("star/cloudprnt/to-device/00:11:62:0a:1b:2d/#", QoS::AtLeastOnce).await.unwrap();
+        client.subscribe(Topic::Jobs("s".into()).path(), QoS::AtLeastOnce).await.unwrap();
+        client.subscribe(format!("star/cloudprnt/to-device/{STAR_MAC}/#"), QoS::AtLeastOnce).await.unwrap();
+        let mut granted = Vec::new();
+        while granted.len() < 3 {
+            if let Event::Incoming(rumqttc::Packet::SubAck(a)) = eventloop.poll().await.unwrap() {
+                granted.extend(a.return_codes.iter().map(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_))));
+            }
+        }
+        assert_eq!(granted, [false, false, true], "another MAC's and pixgate's topics refused; its own granted");
+
+        publisher.send("s", bytes::Bytes::from_static(b"{\"title\":\"print-job\"}")).await.unwrap();
+        let got = loop {
+            match tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await {
+                Ok(Ok(Event::Incoming(rumqttc::Packet::Publish(p)))) => break p,
+                Ok(Ok(_)) => {}
+                other => panic!("no print-job: {other:?}"),
+            }
+        };
+        assert_eq!(got.topic, format!("star/cloudprnt/to-device/{STAR_MAC}/print-job"));
+        assert_eq!(&got.payload[..], b"{\"title\":\"print-job\"}");
+
+        let result = format!("star/cloudprnt/to-server/{STAR_MAC}/print-result");
+        client.publish(&result, QoS::AtLeastOnce, false, "bad").await.unwrap();
+        client.publish(&result, QoS::AtLeastOnce, false, "{\"statusCode\":\"200\"}").await.unwrap();
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while printers.heard.lock().unwrap().is_empty() && tokio::time::Instant::now() < until {
+            let _ = tokio::time::timeout(Duration::from_millis(100), eventloop.poll()).await;
+        }
+        assert_eq!(
+            printers.heard.lock().unwrap().clone(),
+            [("print-result".to_string(), "{\"statusCode\":\"200\"}".to_string())]
+        );
+        assert!(rx.try_recv().is_err(), "nothing reaches the device protocol's decoder");
+
+        // pixgate's acks topic is not a Star printer's: the connection is closed, and its
+        // will goes to the CloudPRNT side.
+        let ack = serde_json::to_vec(&Ack::done("m1", 1, false)).unwrap();
+        client.publish(Topic::Acks("s".into()).path(), QoS::AtLeastOnce, false, ack).await.unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(10), async { while eventloop.poll().await.is_ok() {} });
+        assert!(closed.await.is_ok(), "closed");
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while printers.sessions.lock().unwrap().len() < 2 && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(printers.sessions.lock().unwrap().clone(), [true, false]);
+        assert_eq!(printers.heard.lock().unwrap().last().unwrap().0, "client-will");
+        assert!(rx.try_recv().is_err());
     }
 }

@@ -15,6 +15,7 @@ use super::auth::{Credential, Peer, Refusal};
 use super::hub::{job_queue, Attached, Hub};
 use super::inbound::{self, Inbound, Verdict};
 use super::listener::{Handshake, Shared};
+use super::star;
 use super::wire::{self, Out, Packet, ReadError, Version};
 use crate::model::Incoming;
 use bytes::{Bytes, BytesMut};
@@ -71,6 +72,18 @@ fn reason_of(rule: Rule) -> Reason {
         Rule::Malformed | Rule::MalformedMessage => Reason::MalformedPacket,
         _ => Reason::NotAuthorized,
     }
+}
+
+/// `dev-{username}` when a Star printer connects with its MAC as its client id and the
+/// username of the printer with that MAC ([`star`]); `None` otherwise.
+fn star_client_id(shared: &Shared, connect: &wire::Connect) -> Option<String> {
+    if access::device_of_client_id(&connect.client_id).is_some() {
+        return None;
+    }
+    let user = &connect.login.as_ref()?.username;
+    let mac = shared.star.as_ref()?.mac_of(user)?;
+    (access::valid_id(user) && star::is_mac(&mac, &connect.client_id))
+        .then(|| format!("{}{user}", access::CLIENT_ID_PREFIX))
 }
 
 /// Reads MQTT packets from a socket.
@@ -307,11 +320,18 @@ pub async fn serve<S>(
         shared.refuse(rule, &peer, device.or(Some(&connect.client_id)), why);
         refused(code)
     };
-    let authenticated = shared.auth.authenticate(&connect.client_id, connect.login.as_ref(), &peer, &shared.directory);
+    // A Star printer whose firmware keeps its MAC as its client id is known by its username.
+    let client_id = star_client_id(&shared, &connect).unwrap_or_else(|| connect.client_id.clone());
+    let authenticated = shared.auth.authenticate(&client_id, connect.login.as_ref(), &peer, &shared.directory);
+    let mac = authenticated.as_ref().ok().and_then(|(device, _)| shared.star.as_ref()?.mac_of(device));
     let refusal = match &authenticated {
         Err(r) => Some(refuse(*r, None, "CONNECT refused")),
         Ok((device, _)) => {
-            connect.will.as_ref().filter(|(topic, _)| !access::may_will(device, topic.as_bytes())).map(|(topic, _)| {
+            let may_will = |topic: &str| match &mac {
+                Some(mac) => star::may_will(mac, topic.as_bytes()),
+                None => access::may_will(device, topic.as_bytes()),
+            };
+            connect.will.as_ref().filter(|(topic, _)| !may_will(topic)).map(|(topic, _)| {
                 refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {topic}"))
             })
         }
@@ -330,11 +350,13 @@ pub async fn serve<S>(
     let hub = shared.hub.clone();
     let expiry = Duration::from_secs(u64::from(connect.session_expiry_s));
     let Attached { session, jobs, session_present, subscribed } =
-        hub.attach(&connect.client_id, &device, connect.clean_start, expiry);
+        hub.attach(&client_id, &device, connect.clean_start, expiry);
+    let star_printer = mac.is_some();
     let mut conn = Conn {
-        topic: Topic::Jobs(device.clone()).path(),
+        topic: mac.as_deref().map_or_else(|| Topic::Jobs(device.clone()).path(), star::jobs_topic),
+        mac,
         device,
-        client_id: connect.client_id.clone(),
+        client_id,
         session,
         credential,
         peer: &peer,
@@ -344,7 +366,8 @@ pub async fn serve<S>(
         next_pkid: 0,
         unacked: 0,
         receive_maximum: connect.receive_maximum,
-        raw_payloads: connect.raw_payloads,
+        // A Star printer takes JSON only.
+        raw_payloads: connect.raw_payloads && !star_printer,
         version,
         max_packet: connect.max_packet_size.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)),
         inbound: Inbound::new(
@@ -364,6 +387,9 @@ pub async fn serve<S>(
     } else {
         drop(handshake);
         tracing::debug!(device = %conn.device, addr = %peer.addr, tls = peer.tls, "device connected");
+        if let Some(star) = shared.star.as_ref().filter(|_| star_printer) {
+            star.session(&conn.device, true);
+        }
         let keep_alive = match connect.keep_alive {
             0 => None,
             // MQTT 3.1.1 §3.1.2.10: one and a half keep-alive periods without a packet.
@@ -378,8 +404,11 @@ pub async fn serve<S>(
     hub.detach(&conn.client_id, session);
     if !matches!(end, End::Clean | End::Replaced | End::Stopped) {
         if let Some((topic, message)) = connect.will {
-            let _ = pass_on(&hub, &shared, &peer, &conn.device, &topic, &message).await;
+            let _ = pass_on(&hub, &shared, &peer, &conn.device, conn.mac.as_deref(), &topic, &message).await;
         }
+    }
+    if let Some(star) = shared.star.as_ref().filter(|_| star_printer) {
+        star.session(&conn.device, false);
     }
     let said = end.reason().filter(|_| version == Version::V5);
     if let Some((reason, why)) = said {
@@ -405,9 +434,10 @@ pub async fn serve<S>(
 }
 
 /// A message `device` published (or left as its will) on `topic`, already checked against
-/// the access rules: decoded and passed to the hub; a payload that is not what the topic
-/// carries is counted and logged as [`Rule::MalformedMessage`] and dropped. Returns whether
-/// the payload was what the topic carries.
+/// the access rules: decoded and passed to the hub, or for a Star printer (its `mac`) to
+/// the CloudPRNT side; a payload that is not what the topic carries is counted and logged
+/// as [`Rule::MalformedMessage`] and dropped. Returns whether the payload was what the
+/// topic carries.
 ///
 /// # Errors
 /// The gateway stopped reading (shutdown).
@@ -416,9 +446,20 @@ async fn pass_on(
     shared: &Shared,
     peer: &Peer,
     device: &str,
+    mac: Option<&str>,
     topic: &str,
     payload: &[u8],
 ) -> Result<bool, mpsc::error::SendError<Incoming>> {
+    if let (Some(mac), Some(printers)) = (mac, shared.star.as_ref()) {
+        let Some(method) = star::method_of(mac, topic.as_bytes()) else { return Ok(false) };
+        return Ok(match printers.published(device, method, payload).await {
+            Ok(()) => true,
+            Err(e) => {
+                shared.refuse(Rule::MalformedMessage, peer, Some(device), &format!("{e} on {topic}"));
+                false
+            }
+        });
+    }
     match Incoming::parse(topic, payload) {
         Ok(Some(msg)) => hub.from_device(msg).await.map(|()| true),
         Ok(None) => Ok(true),
@@ -432,7 +473,10 @@ async fn pass_on(
 /// A connected device's session.
 struct Conn<'a> {
     device: String,
-    /// `pixgate/v1/devices/{device}/jobs`.
+    /// The MAC of a Star CloudPRNT printer ([`star`]); `None` for a pixgate device.
+    mac: Option<String>,
+    /// Where its jobs go: `pixgate/v1/devices/{device}/jobs`, or a Star printer's
+    /// `print-job` topic.
     topic: String,
     client_id: String,
     session: u64,
@@ -591,6 +635,15 @@ impl Conn<'_> {
         Some(Out::Job(Box::new(job)))
     }
 
+    /// Whether the device may subscribe to `filter` ([`access`], [`star`]): `Some(true)` if
+    /// the filter covers its jobs, `Some(false)` for another of a Star printer's own topics.
+    fn may_subscribe(&self, filter: &str) -> Option<bool> {
+        match &self.mac {
+            Some(mac) => star::may_subscribe(mac, filter),
+            None => access::may_subscribe(&self.device, filter).then_some(true),
+        }
+    }
+
     /// A packet from the device: checked, then answered.
     async fn on_device_packet<W: AsyncWrite + Unpin>(
         &mut self,
@@ -599,7 +652,11 @@ impl Conn<'_> {
     ) -> std::io::Result<Option<End>> {
         let answer = match packet {
             Packet::Publish { topic, qos, pkid, payload } => {
-                if !access::may_publish(&self.device, topic.as_bytes()) {
+                let allowed = match &self.mac {
+                    Some(mac) => star::method_of(mac, topic.as_bytes()).is_some(),
+                    None => access::may_publish(&self.device, topic.as_bytes()),
+                };
+                if !allowed {
                     let why = format!("publish on {topic}");
                     self.shared.refuse(Rule::Publish, self.peer, Some(&self.device), &why);
                     return Ok(Some(End::refused(Rule::Publish)));
@@ -610,7 +667,9 @@ impl Conn<'_> {
                 // topic carries is counted and dropped, and acknowledged all the same (on
                 // MQTT 5 with reason 0x99): a device's bug, which sending it again would not
                 // mend.
-                let Ok(taken) = pass_on(self.hub, self.shared, self.peer, &self.device, &topic, &payload).await else {
+                let passed =
+                    pass_on(self.hub, self.shared, self.peer, &self.device, self.mac.as_deref(), &topic, &payload);
+                let Ok(taken) = passed.await else {
                     return Ok(Some(End::Stopped));
                 };
                 match qos {
@@ -629,10 +688,12 @@ impl Conn<'_> {
             Packet::Subscribe { pkid, filters } => {
                 let mut granted = Vec::with_capacity(filters.len());
                 for (path, qos) in &filters {
-                    if access::may_subscribe(&self.device, path) {
+                    if let Some(jobs) = self.may_subscribe(path) {
                         // Jobs go out at QoS 1 at most: the device dedupes by message id.
                         let qos = if *qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
-                        self.granted = Some(qos);
+                        if jobs {
+                            self.granted = Some(qos);
+                        }
                         granted.push(Some(qos));
                     } else {
                         let why = format!("subscribe to {path}");
@@ -648,7 +709,7 @@ impl Conn<'_> {
                 return Ok(None);
             }
             Packet::Unsubscribe { pkid, filters } => {
-                if filters.contains(&self.topic) {
+                if filters.iter().any(|f| self.may_subscribe(f) == Some(true)) {
                     self.granted = None;
                     self.hub.unsubscribe(&self.client_id, self.session);
                 }
