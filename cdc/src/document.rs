@@ -98,12 +98,14 @@ pub struct DirectPrinter {
 
 /// A printer that fetches its own jobs from pixgate over its maker's cloud protocol, with
 /// no box beside it: `printer.transport` `cloudprnt-http` or `cloudprnt-mqtt` (Star
-/// CloudPRNT) with the pixgate extension `printer.mac`.
+/// CloudPRNT) with the pixgate extension `printer.mac`, or `epson-sdp` (Epson Server
+/// Direct Print).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudPrinter {
-    /// `printer.mac`: the MAC address the printer reports (CloudPRNT `printerMAC`),
-    /// normalized to lower-case hex pairs joined by `:`, e.g. `00:11:62:0a:1b:2c`.
-    pub mac: String,
+    /// `printer.mac`: the MAC address a Star printer reports (CloudPRNT `printerMAC`),
+    /// normalized to lower-case hex pairs joined by `:`, e.g. `00:11:62:0a:1b:2c`; `None`
+    /// for Epson's, whose requests name no MAC (their `ID` is the device id).
+    pub mac: Option<String>,
     /// How it is told of its jobs.
     pub method: CloudMethod,
 }
@@ -117,6 +119,9 @@ pub enum CloudMethod {
     /// job there (`print-job`), GETs it over HTTP and reports the result over MQTT
     /// (`print-result`).
     Mqtt,
+    /// `epson-sdp`: the printer polls (`ConnectionType=GetRequest`), is answered its job as
+    /// ePOS-Print XML, and posts the result (`SetResponse`).
+    EpsonSdp,
 }
 
 /// What happens to a job a direct printer may or may not have printed (pixgate crashed, or

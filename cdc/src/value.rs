@@ -105,7 +105,7 @@ pub fn decode_charge(doc: &Value) -> Result<Charge, DecodeError> {
 /// Missing `company` or `kind`, an unknown `kind`, a printer paper width other than 58 or
 /// 80 mm, an unknown code page, a `printer.nativeQr` or `printer.printPixSlip` that is not
 /// a boolean, a `printer.transport` other than `mqtt`, `tcp`, `serial`, `usb`,
-/// `cloudprnt-http`, `cloudprnt-mqtt`, a direct transport without a `printer.endpoint` of
+/// `cloudprnt-http`, `cloudprnt-mqtt`, `epson-sdp`, a direct transport without a `printer.endpoint` of
 /// its scheme (or another one with one), a `printer.interruptedJob` other than `reprint`,
 /// `hold`, a cloud printer without a `printer.mac` of six hex pairs.
 pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
@@ -162,11 +162,12 @@ pub fn decode_device(doc: &Value) -> Result<Device, DecodeError> {
 }
 
 /// The transports `printer.transport` may name: MQTT, the direct ones, the cloud ones.
-const TRANSPORTS: [&str; 6] = ["mqtt", "tcp", "serial", "usb", "cloudprnt-http", "cloudprnt-mqtt"];
+const TRANSPORTS: [&str; 7] = ["mqtt", "tcp", "serial", "usb", "cloudprnt-http", "cloudprnt-mqtt", "epson-sdp"];
 
 /// `printer.transport` (`mqtt` when absent), then what that transport needs: a
 /// `printer.endpoint` of its scheme and `printer.interruptedJob` (`reprint` when absent)
-/// for a direct one, a `printer.mac` for `cloudprnt-http` and `cloudprnt-mqtt`.
+/// for a direct one, a `printer.mac` for `cloudprnt-http` and `cloudprnt-mqtt`, nothing
+/// more for `epson-sdp`.
 fn printer_transport(p: &Value) -> Result<(Option<DirectPrinter>, Option<CloudPrinter>), DecodeError> {
     let transport = match &p["transport"] {
         Value::Null => "mqtt",
@@ -189,7 +190,16 @@ fn printer_transport(p: &Value) -> Result<(Option<DirectPrinter>, Option<CloudPr
         }
         let mac = mac.ok_or_else(|| invalid("printer.mac", format!("printer.transport {transport} needs a mac")))?;
         let mac = normalize_mac(mac).ok_or_else(|| invalid("printer.mac", format!("`{mac}` is not six hex pairs")))?;
-        return Ok((None, Some(CloudPrinter { mac, method })));
+        return Ok((None, Some(CloudPrinter { mac: Some(mac), method })));
+    }
+    if transport == "epson-sdp" {
+        if !p["endpoint"].is_null() {
+            return Err(invalid("printer.endpoint", "is set but an epson-sdp printer fetches its jobs".into()));
+        }
+        if let Some(m) = mac {
+            return Err(invalid("printer.mac", format!("`{m}` is set but an epson-sdp printer is known by its ID")));
+        }
+        return Ok((None, Some(CloudPrinter { mac: None, method: CloudMethod::EpsonSdp })));
     }
     if let Some(m) = mac {
         return Err(invalid("printer.mac", format!("`{m}` is set but printer.transport is {transport}")));
@@ -347,11 +357,15 @@ mod tests {
         };
         assert_eq!(
             cloud(json!({"transport": "cloudprnt-http", "mac": "00-11-62-0A-1B-2C"})),
-            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into(), method: CloudMethod::Http })))
+            Ok((None, Some(CloudPrinter { mac: Some("00:11:62:0a:1b:2c".into()), method: CloudMethod::Http })))
         );
         assert_eq!(
             cloud(json!({"transport": "cloudprnt-mqtt", "mac": "00:11:62:0a:1b:2c"})),
-            Ok((None, Some(CloudPrinter { mac: "00:11:62:0a:1b:2c".into(), method: CloudMethod::Mqtt })))
+            Ok((None, Some(CloudPrinter { mac: Some("00:11:62:0a:1b:2c".into()), method: CloudMethod::Mqtt })))
+        );
+        assert_eq!(
+            cloud(json!({"transport": "epson-sdp"})),
+            Ok((None, Some(CloudPrinter { mac: None, method: CloudMethod::EpsonSdp })))
         );
         assert_eq!(cloud(json!({"transport": "tcp", "endpoint": "tcp://h"})).unwrap().1, None);
         for (printer, why) in [
@@ -369,7 +383,9 @@ mod tests {
                 "invalid_field:printer.mac",
             ),
             (json!({"mac": "00:11:62:0a:1b:2c"}), "invalid_field:printer.mac"),
-            (json!({"transport": "epson-sdp"}), "invalid_field:printer.transport"),
+            (json!({"transport": "epson-sdps"}), "invalid_field:printer.transport"),
+            (json!({"transport": "epson-sdp", "mac": "00:11:62:0a:1b:2c"}), "invalid_field:printer.mac"),
+            (json!({"transport": "epson-sdp", "endpoint": "tcp://h"}), "invalid_field:printer.endpoint"),
         ] {
             let got = cloud(printer.clone()).unwrap_err();
             assert!(got.starts_with(why), "{printer}: {got}");

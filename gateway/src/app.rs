@@ -147,6 +147,15 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 .unwrap_or_else(|| cfg.mqtt.listen.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(8883)),
             tls: cfg.mqtt.tls.is_some(),
         }),
+        |server| {
+            let sdp = deliver::sdp::Sdp {
+                server: server.clone(),
+                digest: Arc::default(),
+                conditions: Arc::default(),
+                fresh_for: std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
+            };
+            deliver::sdp::routes(sdp, cfg.cloudprnt.max_body_bytes)
+        },
         stats.clone(),
         devices.clone(),
     )

@@ -292,24 +292,7 @@ impl CloudPrinter {
     /// # Errors
     /// An `https` URL without a CA, an unreadable CA file, or a client that cannot be built.
     pub fn new(opts: CloudPrntOptions) -> Result<CloudPrinter> {
-        let roots = match &opts.ca {
-            Some(ca) => crate::device::ca_roots(ca)?,
-            None => {
-                anyhow::ensure!(opts.url.scheme() != "https", "an https URL needs --ca (the CA to verify it against)");
-                // http only; reqwest still wants a TLS configuration to build.
-                rustls::RootCertStore::empty()
-            }
-        };
-        let roots = Arc::new(roots);
-        let tls = crate::device::ring_client_builder(roots.clone())?.with_no_client_auth();
-        let http = reqwest::Client::builder()
-            .use_preconfigured_tls(tls)
-            .user_agent(USER_AGENT)
-            .timeout(REQUEST_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .context("building the HTTP client")?;
+        let (roots, http) = http_client(&opts.url, opts.ca.as_deref(), USER_AGENT)?;
         Ok(CloudPrinter {
             opts,
             roots,
@@ -325,16 +308,7 @@ impl CloudPrinter {
     /// last one, with a warning), or ready without a state file.
     pub fn condition(&mut self) -> PrinterCondition {
         let Some(path) = &self.opts.state_file else { return self.condition };
-        match std::fs::read_to_string(path) {
-            Ok(text) => match parse_condition(&text) {
-                Ok(c) => self.condition = c,
-                Err(e) => tracing::warn!(file = %path.display(), "{e}; keeping {:?}", self.condition),
-            },
-            Err(e) if e.kind() == ErrorKind::NotFound => self.condition = PrinterCondition::default(),
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "cannot read the state file; keeping {:?}", self.condition)
-            }
-        }
+        self.condition = read_condition(path, self.condition);
         self.condition
     }
 
@@ -570,21 +544,88 @@ impl CloudPrinter {
 
     /// Writes a printed job: `{out}/{seq:04}-print.png` and its [`JobRecord`] line.
     fn write(&mut self, png: &[u8], token: Option<&str>, width: u32, height: u32) -> Result<PathBuf> {
-        let file = format!("{:04}-print.png", self.seq + 1);
-        let path = self.opts.out.join(&file);
-        crate::effect::write_file(&path, png)?;
+        let path = write_job(&self.opts.out, self.seq + 1, png, token, width, height)?;
         self.seq += 1;
-        let record = JobRecord { file, token: token.map(str::to_string), width, height };
-        let jobs = self.opts.out.join("jobs.jsonl");
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&jobs)
-            .with_context(|| format!("opening {}", jobs.display()))?;
-        writeln!(f, "{}", serde_json::to_string(&record)?)
-            .with_context(|| format!("appending to {}", jobs.display()))?;
         Ok(path)
     }
+}
+
+/// The roots https servers are verified against (`ca`'s certificates, or none for an `http`
+/// URL) and an HTTP client trusting only them: ring-based rustls, `user_agent`, the
+/// [`REQUEST_TIMEOUT`], no redirects, no proxy.
+///
+/// # Errors
+/// An `https` URL without a CA, an unreadable CA file, or a client that cannot be built.
+pub(crate) fn http_client(
+    url: &Url,
+    ca: Option<&Path>,
+    user_agent: &str,
+) -> Result<(Arc<rustls::RootCertStore>, reqwest::Client)> {
+    let roots = match ca {
+        Some(ca) => crate::device::ca_roots(ca)?,
+        None => {
+            anyhow::ensure!(url.scheme() != "https", "an https URL needs --ca (the CA to verify it against)");
+            // http only; reqwest still wants a TLS configuration to build.
+            rustls::RootCertStore::empty()
+        }
+    };
+    let roots = Arc::new(roots);
+    let tls = crate::device::ring_client_builder(roots.clone())?.with_no_client_auth();
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .user_agent(user_agent)
+        .timeout(REQUEST_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()
+        .context("building the HTTP client")?;
+    Ok((roots, http))
+}
+
+/// The condition in the state file `path` (missing: ready; unreadable or a bad word:
+/// `last`, with a warning).
+pub(crate) fn read_condition(path: &Path, last: PrinterCondition) -> PrinterCondition {
+    match std::fs::read_to_string(path) {
+        Ok(text) => match parse_condition(&text) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "{e}; keeping {last:?}");
+                last
+            }
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => PrinterCondition::default(),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read the state file; keeping {last:?}");
+            last
+        }
+    }
+}
+
+/// Writes printed job number `seq`: `{out}/{seq:04}-print.png` and its [`JobRecord`] line
+/// in `{out}/jobs.jsonl`. Returns the PNG's path.
+///
+/// # Errors
+/// The PNG or its record could not be written.
+pub(crate) fn write_job(
+    out: &Path,
+    seq: u64,
+    png: &[u8],
+    token: Option<&str>,
+    width: u32,
+    height: u32,
+) -> Result<PathBuf> {
+    let file = format!("{seq:04}-print.png");
+    let path = out.join(&file);
+    crate::effect::write_file(&path, png)?;
+    let record = JobRecord { file, token: token.map(str::to_string), width, height };
+    let jobs = out.join("jobs.jsonl");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&jobs)
+        .with_context(|| format!("opening {}", jobs.display()))?;
+    writeln!(f, "{}", serde_json::to_string(&record)?).with_context(|| format!("appending to {}", jobs.display()))?;
+    Ok(path)
 }
 
 /// `url` with `query` after any query it already has (`?query`, or `?old&query`).

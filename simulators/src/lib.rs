@@ -1,6 +1,7 @@
 //! Stand-ins for the world around pixgate: receipt printers over MQTT ([`printer`]), on a
-//! raw byte transport ([`raw_printer`]) or as a Star CloudPRNT printer ([`cloudprnt`] polling
-//! over HTTP, [`cloudprnt_mqtt`] over MQTT when the server offers it),
+//! raw byte transport ([`raw_printer`]), as a Star CloudPRNT printer ([`cloudprnt`] polling
+//! over HTTP, [`cloudprnt_mqtt`] over MQTT when the server offers it) or as an Epson TM printer
+//! using Server Direct Print ([`sdp`]),
 //! card machines ([`terminal`]), a fleet of both on one broker ([`fleet`], [`device`]), and
 //! the upstream capture job ([`capture`]). What a device makes of a job (the paper, the
 //! screen) is the `preview` crate's.
@@ -17,4 +18,5 @@ pub mod mqtt_link;
 pub mod printer;
 pub mod raw_printer;
 pub mod registry;
+pub mod sdp;
 pub mod terminal;

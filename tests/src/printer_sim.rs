@@ -137,8 +137,8 @@ impl Drop for RawSim {
     }
 }
 
-/// A running `printer-sim cloudprnt` and the lines it prints (`polling …`, `refused …`,
-/// `duplicate …`, `printed … token=…`).
+/// A running `printer-sim cloudprnt` (or `sdp`) and the lines it prints (`polling …`,
+/// `refused …`, `duplicate …`, `printed … token=…`).
 pub struct CloudSim {
     child: Child,
     lines: mpsc::Receiver<String>,
@@ -156,12 +156,28 @@ impl CloudSim {
     /// # Panics
     /// The binary is not built (`cargo build --workspace --bins`) or cannot start.
     pub fn start(out: &Path, args: &[&str]) -> CloudSim {
+        CloudSim::start_as("cloudprnt", out, args)
+    }
+
+    /// [`CloudSim::start`] for `printer-sim sdp` (ARGS: at least `--url URL --id ID`): an
+    /// Epson printer on Server Direct Print (its state file is always `OUT/state`).
+    ///
+    /// # Panics
+    /// As [`CloudSim::start`].
+    pub fn start_sdp(out: &Path, args: &[&str]) -> CloudSim {
+        CloudSim::start_as("sdp", out, args)
+    }
+
+    fn start_as(mode: &str, out: &Path, args: &[&str]) -> CloudSim {
         std::fs::create_dir_all(out).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
         let state = out.join("state");
         if !state.exists() {
             std::fs::write(&state, "ready").expect("state file");
         }
-        let mut all = vec!["cloudprnt", "--out", path_str(out), "--state-file", path_str(&state)];
+        let mut all = vec![mode, "--out", path_str(out)];
+        if mode == "cloudprnt" {
+            all.extend(["--state-file", path_str(&state)]);
+        }
         all.extend(args);
         let (child, lines) = spawn_with_lines(&all);
         CloudSim { child, lines, printed_seen: Cell::new(0), out: out.to_path_buf() }

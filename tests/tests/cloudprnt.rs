@@ -1,8 +1,9 @@
-//! Printers that fetch their jobs from pixgate over Star CloudPRNT: a fixture printer whose
-//! registry document says `printer.transport: cloudprnt-http` (it polls) or
-//! `cloudprnt-mqtt` (it is told of its jobs on pixgate's MQTT listener) with its
-//! `printer.mac`, played by `printer-sim cloudprnt` (a client written from Star's protocol
-//! guide) over real TLS with certificates the test makes, authenticated with a secret
+//! Printers that fetch their jobs from pixgate over their makers' protocols: a fixture
+//! printer whose registry document says `printer.transport: cloudprnt-http` (Star
+//! CloudPRNT: it polls) or `cloudprnt-mqtt` (it is told of its jobs on pixgate's MQTT
+//! listener) with its `printer.mac`, or `epson-sdp` (Epson Server Direct Print), played by
+//! `printer-sim cloudprnt` and `printer-sim sdp` (clients written from the makers'
+//! documents) over real TLS with certificates the test makes, authenticated with a secret
 //! pixgate issued; `mosquitto_sub` as a stranger on the MQTT listener.
 //! Real tansu broker, pixgate as a child process. What the printer printed is read back
 //! from its `jobs.jsonl` (each PNG and its job token) and its PNGs, decoded.
@@ -89,7 +90,9 @@ async fn publish_registry_as(rig: &Rig, printer: &str, transport: &str, slip: bo
             if rec["key"] == printer {
                 let p = &mut rec["value"]["fullDocument"]["printer"];
                 p["transport"] = transport.into();
-                p["mac"] = MAC.to_ascii_uppercase().into();
+                if transport.starts_with("cloudprnt") {
+                    p["mac"] = MAC.to_ascii_uppercase().into();
+                }
                 p["printPixSlip"] = slip.into();
                 found += 1;
             }
@@ -373,6 +376,105 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
     sim.wait_printed(jobs.len() + 1);
     rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&(receipts + 1))).await;
     drop(sim);
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+/// Epson Server Direct Print: the printer proves itself with HTTP Digest (its secret issued
+/// with `--digest`); out of paper (its status notification says so) its jobs are held; a
+/// wrong password gets nothing and is counted; paper back, every job prints in order, the
+/// first twice: its result was lost, and an Epson printer keeps no memory of job ids, so
+/// the second copy is printed under the reprint header. The job is the ESC/POS pixgate
+/// rendered, as an ePOS-Print `<command>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
+    let scratch = std::env::temp_dir().join(format!("pixgate-sdp-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let s = setup(&scratch, PRINTER);
+    // The secret again, now with its Digest hash kept.
+    let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let credentials = s.env.iter().find(|(k, _)| *k == "PIXGATE_MQTT__CREDENTIALS").unwrap().1.clone();
+    let issue = ["devices", "credentials", "issue", PRINTER, "--digest"];
+    let (ok, secret, err) =
+        pixgate_tests::gateway::cli(&bin, 0, &issue, &[("PIXGATE_MQTT__CREDENTIALS", credentials.as_str())]);
+    assert!(ok, "pixgate {issue:?}: {err}");
+    std::fs::write(&s.secret_file, secret.trim()).unwrap();
+    let mut rig = Rig::builder("sdp").envs(s.env.clone()).start().await;
+    publish_registry_as(&rig, PRINTER, "epson-sdp", false).await;
+    let url = s.url.replace("/cloudprnt", "/sdp");
+    let (secret_path, ca) = (s.secret_file.display().to_string(), s.ca.display().to_string());
+    let printer_args = |secret: &str| {
+        [
+            "--url",
+            &url,
+            "--id",
+            PRINTER,
+            "--user",
+            PRINTER,
+            "--password-file",
+            secret,
+            "--ca",
+            &ca,
+            "--poll-ms",
+            "300",
+            "--paper",
+            "58",
+            "--status-ms",
+            "500",
+        ]
+        .map(String::from)
+    };
+    let out = rig.dir().join("printer");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("state"), "paper-out").unwrap();
+    let mut args = printer_args(&secret_path).to_vec();
+    args.extend(["--skip-confirm".to_string(), "1".into()]);
+    let sim = CloudSim::start_sdp(&out, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    let wrong = scratch.join("wrong.secret");
+    std::fs::write(&wrong, "not-the-secret").unwrap();
+    let stranger_args = printer_args(&wrong.display().to_string());
+    let stranger =
+        CloudSim::start_sdp(&rig.dir().join("stranger"), &stranger_args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(stranger.line("refused"), "401");
+
+    let ids: Vec<String> = "jkl".chars().map(|c| c.to_string().repeat(24)).collect();
+    publish_charges(&rig, &ids).await;
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
+    let jobs = queued(&rig);
+    assert!(
+        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
+        "a receipt per charge: {jobs:?}"
+    );
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sim.printed().is_empty(), "printed while out of paper");
+    assert!(refusals(&rig, "bad_credentials") >= 1, "the wrong password is counted");
+
+    sim.set_state("ready");
+    sim.wait_printed(jobs.len() + 1);
+    let receipts = ids.len() as u64;
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&receipts)).await;
+    wait_for("the printer's queue to empty", WAIT, || queued(&rig).is_empty()).await;
+    let printed = sim.printed();
+    let job_ids: Vec<String> = printed.iter().map(|(_, t)| t.clone()).collect();
+    let id = |m: &String| m[..30].to_string();
+    let want: Vec<String> = [id(&jobs[0].0)].into_iter().chain(jobs.iter().map(|(m, _)| id(m))).collect();
+    assert_eq!(job_ids, want, "in order, the first twice (its result was lost)");
+    let bytes = |png: &PathBuf| std::fs::read(png.with_extension("bin")).unwrap();
+    let header = b"VIA / REIMPRESS";
+    let has = |b: &[u8]| b.windows(header.len()).any(|w| w == header);
+    assert!(!has(&bytes(&printed[0].0)), "the first copy is an original");
+    assert!(has(&bytes(&printed[1].0)), "the second copy carries the reprint header");
+    assert!(printed[2..].iter().all(|(p, _)| !has(&bytes(p))));
+    assert_eq!(image::open(&printed[2].0).unwrap().to_luma8().width(), 384);
+    let stats = rig.gateway().stats().unwrap().counters;
+    assert_eq!(stats.deadletters_parked + stats.deadletters_published, 0, "nothing dead-lettered");
+    assert!(stranger.printed().is_empty());
+    drop((sim, stranger));
     rig.kill_gateway();
     rig.shutdown();
     let _ = std::fs::remove_dir_all(&scratch);

@@ -54,6 +54,10 @@ pub enum CredentialsCmd {
         /// Days the certificate is valid.
         #[arg(long, default_value_t = 825)]
         days: i64,
+        /// Also keep the secret's HTTP Digest hash: an Epson printer on Server Direct Print
+        /// proves itself with Digest only (docs/operations.md, "Epson Server Direct Print").
+        #[arg(long, conflicts_with = "ca")]
+        digest: bool,
     },
     /// Revoke device ID: with --ca, its certificate goes on the CA's revocation list;
     /// without, its secret is removed from `mqtt.credentials`. A connected device is
@@ -78,15 +82,20 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
             create_ca(dir, server_names, *force)?;
             println!("fleet CA in {}: ca.crt, server.crt/.key, crl.pem", dir.display());
         }
-        CredentialsCmd::Issue { id, ca: Some(dir), days } => {
+        CredentialsCmd::Issue { id, ca: Some(dir), days, .. } => {
             let (cert, key) = issue_certificate(dir, id, *days)?;
             println!("{}\n{}", cert.display(), key.display());
         }
-        CredentialsCmd::Issue { id, ca: None, .. } => {
+        CredentialsCmd::Issue { id, ca: None, digest, .. } => {
             check_id(id)?;
             let path = credentials.context("mqtt.credentials is not configured: where would the secret's hash go?")?;
-            let secret = Credentials::load(path, true)?.issue(id)?;
-            eprintln!("secret for {id} (shown once; MQTT username {id}, client id dev-{id}):");
+            let mut store = Credentials::load(path, true)?;
+            let secret = if *digest { store.issue_with_digest(id)? } else { store.issue(id)? };
+            eprintln!(
+                "secret for {id} (shown once; as a password with the user name {id}: MQTT with the client id dev-{id}, \
+                 CloudPRNT{}):",
+                if *digest { ", Epson Server Direct Print (HTTP Digest)" } else { "" }
+            );
             println!("{secret}");
         }
         CredentialsCmd::Revoke { id, ca: Some(dir) } => {

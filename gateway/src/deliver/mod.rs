@@ -12,6 +12,7 @@ pub mod device_link;
 pub mod direct;
 pub mod dispatcher;
 pub mod mqtt;
+pub mod sdp;
 pub mod transport;
 
 pub use dispatcher::Dispatcher;

@@ -6,14 +6,14 @@
 
 use render::codepage::CodePage;
 
-/// One CloudPRNT printer, from its registry document (`printer.transport`
-/// `cloudprnt-http` or `cloudprnt-mqtt`).
+/// One printer on a maker's cloud protocol, from its registry document
+/// (`printer.transport` `cloudprnt-http`, `cloudprnt-mqtt` or `epson-sdp`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudSettings {
-    /// `printer.mac`, normalized (`00:11:62:0a:1b:2c`): the poll's `printerMAC` and the
-    /// `mac` of its job requests must be this.
-    pub mac: String,
-    /// Whether it polls (HTTP) or is told of its jobs over MQTT.
+    /// `printer.mac`, normalized (`00:11:62:0a:1b:2c`): a Star printer's poll's
+    /// `printerMAC` and the `mac` of its job requests must be this. `None` for Epson's.
+    pub mac: Option<String>,
+    /// Which protocol it fetches its jobs with.
     pub method: cdc::CloudMethod,
     /// Print head width in dots the job's picture is drawn at (`printer.paperWidthMm` on
     /// the model's profile: 576 for 80 mm, 384 for 58 mm on most heads). Star's guide: a

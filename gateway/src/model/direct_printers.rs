@@ -214,7 +214,7 @@ mod tests {
         printers.set("c", None);
         assert!(printers.get("c").is_none());
         let cloud = CloudSettings {
-            mac: "00:11:62:00:00:01".into(),
+            mac: Some("00:11:62:00:00:01".into()),
             method: cdc::CloudMethod::Http,
             width_dots: 576,
             code_page: CodePage::Cp860,

@@ -9,7 +9,14 @@
 //! a fleet of 10,000 devices reconnecting after a restart cost minutes of CPU. Verification
 //! compares in constant time (`ring::hmac::verify`).
 //!
-//! File shape: `{"devices": {"<id>": {"hmac_sha256": "<64 hex>", "issued_at": "<RFC 3339>"}}}`.
+//! A printer on Epson Server Direct Print can only prove itself with HTTP Digest (RFC 7616,
+//! MD5), which needs the server to hold `MD5(id:realm:secret)` ("HA1"): a secret issued
+//! with `--digest` also keeps its HA1 for [`DIGEST_REALM`]. An HA1 opens that realm to
+//! whoever reads it, as an htdigest file does: only such printers have one, and the file is
+//! its owner's alone.
+//!
+//! File shape: `{"devices": {"<id>": {"hmac_sha256": "<64 hex>", "issued_at": "<RFC 3339>",
+//! "digest_md5": "<32 hex, only with --digest>"}}}`.
 
 use base64::Engine;
 use ring::hmac;
@@ -20,6 +27,9 @@ use std::path::{Path, PathBuf};
 
 /// Bytes of a secret (256 bits; the issue asks at least 128).
 pub const SECRET_BYTES: usize = 32;
+
+/// The HTTP Digest realm of the HA1s kept (`--digest`), and of the challenges pixgate sends.
+pub const DIGEST_REALM: &str = "pixgate";
 
 /// What can go wrong reading or writing the credentials.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +67,8 @@ struct File {
 struct Entry {
     hmac_sha256: String,
     issued_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    digest_md5: Option<String>,
 }
 
 /// The secrets of a fleet, loaded from `path` and its key.
@@ -65,6 +77,8 @@ pub struct Credentials {
     path: PathBuf,
     key: hmac::Key,
     devices: BTreeMap<String, Vec<u8>>,
+    /// HA1s (hex) of the secrets issued with `--digest`.
+    digests: BTreeMap<String, String>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CredentialsError + '_ {
@@ -104,14 +118,21 @@ impl Credentials {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
             Err(e) => return Err(io(path)(e)),
         };
+        let digests = file.devices.iter().filter_map(|(id, e)| Some((id.clone(), e.digest_md5.clone()?))).collect();
         let devices =
             file.devices.into_iter().filter_map(|(id, e)| Some((id, hex::decode(e.hmac_sha256).ok()?))).collect();
-        Ok(Credentials { path: path.to_path_buf(), key: hmac::Key::new(hmac::HMAC_SHA256, &key), devices })
+        Ok(Credentials { path: path.to_path_buf(), key: hmac::Key::new(hmac::HMAC_SHA256, &key), devices, digests })
     }
 
     /// Whether `secret` is the one issued to `id` (constant time in the secret).
     pub fn verify(&self, id: &str, secret: &[u8]) -> bool {
         self.devices.get(id).is_some_and(|tag| hmac::verify(&self.key, secret, tag).is_ok())
+    }
+
+    /// `id`'s HA1 for [`DIGEST_REALM`] (32 lower-case hex), if its secret was issued with
+    /// `--digest`.
+    pub fn digest_ha1(&self, id: &str) -> Option<&str> {
+        self.digests.get(id).map(String::as_str)
     }
 
     /// Whether `id` has a secret.
@@ -126,6 +147,17 @@ impl Credentials {
     /// No randomness, or the file cannot be written.
     pub fn issue(&mut self, id: &str) -> Result<String, CredentialsError> {
         let secret = self.issue_unsaved(id)?;
+        self.save()?;
+        Ok(secret)
+    }
+
+    /// [`Credentials::issue`], also keeping the secret's HA1 for HTTP Digest (module docs).
+    ///
+    /// # Errors
+    /// As [`Credentials::issue`].
+    pub fn issue_with_digest(&mut self, id: &str) -> Result<String, CredentialsError> {
+        let secret = self.issue_unsaved(id)?;
+        self.digests.insert(id.to_string(), ha1(id, &secret));
         self.save()?;
         Ok(secret)
     }
@@ -154,6 +186,7 @@ impl Credentials {
         let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
         let tag = hmac::sign(&self.key, secret.as_bytes());
         self.devices.insert(id.to_string(), tag.as_ref().to_vec());
+        self.digests.remove(id);
         Ok(secret)
     }
 
@@ -163,6 +196,7 @@ impl Credentials {
     /// The file cannot be written.
     pub fn revoke(&mut self, id: &str) -> Result<bool, CredentialsError> {
         let had = self.devices.remove(id).is_some();
+        self.digests.remove(id);
         if had {
             self.save()?;
         }
@@ -183,13 +217,21 @@ impl Credentials {
                     .get(id)
                     .filter(|e| e.hmac_sha256 == hash)
                     .map_or_else(|| now.clone(), |e| e.issued_at.clone());
-                (id.clone(), Entry { hmac_sha256: hash, issued_at })
+                let digest_md5 = self.digests.get(id).cloned();
+                (id.clone(), Entry { hmac_sha256: hash, issued_at, digest_md5 })
             })
             .collect();
         let json = serde_json::to_vec_pretty(&File { devices })
             .map_err(|source| CredentialsError::Json { path: self.path.clone(), source })?;
         write_atomic(&self.path, &json, true)
     }
+}
+
+/// `MD5(id:realm:secret)` in lower-case hex, the HA1 of RFC 7616 §3.4.2 for
+/// [`DIGEST_REALM`].
+pub fn ha1(id: &str, secret: &str) -> String {
+    use md5::Digest;
+    hex::encode(md5::Md5::digest(format!("{id}:{DIGEST_REALM}:{secret}").as_bytes()))
 }
 
 /// Writes `bytes` to `path` through a temporary file renamed over it (a reader, the
@@ -250,6 +292,31 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A secret issued with its Digest hash keeps `MD5(id:pixgate:secret)` across a reload;
+    /// issuing again without `--digest`, or revoking, drops it.
+    #[test]
+    fn a_digest_hash_is_kept_only_when_asked_for() {
+        let dir = std::env::temp_dir().join(format!("pixgate-credentials-digest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("credentials.json");
+        let mut c = Credentials::load(&path, true).unwrap();
+        let secret = c.issue_with_digest("e").unwrap();
+        c.issue("m").unwrap();
+        let c = Credentials::load(&path, false).unwrap();
+        let want = hex::encode(<md5::Md5 as md5::Digest>::digest(format!("e:pixgate:{secret}").as_bytes()));
+        assert_eq!(c.digest_ha1("e"), Some(want.as_str()));
+        assert!(c.verify("e", secret.as_bytes()), "still an ordinary secret too");
+        assert_eq!(c.digest_ha1("m"), None, "not asked for");
+        let mut c = c;
+        c.issue("e").unwrap();
+        assert_eq!(Credentials::load(&path, false).unwrap().digest_ha1("e"), None, "issued again without it");
+        let mut c = Credentials::load(&path, false).unwrap();
+        c.issue_with_digest("e").unwrap();
+        c.revoke("e").unwrap();
+        assert_eq!(Credentials::load(&path, false).unwrap().digest_ha1("e"), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

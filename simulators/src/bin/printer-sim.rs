@@ -18,6 +18,13 @@
 //!   from the broker the setting names (`simulators::cloudprnt_mqtt`). It prints `polling
 //!   URL` when polling starts (on MQTT: after every subscription), then `printed PATH
 //!   token=TOKEN`, `duplicate TOKEN` and `refused STATUS` as they happen.
+//! - `printer-sim sdp --url URL --id ID --user USER (--password-file FILE | --secrets FILE)
+//!   [--ca CA.crt] [--poll-ms 5000] [--paper 80] [--out DIR] [--skip-confirm N]
+//!   [--status-ms MS]` is an Epson TM printer (TM-T88VI, TM-m30) using Server Direct Print
+//!   until killed (`simulators::sdp`): it polls URL with HTTP Digest authentication, prints
+//!   the ESC/POS of the jobs (`{out}/NNNN-print.png` and `.bin`) and posts their results;
+//!   the condition comes from `{out}/state`. It prints `polling URL` when the first poll is
+//!   answered 200, then `printed PATH token=PRINTJOBID` and `refused STATUS` as they happen.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -30,6 +37,7 @@ use simulators::cloudprnt_mqtt::CloudPrntMqttOptions;
 use simulators::printer::{print_bytes, transcript_text, PrinterSettings};
 use simulators::raw_printer::{Pty, RawPrinter, RawPrinterOptions, StdoutReport};
 use simulators::registry::DeviceSpec;
+use simulators::sdp::{SdpOptions, SdpPrinter};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -176,6 +184,52 @@ enum Cmd {
         #[arg(long, value_name = "CODE", default_value = simulators::cloudprnt_mqtt::DEFAULT_DUPLICATE_CODE)]
         duplicate_code: String,
     },
+    /// Be an Epson TM printer (TM-T88VI, TM-m30) using Server Direct Print: poll URL for
+    /// print data (ePOS-Print XML with ESC/POS `<command>`s), print it, send the results
+    /// (and, with --status-ms, the status); HTTP Digest authentication; until killed.
+    #[command(group(clap::ArgGroup::new("password").args(["password_file", "secrets"]).required(true)))]
+    Sdp {
+        /// The Server Direct Print URL the printer posts GetRequest, SetResponse and
+        /// SetStatus to.
+        #[arg(long)]
+        url: String,
+        /// The printer's ID (`ID=` of every request).
+        #[arg(long)]
+        id: String,
+        /// HTTP Digest authentication user name.
+        #[arg(long)]
+        user: String,
+        /// File holding the password (trimmed).
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+        /// A JSON object {"<id>": "<secret>", ...} (the --mqtt-secrets format); the
+        /// password is the entry of --user.
+        #[arg(long, value_name = "FILE")]
+        secrets: Option<PathBuf>,
+        /// Verify https servers against this CA file (PEM), the only root trusted.
+        #[arg(long, value_name = "FILE")]
+        ca: Option<PathBuf>,
+        /// The interval between polls, ms (also the wait before trying a failed or refused
+        /// request again).
+        #[arg(long, default_value_t = 5000)]
+        poll_ms: u64,
+        /// Paper width in mm (58 or 80).
+        #[arg(long, default_value_t = 80)]
+        paper: u8,
+        /// Where PNGs (`NNNN-print.png`), the ESC/POS beside them (`NNNN-print.bin`) and
+        /// `jobs.jsonl` go; the condition is read from `DIR/state` (words `paper-out`,
+        /// `paper-near-end`, `cover-open`, `offline`; empty, missing or `ready`: ready).
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+        /// Print the jobs of the first N answers that print something but do not send
+        /// their SetResponse (a lost result).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        skip_confirm: u64,
+        /// Status notification: send SetStatus at start, every MS ms and when the
+        /// condition changes (default: off).
+        #[arg(long, value_name = "MS")]
+        status_ms: Option<u64>,
+    },
 }
 
 fn code_page(name: &str) -> Result<CodePage> {
@@ -293,6 +347,32 @@ async fn main() -> Result<()> {
                 let _ = stdout.flush();
             };
             simulators::cloudprnt_mqtt::run(printer, CloudPrntMqttOptions { duplicate_code }, &mut report).await;
+        }
+        Cmd::Sdp { url, id, user, password_file, secrets, ca, poll_ms, paper, out, skip_confirm, status_ms } => {
+            let url = url.parse().with_context(|| format!("--url {url:?} is not a URL"))?;
+            let password = match (password_file, secrets) {
+                (Some(file), _) => simulators::cloudprnt::password_from_file(&file)?,
+                (None, Some(file)) => simulators::cloudprnt::password_from_secrets(&file, &user)?,
+                (None, None) => anyhow::bail!("--password-file or --secrets is needed"),
+            };
+            let printer = SdpPrinter::new(SdpOptions {
+                url,
+                id,
+                credentials: BasicAuth { user, password },
+                ca,
+                poll: Duration::from_millis(poll_ms),
+                paper_mm: paper,
+                out,
+                skip_confirm,
+                status_every: status_ms.map(Duration::from_millis),
+            })?;
+            // Tests read these lines as they come: flush each.
+            let mut report = |event: &simulators::cloudprnt::Event| {
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "{event}");
+                let _ = stdout.flush();
+            };
+            printer.run(&mut report).await;
         }
     }
     Ok(())

@@ -84,6 +84,9 @@ pub struct Offer {
     pub wire: Bytes,
     /// Its picture, drawn at the first GET and kept for the GETs after.
     pub picture: Arc<OnceLock<Bytes>>,
+    /// Times it was handed to a printer that cannot tell a repeat (Epson's), whose second
+    /// copy is marked a reprint.
+    pub handed: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// One printer's state.
@@ -173,7 +176,8 @@ impl Board {
         let p = state.entry(device.to_string()).or_default();
         if p.offer.as_ref().is_none_or(|o| o.message_id != job.message_id) {
             tracing::debug!(device, seq = job.seq, message_id = %job.message_id, "offered to the printer's next poll");
-            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture: Arc::default() });
+            let (picture, handed) = (Arc::default(), Arc::default());
+            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture, handed });
         }
         if !self.polling(p, now) {
             self.report(device, p, Status { v: 1, online: false, printer: None });
@@ -356,7 +360,7 @@ mod tests {
     fn board() -> (Board, mpsc::Receiver<Incoming>) {
         let printers = Arc::new(DirectPrinters::default());
         let s = CloudSettings {
-            mac: "00:11:62:00:00:01".into(),
+            mac: Some("00:11:62:00:00:01".into()),
             method: cdc::CloudMethod::Http,
             width_dots: 576,
             code_page: CodePage::Cp860,

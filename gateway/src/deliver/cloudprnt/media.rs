@@ -75,7 +75,7 @@ mod tests {
         job.content_type = CONTENT_ESCPOS.into();
         job.payload = Job::encode_payload(b"\x1b@\x1bt\x03PAGO\n\n\n\x1dVA\x03");
         let settings = CloudSettings {
-            mac: "00:11:62:00:00:01".into(),
+            mac: Some("00:11:62:00:00:01".into()),
             method: cdc::CloudMethod::Http,
             width_dots: 384,
             code_page: CodePage::Cp860,

@@ -38,17 +38,20 @@ use std::time::Duration;
 /// Starts the server on `cfg.listen` (and the board's offline check, whether or not it
 /// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` pixgate's MQTT
 /// listener as printers on the MQTT method are told it (`None`: devices use an external
-/// broker). Returns where it listens.
+/// broker); `more` makes the routes served beside CloudPRNT's from its server (Epson
+/// Server Direct Print's, `deliver::sdp`). Returns where it listens.
 ///
 /// # Errors
 /// `cfg.listen` cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a
 /// usable `tls_cert`/`tls_key` is given.
+#[allow(clippy::too_many_arguments)]
 pub async fn start(
     cfg: &CloudPrntConfig,
     board: Arc<Board>,
     directory: Arc<Directory>,
     secrets: Option<PathBuf>,
     mqtt: Option<server::MqttListener>,
+    more: impl FnOnce(&server::Server) -> axum::Router,
     stats: Arc<Stats>,
     shutdown: Shutdown,
 ) -> anyhow::Result<Option<SocketAddr>> {
@@ -85,7 +88,7 @@ pub async fn start(
     let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;
     let local = axum::serve::Listener::local_addr(&listener)?;
     tracing::info!(listen = %local, tls = !cfg.plain, "CloudPRNT server listening");
-    let routes = server::routes(server, cfg.max_body_bytes);
+    let routes = server::routes(server.clone(), cfg.max_body_bytes).merge(more(&server));
     let until = shutdown.clone();
     shutdown.spawn(async move {
         if let Err(e) =

@@ -72,7 +72,7 @@ impl Board {
 
 impl StarPrinters for Board {
     fn mac_of(&self, device: &str) -> Option<String> {
-        self.settings(device).filter(|c| c.method == cdc::CloudMethod::Mqtt).map(|c| c.mac)
+        self.settings(device).filter(|c| c.method == cdc::CloudMethod::Mqtt).and_then(|c| c.mac)
     }
 
     fn session(&self, device: &str, up: bool) {
@@ -124,7 +124,7 @@ mod tests {
     fn board() -> (Board, mpsc::Receiver<Incoming>) {
         let printers = Arc::new(DirectPrinters::default());
         let s = |method| CloudSettings {
-            mac: MAC.into(),
+            mac: Some(MAC.into()),
             method,
             width_dots: 576,
             code_page: CodePage::Cp860,

@@ -51,6 +51,8 @@ pub enum Refusal {
     DisabledDevice,
     /// The request's MAC is not the registry's for that printer (or names none): `403`.
     MacMismatch,
+    /// An Epson printer's form `ID` is not the device id it authenticated as: `403`.
+    IdMismatch,
     /// A poll body that is not CloudPRNT's JSON: `400`.
     Malformed,
     /// Polls beyond `cloudprnt.max_polls_per_second`: `429`.
@@ -63,7 +65,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// The label: `no_credentials`, `bad_credentials`, `unknown_device`,
-    /// `disabled_device`, `mac_mismatch`, `malformed`, `poll_rate`, `capacity`,
+    /// `disabled_device`, `mac_mismatch`, `id_mismatch`, `malformed`, `poll_rate`, `capacity`,
     /// `tls_handshake`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -72,6 +74,7 @@ impl Refusal {
             Refusal::UnknownDevice => "unknown_device",
             Refusal::DisabledDevice => "disabled_device",
             Refusal::MacMismatch => "mac_mismatch",
+            Refusal::IdMismatch => "id_mismatch",
             Refusal::Malformed => "malformed",
             Refusal::PollRate => "poll_rate",
             Refusal::Capacity => "capacity",
@@ -158,15 +161,20 @@ impl Server {
         if !self.secrets.as_ref().is_some_and(|s| s.verify(id, secret.as_bytes())) {
             return Err(self.refusal(Refusal::BadCredentials, id, "wrong secret, or none issued"));
         }
-        let Some(settings) = self.printers.cloud(id) else {
+        let Some(settings) = self.printers.cloud(id).filter(|c| c.method != cdc::CloudMethod::EpsonSdp) else {
             return Err(self.refusal(Refusal::UnknownDevice, id, "not a registered CloudPRNT printer"));
         };
         if self.directory.standing(id) != Standing::Enabled {
             return Err(self.refusal(Refusal::DisabledDevice, id, "disabled in the registry"));
         }
         let mac = mac.map(super::status::decode);
-        if mac.as_deref().and_then(cdc::value::normalize_mac).as_deref() != Some(settings.mac.as_str()) {
-            let detail = format!("MAC {} is not the registry's {}", mac.as_deref().unwrap_or("(none)"), settings.mac);
+        let registry = settings.mac.as_deref();
+        if registry.is_none() || mac.as_deref().and_then(cdc::value::normalize_mac).as_deref() != registry {
+            let detail = format!(
+                "MAC {} is not the registry's {}",
+                mac.as_deref().unwrap_or("(none)"),
+                registry.unwrap_or("(none)")
+            );
             return Err(self.refusal(Refusal::MacMismatch, id, &detail));
         }
         Ok((id.to_string(), settings))
@@ -377,14 +385,14 @@ mod tests {
             Credentials::load(&file, true).unwrap().issue_many(["p", "q", "m"]).unwrap().into_iter().collect();
         let printers = Arc::new(DirectPrinters::default());
         let settings = CloudSettings {
-            mac: MAC.into(),
+            mac: Some(MAC.into()),
             method: cdc::CloudMethod::Http,
             width_dots: 384,
             code_page: CodePage::Cp860,
             model: String::new(),
         };
         printers.set_cloud("p", Some(settings.clone()));
-        let on_mqtt = CloudSettings { mac: MQTT_MAC.into(), method: cdc::CloudMethod::Mqtt, ..settings };
+        let on_mqtt = CloudSettings { mac: Some(MQTT_MAC.into()), method: cdc::CloudMethod::Mqtt, ..settings };
         printers.set_cloud("m", Some(on_mqtt));
         let directory = Arc::new(Directory::default());
         directory.set("p", Some(true));

@@ -79,11 +79,21 @@ impl Secrets {
 
     /// Whether `secret` is `id`'s. A file that does not load verifies nothing (logged).
     pub fn verify(&self, id: &str, secret: &[u8]) -> bool {
+        self.with(|c| c.verify(id, secret))
+    }
+
+    /// `id`'s HTTP Digest HA1, if its secret was issued with `--digest`.
+    pub fn digest_ha1(&self, id: &str) -> Option<String> {
+        self.with(|c| c.digest_ha1(id).map(String::from))
+    }
+
+    /// `f` on the secrets, read again first if their files changed.
+    fn with<T: Default>(&self, f: impl Fn(&Credentials) -> T) -> T {
         let stamp = self.stamp();
         {
             let loaded = self.loaded.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             if loaded.0 == Some(stamp) {
-                return loaded.1.as_ref().is_some_and(|c| c.verify(id, secret));
+                return loaded.1.as_ref().map(&f).unwrap_or_default();
             }
         }
         let mut loaded = self.loaded.write().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -91,7 +101,7 @@ impl Secrets {
             .map_err(|e| tracing::error!(error = %e, "device secrets do not load; no secret verifies until they do"))
             .ok();
         *loaded = (Some(stamp), creds);
-        loaded.1.as_ref().is_some_and(|c| c.verify(id, secret))
+        loaded.1.as_ref().map(f).unwrap_or_default()
     }
 }
 

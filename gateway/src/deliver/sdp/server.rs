@@ -1,0 +1,421 @@
+//! The endpoint an Epson printer on Server Direct Print is pointed at, `POST /sdp` (Epson
+//! Server Direct Print User's Manual), one URL for the three requests, all
+//! `application/x-www-form-urlencoded`:
+//!
+//! | `ConnectionType` | fields | answer |
+//! |---|---|---|
+//! | `GetRequest` (the poll) | `ID` | `200`, `text/xml`: empty, or the job in flight ([`epos::print_request`]) |
+//! | `SetResponse` (a job's result) | `ID`, `ResponseFile` | `200`, empty; the result becomes the dispatcher's ack |
+//! | `SetStatus` (status notification) | `ID`, `Status` | `200`, empty; the printer's condition |
+//!
+//! Every request carries HTTP Digest credentials ([`super::digest`]): the device id and the
+//! secret issued to it with `--digest`. The device must be a registered, enabled
+//! `epson-sdp` printer, and the form's `ID` (the printer's WebConfig "ID") its device id.
+//! Refusals are counted and logged as the CloudPRNT server's are (`cloudprnt_refusals`,
+//! the same rules, with `id_mismatch` for the ID).
+//!
+//! The poll carries no condition. A printer with status notification on tells it in
+//! `SetStatus`: paper out and cover open hold its queue until it tells otherwise. Without
+//! it, a job that fails for the printer's condition is offered again after the dispatcher's
+//! backoff. A job handed out again before its result came (the result was lost: Epson's
+//! printers keep no memory of job ids) is printed under the reprint header, as a direct
+//! printer's interrupted job is.
+
+use super::digest::{Digest, DigestError};
+use super::epos;
+use crate::deliver::cloudprnt::board::{Confirmation, PollRefused};
+use crate::deliver::cloudprnt::server::{Refusal, Server};
+use crate::model::{CloudSettings, Standing};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use device_protocol::{Job, Status};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// What the handler shares.
+#[derive(Clone)]
+pub struct Sdp {
+    /// The CloudPRNT server's board, printers, secrets and counters: one board for every
+    /// printer that fetches its jobs.
+    pub server: Server,
+    /// Challenges and checks.
+    pub digest: Arc<Digest>,
+    /// Each printer's condition from its last status notification, and when it came.
+    pub conditions: Arc<Mutex<HashMap<String, (Status, Instant)>>>,
+    /// A notification older than this is not taken as the printer's condition
+    /// (`cloudprnt.offline_after_ms`).
+    pub fresh_for: Duration,
+}
+
+/// The routes, request bodies bounded by `max_body_bytes`.
+pub fn routes(sdp: Sdp, max_body_bytes: usize) -> Router {
+    Router::new().route("/sdp", post(request)).layer(DefaultBodyLimit::max(max_body_bytes)).with_state(sdp)
+}
+
+/// The form fields pixgate reads.
+#[derive(Debug, Deserialize)]
+struct Form {
+    #[serde(rename = "ConnectionType")]
+    connection_type: String,
+    #[serde(rename = "ID", default)]
+    id: String,
+    #[serde(rename = "ResponseFile", default)]
+    response_file: Option<String>,
+    #[serde(rename = "Status", default)]
+    status: Option<String>,
+}
+
+fn xml(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/xml; charset=utf-8")], body).into_response()
+}
+
+impl Sdp {
+    /// A `401` with a new challenge.
+    fn challenge(&self, stale: bool) -> Response {
+        let mut r = StatusCode::UNAUTHORIZED.into_response();
+        if let Ok(v) = header::HeaderValue::from_str(&self.digest.challenge(stale)) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+        r
+    }
+
+    /// The printer the request's Digest credentials prove, or the answer to give.
+    #[allow(clippy::result_large_err)]
+    fn authenticate(&self, headers: &HeaderMap, uri: &Uri) -> Result<(String, CloudSettings), Response> {
+        let s = &self.server;
+        let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let target = uri.path_and_query().map_or("/sdp", |p| p.as_str());
+        let ha1 = |user: &str| s.secrets.as_ref()?.digest_ha1(user);
+        let id = match self.digest.verify(authorization, "POST", target, ha1) {
+            Ok(id) => id,
+            // Epson's first request is a dummy without credentials, answered with the
+            // challenge; an old nonce is renewed. Neither is a refusal.
+            Err(DigestError::Missing) => return Err(self.challenge(false)),
+            Err(DigestError::Stale) => return Err(self.challenge(true)),
+            Err(e) => {
+                s.refuse(Refusal::BadCredentials, "-", &e.to_string());
+                return Err(self.challenge(false));
+            }
+        };
+        let Some(settings) = s.printers.cloud(&id).filter(|c| c.method == cdc::CloudMethod::EpsonSdp) else {
+            s.refuse(Refusal::UnknownDevice, &id, "not a registered epson-sdp printer");
+            return Err(StatusCode::FORBIDDEN.into_response());
+        };
+        if s.directory.standing(&id) != Standing::Enabled {
+            s.refuse(Refusal::DisabledDevice, &id, "disabled in the registry");
+            return Err(StatusCode::FORBIDDEN.into_response());
+        }
+        Ok((id, settings))
+    }
+
+    /// The condition its last status notification told, if recent.
+    fn condition(&self, device: &str) -> Status {
+        let conditions = self.conditions.lock().unwrap_or_else(PoisonError::into_inner);
+        match conditions.get(device) {
+            Some((status, at)) if at.elapsed() < self.fresh_for => status.clone(),
+            _ => Status { v: 1, online: true, printer: None },
+        }
+    }
+}
+
+async fn request(State(sdp): State<Sdp>, headers: HeaderMap, uri: Uri, body: Bytes) -> Response {
+    let (device, settings) = match sdp.authenticate(&headers, &uri) {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let s = &sdp.server;
+    let form: Form = match serde_urlencoded::from_bytes(&body) {
+        Ok(f) => f,
+        Err(e) => {
+            s.refuse(Refusal::Malformed, &device, &format!("form: {e}"));
+            return StatusCode::BAD_REQUEST.into_response();
+        }
+    };
+    if form.id != device {
+        s.refuse(Refusal::IdMismatch, &device, &format!("ID {:?} is not the device id", form.id));
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    match form.connection_type.as_str() {
+        "GetRequest" => poll(&sdp, &device, &settings).await,
+        "SetResponse" => {
+            let Some(file) = form.response_file else {
+                s.refuse(Refusal::Malformed, &device, "SetResponse without ResponseFile");
+                return StatusCode::BAD_REQUEST.into_response();
+            };
+            match epos::print_results(&file) {
+                Ok(results) => {
+                    for r in results {
+                        result(&sdp, &device, r).await;
+                    }
+                    xml(String::new())
+                }
+                Err(e) => {
+                    s.refuse(Refusal::Malformed, &device, &format!("ResponseFile: {e}"));
+                    StatusCode::BAD_REQUEST.into_response()
+                }
+            }
+        }
+        "SetStatus" => {
+            match form.status.as_deref().ok_or("SetStatus without Status".to_string()).and_then(epos::status_flags) {
+                Ok(flags) => {
+                    let status = epos::condition(flags).status();
+                    sdp.conditions
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(device.clone(), (status.clone(), Instant::now()));
+                    s.board.condition(&device, status);
+                    xml(String::new())
+                }
+                Err(why) => {
+                    s.refuse(Refusal::Malformed, &device, &why);
+                    StatusCode::BAD_REQUEST.into_response()
+                }
+            }
+        }
+        other => {
+            s.refuse(Refusal::Malformed, &device, &format!("ConnectionType {other:?}"));
+            StatusCode::BAD_REQUEST.into_response()
+        }
+    }
+}
+
+/// A poll: the job in flight as ePOS-Print XML, or an empty answer.
+async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
+    let s = &sdp.server;
+    let token = match s.board.poll(device, sdp.condition(device), false) {
+        Err(PollRefused::Rate) => {
+            s.refuse(Refusal::PollRate, device, "polling too often");
+            return StatusCode::TOO_MANY_REQUESTS.into_response();
+        }
+        Ok(t) => t,
+    };
+    s.stats.update(|c| c.cloudprnt_polls += 1);
+    let Some(offer) = token.and_then(|t| s.board.job(device, Some(&t))) else { return xml(String::new()) };
+    let escpos = match serde_json::from_slice::<Job>(&offer.wire).map_err(|e| e.to_string()).and_then(|job| {
+        if job.content_type == device_protocol::messages::CONTENT_ESCPOS {
+            job.payload_bytes().map_err(|e| e.to_string())
+        } else {
+            Err(format!("an Epson printer prints ESC/POS jobs only, not {}", job.content_type))
+        }
+    }) {
+        Ok(bytes) => bytes,
+        Err(why) => {
+            tracing::error!(device, message_id = %offer.message_id, error = %why, "the job cannot be sent to the printer");
+            s.board.fail(device, &offer.message_id, why).await;
+            return xml(String::new());
+        }
+    };
+    let again = offer.handed.fetch_add(1, Ordering::Relaxed) > 0;
+    let escpos = if again {
+        tracing::warn!(device, seq = offer.seq, message_id = %offer.message_id, "Epson printer asks again before the job's result: printed as a reprint");
+        crate::deliver::direct::reprint::with_header(&escpos, settings.code_page)
+    } else {
+        escpos
+    };
+    tracing::debug!(device, seq = offer.seq, message_id = %offer.message_id, bytes = escpos.len(), "job handed to the printer");
+    xml(epos::print_request(&offer.message_id, &escpos))
+}
+
+/// One job's result: the offer it names ends as the printer says.
+async fn result(sdp: &Sdp, device: &str, r: epos::JobResult) {
+    let s = &sdp.server;
+    let Some(offer) = s.board.job(device, None) else {
+        tracing::debug!(device, job_id = r.job_id.as_deref().unwrap_or(""), "result of a job not offered; ignored");
+        return;
+    };
+    if r.job_id.as_deref().is_some_and(|id| id != epos::job_id(&offer.message_id)) {
+        tracing::debug!(device, job_id = r.job_id.as_deref().unwrap_or(""), "result of another job; ignored");
+        return;
+    }
+    let how = if r.success {
+        Confirmation::Printed
+    } else if epos::permanent(&r.code) {
+        Confirmation::Refused(r.code.clone())
+    } else {
+        tracing::warn!(device, code = %r.code, status = r.asb, "Epson printer did not print its job; offered again");
+        Confirmation::Again(r.code.clone())
+    };
+    s.board.confirm(device, Some(&offer.message_id), how).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deliver::cloudprnt::Board;
+    use crate::deliver::mqtt::auth::Secrets;
+    use crate::model::{DirectPrinters, Directory, Incoming};
+    use crate::store::credentials::{Credentials, DIGEST_REALM};
+    use crate::telemetry::Stats;
+    use crate::test_fixtures::TempDir;
+    use base64::Engine;
+    use device_protocol::{AckResult, EffectKind, PrinterState};
+    use render::codepage::CodePage;
+    use tokio::sync::mpsc;
+
+    struct Rig {
+        _dir: TempDir,
+        url: String,
+        board: Arc<Board>,
+        stats: Arc<Stats>,
+        incoming: mpsc::Receiver<Incoming>,
+        http: reqwest::Client,
+        /// `e`'s secret (issued with --digest), and `p`'s (a CloudPRNT printer, with one too).
+        secrets: HashMap<String, String>,
+    }
+
+    /// An SDP endpoint on loopback: printer `e` on Epson SDP, printer `p` on CloudPRNT.
+    async fn rig() -> Rig {
+        let dir = TempDir::new("sdp-server");
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let file = dir.path().join("secrets.json");
+        let mut store = Credentials::load(&file, true).unwrap();
+        let secrets: HashMap<String, String> =
+            ["e", "p"].iter().map(|id| (id.to_string(), store.issue_with_digest(id).unwrap())).collect();
+        let printers = Arc::new(DirectPrinters::default());
+        let settings = |method| CloudSettings {
+            mac: None,
+            method,
+            width_dots: 576,
+            code_page: CodePage::Cp860,
+            model: String::new(),
+        };
+        printers.set_cloud("e", Some(settings(cdc::CloudMethod::EpsonSdp)));
+        printers.set_cloud(
+            "p",
+            Some(CloudSettings { mac: Some("00:11:62:0a:1b:2c".into()), ..settings(cdc::CloudMethod::Http) }),
+        );
+        let directory = Arc::new(Directory::default());
+        directory.set("e", Some(true));
+        directory.set("p", Some(true));
+        let (tx, incoming) = mpsc::channel(16);
+        let board = Arc::new(Board::new(printers.clone(), tx, Duration::from_secs(60), 1_000));
+        let stats = Arc::new(Stats::default());
+        let server = Server {
+            board: board.clone(),
+            printers,
+            directory,
+            secrets: Some(Arc::new(Secrets::new(file))),
+            stats: stats.clone(),
+            log: Arc::default(),
+            drawing: Arc::new(tokio::sync::Semaphore::new(1)),
+            mqtt: None,
+            scheme: "http",
+        };
+        let sdp =
+            Sdp { server, digest: Arc::default(), conditions: Arc::default(), fresh_for: Duration::from_secs(60) };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/sdp", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, routes(sdp, 16 << 10)).await });
+        Rig { _dir: dir, url, board, stats, incoming, http: reqwest::Client::new(), secrets }
+    }
+
+    impl Rig {
+        /// Posts `form` as `user` with `password` (Digest after the challenge; `None`: no
+        /// credentials at all): the status and body.
+        async fn post(&self, user_password: Option<(&str, &str)>, form: &[(&str, &str)]) -> (u16, String) {
+            let body = serde_urlencoded::to_string(form).unwrap();
+            let send = |auth: Option<String>| {
+                let mut r = self
+                    .http
+                    .post(&self.url)
+                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .body(body.clone());
+                if let Some(a) = auth {
+                    r = r.header(header::AUTHORIZATION, a);
+                }
+                r.send()
+            };
+            let first = send(None).await.unwrap();
+            let Some((user, password)) = user_password else {
+                return (first.status().as_u16(), first.text().await.unwrap());
+            };
+            assert_eq!(first.status().as_u16(), 401, "the dummy request is challenged");
+            let challenge = first.headers()[header::WWW_AUTHENTICATE].to_str().unwrap().to_string();
+            let nonce = challenge.split("nonce=\"").nth(1).unwrap().split('"').next().unwrap();
+            let ha1 = super::super::digest::md5_hex(&format!("{user}:{DIGEST_REALM}:{password}"));
+            let ha2 = super::super::digest::md5_hex("POST:/sdp");
+            let response = super::super::digest::md5_hex(&format!("{ha1}:{nonce}:00000001:c0ffee:auth:{ha2}"));
+            let auth = format!(
+                r#"Digest username="{user}", realm="{DIGEST_REALM}", nonce="{nonce}", uri="/sdp", algorithm=MD5, qop=auth, nc=00000001, cnonce="c0ffee", response="{response}""#
+            );
+            let second = send(Some(auth)).await.unwrap();
+            (second.status().as_u16(), second.text().await.unwrap())
+        }
+
+        fn refused(&self, rule: &str) -> u64 {
+            self.stats.snapshot().cloudprnt_refusals.get(rule).copied().unwrap_or(0)
+        }
+    }
+
+    fn command_of(xml: &str) -> Vec<u8> {
+        let doc = roxmltree::Document::parse(xml).unwrap();
+        hex::decode(doc.descendants().find(|n| n.tag_name().name() == "command").unwrap().text().unwrap()).unwrap()
+    }
+
+    /// The printer with its own Digest secret and ID polls its job as ePOS-Print XML
+    /// carrying the job's ESC/POS; asked again before its result, it gets it as a reprint;
+    /// its result is the dispatcher's ack; its status notification, its condition.
+    /// Everyone else is refused and counted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_printer_with_its_digest_secret_gets_its_job() {
+        let mut r = rig().await;
+        let e = r.secrets["e"].clone();
+        let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
+        assert_eq!(r.post(None, &poll).await.0, 401);
+        assert_eq!(r.refused("bad_credentials"), 0, "Epson's dummy first request is no refusal");
+        assert_eq!(r.post(Some(("e", "guess")), &poll).await.0, 401);
+        assert_eq!(r.refused("bad_credentials"), 1);
+        assert_eq!(r.post(Some(("p", &r.secrets["p"])), &[("ConnectionType", "GetRequest"), ("ID", "p")]).await.0, 403);
+        assert_eq!(r.refused("unknown_device"), 1, "a CloudPRNT printer is not an SDP one");
+        assert_eq!(r.post(Some(("e", &e)), &[("ConnectionType", "GetRequest"), ("ID", "p")]).await.0, 403);
+        assert_eq!(r.refused("id_mismatch"), 1);
+
+        assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "nothing offered");
+        let _online = r.incoming.try_recv();
+        let mut job = crate::test_fixtures::job("0123456789abcdef0123456789abcdef", EffectKind::PrintReceipt, "c");
+        job.seq = 7;
+        job.content_type = device_protocol::messages::CONTENT_ESCPOS.into();
+        job.payload = base64::engine::general_purpose::STANDARD.encode(b"\x1b@\x1bt\x03RECIBO\n\x1dV\x00");
+        r.board.offer("e", bytes::Bytes::from(job.to_json()));
+        let (status, body) = r.post(Some(("e", &e)), &poll).await;
+        assert_eq!(status, 200);
+        assert!(body.contains("<printjobid>0123456789abcdef0123456789abcd</printjobid>"), "{body}");
+        let original = job.payload_bytes().unwrap();
+        assert_eq!(command_of(&body), original, "the rendered ESC/POS, byte for byte");
+        let (_, again) = r.post(Some(("e", &e)), &poll).await;
+        assert_eq!(
+            command_of(&again),
+            crate::deliver::direct::reprint::with_header(&original, CodePage::Cp860),
+            "asked again before its result: the reprint"
+        );
+
+        let result = r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>0123456789abcdef0123456789abcd</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="true" code="" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
+        let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", result)];
+        assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
+        let ack = loop {
+            match r.incoming.try_recv().unwrap() {
+                Incoming::Ack { ack, .. } => break ack,
+                Incoming::Status { .. } => {}
+            }
+        };
+        assert_eq!(
+            (ack.message_id.as_str(), ack.seq, ack.result),
+            ("0123456789abcdef0123456789abcdef", 7, AckResult::Done)
+        );
+
+        let paper_out = r#"<statusmonitor Version="1.00"><printerstatus devicename="local_printer" asbstatus="0x00080008"/></statusmonitor>"#;
+        let notify = [("ConnectionType", "SetStatus"), ("ID", "e"), ("Status", paper_out)];
+        assert_eq!(r.post(Some(("e", &e)), &notify).await.0, 200);
+        let Incoming::Status { status, .. } = r.incoming.try_recv().unwrap() else { panic!() };
+        assert_eq!(status.printer, Some(PrinterState::PaperOut));
+        assert_eq!(r.post(Some(("e", &e)), &[("ConnectionType", "Other"), ("ID", "e")]).await.0, 400);
+        assert_eq!(r.refused("malformed"), 1);
+    }
+}
