@@ -27,6 +27,22 @@ const MAC: &str = "00:11:62:0a:1b:2c";
 const OTHER_MAC: &str = "00:11:62:0a:1b:2d";
 const WAIT: Duration = Duration::from_secs(90);
 
+/// A fresh folder for a test's files outside its rig (the PKI, secrets): `name` and the
+/// process id under the system's temporary folder.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pixgate-{name}-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Stops the gateway and the rig, and removes `scratch`.
+fn finish(mut rig: Rig, scratch: &Path) {
+    rig.kill_gateway();
+    rig.shutdown();
+    let _ = std::fs::remove_dir_all(scratch);
+}
+
 /// The CloudPRNT server's TLS files, the printer's secret, and where it listens.
 struct Setup {
     url: String,
@@ -150,11 +166,9 @@ fn refusals(rig: &Rig, rule: &str) -> u64 {
 /// a pay-with-Pix slip's QR decodes to the charge's BR Code.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
-    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-files-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("cloudprnt");
     let s = setup(&scratch, PRINTER);
-    let mut rig = Rig::builder("cloudprnt").envs(s.env.clone()).start().await;
+    let rig = Rig::builder("cloudprnt").envs(s.env.clone()).start().await;
     publish_registry(&rig, PRINTER, true).await;
     let ca = s.ca.display().to_string();
     let secret = s.secret_file.display().to_string();
@@ -256,9 +270,7 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
     assert!(rqrr::PreparedImage::prepare(receipt).detect_grids().is_empty(), "never a QR on a paid receipt");
     assert!(stranger.printed().is_empty() && other.printed().is_empty(), "strangers printed nothing");
     drop((sim, stranger, other));
-    rig.kill_gateway();
-    rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    finish(rig, &scratch);
 }
 
 /// The same proofs on the MQTT method: the printer asks its settings, connects to
@@ -270,11 +282,9 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
 async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_own() {
     use pixgate_tests::mosquitto::{self, ClientAuth, Subscriber};
     mosquitto::require_clients().unwrap();
-    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-mqtt-files-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("cloudprnt-mqtt");
     let s = setup(&scratch, PRINTER);
-    let mut rig = Rig::builder("cloudprnt-mqtt").envs(s.env.clone()).envs(s.mqtt_env.clone()).start().await;
+    let rig = Rig::builder("cloudprnt-mqtt").envs(s.env.clone()).envs(s.mqtt_env.clone()).start().await;
     publish_registry_as(&rig, PRINTER, "cloudprnt-mqtt", false).await;
     let out = rig.dir().join("printer");
     std::fs::create_dir_all(&out).unwrap();
@@ -376,9 +386,7 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
     sim.wait_printed(jobs.len() + 1);
     rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&(receipts + 1))).await;
     drop(sim);
-    rig.kill_gateway();
-    rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    finish(rig, &scratch);
 }
 
 /// Epson Server Direct Print: the printer proves itself with HTTP Digest (its secret issued
@@ -389,9 +397,7 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
 /// rendered, as an ePOS-Print `<command>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
-    let scratch = std::env::temp_dir().join(format!("pixgate-sdp-files-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("sdp");
     let s = setup(&scratch, PRINTER);
     // The secret again, now with its Digest hash kept.
     let bin = pixgate_tests::gateway::find_binary().unwrap();
@@ -401,7 +407,7 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
         pixgate_tests::gateway::cli(&bin, 0, &issue, &[("PIXGATE_MQTT__CREDENTIALS", credentials.as_str())]);
     assert!(ok, "pixgate {issue:?}: {err}");
     std::fs::write(&s.secret_file, secret.trim()).unwrap();
-    let mut rig = Rig::builder("sdp").envs(s.env.clone()).start().await;
+    let rig = Rig::builder("sdp").envs(s.env.clone()).start().await;
     publish_registry_as(&rig, PRINTER, "epson-sdp", false).await;
     let url = s.url.replace("/cloudprnt", "/sdp");
     let (secret_path, ca) = (s.secret_file.display().to_string(), s.ca.display().to_string());
@@ -475,25 +481,21 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
     assert_eq!(stats.deadletters_parked + stats.deadletters_published, 0, "nothing dead-lettered");
     assert!(stranger.printed().is_empty());
     drop((sim, stranger));
-    rig.kill_gateway();
-    rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    finish(rig, &scratch);
 }
 
 /// Proof 5: a printer that never polls holds its queue as offline, and its receipt expires
 /// by its time to live instead of being dead-lettered for running out of deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
-    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-ttl-files-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("cloudprnt-ttl");
     let s = setup(&scratch, PRINTER);
     let mut env = s.env.clone();
     env.extend([
         ("PIXGATE_DELIVERY__TTL__PRINT_RECEIPT_S", "8".to_string()),
         ("PIXGATE_DELIVERY__MAX_DELIVERIES", "2".into()),
     ]);
-    let mut rig = Rig::builder("cloudprnt-ttl").envs(env).start().await;
+    let rig = Rig::builder("cloudprnt-ttl").envs(env).start().await;
     publish_registry(&rig, PRINTER, false).await;
     let ids = vec!["d".repeat(24)];
     publish_charges(&rig, &ids).await;
@@ -501,9 +503,7 @@ async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
     rig.wait_stats(WAIT, |s| s.counters.expired.get("print_receipt") == Some(&1)).await;
     let stats = rig.gateway().stats().unwrap().counters;
     assert!(!stats.effects_done.contains_key("print_receipt"), "never printed");
-    rig.kill_gateway();
-    rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    finish(rig, &scratch);
 }
 
 /// Proof 1 on the bundled fixtures: one 80 mm printer polls over CloudPRNT, every other
@@ -516,11 +516,9 @@ async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
 async fn the_fixtures_with_a_cloudprnt_printer_give_every_expected_effect() {
     const CLOUD: &str = "8940f1f836f99eee3692f09e"; // 80 mm
     let fixtures = pixgate_tests::demo::default_fixtures();
-    let scratch = std::env::temp_dir().join(format!("pixgate-cloudprnt-fixtures-files-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = scratch("cloudprnt-fixtures");
     let s = setup(&scratch, CLOUD);
-    let mut rig = Rig::builder("cloudprnt-fixtures")
+    let rig = Rig::builder("cloudprnt-fixtures")
         .envs(s.env.clone())
         .envs(pixgate_tests::replay_clock_env(&fixtures))
         .start()
@@ -580,7 +578,5 @@ async fn the_fixtures_with_a_cloudprnt_printer_give_every_expected_effect() {
     assert_eq!(got, want_order, "effects carried out differ from expected.json");
     fleet.shutdown().await;
     drop(sim);
-    rig.kill_gateway();
-    rig.shutdown();
-    let _ = std::fs::remove_dir_all(&scratch);
+    finish(rig, &scratch);
 }
