@@ -728,6 +728,14 @@ impl Link {
                 Err(e) => tracing::warn!(topic = %p.topic, "print-job is not CloudPRNT JSON: {e}; ignored"),
             },
             Some("request-client-status") => self.status(c, false).await,
+            // Star: "Make a printer perform Server setting information request (GET)".
+            Some("request-get-server-info") => match setting_url(&printer.opts.url, &self.mac) {
+                Ok(url) => match fetch_setting(printer, url).await {
+                    Ok(answer) => tracing::info!(?answer, "server setting asked for again"),
+                    Err(e) => tracing::warn!("server setting: {e:#}"),
+                },
+                Err(e) => tracing::warn!("{e:#}"),
+            },
             Some("request-post") => tracing::debug!("request-post: Trigger POST is not simulated; ignored"),
             Some(other) => tracing::info!(method = other, "not simulated; ignored"),
             None => tracing::info!(topic = %p.topic, "not a topic of this printer; ignored"),

@@ -11,7 +11,8 @@
 //!
 //! A printer on Epson Server Direct Print can only prove itself with HTTP Digest (RFC 7616,
 //! MD5), which needs the server to hold `MD5(id:realm:secret)` ("HA1"): a secret issued
-//! with `--digest` also keeps its HA1 for [`DIGEST_REALM`]. An HA1 opens that realm to
+//! with `--digest` (30 characters, [`DIGEST_SECRET_BYTES`]) also keeps its HA1 for
+//! [`DIGEST_REALM`]. An HA1 opens that realm to
 //! whoever reads it, as an htdigest file does: only such printers have one, and the file is
 //! its owner's alone.
 //!
@@ -27,6 +28,10 @@ use std::path::{Path, PathBuf};
 
 /// Bytes of a secret (256 bits; the issue asks at least 128).
 pub const SECRET_BYTES: usize = 32;
+
+/// Bytes of a secret issued with `--digest` (176 bits): 30 base64url characters, the longest
+/// password an Epson printer's WebConfig takes.
+pub const DIGEST_SECRET_BYTES: usize = 22;
 
 /// The HTTP Digest realm of the HA1s kept (`--digest`), and of the challenges pixgate sends.
 pub const DIGEST_REALM: &str = "pixgate";
@@ -156,7 +161,7 @@ impl Credentials {
     /// # Errors
     /// As [`Credentials::issue`].
     pub fn issue_with_digest(&mut self, id: &str) -> Result<String, CredentialsError> {
-        let secret = self.issue_unsaved(id)?;
+        let secret = self.issue_unsaved_of(id, DIGEST_SECRET_BYTES)?;
         self.digests.insert(id.to_string(), ha1(id, &secret));
         self.save()?;
         Ok(secret)
@@ -181,7 +186,12 @@ impl Credentials {
     }
 
     fn issue_unsaved(&mut self, id: &str) -> Result<String, CredentialsError> {
-        let mut raw = [0u8; SECRET_BYTES];
+        self.issue_unsaved_of(id, SECRET_BYTES)
+    }
+
+    /// A new secret of `bytes` random bytes for `id`, not saved.
+    fn issue_unsaved_of(&mut self, id: &str, bytes: usize) -> Result<String, CredentialsError> {
+        let mut raw = vec![0u8; bytes];
         SystemRandom::new().fill(&mut raw).map_err(|_| CredentialsError::Random)?;
         let secret = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
         let tag = hmac::sign(&self.key, secret.as_bytes());
@@ -304,6 +314,7 @@ mod tests {
         let path = dir.join("credentials.json");
         let mut c = Credentials::load(&path, true).unwrap();
         let secret = c.issue_with_digest("e").unwrap();
+        assert_eq!(secret.len(), 30, "what an Epson printer's password field takes");
         c.issue("m").unwrap();
         let c = Credentials::load(&path, false).unwrap();
         let want = hex::encode(<md5::Md5 as md5::Digest>::digest(format!("e:pixgate:{secret}").as_bytes()));

@@ -57,10 +57,11 @@ impl Confirmation {
     /// Reads an MQTT `print-result`: its `statusCode` and `printSucceeded`. Printed when it
     /// says it succeeded or the code is 2xx; a `51x` code (`510` incompatible media, `511`
     /// decoding error) is this job's own fault; any other (`410` out of paper, `420` cover
-    /// open, a failed download) is the printer's condition, and the job is offered again.
-    /// Star documents a result "indicating a duplicate jobToken" for a job the printer had
-    /// printed already without giving its code: a 2xx code ends the job, any other offers
-    /// it again until its time to live (logged with the code).
+    /// open, a failed download) is the printer's condition: a failed delivery, the job sent
+    /// again after the dispatcher's backoff. Star documents a result "indicating a
+    /// duplicate jobToken" for a job the printer had printed already without giving its
+    /// code: a 2xx code ends the job, any other sends it again until it runs out of
+    /// deliveries (logged with the code).
     pub fn of_print_result(code: &str, succeeded: Option<bool>) -> Confirmation {
         let code = super::status::decode(code).trim().to_string();
         if succeeded == Some(true) || code.eq_ignore_ascii_case("ok") || code.starts_with('2') {

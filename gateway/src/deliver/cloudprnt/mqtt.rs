@@ -43,20 +43,22 @@ struct PrintResult {
     print_succeeded: Option<bool>,
 }
 
+/// The method that makes a printer ask for its settings again (Star: "Make a printer
+/// perform Server setting information request (GET)").
+pub const REQUEST_SETTINGS: &str = "request-get-server-info";
+
 impl Board {
-    /// The `print-job` message telling `device` (a printer on the MQTT method) of the job
-    /// `wire`: `{"title": "print-job", "jobToken": MESSAGE_ID, "jobType": "url",
-    /// "mediaTypes": ["image/png"], "printData": URL}`. `None` for a printer on the HTTP
-    /// method, or one that has not asked for its settings since pixgate started (no URL
-    /// known: the job waits for its next poll, or its resend).
+    /// The message telling `device` (a printer on the MQTT method) of the job `wire`: the
+    /// `print-job` `{"title": "print-job", "jobToken": MESSAGE_ID, "jobType": "url",
+    /// "mediaTypes": ["image/png"], "printData": URL}`; or, while no URL is known for it
+    /// (it has not asked for its settings since pixgate started), `{"title":
+    /// "request-get-server-info"}`, which makes it ask: the job's resend then names the
+    /// URL. `None` for a printer on another protocol.
     pub fn print_job(&self, device: &str, wire: &[u8]) -> Option<Bytes> {
         self.mac_of(device)?;
         let Some(url) = self.url(device) else {
-            tracing::debug!(
-                device,
-                "a CloudPRNT printer on MQTT has not asked for its settings: its job waits for a poll"
-            );
-            return None;
+            tracing::info!(device, "CloudPRNT printer on MQTT asked to fetch its settings (none since the start)");
+            return Some(Bytes::from(serde_json::json!({ "title": REQUEST_SETTINGS }).to_string()));
         };
         let job: Job = serde_json::from_slice(wire).ok()?;
         let message = serde_json::json!({
@@ -156,7 +158,11 @@ mod tests {
         let (b, mut rx) = board();
         assert_eq!(b.mac_of("m").as_deref(), Some(MAC));
         assert_eq!(b.mac_of("h"), None, "the HTTP method has no MQTT topics");
-        assert!(b.print_job("m", &wire("m1", 1)).is_none(), "no settings asked: no URL");
+        assert_eq!(
+            &b.print_job("m", &wire("m1", 1)).unwrap()[..],
+            br#"{"title":"request-get-server-info"}"#,
+            "no settings asked since the start: it is asked to"
+        );
         b.set_url("m", "https://gw.example/cloudprnt".into());
         let job: serde_json::Value = serde_json::from_slice(&b.print_job("m", &wire("m1", 1)).unwrap()).unwrap();
         assert_eq!(

@@ -616,7 +616,11 @@ impl Conn<'_> {
             tracing::debug!(device = %self.device, unacked = self.unacked, "a job held back: the device's Receive Maximum is reached");
             return None;
         }
-        let mut job = wire::Job { topic: self.topic.clone(), qos, pkid: 0, payload: job, raw: self.raw_payloads };
+        let topic = match &self.mac {
+            Some(mac) => star::to_device_topic(mac, &job),
+            None => self.topic.clone(),
+        };
+        let mut job = wire::Job { topic, qos, pkid: 0, payload: job, raw: self.raw_payloads };
         // Measured (by encoding it) only when it could be too large: its header and
         // properties are well under JOB_OVERHEAD bytes.
         if job.payload.len() + job.topic.len() + JOB_OVERHEAD > self.max_packet {

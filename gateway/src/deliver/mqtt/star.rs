@@ -57,6 +57,21 @@ pub fn jobs_topic(mac: &str) -> String {
     format!("{TO_DEVICE}{mac}/{PRINT_JOB}")
 }
 
+/// The topic of `message` to printer `mac`: `star/cloudprnt/to-device/{mac}/{title}`, its
+/// JSON `title` naming the method (`print-job`, `request-get-server-info`…); the jobs topic
+/// when it names none.
+pub fn to_device_topic(mac: &str, message: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Titled<'a> {
+        #[serde(borrow)]
+        title: Option<&'a str>,
+    }
+    match serde_json::from_slice::<Titled<'_>>(message).ok().and_then(|t| t.title) {
+        Some(title) if single_level(title) => format!("{TO_DEVICE}{mac}/{title}"),
+        _ => jobs_topic(mac),
+    }
+}
+
 /// Whether printer `mac` may subscribe to `filter`: `None` if not; `Some(true)` if the
 /// filter covers its jobs, `Some(false)` for another of its own methods.
 pub fn may_subscribe(mac: &str, filter: &str) -> Option<bool> {
@@ -143,6 +158,14 @@ mod tests {
         assert!(!may_will(MAC, format!("star/cloudprnt/to-server/{MAC}/client-status").as_bytes()));
         assert!(!may_will(MAC, format!("star/cloudprnt/to-server/{OTHER}/client-will").as_bytes()));
         assert_eq!(jobs_topic(MAC), format!("star/cloudprnt/to-device/{MAC}/print-job"));
+        let topic = |m: &[u8]| to_device_topic(MAC, m);
+        assert_eq!(
+            topic(br#"{"title":"request-get-server-info"}"#),
+            format!("star/cloudprnt/to-device/{MAC}/request-get-server-info")
+        );
+        assert_eq!(topic(br#"{"title":"print-job","jobToken":"t"}"#), jobs_topic(MAC));
+        assert_eq!(topic(br#"{"title":"a/#"}"#), jobs_topic(MAC), "never another level");
+        assert_eq!(topic(b"not json"), jobs_topic(MAC));
     }
 
     #[test]

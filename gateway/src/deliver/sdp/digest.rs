@@ -35,9 +35,9 @@ pub enum DigestError {
     /// The nonce is not one of this server's, or is older than [`NONCE_TTL`].
     #[error("stale nonce")]
     Stale,
-    /// No HA1 for the user, or the response does not match it.
+    /// No HA1 for the user (named), or the response does not match it.
     #[error("wrong secret, or none issued with --digest")]
-    Wrong,
+    Wrong(String),
 }
 
 /// The challenges and checks of one server.
@@ -103,7 +103,7 @@ impl Digest {
         if !self.fresh(nonce) {
             return Err(DigestError::Stale);
         }
-        let Some(ha1) = ha1(user) else { return Err(DigestError::Wrong) };
+        let Some(ha1) = ha1(user) else { return Err(DigestError::Wrong(user.to_string())) };
         let ha2 = md5_hex(&format!("{method}:{given_uri}"));
         let expected = match p.get("qop").map(String::as_str) {
             Some("auth") => {
@@ -115,7 +115,7 @@ impl Digest {
         };
         // Constant time: compared as HMACs under this server's key.
         let tag = hmac::sign(&self.key, response.to_ascii_lowercase().as_bytes());
-        hmac::verify(&self.key, expected.as_bytes(), tag.as_ref()).map_err(|_| DigestError::Wrong)?;
+        hmac::verify(&self.key, expected.as_bytes(), tag.as_ref()).map_err(|_| DigestError::Wrong(user.to_string()))?;
         Ok(user.to_string())
     }
 
@@ -219,13 +219,17 @@ mod tests {
         for qop in [true, false] {
             let good = answer(&d, &nonce, "p", "s3cret", "/sdp", qop);
             assert_eq!(d.verify(Some(&good), "POST", "/sdp", ha1), Ok("p".to_string()), "qop {qop}");
-            assert_eq!(d.verify(Some(&good), "GET", "/sdp", ha1), Err(DigestError::Wrong), "another method");
+            assert_eq!(
+                d.verify(Some(&good), "GET", "/sdp", ha1),
+                Err(DigestError::Wrong("p".into())),
+                "another method"
+            );
             assert!(matches!(d.verify(Some(&good), "POST", "/other", ha1), Err(DigestError::Malformed(_))));
         }
         let wrong = answer(&d, &nonce, "p", "guess", "/sdp", true);
-        assert_eq!(d.verify(Some(&wrong), "POST", "/sdp", ha1), Err(DigestError::Wrong));
+        assert_eq!(d.verify(Some(&wrong), "POST", "/sdp", ha1), Err(DigestError::Wrong("p".into())));
         let stranger = answer(&d, &nonce, "q", "s3cret", "/sdp", true);
-        assert_eq!(d.verify(Some(&stranger), "POST", "/sdp", ha1), Err(DigestError::Wrong));
+        assert_eq!(d.verify(Some(&stranger), "POST", "/sdp", ha1), Err(DigestError::Wrong("q".into())));
         assert_eq!(d.verify(None, "POST", "/sdp", ha1), Err(DigestError::Missing));
         assert_eq!(d.verify(Some("Basic cDpz"), "POST", "/sdp", ha1), Err(DigestError::Missing));
     }

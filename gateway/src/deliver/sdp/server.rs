@@ -97,9 +97,16 @@ impl Sdp {
             Ok(id) => id,
             // Epson's first request is a dummy without credentials, answered with the
             // challenge; an old nonce is renewed. Neither is a refusal.
-            Err(DigestError::Missing) => return Err(self.challenge(false)),
+            Err(DigestError::Missing) => {
+                tracing::debug!("SDP request without Digest credentials: challenged");
+                return Err(self.challenge(false));
+            }
             Err(DigestError::Stale) => return Err(self.challenge(true)),
-            Err(e) => {
+            Err(DigestError::Wrong(user)) => {
+                s.refuse(Refusal::BadCredentials, &user, "wrong secret, or none issued with --digest");
+                return Err(self.challenge(false));
+            }
+            Err(e @ DigestError::Malformed(_)) => {
                 s.refuse(Refusal::BadCredentials, "-", &e.to_string());
                 return Err(self.challenge(false));
             }
