@@ -382,6 +382,9 @@ pub async fn serve<S>(
         session_expiry_s: connect.session_expiry_s,
         max_packet: u32::try_from(shared.cfg.max_payload_bytes).unwrap_or(u32::MAX),
     };
+    // Whether the CloudPRNT side was told this Star printer's session is up (told it ended
+    // only then: a failed CONNACK must not end another session of the same printer).
+    let mut told_up = false;
     let end = if write(&mut wr, version, &[accepted]).await.is_err() {
         End::Lost("CONNACK not written".into())
     } else {
@@ -389,6 +392,7 @@ pub async fn serve<S>(
         tracing::debug!(device = %conn.device, addr = %peer.addr, tls = peer.tls, "device connected");
         if let Some(star) = shared.star.as_ref().filter(|_| star_printer) {
             star.session(&conn.device, true);
+            told_up = true;
         }
         let keep_alive = match connect.keep_alive {
             0 => None,
@@ -407,7 +411,7 @@ pub async fn serve<S>(
             let _ = pass_on(&hub, &shared, &peer, &conn.device, conn.mac.as_deref(), &topic, &message).await;
         }
     }
-    if let Some(star) = shared.star.as_ref().filter(|_| star_printer) {
+    if let Some(star) = shared.star.as_ref().filter(|_| told_up) {
         star.session(&conn.device, false);
     }
     let said = end.reason().filter(|_| version == Version::V5);
