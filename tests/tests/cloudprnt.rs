@@ -155,6 +155,26 @@ fn queued(rig: &Rig) -> Vec<(String, String)> {
     jobs.into_iter().map(|(_, m, k)| (m, k)).collect()
 }
 
+/// Publishes a paid charge per id and waits until their receipts are queued and held
+/// because the printer `sim` reported paper out: nothing prints for 2 s. Returns the
+/// queued jobs.
+async fn receipts_held_by_paper_out(rig: &Rig, sim: &CloudSim, ids: &[String]) -> Vec<(String, String)> {
+    publish_charges(rig, ids).await;
+    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
+    let jobs = queued(rig);
+    // A slip still queued when its charge is paid is superseded by the receipt.
+    assert!(
+        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
+        "a receipt per charge: {jobs:?}"
+    );
+    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
+    let (_, body) = rig.gateway().get(&format!("/outbox/{PRINTER}")).unwrap();
+    assert!(body.contains(r#""held":"paper_out""#), "{body}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sim.printed().is_empty(), "printed while out of paper");
+    jobs
+}
+
 fn refusals(rig: &Rig, rule: &str) -> u64 {
     rig.gateway().stats().unwrap().counters.cloudprnt_refusals.get(rule).copied().unwrap_or(0)
 }
@@ -210,20 +230,7 @@ async fn a_cloudprnt_printer_prints_each_job_once_in_order_and_only_its_own() {
     assert_eq!(other.line("refused"), "403");
 
     let ids: Vec<String> = "abc".chars().map(|c| c.to_string().repeat(24)).collect();
-    publish_charges(&rig, &ids).await;
-    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
-    let jobs = queued(&rig);
-    // A slip still queued when its charge is paid is superseded by the receipt.
-    assert!(
-        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
-        "a receipt per charge: {jobs:?}"
-    );
-    // Held: the poll reported paper out, and nothing was printed over several polls.
-    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
-    let (_, body) = rig.gateway().get(&format!("/outbox/{PRINTER}")).unwrap();
-    assert!(body.contains(r#""held":"paper_out""#), "{body}");
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(sim.printed().is_empty(), "printed while out of paper");
+    let jobs = receipts_held_by_paper_out(&rig, &sim, &ids).await;
     assert!(refusals(&rig, "bad_credentials") >= 1, "the wrong password is counted");
     assert!(refusals(&rig, "mac_mismatch") >= 1, "the other MAC is counted");
 
@@ -336,16 +343,7 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
     spy.stop().await;
 
     let ids: Vec<String> = "fgh".chars().map(|c| c.to_string().repeat(24)).collect();
-    publish_charges(&rig, &ids).await;
-    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
-    let jobs = queued(&rig);
-    assert!(
-        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
-        "a receipt per charge: {jobs:?}"
-    );
-    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(sim.printed().is_empty(), "printed while out of paper");
+    let jobs = receipts_held_by_paper_out(&rig, &sim, &ids).await;
     let counters = rig.gateway().stats().unwrap().counters;
     let refused = |rule: &str| counters.mqtt_refusals.get(rule).copied().unwrap_or(0);
     assert!(refused("bad_credentials") >= 1 && refused("subscribe") >= 2, "{:?}", counters.mqtt_refusals);
@@ -448,16 +446,7 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
     assert_eq!(stranger.line("refused"), "401");
 
     let ids: Vec<String> = "jkl".chars().map(|c| c.to_string().repeat(24)).collect();
-    publish_charges(&rig, &ids).await;
-    rig.wait_stats(WAIT, |s| s.counters.outbox_jobs >= ids.len() as u64 && s.counters.pending_records == 0).await;
-    let jobs = queued(&rig);
-    assert!(
-        jobs.len() == ids.len() && jobs.iter().all(|(_, k)| k == "print_receipt"),
-        "a receipt per charge: {jobs:?}"
-    );
-    rig.wait_stats(WAIT, |s| s.counters.held_devices.get("paper_out") == Some(&1)).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(sim.printed().is_empty(), "printed while out of paper");
+    let jobs = receipts_held_by_paper_out(&rig, &sim, &ids).await;
     assert!(refusals(&rig, "bad_credentials") >= 1, "the wrong password is counted");
 
     sim.set_state("ready");
