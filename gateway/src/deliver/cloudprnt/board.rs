@@ -162,16 +162,18 @@ impl Board {
     }
 
     /// Offers `wire` to `device`'s next poll (replacing an older offer: the dispatcher has
-    /// moved on from it). Never waits. A printer not polling is reported offline.
-    pub fn offer(&self, device: &str, wire: Bytes) {
+    /// moved on from it); returns its message id (`None`: not a job, logged). Never waits.
+    /// A printer not polling is reported offline.
+    pub fn offer(&self, device: &str, wire: Bytes) -> Option<String> {
         let job = match serde_json::from_slice::<Job>(&wire) {
             Ok(j) => j,
             Err(e) => {
                 // Not a job at all: nothing to acknowledge it by; the ack timeout ends it.
                 tracing::error!(device, error = %e, "a CloudPRNT printer was handed bytes that are not a job");
-                return;
+                return None;
             }
         };
+        let message_id = job.message_id.clone();
         let now = Instant::now();
         let mut state = self.lock();
         let p = state.entry(device.to_string()).or_default();
@@ -183,6 +185,7 @@ impl Board {
         if !self.polling(p, now) {
             self.report(device, p, Status { v: 1, online: false, printer: None });
         }
+        Some(message_id)
     }
 
     fn polling(&self, p: &Printer, now: Instant) -> bool {

@@ -23,7 +23,7 @@ pub const PNG: &str = "image/png";
 #[derive(Debug, thiserror::Error)]
 pub enum MediaError {
     /// Not a job pixgate renders as paper (a screen job sent to a printer).
-    #[error("a CloudPRNT printer prints ESC/POS jobs only, not {0}")]
+    #[error("a printer that fetches its jobs prints ESC/POS jobs only, not {0}")]
     ContentType(String),
     /// The job's bytes or payload do not decode.
     #[error("the job does not decode: {0}")]
@@ -33,6 +33,18 @@ pub enum MediaError {
     Png(String),
 }
 
+/// The ESC/POS bytes of `wire` (a job's JSON as stored), what a paper job carries.
+///
+/// # Errors
+/// [`MediaError::Job`] (it does not decode), [`MediaError::ContentType`] (not ESC/POS).
+pub fn escpos(wire: &[u8]) -> Result<Vec<u8>, MediaError> {
+    let job: Job = serde_json::from_slice(wire).map_err(|e| MediaError::Job(e.to_string()))?;
+    if job.content_type != CONTENT_ESCPOS {
+        return Err(MediaError::ContentType(job.content_type));
+    }
+    job.payload_bytes().map_err(|e| MediaError::Job(e.to_string()))
+}
+
 /// `wire` (a job's JSON as stored) drawn for `printer` as a greyscale PNG (black on white), at most
 /// [`MAX_HEIGHT`] dots long. CPU-bound (tens of ms for a receipt): call it off the async
 /// threads.
@@ -40,11 +52,7 @@ pub enum MediaError {
 /// # Errors
 /// [`MediaError`].
 pub fn png(wire: &[u8], printer: &CloudSettings) -> Result<Vec<u8>, MediaError> {
-    let job: Job = serde_json::from_slice(wire).map_err(|e| MediaError::Job(e.to_string()))?;
-    if job.content_type != CONTENT_ESCPOS {
-        return Err(MediaError::ContentType(job.content_type));
-    }
-    let bytes = job.payload_bytes().map_err(|e| MediaError::Job(e.to_string()))?;
+    let bytes = escpos(wire)?;
     let opts = DecodeOptions { initial_code_page: printer.code_page, ..DecodeOptions::preview(printer.width_dots) }
         .with_model(&printer.model)
         .with_max_height(MAX_HEIGHT);

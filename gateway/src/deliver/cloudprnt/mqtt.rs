@@ -20,7 +20,7 @@ use super::media;
 use super::status::Condition;
 use crate::deliver::mqtt::star::{Pending, StarPrinters, CLIENT_WILL, PRINT_JOB};
 use bytes::Bytes;
-use device_protocol::{Job, Status};
+use device_protocol::Status;
 use serde::Deserialize;
 
 /// A `client-status`'s fields pixgate reads.
@@ -48,22 +48,21 @@ struct PrintResult {
 pub const REQUEST_SETTINGS: &str = "request-get-server-info";
 
 impl Board {
-    /// The message telling `device` (a printer on the MQTT method) of the job `wire`: the
+    /// The message telling `device` (a printer on the MQTT method) of the job `message_id`: the
     /// `print-job` `{"title": "print-job", "jobToken": MESSAGE_ID, "jobType": "url",
     /// "mediaTypes": ["image/png"], "printData": URL}`; or, while no URL is known for it
     /// (it has not asked for its settings since pixgate started), `{"title":
     /// "request-get-server-info"}`, which makes it ask: the job's resend then names the
     /// URL. `None` for a printer on another protocol.
-    pub fn print_job(&self, device: &str, wire: &[u8]) -> Option<Bytes> {
+    pub fn print_job(&self, device: &str, message_id: &str) -> Option<Bytes> {
         self.mac_of(device)?;
         let Some(url) = self.url(device) else {
             tracing::info!(device, "CloudPRNT printer on MQTT asked to fetch its settings (none since the start)");
             return Some(Bytes::from(serde_json::json!({ "title": REQUEST_SETTINGS }).to_string()));
         };
-        let job: Job = serde_json::from_slice(wire).ok()?;
         let message = serde_json::json!({
             "title": PRINT_JOB,
-            "jobToken": job.message_id,
+            "jobToken": message_id,
             "jobType": "url",
             "mediaTypes": [media::PNG],
             "printData": url,
@@ -159,18 +158,18 @@ mod tests {
         assert_eq!(b.mac_of("m").as_deref(), Some(MAC));
         assert_eq!(b.mac_of("h"), None, "the HTTP method has no MQTT topics");
         assert_eq!(
-            &b.print_job("m", &wire("m1", 1)).unwrap()[..],
+            &b.print_job("m", "m1").unwrap()[..],
             br#"{"title":"request-get-server-info"}"#,
             "no settings asked since the start: it is asked to"
         );
         b.set_url("m", "https://gw.example/cloudprnt".into());
-        let job: serde_json::Value = serde_json::from_slice(&b.print_job("m", &wire("m1", 1)).unwrap()).unwrap();
+        let job: serde_json::Value = serde_json::from_slice(&b.print_job("m", "m1").unwrap()).unwrap();
         assert_eq!(
             job,
             serde_json::json!({"title": "print-job", "jobToken": "m1", "jobType": "url",
                 "mediaTypes": ["image/png"], "printData": "https://gw.example/cloudprnt"})
         );
-        assert!(b.print_job("h", &wire("m1", 1)).is_none());
+        assert!(b.print_job("h", "m1").is_none());
 
         b.session("m", true);
         assert!(status(&mut rx).online);

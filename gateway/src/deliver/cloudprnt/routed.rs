@@ -24,9 +24,8 @@ impl<T: Transport> CloudRouted<T> {
 impl<T: Transport> Transport for CloudRouted<T> {
     async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
         if self.board.serves(device) {
-            let told = self.board.print_job(device, &wire);
-            self.board.offer(device, wire);
-            if let Some(message) = told {
+            let offered = self.board.offer(device, wire);
+            if let Some(message) = offered.and_then(|id| self.board.print_job(device, &id)) {
                 return self.other.send(device, message).await;
             }
             return Ok(());

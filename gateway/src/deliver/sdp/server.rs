@@ -32,7 +32,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use device_protocol::{Job, Status};
+use device_protocol::Status;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -205,17 +205,11 @@ async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
     };
     s.stats.update(|c| c.cloudprnt_polls += 1);
     let Some(offer) = token.and_then(|t| s.board.job(device, Some(&t))) else { return xml(String::new()) };
-    let escpos = match serde_json::from_slice::<Job>(&offer.wire).map_err(|e| e.to_string()).and_then(|job| {
-        if job.content_type == device_protocol::messages::CONTENT_ESCPOS {
-            job.payload_bytes().map_err(|e| e.to_string())
-        } else {
-            Err(format!("an Epson printer prints ESC/POS jobs only, not {}", job.content_type))
-        }
-    }) {
+    let escpos = match crate::deliver::cloudprnt::media::escpos(&offer.wire) {
         Ok(bytes) => bytes,
-        Err(why) => {
-            tracing::error!(device, message_id = %offer.message_id, error = %why, "the job cannot be sent to the printer");
-            s.board.fail(device, &offer.message_id, why).await;
+        Err(e) => {
+            tracing::error!(device, message_id = %offer.message_id, error = %e, "the job cannot be sent to the printer");
+            s.board.fail(device, &offer.message_id, e.to_string()).await;
             return xml(String::new());
         }
     };
