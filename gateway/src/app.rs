@@ -105,6 +105,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // CloudPRNT server: served on the listener only when that server is.
     let star = cfg.cloudprnt.listen.is_some().then(|| board.clone() as Arc<dyn deliver::mqtt::star::StarPrinters>);
     let mut partition_links = None;
+    let owners =
+        (cfg.cluster.enabled && cfg.cloudprnt.listen.is_some()).then(|| Arc::new(deliver::broker::Owners::default()));
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
             let publisher =
@@ -121,6 +123,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 health.clone(),
                 stats.clone(),
                 incoming_tx.clone(),
+                owners.clone(),
                 devices.clone(),
             )
             .context("starting the external MQTT broker's connections")?;
@@ -128,12 +131,35 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             (DeviceLink::Broker(publisher), Some(board as Arc<dyn Presence>))
         }
     };
-    if cfg.cluster.enabled && cfg.cloudprnt.listen.is_some() {
-        // A poll may reach a replica that does not hold the printer's queue.
-        anyhow::bail!(
-            "cloudprnt.listen is not served with cluster.enabled yet: run it on a pixgate without cluster.enabled"
-        );
-    }
+    // The central shape: a printer's request may reach a replica that does not hold its
+    // queue, and is passed on to the one that does.
+    let forward = match (&partition_links, &owners) {
+        (Some(links), Some(owners)) => {
+            let Some(advertise) = cfg.cloudprnt.advertise.clone() else {
+                anyhow::bail!("cloudprnt.listen with cluster.enabled needs cloudprnt.advertise: the URL the other replicas reach this CloudPRNT server at (e.g. https://10.0.0.5:8443)");
+            };
+            if !cfg.cloudprnt.plain && cfg.cloudprnt.peer_ca.is_none() {
+                anyhow::bail!("cloudprnt.listen with cluster.enabled needs cloudprnt.peer_ca: the CA of the other replicas' CloudPRNT certificates");
+            }
+            let replica = replica_name(&cfg);
+            links.set_announce(&deliver::broker::OwnerRecord { replica: replica.clone(), cloudprnt: advertise });
+            let f = deliver::cloudprnt::forward::Forward::new(
+                links.clone(),
+                owners.clone(),
+                replica,
+                cfg.cloudprnt.peer_ca.as_deref(),
+                cfg.cloudprnt.max_body_bytes,
+                std::time::Duration::from_millis(cfg.cloudprnt.request_timeout_ms.max(1)),
+                stats.clone(),
+            )
+            .context("cloudprnt: passing printers' requests to other replicas")?;
+            Some(Arc::new(f))
+        }
+        _ if cfg.cluster.enabled && cfg.cloudprnt.listen.is_some() => {
+            anyhow::bail!("cloudprnt.listen with cluster.enabled needs the devices' broker (broker.host): the partitions' owners are known through it")
+        }
+        _ => None,
+    };
     deliver::cloudprnt::start(
         &cfg.cloudprnt,
         board.clone(),
@@ -156,6 +182,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             };
             deliver::sdp::routes(sdp, cfg.cloudprnt.max_body_bytes)
         },
+        forward,
         stats.clone(),
         devices.clone(),
     )

@@ -195,6 +195,16 @@ pub struct CloudPrntConfig {
     /// The port they are told (`portNumber`); unset: `mqtt.listen`'s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mqtt_port: Option<u16>,
+    /// With `cluster.enabled`: this server's base URL as the other replicas reach it
+    /// (`https://10.0.0.5:8443`), to which they pass the requests of printers whose queue
+    /// this replica holds. Required there; its host must be in `tls_cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
+    /// With `cluster.enabled`: the CA (PEM) that signed the other replicas' CloudPRNT
+    /// certificates, the only one trusted when passing a printer's request on. Required
+    /// unless `plain`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_ca: Option<PathBuf>,
 }
 
 impl Default for CloudPrntConfig {
@@ -211,6 +221,8 @@ impl Default for CloudPrntConfig {
             request_timeout_ms: 10_000,
             mqtt_host: None,
             mqtt_port: None,
+            advertise: None,
+            peer_ca: None,
         }
     }
 }

@@ -58,7 +58,8 @@ fn replica(port: u16, name: &str, answer: Arc<Answer>, shutdown: &Shutdown) -> A
     let (incoming, _rx) = tokio::sync::mpsc::channel(16);
     // The receiver end is dropped: no device acks in this test.
     let stats = Arc::new(gateway::telemetry::Stats::default());
-    let (publisher, _) = broker::start(&cfg, Some(PARTITIONS), health, stats, incoming, shutdown.clone()).unwrap();
+    let (publisher, _) =
+        broker::start(&cfg, Some(PARTITIONS), health, stats, incoming, None, shutdown.clone()).unwrap();
     let links = publisher.partitions().unwrap();
     links.set_owner_check(answer);
     links

@@ -3,7 +3,8 @@
 //! external MQTT broker ([`broker`]), one of the two chosen at start ([`device_link`]); the
 //! publisher of parked dead letters to Kafka ([`deadletter`]); printers driven directly over
 //! TCP 9100, serial or USB ([`direct`]); printers that poll pixgate over Star CloudPRNT
-//! ([`cloudprnt`]).
+//! ([`cloudprnt`]) or Epson Server Direct Print ([`sdp`]), and who their requests name
+//! ([`http_auth`]).
 
 pub mod broker;
 pub mod cloudprnt;
@@ -11,6 +12,7 @@ pub mod deadletter;
 pub mod device_link;
 pub mod direct;
 pub mod dispatcher;
+pub mod http_auth;
 pub mod mqtt;
 pub mod sdp;
 pub mod transport;

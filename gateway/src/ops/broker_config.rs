@@ -54,14 +54,16 @@ impl MosquittoSetup {
         ]
     }
 
-    /// The ACL of pixgate's listener: its identity publishes every device's jobs and reads
-    /// every device's acks and status.
+    /// The ACL of pixgate's listener: its identity publishes every device's jobs, reads
+    /// every device's acks and status, and writes and reads the device-jobs partitions'
+    /// owner records (`deliver::broker::owners`).
     pub fn gateway_acl(&self) -> String {
         format!(
             "user {}\n\
              topic write pixgate/v1/devices/+/jobs\n\
              topic read pixgate/v1/devices/+/acks\n\
-             topic read pixgate/v1/devices/+/status\n",
+             topic read pixgate/v1/devices/+/status\n\
+             topic readwrite pixgate/v1/partitions/+/owner\n",
             self.gateway_identity
         )
     }
@@ -182,6 +184,7 @@ mod tests {
         let acl = setup().gateway_acl();
         assert!(acl.starts_with("user pixgate-gateway\n"));
         assert!(acl.contains("topic write pixgate/v1/devices/+/jobs\n"));
+        assert!(acl.contains("topic readwrite pixgate/v1/partitions/+/owner\n"));
         assert!(!acl.contains("pattern"));
     }
 

@@ -230,6 +230,12 @@ impl prometheus_client::collector::Collector for Exposition {
         )?;
         counters(
             e,
+            "cloudprnt_forwards",
+            "Printers' requests for a queue another replica holds, by outcome (forwarded, failed, no_owner, not_owner).",
+            by("outcome", &s.cloudprnt_forwards),
+        )?;
+        counters(
+            e,
             "group_rejoins",
             "Times this replica rejoined a consumer group that gave it no partition of a topic, by group.",
             by("group", &s.group_rejoins),

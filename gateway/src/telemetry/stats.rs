@@ -72,6 +72,12 @@ pub struct Snapshot {
     pub cloudprnt_refusals: BTreeMap<String, u64>,
     /// Polls the CloudPRNT server answered (authenticated, within their rate).
     pub cloudprnt_polls: u64,
+    /// Printers' requests for a queue another replica holds (the central shape,
+    /// `deliver::cloudprnt::forward`), by outcome: `forwarded` (passed on and answered),
+    /// `failed` (the owner did not answer), `no_owner` (none known yet), `not_owner` (passed
+    /// on to this replica, which no longer holds the queue).
+    #[serde(default)]
+    pub cloudprnt_forwards: BTreeMap<String, u64>,
     /// Requests to an admin endpoint refused with 401 (no token, a wrong one, or no token
     /// configured on a listener that is not loopback; [`crate::ops::admin`]).
     pub http_unauthorized: u64,
@@ -120,6 +126,11 @@ impl Stats {
     /// The CloudPRNT server refused something by `rule`.
     pub fn cloudprnt_refused(&self, rule: &str) {
         self.update(|s| bump(&mut s.cloudprnt_refusals, rule));
+    }
+
+    /// A printer's request for another replica's queue ended in `outcome`.
+    pub fn cloudprnt_forwarded(&self, outcome: &str) {
+        self.update(|s| bump(&mut s.cloudprnt_forwards, outcome));
     }
 
     /// A record was ignored for `reason`.

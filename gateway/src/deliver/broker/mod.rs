@@ -21,11 +21,13 @@
 
 pub mod link;
 pub mod options;
+pub mod owners;
 pub mod partitions;
 pub mod publisher;
 pub mod receiver;
 pub mod status_board;
 
+pub use owners::{OwnerRecord, Owners};
 pub use partitions::{OwnerCheck, PartitionLinks};
 pub use publisher::BrokerPublisher;
 pub use status_board::StatusBoard;
@@ -48,7 +50,8 @@ const REQUESTS: usize = 256;
 /// connection per partition owned, opened as partitions are taken,
 /// [`BrokerPublisher::partitions`]), and the acks connection, which forwards device acks
 /// and status to `incoming` and records presence on the returned board (a malformed one is
-/// counted on `stats`, rule `malformed_message`). All reconnect until `shutdown` is
+/// counted on `stats`, rule `malformed_message`), and with `owners` the partitions' owner
+/// records there ([`owners`]). All reconnect until `shutdown` is
 /// requested, and are tracked by it; their state goes to `health`.
 ///
 /// # Errors
@@ -61,6 +64,7 @@ pub fn start(
     health: Arc<Monitor>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
+    owners: Option<Arc<Owners>>,
     shutdown: Shutdown,
 ) -> anyhow::Result<(BrokerPublisher, Arc<StatusBoard>)> {
     if cfg.client_id == cfg.acks_client_id {
@@ -88,6 +92,6 @@ pub fn start(
             publisher::partitioned(parts, links.clone())
         }
     };
-    receiver::start(acks, links, board.clone(), stats, incoming, shutdown);
+    receiver::start(acks, links, board.clone(), owners, stats, incoming, shutdown);
     Ok((publisher, board))
 }

@@ -9,6 +9,7 @@
 //! was stopped past its session timeout never takes the client id back.
 
 use super::link::{Backoff, Links, Which};
+use super::owners::{owner_topic, OwnerRecord};
 use super::REQUESTS;
 use crate::config::BrokerConfig;
 use crate::model::device_partition::partition_of;
@@ -53,6 +54,8 @@ pub struct PartitionLinks {
     shutdown: Shutdown,
     check: Mutex<Option<Arc<dyn OwnerCheck>>>,
     open: Mutex<HashMap<i32, Arc<PartitionLink>>>,
+    /// Published, retained, to each partition's owner topic at each CONNACK.
+    announce: Mutex<Option<Vec<u8>>>,
 }
 
 impl PartitionLinks {
@@ -75,6 +78,7 @@ impl PartitionLinks {
             shutdown,
             check: Mutex::default(),
             open: Mutex::default(),
+            announce: Mutex::default(),
         }
     }
 
@@ -82,6 +86,29 @@ impl PartitionLinks {
     /// connection that drops does not reconnect.
     pub fn set_owner_check(&self, check: Arc<dyn OwnerCheck>) {
         *self.check.lock().unwrap_or_else(PoisonError::into_inner) = Some(check);
+    }
+
+    /// Makes each partition connection publish `record`, retained, to its partition's
+    /// owner topic at each CONNACK ([`super::owners`]), before any job is sent on it.
+    pub fn set_announce(&self, record: &OwnerRecord) {
+        let payload = serde_json::to_vec(record).unwrap_or_default();
+        *self.announce.lock().unwrap_or_else(PoisonError::into_inner) = Some(payload);
+    }
+
+    /// The device-jobs topic's partition count.
+    pub fn partitions(&self) -> i32 {
+        self.partitions
+    }
+
+    /// Whether this replica holds `partition` now: its connection is open, up (CONNACK
+    /// accepted, not dropped since) and not closed. The broker closes a connection whose
+    /// client id a newer owner has taken, so this is as fenced as the sends are.
+    pub fn owns(&self, partition: i32) -> bool {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&partition)
+            .is_some_and(|l| l.up.load(Ordering::Acquire) && !l.closed.load(Ordering::Acquire))
     }
 
     /// The client id of `partition`'s connection.
@@ -199,6 +226,13 @@ async fn drive(partition: i32, link: Arc<PartitionLink>, mut eventloop: EventLoo
                 backoff.reset();
                 if link.closed.load(Ordering::Acquire) {
                     continue;
+                }
+                let announce = links.announce.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                if let Some(payload) = announce {
+                    // Queued before any job: the owner is known as soon as it can send.
+                    if let Err(e) = link.client.try_publish(owner_topic(partition), QoS::AtLeastOnce, true, payload) {
+                        tracing::warn!(partition, error = %e, "the partition's owner record was not queued: other replicas cannot pass its printers' requests on until this connection reconnects");
+                    }
                 }
                 link.up.store(true, Ordering::Release);
                 *link.error.lock().unwrap_or_else(PoisonError::into_inner) = None;

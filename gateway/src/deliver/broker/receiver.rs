@@ -9,6 +9,7 @@
 //! also brings every device's retained status again.
 
 use super::link::{Backoff, Links, Which};
+use super::owners::{Owners, OWNER_FILTER};
 use super::status_board::StatusBoard;
 use super::REQUESTS;
 use crate::model::Incoming;
@@ -34,12 +35,24 @@ pub fn start(
     options: MqttOptions,
     links: Arc<Links>,
     board: Arc<StatusBoard>,
+    owners: Option<Arc<Owners>>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
 ) {
     let (client, eventloop) = AsyncClient::new(options, REQUESTS);
-    shutdown.spawn(drive(client, eventloop, links, board, stats, incoming, shutdown.clone()));
+    let read = Read { links, board, owners, stats, incoming };
+    shutdown.spawn(drive(client, eventloop, read, shutdown.clone()));
+}
+
+/// Where what the acks connection reads goes.
+struct Read {
+    links: Arc<Links>,
+    board: Arc<StatusBoard>,
+    /// With CloudPRNT served in the central shape: the partitions' owner records.
+    owners: Option<Arc<Owners>>,
+    stats: Arc<Stats>,
+    incoming: mpsc::Sender<Incoming>,
 }
 
 /// How often the acks connection sums up the log lines its [`LogLimit`] held back.
@@ -55,15 +68,8 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// rumqttc acknowledges a message (PUBACK) as it reads it, so an ack read and not yet
 /// forwarded when pixgate dies is lost: its job is sent again after the ack timeout, and
 /// the device dedupes and acks it again.
-async fn drive(
-    client: AsyncClient,
-    mut eventloop: EventLoop,
-    links: Arc<Links>,
-    board: Arc<StatusBoard>,
-    stats: Arc<Stats>,
-    incoming: mpsc::Sender<Incoming>,
-    shutdown: Shutdown,
-) {
+async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdown: Shutdown) {
+    let Read { links, board, owners, stats, incoming } = read;
     let mut backoff = Backoff::default();
     let log_limit = Arc::new(LogLimit::default());
     let (summing, stop) = (log_limit.clone(), shutdown.clone());
@@ -80,7 +86,11 @@ async fn drive(
         match event {
             Ok(Event::Incoming(Packet::ConnAck(c))) if c.code == ConnectReturnCode::Success => {
                 backoff.reset();
-                let filters = [ALL_ACKS, ALL_STATUS].map(|f| SubscribeFilter::new(f.to_string(), QoS::AtLeastOnce));
+                let mut filters: Vec<SubscribeFilter> =
+                    [ALL_ACKS, ALL_STATUS].map(|f| SubscribeFilter::new(f.to_string(), QoS::AtLeastOnce)).into();
+                if owners.is_some() {
+                    filters.push(SubscribeFilter::new(OWNER_FILTER.to_string(), QoS::AtLeastOnce));
+                }
                 // Queued to the event loop, which this task polls: never waits long.
                 if client.subscribe_many(filters).await.is_err() {
                     return;
@@ -91,12 +101,20 @@ async fn drive(
                     tracing::info!(client_id = %eventloop.mqtt_options.client_id(), "acks connection to the devices' broker up, subscribed to every device's acks and status");
                     links.up(Which::Acks);
                 } else {
-                    let error = format!("the broker refused the subscription to {ALL_ACKS} or {ALL_STATUS} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
+                    let also = if owners.is_some() { format!(" or {OWNER_FILTER}") } else { String::new() };
+                    let error = format!("the broker refused the subscription to {ALL_ACKS}, {ALL_STATUS}{also} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
                     tracing::error!("{error}");
                     links.down(Which::Acks, error);
                 }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
+                if let Some(owners) = owners.as_ref().filter(|_| p.topic.starts_with("pixgate/v1/partitions/")) {
+                    if let Err(e) = owners.record(&p.topic, &p.payload) {
+                        stats.mqtt_refused(MALFORMED_MESSAGE);
+                        tracing::warn!(rule = MALFORMED_MESSAGE, topic = %p.topic, error = %e, "a partition owner record dropped: not one");
+                    }
+                    continue;
+                }
                 let msg = match Incoming::parse(&p.topic, &p.payload) {
                     Ok(Some(msg)) => msg,
                     Ok(None) => continue,

@@ -7,13 +7,15 @@
 //! in flight, resends, time to live and dead letters are the dispatcher's, as for every
 //! device. Parts: the poll's condition ([`status`]), the picture ([`media`]), the
 //! endpoint and who may use it ([`server`]), its sockets ([`listener`]), the seam
-//! ([`routed`]).
+//! ([`routed`]); in the central shape, requests passed to the replica holding the
+//! printer's queue ([`forward`]).
 //!
 //! The job token is the job's message id: a printer that printed a job but whose
 //! confirmation was lost is offered the same token again, and a printer that remembers
 //! its last tokens (as Star's MQTT method requires) does not print it twice.
 
 pub mod board;
+pub mod forward;
 pub mod listener;
 pub mod media;
 pub mod mqtt;
@@ -39,7 +41,9 @@ use std::time::Duration;
 /// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` pixgate's MQTT
 /// listener as printers on the MQTT method are told it (`None`: devices use an external
 /// broker); `more` makes the routes served beside CloudPRNT's from its server (Epson
-/// Server Direct Print's, `deliver::sdp`). Returns where it listens.
+/// Server Direct Print's, `deliver::sdp`); `forward`, in the central shape, passes
+/// requests for queues other replicas hold on to them ([`forward`]). Returns where it
+/// listens.
 ///
 /// # Errors
 /// `cfg.listen` cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a
@@ -52,6 +56,7 @@ pub async fn start(
     secrets: Option<PathBuf>,
     mqtt: Option<server::MqttListener>,
     more: impl FnOnce(&server::Server) -> axum::Router,
+    forward: Option<Arc<forward::Forward>>,
     stats: Arc<Stats>,
     shutdown: Shutdown,
 ) -> anyhow::Result<Option<SocketAddr>> {
@@ -88,7 +93,7 @@ pub async fn start(
     let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;
     let local = axum::serve::Listener::local_addr(&listener)?;
     tracing::info!(listen = %local, tls = !cfg.plain, "CloudPRNT server listening");
-    let routes = server::routes(server.clone(), cfg.max_body_bytes).merge(more(&server));
+    let routes = forward::layer(server::routes(server.clone(), cfg.max_body_bytes).merge(more(&server)), forward);
     let until = shutdown.clone();
     shutdown.spawn(async move {
         if let Err(e) =

@@ -24,6 +24,7 @@
 use super::board::{Board, Confirmation, PollRefused};
 use super::media;
 use super::status::Condition;
+use crate::deliver::http_auth::basic;
 use crate::deliver::mqtt::auth::Secrets;
 use crate::model::{CloudSettings, DirectPrinters, Directory, Standing};
 use crate::telemetry::log_limit::LogLimit;
@@ -34,7 +35,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine;
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -179,18 +179,6 @@ impl Server {
         }
         Ok((id.to_string(), settings))
     }
-}
-
-/// A request's HTTP Basic user and password: `None` without the header, `Some(None)` when
-/// it does not decode.
-fn basic(headers: &HeaderMap) -> Option<Option<(String, String)>> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))?;
-    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok();
-    let pair = decoded.as_deref().and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| d.split_once(':'));
-    Some(pair.map(|(user, password)| (user.to_string(), password.to_string())))
 }
 
 /// The routes, with request bodies bounded by `max_body_bytes`.

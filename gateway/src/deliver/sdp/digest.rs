@@ -13,11 +13,11 @@
 //! count (`nc`) is not tracked: the requests travel over TLS, and replaying one gets the
 //! same answer (a poll, or a result already recorded).
 
+use crate::deliver::http_auth::auth_params;
 use crate::store::credentials::DIGEST_REALM;
 use md5::{Digest as _, Md5};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a nonce is taken.
@@ -87,7 +87,7 @@ impl Digest {
             .strip_prefix("Digest ")
             .or_else(|| header.trim_start().strip_prefix("digest "))
             .ok_or(DigestError::Missing)?;
-        let p = params(rest).ok_or_else(|| DigestError::Malformed("unreadable parameters".into()))?;
+        let p = auth_params(rest).ok_or_else(|| DigestError::Malformed("unreadable parameters".into()))?;
         let field = |k: &str| p.get(k).map(String::as_str).ok_or_else(|| DigestError::Malformed(format!("no {k}")));
         let (user, realm, nonce, given_uri, response) =
             (field("username")?, field("realm")?, field("nonce")?, field("uri")?, field("response")?);
@@ -136,46 +136,6 @@ pub fn md5_hex(text: &str) -> String {
     hex::encode(Md5::digest(text.as_bytes()))
 }
 
-/// `k=v, k="v, with commas", …` (RFC 7235 auth-params; `\` escapes inside quotes); keys
-/// lower-cased. `None` when it does not parse.
-fn params(text: &str) -> Option<HashMap<String, String>> {
-    let mut out = HashMap::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
-            chars.next();
-        }
-        if chars.peek().is_none() {
-            return Some(out);
-        }
-        let key: String = chars.by_ref().take_while(|c| *c != '=').collect::<String>().trim().to_ascii_lowercase();
-        if key.is_empty() {
-            return None;
-        }
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
-            chars.next();
-        }
-        let mut value = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            loop {
-                match chars.next()? {
-                    '\\' => value.push(chars.next()?),
-                    '"' => break,
-                    c => value.push(c),
-                }
-            }
-        } else {
-            while let Some(c) = chars.peek().copied().filter(|c| *c != ',') {
-                value.push(c);
-                chars.next();
-            }
-            value = value.trim().to_string();
-        }
-        out.insert(key, value);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +160,7 @@ mod tests {
     }
 
     fn nonce_of(challenge: &str) -> String {
-        params(challenge.strip_prefix("Digest ").unwrap()).unwrap()["nonce"].clone()
+        auth_params(challenge.strip_prefix("Digest ").unwrap()).unwrap()["nonce"].clone()
     }
 
     #[test]
@@ -246,15 +206,5 @@ mod tests {
         let late = answer(&d, &old, "p", "s", "/sdp", true);
         assert_eq!(d.verify(Some(&late), "POST", "/sdp", ha1), Err(DigestError::Stale));
         assert!(d.challenge(true).ends_with("stale=true"));
-    }
-
-    #[test]
-    fn parameters_parse_with_quotes_commas_and_escapes() {
-        let p = params(r#"username="a\"b", realm="x, y",nc=00000001 , qop=auth"#).unwrap();
-        assert_eq!(p["username"], "a\"b");
-        assert_eq!(p["realm"], "x, y");
-        assert_eq!(p["nc"], "00000001");
-        assert_eq!(p["qop"], "auth");
-        assert!(params(r#"username="unterminated"#).is_none());
     }
 }
