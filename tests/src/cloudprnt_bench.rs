@@ -1,17 +1,22 @@
 //! The CloudPRNT fleet bench behind `cloudprnt-bench`: what pixgate spends on printers that
-//! poll it (Star CloudPRNT, HTTP method) against the same printers on MQTT. Figures are
-//! printed, never asserted.
+//! fetch their jobs over their makers' protocols (Star CloudPRNT's HTTP and MQTT methods,
+//! Epson Server Direct Print) against the same printers on pixgate's MQTT device protocol.
+//! Figures are printed, never asserted.
 //!
 //! For each mode, on a fresh tansu broker and a fresh pixgate (release build, TLS, a secret
 //! per printer):
-//! 1. **registry**: `printers` companies, each with one printer, its default; in `http`
-//!    mode `printer.transport: cloudprnt-http` with a MAC of its own;
-//! 2. **fleet**: the printers, simulated in this process: `http`, each a
-//!    [`simulators::cloudprnt::CloudPrinter`] with its own HTTP client (its own
-//!    connections, as a real printer), polling every `poll_ms`, their first polls spread
-//!    over one interval; `mqtt`, the fleet simulator's printers on TLS with their secrets;
-//! 3. **idle**: `idle_seconds` with no charge: pixgate's CPU, and in `http` mode the polls
-//!    it answered (`cloudprnt_polls`), so CPU per poll;
+//! 1. **registry**: `printers` companies, each with one printer, its default, on the
+//!    mode's `printer.transport` (`cloudprnt-http` or `cloudprnt-mqtt` with a MAC of its
+//!    own, `epson-sdp`; `mqtt`: pixgate's device protocol);
+//! 2. **fleet**: the printers, simulated in this process, each with its own clients and
+//!    connections, as a real printer, started spread over one poll interval: `http`, a
+//!    [`simulators::cloudprnt::CloudPrinter`] polling every `poll_ms`; `star-mqtt`, the
+//!    same printer on CloudPRNT's MQTT method ([`simulators::cloudprnt_mqtt::run`]: the
+//!    settings, then an MQTT session on pixgate's listener, each job fetched as a PNG);
+//!    `sdp`, a [`simulators::sdp::SdpPrinter`] polling every `poll_ms` with HTTP Digest;
+//!    `mqtt`, the fleet simulator's printers on TLS with their secrets;
+//! 3. **idle**: `idle_seconds` with no charge: pixgate's CPU, and in the polling modes
+//!    (`http`, `sdp`) the polls it answered (`cloudprnt_polls`), so CPU per poll;
 //! 4. **load**: `rate` paid charges per second (no terminal: a receipt on the company's
 //!    default printer, companies in turn) for `load_seconds`, until every receipt is
 //!    acknowledged: pixgate's CPU beyond the idle rate, per receipt.
@@ -26,9 +31,11 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use simulators::capture::{self, publish_records_at, CaptureRecord};
 use simulators::cloudprnt::{BasicAuth, CloudPrinter, CloudPrntOptions, Event};
+use simulators::cloudprnt_mqtt::CloudPrntMqttOptions;
 use simulators::device::{DeviceIdentity, MqttSecurity, Rendering, Stats};
 use simulators::fleet::{self, FleetConfig, FleetOptions};
 use simulators::registry::devices_from_records;
+use simulators::sdp::{SdpOptions, SdpPrinter};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +47,25 @@ use std::time::{Duration, Instant};
 pub enum Mode {
     /// Star CloudPRNT, HTTP method, over TLS.
     Http,
+    /// Star CloudPRNT, MQTT method: pixgate's MQTT listener over TLS, jobs fetched over
+    /// HTTPS (Pass URL).
+    StarMqtt,
+    /// Epson Server Direct Print over TLS, HTTP Digest.
+    Sdp,
     /// pixgate's MQTT device protocol over TLS.
     Mqtt,
+}
+
+impl Mode {
+    /// The mode's name on the command line and in the figures.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Http => "http",
+            Mode::StarMqtt => "star-mqtt",
+            Mode::Sdp => "sdp",
+            Mode::Mqtt => "mqtt",
+        }
+    }
 }
 
 /// What to run.
@@ -66,7 +90,7 @@ pub struct BenchConfig {
 /// One mode's figures.
 #[derive(Debug, Clone, Default)]
 pub struct BenchReport {
-    /// Polls answered in the idle phase (`http` only).
+    /// Polls answered in the idle phase (`http`, `sdp`).
     pub idle_polls: u64,
     /// pixgate's CPU in the idle phase.
     pub idle_cpu: Duration,
@@ -105,10 +129,7 @@ impl BenchReport {
     pub fn line(&self, mode: Mode, cfg: &BenchConfig) -> String {
         format!(
             "CLOUDPRNT mode={} printers={} poll_ms={} idle_s={:.1} idle_polls={} idle_cpu_pct={:.1} us_per_poll={} jobs={} load_s={:.1} us_per_job={:.0} rss_mib={:.0} refusals={:?}",
-            match mode {
-                Mode::Http => "http",
-                Mode::Mqtt => "mqtt",
-            },
+            mode.name(),
             cfg.printers,
             cfg.poll_ms,
             self.idle_wall.as_secs_f64(),
@@ -133,14 +154,18 @@ fn oid(prefix: &str, n: usize) -> String {
     format!("{prefix}{n:0>width$x}", width = 24 - prefix.len())
 }
 
-/// The printer of company `i`, default for it; `http`: polling over CloudPRNT as MAC
+/// The printer of company `i`, default for it, on `mode`'s transport; a Star printer as MAC
 /// `00:11:62:xx:xx:xx`.
 fn printer_record(i: usize, mode: Mode, t: u64) -> CaptureRecord {
     let id = oid("b0", i);
     let mut printer = json!({ "paperWidthMm": 80, "codePage": "CP860", "nativeQr": false });
-    if mode == Mode::Http {
-        printer["transport"] = json!("cloudprnt-http");
-        printer["mac"] = json!(mac(i));
+    match mode {
+        Mode::Http | Mode::StarMqtt => {
+            printer["transport"] = json!(if mode == Mode::Http { "cloudprnt-http" } else { "cloudprnt-mqtt" });
+            printer["mac"] = json!(mac(i));
+        }
+        Mode::Sdp => printer["transport"] = json!("epson-sdp"),
+        Mode::Mqtt => {}
     }
     let value = json!({
         "eventId": format!("Device:{id}:{}", t << 32 | (i as u64 + 1)),
@@ -187,10 +212,7 @@ fn paid_charge(template: &Value, n: usize, printers: usize, t: u64) -> CaptureRe
 /// The broker, pixgate or the fleet cannot start, or a phase times out.
 pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
     let mut report = BenchReport::default();
-    let work = cfg.work.join(match mode {
-        Mode::Http => "http",
-        Mode::Mqtt => "mqtt",
-    });
+    let work = cfg.work.join(mode.name());
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
     let broker = KafkaBroker::start(&work.join("kafka"))?;
@@ -202,10 +224,12 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
     let ids: Vec<String> = registry.iter().filter_map(|r| r.key.clone()).collect();
     let pki = crate::pki::Fleet::create_without_other(&work.join("pki"), &[])?;
     let secrets_file = work.join("pki/credentials.json");
-    let secrets: BTreeMap<String, String> = gateway::store::credentials::Credentials::load(&secrets_file, true)?
-        .issue_many(ids.iter().map(String::as_str))?
-        .into_iter()
-        .collect();
+    let mut credentials = gateway::store::credentials::Credentials::load(&secrets_file, true)?;
+    let issued = match mode {
+        Mode::Sdp => credentials.issue_many_with_digest(ids.iter().map(String::as_str))?,
+        _ => credentials.issue_many(ids.iter().map(String::as_str))?,
+    };
+    let secrets: BTreeMap<String, String> = issued.into_iter().collect();
     let room = (cfg.printers + 64).to_string();
     let cloudprnt_listen = format!("127.0.0.1:{}", free_port());
     let mut env = pki.gateway_env();
@@ -249,10 +273,18 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
     let done = Arc::new(AtomicU64::new(0));
     let mut fleet_handle = None;
     let mut pollers = Vec::new();
+    let spread = Duration::from_millis(cfg.poll_ms) / cfg.printers.max(1) as u32;
+    let printed = |done: &Arc<AtomicU64>| {
+        let done = done.clone();
+        move |e: &Event| {
+            if matches!(e, Event::Printed { .. }) {
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    };
     match mode {
-        Mode::Http => {
+        Mode::Http | Mode::StarMqtt => {
             let url = format!("https://{cloudprnt_listen}/cloudprnt");
-            let spread = Duration::from_millis(cfg.poll_ms) / cfg.printers.max(1) as u32;
             for (i, id) in ids.iter().enumerate() {
                 let printer = CloudPrinter::new(CloudPrntOptions {
                     url: url.parse()?,
@@ -265,20 +297,45 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
                     skip_confirm: 0,
                     paper_mm: 80,
                 })?;
-                let done = done.clone();
+                let mut report = printed(&done);
                 pollers.push(tokio::spawn(async move {
                     tokio::time::sleep(spread * i as u32).await;
-                    printer
-                        .run(&mut |e: &Event| {
-                            if matches!(e, Event::Printed { .. }) {
-                                done.fetch_add(1, Ordering::Relaxed);
-                            }
-                        })
-                        .await;
+                    if mode == Mode::Http {
+                        printer.run(&mut report).await;
+                    } else {
+                        simulators::cloudprnt_mqtt::run(printer, CloudPrntMqttOptions::default(), &mut report).await;
+                    }
                 }));
             }
-            // One whole interval for every printer to have polled, and one more for the
-            // connections to settle.
+            if mode == Mode::StarMqtt {
+                crate::demo::wait_until(&gw, deadline(), |s| s.counters.mqtt_connected >= n).await?;
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            } else {
+                // One whole interval for every printer to have polled, and one more for the
+                // connections to settle.
+                tokio::time::sleep(Duration::from_millis(2 * cfg.poll_ms + 1_000)).await;
+            }
+        }
+        Mode::Sdp => {
+            let url = format!("https://{cloudprnt_listen}/sdp");
+            for (i, id) in ids.iter().enumerate() {
+                let printer = SdpPrinter::new(SdpOptions {
+                    url: url.parse()?,
+                    id: id.clone(),
+                    credentials: BasicAuth { user: id.clone(), password: secrets[id].clone() },
+                    ca: Some(pki.ca_cert()),
+                    poll: Duration::from_millis(cfg.poll_ms),
+                    paper_mm: 80,
+                    out: work.join("printers").join(id),
+                    skip_confirm: 0,
+                    status_every: None,
+                })?;
+                let mut report = printed(&done);
+                pollers.push(tokio::spawn(async move {
+                    tokio::time::sleep(spread * i as u32).await;
+                    printer.run(&mut report).await;
+                }));
+            }
             tokio::time::sleep(Duration::from_millis(2 * cfg.poll_ms + 1_000)).await;
         }
         Mode::Mqtt => {
@@ -333,7 +390,7 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
     report.jobs = end.effects_done.get("print_receipt").copied().unwrap_or(0);
     report.refusals = end.cloudprnt_refusals;
     report.rss_kib = gw.memory_kib().map(|(rss, _)| rss).unwrap_or(0);
-    if mode == Mode::Http {
+    if mode != Mode::Mqtt {
         say(format!("{mode:?}: {} receipts printed by the simulated printers", done.load(Ordering::Relaxed)));
     }
     for p in pollers {

@@ -185,6 +185,26 @@ impl Credentials {
         Ok(issued)
     }
 
+    /// [`Credentials::issue_with_digest`] for many devices, saving the file once.
+    ///
+    /// # Errors
+    /// As [`Credentials::issue`]; nothing is saved then.
+    pub fn issue_many_with_digest<'a>(
+        &mut self,
+        ids: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<(String, String)>, CredentialsError> {
+        let issued = ids
+            .into_iter()
+            .map(|id| {
+                let secret = self.issue_unsaved_of(id, DIGEST_SECRET_BYTES)?;
+                self.digests.insert(id.to_string(), ha1(id, &secret));
+                Ok((id.to_string(), secret))
+            })
+            .collect::<Result<Vec<_>, CredentialsError>>()?;
+        self.save()?;
+        Ok(issued)
+    }
+
     fn issue_unsaved(&mut self, id: &str) -> Result<String, CredentialsError> {
         self.issue_unsaved_of(id, SECRET_BYTES)
     }
@@ -328,6 +348,12 @@ mod tests {
         c.issue_with_digest("e").unwrap();
         c.revoke("e").unwrap();
         assert_eq!(Credentials::load(&path, false).unwrap().digest_ha1("e"), None);
+        let many = c.issue_many_with_digest(["x", "y"]).unwrap();
+        let c = Credentials::load(&path, false).unwrap();
+        for (id, secret) in &many {
+            let want = hex::encode(<md5::Md5 as md5::Digest>::digest(format!("{id}:pixgate:{secret}").as_bytes()));
+            assert_eq!((secret.len(), c.digest_ha1(id)), (30, Some(want.as_str())), "{id}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -1,18 +1,20 @@
-//! `cloudprnt-bench`: pixgate's CPU per CloudPRNT poll and per receipt, beside the same
-//! printers on MQTT (see `pixgate_tests::cloudprnt_bench`). Figures are printed, never
+//! `cloudprnt-bench`: pixgate's CPU per poll and per receipt of printers on Star CloudPRNT
+//! (HTTP and MQTT methods) and Epson Server Direct Print, beside the same printers on
+//! pixgate's MQTT device protocol (see `pixgate_tests::cloudprnt_bench`). Figures are printed, never
 //! asserted; run it in release on an otherwise idle machine.
 
 use clap::Parser;
 use pixgate_tests::cloudprnt_bench::{self, BenchConfig, Mode};
 use std::path::PathBuf;
 
-/// Star CloudPRNT printers polling pixgate, measured against the same printers on MQTT.
+/// Printers on their makers' protocols, measured against the same printers on MQTT.
 #[derive(Parser)]
 struct Args {
     /// Printers, simulated in this process (one company each).
     #[arg(long, default_value_t = 2_000)]
     printers: usize,
-    /// CloudPRNT poll interval, ms (Star's default: 5 s).
+    /// Poll interval of CloudPRNT's HTTP method and of Server Direct Print, ms (Star's
+    /// default: 5 s).
     #[arg(long, default_value_t = 5_000)]
     poll_ms: u64,
     /// Idle phase, seconds.
@@ -24,8 +26,8 @@ struct Args {
     /// Load phase, seconds.
     #[arg(long, default_value_t = 30)]
     load_seconds: u64,
-    /// The modes, in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_values = ["http", "mqtt"])]
+    /// The modes, in this order: `http`, `star-mqtt`, `sdp`, `mqtt`.
+    #[arg(long, value_enum, value_delimiter = ',', default_values = ["http", "star-mqtt", "sdp", "mqtt"])]
     modes: Vec<Mode>,
     /// Working folder (emptied).
     #[arg(long)]
