@@ -102,17 +102,25 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.cloudprnt.max_polls_per_second,
     ));
     // Star printers on CloudPRNT's MQTT method GET their jobs and settings from the
-    // CloudPRNT server: served on the listener only when that server is.
-    let star = cfg.cloudprnt.listen.is_some().then(|| board.clone() as Arc<dyn deliver::mqtt::star::StarPrinters>);
+    // CloudPRNT server, which tells them where to connect: pixgate's own listener, or with
+    // an external broker its printers' listener (`cloudprnt.mqtt_host` and `mqtt_port`).
+    let star_listener = star_listener(&cfg)?;
+    let star = star_listener.is_some().then(|| board.clone() as Arc<dyn deliver::mqtt::star::StarPrinters>);
     let mut partition_links = None;
     let owners =
         (cfg.cluster.enabled && cfg.cloudprnt.listen.is_some()).then(|| Arc::new(deliver::broker::Owners::default()));
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
-            let publisher =
-                deliver::mqtt::start(&cfg.mqtt, directory, stats.clone(), incoming_tx.clone(), star, devices.clone())
-                    .await
-                    .context("starting the device listener")?;
+            let publisher = deliver::mqtt::start(
+                &cfg.mqtt,
+                directory,
+                stats.clone(),
+                incoming_tx.clone(),
+                star.clone(),
+                devices.clone(),
+            )
+            .await
+            .context("starting the device listener")?;
             let presence = publisher.hub().map(|hub| hub as Arc<dyn Presence>);
             (DeviceLink::Listener(publisher), presence)
         }
@@ -123,7 +131,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 health.clone(),
                 stats.clone(),
                 incoming_tx.clone(),
-                owners.clone(),
+                deliver::broker::Extras { owners: owners.clone(), star: star.clone() },
                 devices.clone(),
             )
             .context("starting the external MQTT broker's connections")?;
@@ -165,14 +173,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         board.clone(),
         directory_for_cloud,
         cfg.mqtt.credentials.clone(),
-        cfg.broker.is_none().then(|| deliver::cloudprnt::server::MqttListener {
-            host: cfg.cloudprnt.mqtt_host.clone(),
-            port: cfg
-                .cloudprnt
-                .mqtt_port
-                .unwrap_or_else(|| cfg.mqtt.listen.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(8883)),
-            tls: cfg.mqtt.tls.is_some(),
-        }),
+        star_listener,
         |server| {
             let sdp = deliver::sdp::Sdp {
                 server: server.clone(),
@@ -195,7 +196,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming: incoming_tx,
         clock: clock.clone(),
     };
-    let transport = deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board, link));
+    let transport =
+        deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board, link, star.is_some()));
 
     if cfg.cluster.enabled {
         // The central shape's queues are a cache of the delivery log: what this replica
@@ -395,6 +397,35 @@ async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
 
 /// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
 /// (it names the replica to Kafka too), else the host name and process id.
+/// Where Star printers on CloudPRNT's MQTT method are told to connect, if they are served
+/// (`cloudprnt.listen` set): pixgate's own MQTT listener, or with an external broker
+/// (`broker.host`) the broker's printers' listener, given as `cloudprnt.mqtt_host` and
+/// `cloudprnt.mqtt_port` (without them such printers are told to poll).
+///
+/// # Errors
+/// An external broker with `cloudprnt.mqtt_host` and no `cloudprnt.mqtt_port`.
+fn star_listener(cfg: &Config) -> anyhow::Result<Option<deliver::cloudprnt::server::MqttListener>> {
+    use deliver::cloudprnt::server::MqttListener;
+    if cfg.cloudprnt.listen.is_none() {
+        return Ok(None);
+    }
+    if cfg.broker.is_none() {
+        let own_port = cfg.mqtt.listen.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).unwrap_or(8883);
+        return Ok(Some(MqttListener {
+            host: cfg.cloudprnt.mqtt_host.clone(),
+            port: cfg.cloudprnt.mqtt_port.unwrap_or(own_port),
+            tls: cfg.mqtt.tls.is_some(),
+        }));
+    }
+    match (&cfg.cloudprnt.mqtt_host, cfg.cloudprnt.mqtt_port) {
+        (None, _) => Ok(None),
+        (Some(host), Some(port)) => Ok(Some(MqttListener { host: Some(host.clone()), port, tls: true })),
+        (Some(_), None) => anyhow::bail!(
+            "cloudprnt.mqtt_host with an external broker (broker.host) needs cloudprnt.mqtt_port: the port of the broker's printers' listener (`pixgate devices broker-config mosquitto --printers-listener`)"
+        ),
+    }
+}
+
 fn replica_name(cfg: &Config) -> String {
     if !cfg.kafka.instance_id.is_empty() {
         return cfg.kafka.instance_id.replace('/', "_");

@@ -56,6 +56,8 @@ pub struct DevicesBroker {
     dir: PathBuf,
     port: u16,
     gateway_port: u16,
+    /// The Star printers' listener, when asked for.
+    printers_port: Option<u16>,
     pki: pki::Fleet,
     gateway_pki: pki::Fleet,
     config: String,
@@ -71,6 +73,18 @@ impl DevicesBroker {
     /// A file cannot be written, a device id is not one, or `pixgate devices broker-config`
     /// failed.
     pub fn prepare(dir: &Path, devices: &[DeviceSpec]) -> DevicesBroker {
+        DevicesBroker::prepare_with_printers(dir, devices, &[])
+    }
+
+    /// [`DevicesBroker::prepare`], with a third listener for Star printers on CloudPRNT's
+    /// MQTT method when `star_printers` (device id, MAC) is not empty: user name and
+    /// password (the file [`DevicesBroker::printers_password_file`], which
+    /// `pixgate devices credentials issue ID --mosquitto-passwd` fills before the broker
+    /// starts), each printer its own MAC's topics.
+    ///
+    /// # Panics
+    /// As [`DevicesBroker::prepare`].
+    pub fn prepare_with_printers(dir: &Path, devices: &[DeviceSpec], star_printers: &[(&str, &str)]) -> DevicesBroker {
         let _ = std::fs::remove_dir_all(dir);
         let ids: Vec<&str> = devices.iter().map(|d| d.id()).collect();
         let pki = pki::Fleet::create_without_other(&dir.join("pki"), &ids)
@@ -97,12 +111,24 @@ impl DevicesBroker {
             &gateway_listener,
             "--gateway-identity",
             GATEWAY_IDENTITY,
-        ];
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut args = args;
+        let printers_port = (!star_printers.is_empty()).then(free_port);
+        if let Some(port) = printers_port {
+            let list = dir.join("star-printers");
+            let lines: Vec<String> = star_printers.iter().map(|(id, mac)| format!("{id} {mac}")).collect();
+            std::fs::write(&list, lines.join("\n") + "\n").unwrap_or_else(|e| panic!("{}: {e}", list.display()));
+            args.extend(["--printers-listener".to_string(), format!("127.0.0.1:{port}")]);
+            args.extend(["--star-printers".to_string(), list.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ok, stdout, stderr) = crate::gateway::cli(&bin, free_port(), &args, &[]);
         assert!(ok, "pixgate devices broker-config mosquitto: {stdout}{stderr}");
         let conf = out.join("mosquitto.conf");
         let config = std::fs::read_to_string(&conf).unwrap_or_else(|e| panic!("reading {}: {e}", conf.display()));
-        DevicesBroker { dir: dir.to_path_buf(), port, gateway_port, pki, gateway_pki, config, starts: 0 }
+        DevicesBroker { dir: dir.to_path_buf(), port, gateway_port, printers_port, pki, gateway_pki, config, starts: 0 }
     }
 
     /// Starts mosquitto (again) on the port, logging connections only.
@@ -194,6 +220,22 @@ impl DevicesBroker {
             &self.gateway_pki.device_cert(GATEWAY_IDENTITY),
             &self.gateway_pki.device_key(GATEWAY_IDENTITY),
         )
+    }
+
+    /// The Star printers' listener's port ([`DevicesBroker::prepare_with_printers`]).
+    pub fn printers_port(&self) -> Option<u16> {
+        self.printers_port
+    }
+
+    /// The printers' mosquitto password file (`passwd-printers` beside the configuration).
+    pub fn printers_password_file(&self) -> PathBuf {
+        self.dir.join("broker").join("passwd-printers")
+    }
+
+    /// The broker's server certificate and key (of the fleet CA, for 127.0.0.1): what
+    /// another TLS server of the test may present to clients that trust only that CA.
+    pub fn server_cert_and_key(&self) -> (PathBuf, PathBuf) {
+        (self.pki.server_cert(), self.pki.server_key())
     }
 
     /// The fleet CA's certificate (what a client without a certificate of its own trusts).

@@ -1,9 +1,12 @@
 //! Stock printers on the central shape: two pixgate replicas (`cluster.enabled`, tansu,
 //! Debian's `mosquitto` as the devices' broker with the ACL `pixgate devices broker-config`
-//! writes), each serving CloudPRNT and Server Direct Print on TLS, and two printers of the
-//! fixtures each pointed at the replica that does **not** hold its queue: a Star printer
-//! on CloudPRNT's HTTP method (`printer-sim cloudprnt`) and an Epson printer on Server
-//! Direct Print (`printer-sim sdp`, HTTP Digest).
+//! writes, with its Star printers' listener), each serving CloudPRNT and Server Direct
+//! Print on TLS, and three printers of the fixtures each pointed at the replica that does
+//! **not** hold its queue: a Star printer on CloudPRNT's HTTP method (`printer-sim
+//! cloudprnt`), an Epson printer on Server Direct Print (`printer-sim sdp`, HTTP Digest),
+//! and a Star printer on CloudPRNT's MQTT method, which takes its settings from that
+//! replica and is told of its jobs through mosquitto (user name and password from the
+//! password file `pixgate devices credentials issue --mosquitto-passwd` writes).
 //!
 //! Each device-jobs partition's owner publishes its record (its CloudPRNT URL), retained,
 //! on the broker; a replica passes a printer's request on to the owner of the printer's
@@ -12,11 +15,13 @@
 //! with the poll passed on); a wrong password through the other replica is refused by the
 //! owner and counted there; a request passed on already is not passed on again; paper back, every receipt prints once and in queue order, and
 //! the Epson printer's Digest nonce from the replica it asked first is renewed by the owner
-//! (`stale=true`), never refused.
+//! (`stale=true`), never refused; on mosquitto, a wrong password is refused, and another
+//! printer's password gets none of the MQTT printer's messages.
 //!
-//! Then the node's death: the Star printer's queue owner is stopped (SIGTERM) while three
-//! more receipts are held on it; the partition moves to the replica the printer polls,
-//! which restores the queue from the delivery log and prints them once, in order.
+//! Then the node's death: the Star printers' queue owner (both are on one partition) is
+//! stopped (SIGTERM) while more receipts are held on it; the partition moves to the
+//! replica the printers reach, which restores the queues from the delivery log; every
+//! receipt prints once, in order (the MQTT printer is told again where its jobs are).
 //!
 //! Real tansu, real mosquitto, real TLS with certificates the test makes, the `pixgate`
 //! binary twice, the printer simulators as child processes.
@@ -44,11 +49,25 @@ const STAR: &str = "8baa7196b50ac2f86702824c";
 const EPSON_TERMINAL: &str = "724caf4941d4072014b3ce10";
 const EPSON: &str = "c967a64cb14028d512c9791e";
 const STAR_MAC: &str = "00:11:62:0a:1b:2c";
+/// The default printer of another company (its charges name no terminal), on CloudPRNT's
+/// MQTT method.
+const STAR_MQTT: &str = "0fb23c6f5da2cec255404e4f";
+const STAR_MQTT_COMPANY: &str = "a4c123b1612dd272d1371c17";
+const STAR_MQTT_MAC: &str = "00:11:62:0a:1b:2e";
 const WAIT: Duration = Duration::from_secs(120);
 
-/// One replica's CloudPRNT settings: a listener of its own, advertised to the others.
-fn cloud_env(listen: &str, cert: &Path, key: &Path, ca: &Path, credentials: &Path) -> Vec<(&'static str, String)> {
+/// One replica's CloudPRNT settings: a listener of its own, advertised to the others;
+/// printers on the MQTT method are sent to the broker's printers' listener.
+fn cloud_env(
+    listen: &str,
+    (cert, key): &(PathBuf, PathBuf),
+    ca: &Path,
+    credentials: &Path,
+    printers_port: u16,
+) -> Vec<(&'static str, String)> {
     vec![
+        ("PIXGATE_CLOUDPRNT__MQTT_HOST", "127.0.0.1".into()),
+        ("PIXGATE_CLOUDPRNT__MQTT_PORT", printers_port.to_string()),
         ("PIXGATE_MQTT__CREDENTIALS", credentials.display().to_string()),
         ("PIXGATE_CLOUDPRNT__LISTEN", listen.to_string()),
         ("PIXGATE_CLOUDPRNT__ADVERTISE", format!("https://{listen}")),
@@ -77,8 +96,8 @@ fn replica_env(mosquitto: &DevicesBroker, r: usize) -> Vec<(&'static str, String
     env
 }
 
-/// The fixture registry with the Star printer on `cloudprnt-http` (its MAC) and the Epson
-/// one on `epson-sdp`.
+/// The fixture registry with the Star printers on `cloudprnt-http` and `cloudprnt-mqtt`
+/// (their MACs) and the Epson one on `epson-sdp`.
 fn registry(to: &Path) {
     let text = std::fs::read_to_string(pixgate_tests::demo::default_fixtures().join("devices.jsonl")).unwrap();
     let mut found = 0;
@@ -95,11 +114,15 @@ fn registry(to: &Path) {
             } else if key == EPSON {
                 p["transport"] = "epson-sdp".into();
                 found += 1;
+            } else if key == STAR_MQTT {
+                p["transport"] = "cloudprnt-mqtt".into();
+                p["mac"] = STAR_MQTT_MAC.to_ascii_uppercase().into();
+                found += 1;
             }
             rec.to_string()
         })
         .collect();
-    assert_eq!(found, 2, "both printers are fixture device records");
+    assert_eq!(found, 3, "the printers are fixture device records");
     std::fs::write(to, lines.join("\n") + "\n").unwrap();
 }
 
@@ -109,6 +132,21 @@ fn paid(terminal: &str, ids: &[String]) -> Vec<CaptureRecord> {
     let template = pixgate_tests::charges::template(&fixtures);
     let t = chrono::Utc::now().timestamp() as u64;
     ids.iter().map(|id| pixgate_tests::charges::charge_record(&template, terminal, id, "COMPLETED", 1, 60, t)).collect()
+}
+
+/// A paid charge per id for company [`STAR_MQTT_COMPANY`], naming no terminal: its receipt
+/// goes to the company's default printer.
+fn paid_without_terminal(ids: &[String]) -> Vec<CaptureRecord> {
+    paid(STAR_TERMINAL, ids)
+        .into_iter()
+        .map(|mut rec| {
+            let mut value: Value = serde_json::from_slice(&rec.value).unwrap();
+            value["fullDocument"]["company"] = serde_json::json!({ "$oid": STAR_MQTT_COMPANY });
+            value["fullDocument"].as_object_mut().unwrap().remove("terminal");
+            rec.value = value.to_string().into_bytes();
+            rec
+        })
+        .collect()
 }
 
 /// `printer`'s queued jobs on `gw`, in seq order: (message id, kind, held).
@@ -182,15 +220,20 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     let scratch = std::env::temp_dir().join(format!("pixgate-cluster-cloudprnt-files-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
-    let pki = pixgate_tests::pki::Fleet::create(&scratch.join("pki"), &[]).unwrap();
+    let mut mosquitto =
+        DevicesBroker::prepare_with_printers(&scratch.join("mosquitto"), &[], &[(STAR_MQTT, STAR_MQTT_MAC)]);
     let credentials = scratch.join("credentials.json");
     let bin = pixgate_tests::gateway::find_binary().unwrap();
+    let passwd = mosquitto.printers_password_file().display().to_string();
     let mut secrets: Vec<PathBuf> = Vec::new();
-    for (printer, digest) in [(STAR, false), (EPSON, true)] {
+    // The HTTP Star printer gets a broker password too: a stranger on the printers' listener.
+    for (printer, extra) in [
+        (STAR, vec!["--mosquitto-passwd", &passwd]),
+        (EPSON, vec!["--digest"]),
+        (STAR_MQTT, vec!["--mosquitto-passwd", &passwd]),
+    ] {
         let mut issue = vec!["devices", "credentials", "issue", printer];
-        if digest {
-            issue.push("--digest");
-        }
+        issue.extend(extra);
         let env = [("PIXGATE_MQTT__CREDENTIALS", credentials.to_str().unwrap())];
         let (ok, secret, err) = pixgate_tests::gateway::cli(&bin, 0, &issue, &env);
         assert!(ok, "pixgate {issue:?}: {err}");
@@ -200,9 +243,10 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     }
     let listens = [format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port())];
     let urls = [format!("https://{}", listens[0]), format!("https://{}", listens[1])];
-    let cloud = |r: usize| cloud_env(&listens[r], &pki.server_cert(), &pki.server_key(), &pki.ca_cert(), &credentials);
+    let (tls, ca_path, printers_port) =
+        (mosquitto.server_cert_and_key(), mosquitto.ca_cert(), mosquitto.printers_port().unwrap());
+    let cloud = |r: usize| cloud_env(&listens[r], &tls, &ca_path, &credentials, printers_port);
 
-    let mut mosquitto = DevicesBroker::prepare(&scratch.join("mosquitto"), &[]);
     let broker = mosquitto.start().await;
     let mut rig = Rig::builder("cluster-cloudprnt")
         .topics(&central_topics(DEVICE_JOBS))
@@ -247,13 +291,14 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     let replicas = |r: usize| if r == 0 { rig.gateway() } else { r1.as_ref().unwrap() };
     println!("cluster cloudprnt: r{star_owner} holds the Star printer's queue, r{epson_owner} the Epson's");
 
-    // Each printer polls the replica that does not hold its queue, out of paper.
-    let (star_out, epson_out) = (rig.dir().join("star"), rig.dir().join("epson"));
-    for out in [&star_out, &epson_out] {
+    // Each printer reaches the replica that does not hold its queue, out of paper.
+    let (star_out, epson_out, mqtt_out) =
+        (rig.dir().join("star"), rig.dir().join("epson"), rig.dir().join("star-mqtt"));
+    for out in [&star_out, &epson_out, &mqtt_out] {
         std::fs::create_dir_all(out).unwrap();
         std::fs::write(out.join("state"), "paper-out").unwrap();
     }
-    let ca = pki.ca_cert().display().to_string();
+    let ca = ca_path.display().to_string();
     let star_url = format!("{}/cloudprnt", urls[1 - star_owner]);
     let star_args = |secret: &Path| {
         let secret = secret.display().to_string();
@@ -286,6 +331,26 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         "80",
     ];
     let epson = CloudSim::start_sdp(&epson_out, &epson_args);
+    let mqtt_secret = secrets[2].display().to_string();
+    let mqtt_args =
+        ["--url", &star_url, "--mac", STAR_MQTT_MAC, "--user", STAR_MQTT, "--password-file", &mqtt_secret, "--ca", &ca];
+    let star_mqtt = CloudSim::start(&mqtt_out, &[&mqtt_args[..], &["--poll-ms", "300", "--paper", "80"]].concat());
+
+    // On the broker's printers' listener: a wrong password connects nowhere, and another
+    // printer's password gets none of this printer's messages (mosquitto grants the
+    // SUBSCRIBE and delivers nothing the ACL does not give).
+    use pixgate_tests::mosquitto::ClientAuth;
+    let to_mqtt_printer = format!("star/cloudprnt/to-device/{STAR_MQTT_MAC}/#");
+    let wrong_password = ClientAuth::password(&ca_path, STAR_MQTT, "not-the-secret");
+    let refused =
+        Subscriber::start_granted(printers_port, &wrong_password, "x", &[&to_mqtt_printer], 1, false, WAIT).await;
+    assert!(refused.is_err(), "a wrong password subscribes to nothing");
+    let star_secret = std::fs::read_to_string(&secrets[0]).unwrap();
+    let other_printer = ClientAuth::password(&ca_path, STAR, star_secret.trim());
+    let (mut spy, _) =
+        Subscriber::start_granted(printers_port, &other_printer, "spy", &[&to_mqtt_printer], 1, false, WAIT)
+            .await
+            .unwrap();
 
     // A wrong password through the replica that does not hold the queue: the owner refuses
     // it and counts it.
@@ -300,7 +365,7 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     drop(stranger);
     // A request a replica has passed on already is not passed on again: a replica that
     // does not hold the queue answers it 503, to be asked again.
-    let pem = std::fs::read(pki.ca_cert()).unwrap();
+    let pem = std::fs::read(&ca_path).unwrap();
     let client =
         reqwest::Client::builder().add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap()).build().unwrap();
     let secret = std::fs::read_to_string(&secrets[0]).unwrap();
@@ -321,10 +386,13 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     let ids = |c: char, n: usize| (0..n).map(|i| format!("{c}{i}").repeat(12)).collect::<Vec<String>>();
     let mut records = paid(STAR_TERMINAL, &ids('a', 3));
     records.extend(paid(EPSON_TERMINAL, &ids('b', 3)));
+    records.extend(paid_without_terminal(&ids('f', 3)));
     simulators::capture::publish_records(&rig.producer(), &records).await.unwrap();
     let star_jobs = held_receipts(replicas(star_owner), STAR, 3).await;
     let epson_jobs = held_receipts(replicas(epson_owner), EPSON, 3).await;
-    for (printer, owner) in [(STAR, star_owner), (EPSON, epson_owner)] {
+    // Its condition travelled through mosquitto (`client-status`).
+    let mqtt_jobs = held_receipts(replicas(star_owner), STAR_MQTT, 3).await;
+    for (printer, owner) in [(STAR, star_owner), (EPSON, epson_owner), (STAR_MQTT, star_owner)] {
         let (elsewhere, _) = queued(replicas(1 - owner), printer);
         assert!(elsewhere.is_empty(), "{printer}'s jobs queued on the replica that does not own it: {elsewhere:?}");
     }
@@ -332,7 +400,9 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     // Paper back: every receipt once, in queue order.
     star.set_state("ready");
     epson.set_state("ready");
+    star_mqtt.set_state("ready");
     star.wait_printed(3);
+    star_mqtt.wait_printed(3);
     let epson_lines = epson.wait_printed(3);
     // Its first nonce was the other replica's: the owner renewed it (`stale=true`).
     assert!(!epson_lines.iter().any(|l| l.starts_with("refused")), "{epson_lines:?}");
@@ -341,7 +411,14 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     // An Epson printer's job id is the message id's first 30 characters.
     let short: Vec<String> = epson_jobs.iter().map(|m| m[..30].to_string()).collect();
     assert_eq!(tokens(&epson), short, "the Epson printer: each receipt once, in order");
-    for (printer, owner) in [(STAR, star_owner), (EPSON, epson_owner)] {
+    assert_eq!(tokens(&star_mqtt), mqtt_jobs, "the Star printer on MQTT: each receipt once, in order");
+    let connected = format!("as {STAR_MQTT} (");
+    assert!(
+        broker.log_text().lines().any(|l| l.contains("New client connected") && l.contains(&connected)),
+        "the MQTT printer logged in to mosquitto, its client id its user name: {}",
+        broker.log_text()
+    );
+    for (printer, owner) in [(STAR, star_owner), (EPSON, epson_owner), (STAR_MQTT, star_owner)] {
         wait_for(&format!("{printer}'s queue to empty"), WAIT, || queued(replicas(owner), printer).0.is_empty()).await;
         assert!(forwards(replicas(1 - owner), "forwarded") > 0, "{printer}'s requests were passed on");
     }
@@ -349,14 +426,20 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         let c = replicas(r).stats().unwrap().counters;
         assert_eq!(c.deadletters_parked + c.deadletters_published, 0, "r{r}: nothing dead-lettered");
     }
+    assert_eq!(spy.next_message(Duration::from_secs(1)).await.unwrap(), None, "another printer read nothing");
+    spy.stop().await;
     drop(epson);
 
-    // The Star printer's queue owner leaves while three more receipts are held on it; the
-    // replica the printer polls takes the partition, restores the queue and prints them.
+    // The Star printers' queue owner leaves while more receipts are held on it; the
+    // replica they reach takes the partition, restores the queues and prints them.
+    assert_eq!(java_partition(STAR.as_bytes(), DEVICE_JOBS.1), java_partition(STAR_MQTT.as_bytes(), DEVICE_JOBS.1));
     star.set_state("paper-out");
-    let more = ids('c', 3);
-    simulators::capture::publish_records(&rig.producer(), &paid(STAR_TERMINAL, &more)).await.unwrap();
+    star_mqtt.set_state("paper-out");
+    let mut records = paid(STAR_TERMINAL, &ids('c', 3));
+    records.extend(paid_without_terminal(&ids('g', 2)));
+    simulators::capture::publish_records(&rig.producer(), &records).await.unwrap();
     let star_more = held_receipts(replicas(star_owner), STAR, 3).await;
+    let mqtt_more = held_receipts(replicas(star_owner), STAR_MQTT, 2).await;
     let stopped = if star_owner == 0 {
         rig.stop_gateway(Duration::from_secs(30))
     } else {
@@ -366,15 +449,20 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     let gw = if star_owner == 1 { rig.gateway() } else { r1.as_ref().unwrap() };
     wait_for("the survivor to hold both partitions", WAIT, || assigned(gw) == 2).await;
     assert_eq!(held_receipts(gw, STAR, 3).await, star_more, "the queue restored from the delivery log, in order");
+    assert_eq!(held_receipts(gw, STAR_MQTT, 2).await, mqtt_more, "the MQTT printer's too");
     star.set_state("ready");
+    star_mqtt.set_state("ready");
     star.wait_printed(6);
+    star_mqtt.wait_printed(5);
     let printed = tokens(&star);
     assert_eq!(printed[3..], star_more[..], "each once, in order, after the hand-over: {printed:?}");
+    let printed = tokens(&star_mqtt);
+    assert_eq!(printed[3..], mqtt_more[..], "each once, in order, after the hand-over: {printed:?}");
     println!(
-        "cluster cloudprnt: 9 receipts printed once and in order; the survivor's forwards {:?}",
+        "cluster cloudprnt: 14 receipts printed once and in order; the survivor's forwards {:?}",
         gw.stats().unwrap().counters.cloudprnt_forwards
     );
-    drop(star);
+    drop((star, star_mqtt));
     drop(r1);
     if star_owner == 1 {
         rig.kill_gateway();

@@ -59,7 +59,8 @@ fn replica(port: u16, name: &str, answer: Arc<Answer>, shutdown: &Shutdown) -> A
     // The receiver end is dropped: no device acks in this test.
     let stats = Arc::new(gateway::telemetry::Stats::default());
     let (publisher, _) =
-        broker::start(&cfg, Some(PARTITIONS), health, stats, incoming, None, shutdown.clone()).unwrap();
+        broker::start(&cfg, Some(PARTITIONS), health, stats, incoming, broker::Extras::default(), shutdown.clone())
+            .unwrap();
     let links = publisher.partitions().unwrap();
     links.set_owner_check(answer);
     links

@@ -1,7 +1,7 @@
 //! `pixgate devices broker-config mosquitto`: writes the devices' broker configuration
 //! from the fleet CA and the gateway CA ([`crate::ops::broker_config`]).
 
-use crate::ops::broker_config::{host_port, MosquittoSetup};
+use crate::ops::broker_config::{host_port, MosquittoSetup, PRINTERS_PASSWORD_FILE};
 use crate::store::credentials::write_atomic;
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -34,6 +34,15 @@ pub enum BrokerConfigCmd {
         /// The CN of pixgate's certificates.
         #[arg(long, default_value = "pixgate-gateway")]
         gateway_identity: String,
+        /// The Star printers' listener (CloudPRNT's MQTT method: user name and password);
+        /// unset: none.
+        #[arg(long)]
+        printers_listener: Option<String>,
+        /// The Star printers on that listener: one `DEVICE-ID MAC` per line (`#` starts a
+        /// comment), each given its own MAC's topics. Their passwords go to
+        /// `OUT/passwd-printers` with `pixgate devices credentials issue ID --mosquitto-passwd`.
+        #[arg(long, requires = "printers_listener")]
+        star_printers: Option<PathBuf>,
     },
 }
 
@@ -43,7 +52,20 @@ pub enum BrokerConfigCmd {
 /// A CA folder lacks a file the configuration names, the two CAs are one, a listener is not
 /// HOST:PORT, or a file cannot be written.
 pub fn run(cmd: &BrokerConfigCmd) -> anyhow::Result<()> {
-    let BrokerConfigCmd::Mosquitto { ca, gateway_ca, out, devices_listener, gateway_listener, gateway_identity } = cmd;
+    let BrokerConfigCmd::Mosquitto {
+        ca,
+        gateway_ca,
+        out,
+        devices_listener,
+        gateway_listener,
+        gateway_identity,
+        printers_listener,
+        star_printers,
+    } = cmd;
+    let star_printers = match star_printers {
+        Some(path) => read_star_printers(path)?,
+        None => Vec::new(),
+    };
     let fleet_ca = absolute(ca, &["ca.crt", "crl.pem", "server.crt", "server.key"])?;
     let gateway_ca = absolute(gateway_ca, &["ca.crt", "crl.pem"])?;
     let same = std::fs::read(fleet_ca.join("ca.crt"))? == std::fs::read(gateway_ca.join("ca.crt"))?;
@@ -58,18 +80,52 @@ pub fn run(cmd: &BrokerConfigCmd) -> anyhow::Result<()> {
         gateway_listener: host_port(gateway_listener).map_err(anyhow::Error::msg)?,
         gateway_identity: gateway_identity.clone(),
         out: std::fs::canonicalize(out).with_context(|| format!("resolving {}", out.display()))?,
+        printers_listener: printers_listener.as_deref().map(host_port).transpose().map_err(anyhow::Error::msg)?,
+        star_printers,
     };
+    let mut written = Vec::new();
     for (name, text) in setup.files() {
         let path = setup.out.join(name);
         write_atomic(&path, text.as_bytes(), false).with_context(|| format!("writing {}", path.display()))?;
+        written.push(name);
+    }
+    if setup.printers_listener.is_some() {
+        // Kept as it is: it holds the hashes `credentials issue --mosquitto-passwd` wrote.
+        let passwd = setup.out.join(PRINTERS_PASSWORD_FILE);
+        if !passwd.exists() {
+            write_atomic(&passwd, b"", true).with_context(|| format!("writing {}", passwd.display()))?;
+        }
     }
     let (host, port) = &setup.gateway_listener;
-    println!("wrote mosquitto.conf, acl-devices and acl-gateway in {}", setup.out.display());
+    println!("wrote {} in {}", written.join(", "), setup.out.display());
     println!(
         "pixgate's settings: broker.host = \"{host}\", broker.port = {port}, broker.tls.ca = \"{}\", broker.tls.cert and broker.tls.key from the gateway CA ({gateway_identity})",
         setup.fleet_ca.join("ca.crt").display()
     );
     Ok(())
+}
+
+/// The `DEVICE-ID MAC` lines of `path`: (id, MAC lower case with colons).
+fn read_star_printers(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut printers = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = || format!("{}:{}", path.display(), n + 1);
+        let mut words = line.split_whitespace();
+        let (Some(id), Some(mac), None) = (words.next(), words.next(), words.next()) else {
+            bail!("{}: `{line}` is not `DEVICE-ID MAC`", at());
+        };
+        if !crate::deliver::mqtt::access::valid_id(id) {
+            bail!("{}: `{id}` is not a device id", at());
+        }
+        let Some(mac) = cdc::value::normalize_mac(mac) else { bail!("{}: `{mac}` is not a MAC", at()) };
+        printers.push((id.to_string(), mac));
+    }
+    Ok(printers)
 }
 
 /// `dir` made absolute, checked to hold `files`.
@@ -101,6 +157,8 @@ mod tests {
             devices_listener: "127.0.0.1:8883".into(),
             gateway_listener: "127.0.0.1:8884".into(),
             gateway_identity: "pixgate-gateway".into(),
+            printers_listener: None,
+            star_printers: None,
         }
     }
 

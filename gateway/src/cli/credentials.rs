@@ -15,6 +15,7 @@
 //! list and the secrets when they change: no restart.
 
 use crate::deliver::mqtt::access;
+use crate::ops::broker_config;
 use crate::store::credentials::{write_atomic, Credentials};
 use anyhow::{bail, Context};
 use rcgen::{
@@ -58,6 +59,12 @@ pub enum CredentialsCmd {
         /// proves itself with Digest only (docs/operations.md, "Epson Server Direct Print").
         #[arg(long, conflicts_with = "ca")]
         digest: bool,
+        /// Also write the secret's entry into this mosquitto password file (replacing the
+        /// device's earlier one): a Star printer on CloudPRNT's MQTT method logs in to the
+        /// central shape's broker with it (`pixgate devices broker-config mosquitto
+        /// --printers-listener`, which names `passwd-printers` in its folder).
+        #[arg(long, conflicts_with = "ca")]
+        mosquitto_passwd: Option<PathBuf>,
     },
     /// Revoke device ID: with --ca, its certificate goes on the CA's revocation list;
     /// without, its secret is removed from `mqtt.credentials`. A connected device is
@@ -68,6 +75,9 @@ pub enum CredentialsCmd {
         /// The fleet CA folder.
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// Also remove the device's entry from this mosquitto password file.
+        #[arg(long, conflicts_with = "ca")]
+        mosquitto_passwd: Option<PathBuf>,
     },
 }
 
@@ -86,11 +96,16 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
             let (cert, key) = issue_certificate(dir, id, *days)?;
             println!("{}\n{}", cert.display(), key.display());
         }
-        CredentialsCmd::Issue { id, ca: None, digest, .. } => {
+        CredentialsCmd::Issue { id, ca: None, digest, mosquitto_passwd, .. } => {
             check_id(id)?;
             let path = credentials.context("mqtt.credentials is not configured: where would the secret's hash go?")?;
             let mut store = Credentials::load(path, true)?;
             let secret = if *digest { store.issue_with_digest(id)? } else { store.issue(id)? };
+            if let Some(file) = mosquitto_passwd {
+                let line = broker_config::mosquitto_password(id, &secret).map_err(anyhow::Error::msg)?;
+                edit_password_file(file, id, Some(&line))?;
+                eprintln!("{id}'s entry written to {} (reload mosquitto: SIGHUP)", file.display());
+            }
             eprintln!(
                 "secret for {id} (shown once; as a password with the user name {id}: MQTT with the client id dev-{id}, \
                  CloudPRNT{}):",
@@ -98,19 +113,35 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
             );
             println!("{secret}");
         }
-        CredentialsCmd::Revoke { id, ca: Some(dir) } => {
+        CredentialsCmd::Revoke { id, ca: Some(dir), .. } => {
             revoke_certificate(dir, id)?;
             println!("{id}'s certificate is on {}", dir.join("crl.pem").display());
         }
-        CredentialsCmd::Revoke { id, ca: None } => {
+        CredentialsCmd::Revoke { id, ca: None, mosquitto_passwd } => {
             let path = credentials.context("mqtt.credentials is not configured")?;
             if !Credentials::load(path, false)?.revoke(id)? {
                 bail!("{id} has no secret in {}", path.display());
+            }
+            if let Some(file) = mosquitto_passwd {
+                edit_password_file(file, id, None)?;
+                eprintln!("{id}'s entry removed from {} (reload mosquitto: SIGHUP)", file.display());
             }
             println!("{id}'s secret is revoked");
         }
     }
     Ok(())
+}
+
+/// Replaces (or with `None` removes) `id`'s line of the mosquitto password file `file`,
+/// created when missing; written whole and kept private (it holds hashes).
+fn edit_password_file(file: &Path, id: &str, line: Option<&str>) -> anyhow::Result<()> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    let text = broker_config::with_password_line(&text, id, line);
+    write_atomic(file, text.as_bytes(), true).with_context(|| format!("writing {}", file.display()))
 }
 
 fn check_id(id: &str) -> anyhow::Result<()> {

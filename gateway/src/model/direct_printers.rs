@@ -176,6 +176,16 @@ impl DirectPrinters {
         self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
     }
 
+    /// The cloud printer on `method` whose MAC is `mac` (lower case with colons), if any
+    /// (a scan: asked once per message a Star printer sends through an external broker).
+    pub fn cloud_by_mac(&self, mac: &str, method: cdc::CloudMethod) -> Option<String> {
+        let cloud = self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cloud
+            .iter()
+            .find(|(id, c)| c.method == method && c.mac.as_deref() == Some(mac) && !self.local.contains_key(*id))
+            .map(|(id, _)| id.clone())
+    }
+
     /// Whether `id` polls pixgate over a cloud protocol now ([`DirectPrinters::cloud`]
     /// without the copy: asked for every job sent).
     pub fn is_cloud(&self, id: &str) -> bool {

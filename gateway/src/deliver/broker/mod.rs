@@ -9,6 +9,10 @@
 //!                         └──► StatusBoard (presence)
 //! ```
 //!
+//! With [`Extras`], the acks connection also reads the partitions' owner records and Star
+//! CloudPRNT printers' `star/cloudprnt/to-server/+/+`, and the publisher sends a Star
+//! printer's messages to its own `star/cloudprnt/to-device/{mac}/…`.
+//!
 //! The broker is a pipe: its PUBACK only says the broker has the job. pixgate keeps every
 //! job until the device's own ack, sends one job per device at a time and sends it again
 //! after the ack timeout, exactly as on its own listener; devices dedupe by message id.
@@ -33,6 +37,7 @@ pub use publisher::BrokerPublisher;
 pub use status_board::StatusBoard;
 
 use crate::config::BrokerConfig;
+use crate::deliver::mqtt::star::StarPrinters;
 use crate::model::Incoming;
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Monitor, Stats};
@@ -40,6 +45,19 @@ use anyhow::{bail, Context};
 use link::Links;
 use std::sync::Arc;
 use tokio::sync::mpsc;
+
+/// What the broker's connections carry beyond the devices' own topics.
+#[derive(Clone, Default)]
+pub struct Extras {
+    /// The device-jobs partitions' owner records, kept from the acks connection
+    /// ([`owners`]); `None`: not subscribed.
+    pub owners: Option<Arc<Owners>>,
+    /// Star printers on CloudPRNT's MQTT method: their jobs are published to their own
+    /// `star/cloudprnt/to-device/{mac}/…` topics, and what they publish to
+    /// `star/cloudprnt/to-server/{mac}/…` is read by the acks connection and handed to
+    /// these; `None`: no such printer is served.
+    pub star: Option<Arc<dyn StarPrinters>>,
+}
 
 /// Requests queued towards one connection's event loop (rumqttc's request channel) before
 /// a send is refused.
@@ -50,8 +68,7 @@ const REQUESTS: usize = 256;
 /// connection per partition owned, opened as partitions are taken,
 /// [`BrokerPublisher::partitions`]), and the acks connection, which forwards device acks
 /// and status to `incoming` and records presence on the returned board (a malformed one is
-/// counted on `stats`, rule `malformed_message`), and with `owners` the partitions' owner
-/// records there ([`owners`]). All reconnect until `shutdown` is
+/// counted on `stats`, rule `malformed_message`), and what `extras` asks for. All reconnect until `shutdown` is
 /// requested, and are tracked by it; their state goes to `health`.
 ///
 /// # Errors
@@ -64,7 +81,7 @@ pub fn start(
     health: Arc<Monitor>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
-    owners: Option<Arc<Owners>>,
+    extras: Extras,
     shutdown: Shutdown,
 ) -> anyhow::Result<(BrokerPublisher, Arc<StatusBoard>)> {
     if cfg.client_id == cfg.acks_client_id {
@@ -92,6 +109,7 @@ pub fn start(
             publisher::partitioned(parts, links.clone())
         }
     };
-    receiver::start(acks, links, board.clone(), owners, stats, incoming, shutdown);
+    let publisher = publisher.with_star(extras.star.clone());
+    receiver::start(acks, links, board.clone(), extras, stats, incoming, shutdown);
     Ok((publisher, board))
 }

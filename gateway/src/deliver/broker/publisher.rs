@@ -4,6 +4,7 @@
 use super::link::{Backoff, Links, Which};
 use super::partitions::PartitionLinks;
 use super::REQUESTS;
+use crate::deliver::mqtt::star::{self, StarPrinters};
 use crate::deliver::transport::{Transport, TransportError};
 use crate::shutdown::Shutdown;
 use bytes::Bytes;
@@ -20,6 +21,7 @@ const LINK: &str = "external MQTT broker";
 pub struct BrokerPublisher {
     jobs: Jobs,
     links: Arc<Links>,
+    star: Option<Arc<dyn StarPrinters>>,
 }
 
 /// Which connections carry the jobs.
@@ -39,6 +41,13 @@ impl BrokerPublisher {
             Jobs::Partitions(p) => Some(p.clone()),
         }
     }
+
+    /// This publisher, sending the messages of the Star printers `star` knows to their own
+    /// topics (`star/cloudprnt/to-device/{mac}/{title}`) instead of `…/devices/{id}/jobs`.
+    pub fn with_star(mut self, star: Option<Arc<dyn StarPrinters>>) -> BrokerPublisher {
+        self.star = star;
+        self
+    }
 }
 
 /// Starts the jobs connection with `options` and its event loop (tracked by `shutdown`,
@@ -46,13 +55,13 @@ impl BrokerPublisher {
 pub fn start(options: MqttOptions, links: Arc<Links>, shutdown: Shutdown) -> BrokerPublisher {
     let (client, eventloop) = AsyncClient::new(options, REQUESTS);
     shutdown.spawn(drive(eventloop, links.clone(), shutdown.clone()));
-    BrokerPublisher { jobs: Jobs::One(client), links }
+    BrokerPublisher { jobs: Jobs::One(client), links, star: None }
 }
 
 /// A publisher that sends each job on its device's partition connection (opened and
 /// closed by the consumer as partitions move).
 pub fn partitioned(partitions: Arc<PartitionLinks>, links: Arc<Links>) -> BrokerPublisher {
-    BrokerPublisher { jobs: Jobs::Partitions(partitions), links }
+    BrokerPublisher { jobs: Jobs::Partitions(partitions), links, star: None }
 }
 
 /// The jobs connection's event loop: polls it (which connects, sends the queued jobs and
@@ -92,7 +101,11 @@ async fn drive(mut eventloop: EventLoop, links: Arc<Links>, shutdown: Shutdown) 
 /// goes on with acks, timeouts and direct printers meanwhile.
 impl Transport for BrokerPublisher {
     async fn send(&self, device: &str, wire: Bytes) -> Result<(), TransportError> {
-        let topic = Topic::Jobs(device.to_string()).path();
+        // A Star printer's message (made by the CloudPRNT side) goes to its own topics.
+        let topic = match self.star.as_ref().and_then(|s| s.mac_of(device)) {
+            Some(mac) => star::to_device_topic(&mac, &wire),
+            None => Topic::Jobs(device.to_string()).path(),
+        };
         match &self.jobs {
             Jobs::One(client) => {
                 if !self.links.is_up(Which::Jobs) {

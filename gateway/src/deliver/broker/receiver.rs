@@ -11,7 +11,9 @@
 use super::link::{Backoff, Links, Which};
 use super::owners::{Owners, OWNER_FILTER};
 use super::status_board::StatusBoard;
+use super::Extras;
 use super::REQUESTS;
+use crate::deliver::mqtt::star::{self, StarPrinters, CLIENT_WILL};
 use crate::model::Incoming;
 use crate::shutdown::Shutdown;
 use crate::telemetry::log_limit::LogLimit;
@@ -29,19 +31,24 @@ use tokio::sync::mpsc;
 /// device listener's `malformed_message` rule).
 const MALFORMED_MESSAGE: &str = "malformed_message";
 
+/// The refusal label of a Star printer's message whose MAC no registered printer on
+/// CloudPRNT's MQTT method has (as the device listener's `unknown_device` rule).
+const UNKNOWN_DEVICE: &str = "unknown_device";
+
 /// Starts the acks connection with `options` and its event loop (tracked by `shutdown`,
 /// ending when it is requested, or when `incoming` is closed).
 pub fn start(
     options: MqttOptions,
     links: Arc<Links>,
     board: Arc<StatusBoard>,
-    owners: Option<Arc<Owners>>,
+    extras: Extras,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
     shutdown: Shutdown,
 ) {
     let (client, eventloop) = AsyncClient::new(options, REQUESTS);
-    let read = Read { links, board, owners, stats, incoming };
+    let Extras { owners, star } = extras;
+    let read = Read { links, board, owners, star, stats, incoming };
     shutdown.spawn(drive(client, eventloop, read, shutdown.clone()));
 }
 
@@ -51,6 +58,8 @@ struct Read {
     board: Arc<StatusBoard>,
     /// With CloudPRNT served in the central shape: the partitions' owner records.
     owners: Option<Arc<Owners>>,
+    /// Star printers on CloudPRNT's MQTT method: what they publish.
+    star: Option<Arc<dyn StarPrinters>>,
     stats: Arc<Stats>,
     incoming: mpsc::Sender<Incoming>,
 }
@@ -69,7 +78,10 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// forwarded when pixgate dies is lost: its job is sent again after the ack timeout, and
 /// the device dedupes and acks it again.
 async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdown: Shutdown) {
-    let Read { links, board, owners, stats, incoming } = read;
+    let Read { links, board, owners, star, stats, incoming } = read;
+    // Star printers told up to the CloudPRNT side: each at its first message through the
+    // broker, until its will.
+    let mut star_up = std::collections::HashSet::new();
     let mut backoff = Backoff::default();
     let log_limit = Arc::new(LogLimit::default());
     let (summing, stop) = (log_limit.clone(), shutdown.clone());
@@ -91,6 +103,9 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                 if owners.is_some() {
                     filters.push(SubscribeFilter::new(OWNER_FILTER.to_string(), QoS::AtLeastOnce));
                 }
+                if star.is_some() {
+                    filters.push(SubscribeFilter::new(star::ALL_TO_SERVER.to_string(), QoS::AtLeastOnce));
+                }
                 // Queued to the event loop, which this task polls: never waits long.
                 if client.subscribe_many(filters).await.is_err() {
                     return;
@@ -101,8 +116,14 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                     tracing::info!(client_id = %eventloop.mqtt_options.client_id(), "acks connection to the devices' broker up, subscribed to every device's acks and status");
                     links.up(Which::Acks);
                 } else {
-                    let also = if owners.is_some() { format!(" or {OWNER_FILTER}") } else { String::new() };
-                    let error = format!("the broker refused the subscription to {ALL_ACKS}, {ALL_STATUS}{also} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
+                    let mut also = String::new();
+                    if owners.is_some() {
+                        also.push_str(&format!(", {OWNER_FILTER}"));
+                    }
+                    if star.is_some() {
+                        also.push_str(&format!(", {}", star::ALL_TO_SERVER));
+                    }
+                    let error = format!("the broker refused a subscription of {ALL_ACKS}, {ALL_STATUS}{also} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
                     tracing::error!("{error}");
                     links.down(Which::Acks, error);
                 }
@@ -112,6 +133,28 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                     if let Err(e) = owners.record(&p.topic, &p.payload) {
                         stats.mqtt_refused(MALFORMED_MESSAGE);
                         tracing::warn!(rule = MALFORMED_MESSAGE, topic = %p.topic, error = %e, "a partition owner record dropped: not one");
+                    }
+                    continue;
+                }
+                if let Some((printers, (mac, method))) = star.as_ref().zip(star::to_server(&p.topic)) {
+                    let Some(device) = printers.device_of(mac) else {
+                        stats.mqtt_refused(UNKNOWN_DEVICE);
+                        if log_limit.admit(UNKNOWN_DEVICE, mac) {
+                            tracing::warn!(rule = UNKNOWN_DEVICE, mac, topic = %p.topic, "message of a Star printer dropped: no printer on CloudPRNT's MQTT method has that MAC in the registry");
+                        }
+                        continue;
+                    };
+                    if method != CLIENT_WILL && star_up.insert(device.clone()) {
+                        printers.session(&device, true);
+                    }
+                    if let Err(e) = printers.published(&device, method, &p.payload).await {
+                        stats.mqtt_refused(MALFORMED_MESSAGE);
+                        if log_limit.admit(MALFORMED_MESSAGE, &device) {
+                            tracing::warn!(rule = MALFORMED_MESSAGE, %device, topic = %p.topic, error = %e, "Star printer message dropped: not what its topic carries");
+                        }
+                    }
+                    if method == CLIENT_WILL && star_up.remove(&device) {
+                        printers.session(&device, false);
                     }
                     continue;
                 }

@@ -8,7 +8,7 @@
 //! while this replica holds the partition ([`PartitionLinks::owns`]: its connection is up
 //! on the devices' broker, which closes it once another replica has taken the partition).
 //! Otherwise it is passed on unchanged (method, path, query, `Authorization`,
-//! `Content-Type`, body) to the owner's CloudPRNT server, named by the owner's record on
+//! `Content-Type`, `Host`, body) to the owner's CloudPRNT server, named by the owner's record on
 //! the broker ([`Owners`]), over TLS checked against `cloudprnt.peer_ca`, and the owner's
 //! answer goes back as it is. The owner authenticates the printer itself, with the
 //! printer's own credentials: passing a request on grants nothing.
@@ -43,8 +43,10 @@ pub const FORWARDED_BY: &str = "x-pixgate-forwarded-by";
 /// reachable now: about a Star printer's poll interval.
 const RETRY_AFTER_S: &str = "5";
 
-/// The headers of a request passed on to the owner, and of its answer passed back.
-const REQUEST_HEADERS: [HeaderName; 2] = [header::AUTHORIZATION, header::CONTENT_TYPE];
+/// The headers of a request passed on to the owner, and of its answer passed back. `Host`
+/// goes along: the owner builds the job URL it gives a printer on the MQTT method from the
+/// host the printer reached.
+const REQUEST_HEADERS: [HeaderName; 3] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::HOST];
 const ANSWER_HEADERS: [HeaderName; 4] =
     [header::CONTENT_TYPE, header::CACHE_CONTROL, header::WWW_AUTHENTICATE, header::RETRY_AFTER];
 

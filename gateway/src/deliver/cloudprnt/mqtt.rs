@@ -76,6 +76,10 @@ impl StarPrinters for Board {
         self.settings(device).filter(|c| c.method == cdc::CloudMethod::Mqtt).and_then(|c| c.mac)
     }
 
+    fn device_of(&self, mac: &str) -> Option<String> {
+        self.printers().cloud_by_mac(mac, cdc::CloudMethod::Mqtt)
+    }
+
     fn session(&self, device: &str, up: bool) {
         Board::session(self, device, up);
     }

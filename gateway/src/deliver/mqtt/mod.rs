@@ -305,6 +305,9 @@ mod tests {
         fn mac_of(&self, device: &str) -> Option<String> {
             (device == "s").then(|| STAR_MAC.to_string())
         }
+        fn device_of(&self, mac: &str) -> Option<String> {
+            (mac == STAR_MAC).then(|| "s".to_string())
+        }
         fn session(&self, _device: &str, up: bool) {
             self.sessions.lock().unwrap().push(up);
         }

@@ -40,6 +40,9 @@ pub trait StarPrinters: Send + Sync + 'static {
     /// `device`'s MAC (normalized) if it is a Star printer set to the MQTT method now.
     fn mac_of(&self, device: &str) -> Option<String>;
 
+    /// The Star printer on the MQTT method whose MAC is `mac` (normalized), if any.
+    fn device_of(&self, mac: &str) -> Option<String>;
+
     /// A session of `device` came up (`true`) or ended (`false`). A printer with no session
     /// left is offline.
     fn session(&self, device: &str, up: bool);
@@ -90,6 +93,16 @@ pub fn method_of<'t>(mac: &str, topic: &'t [u8]) -> Option<&'t str> {
     let topic = std::str::from_utf8(topic).ok()?;
     let method = topic.strip_prefix(TO_SERVER)?.strip_prefix(mac)?.strip_prefix('/')?;
     single_level(method).then_some(method)
+}
+
+/// The filter of every Star printer's messages to the server (an external broker's
+/// subscriber, which receives what the broker let each printer publish).
+pub const ALL_TO_SERVER: &str = "star/cloudprnt/to-server/+/+";
+
+/// The MAC and method of a message to the server: `star/cloudprnt/to-server/{mac}/{method}`.
+pub fn to_server(topic: &str) -> Option<(&str, &str)> {
+    let (mac, method) = topic.strip_prefix(TO_SERVER)?.split_once('/')?;
+    (single_level(mac) && single_level(method)).then_some((mac, method))
 }
 
 /// Whether printer `mac` may leave a will on `topic`: its own `client-will`.
@@ -157,6 +170,10 @@ mod tests {
         assert!(may_will(MAC, format!("star/cloudprnt/to-server/{MAC}/client-will").as_bytes()));
         assert!(!may_will(MAC, format!("star/cloudprnt/to-server/{MAC}/client-status").as_bytes()));
         assert!(!may_will(MAC, format!("star/cloudprnt/to-server/{OTHER}/client-will").as_bytes()));
+        let topic = format!("star/cloudprnt/to-server/{MAC}/print-result");
+        assert_eq!(to_server(&topic), Some((MAC, "print-result")));
+        assert_eq!(to_server("star/cloudprnt/to-server/x/a/b"), None);
+        assert_eq!(to_server("star/cloudprnt/to-device/x/print-job"), None);
         assert_eq!(jobs_topic(MAC), format!("star/cloudprnt/to-device/{MAC}/print-job"));
         let topic = |m: &[u8]| to_device_topic(MAC, m);
         assert_eq!(
