@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 pub enum BrokerConfigCmd {
     /// mosquitto 2: `mosquitto.conf`, `acl-devices` and `acl-gateway` in OUT. Devices connect
     /// to one listener with fleet-CA certificates (client id forced to the CN), pixgate's
-    /// replicas to another with gateway-CA certificates.
+    /// replicas to another with gateway-CA certificates; with `--printers-listener`, Star
+    /// printers to a third with passwords (`acl-printers`, and `passwd-printers` created
+    /// empty if missing).
     Mosquitto {
         /// The fleet CA folder (`pixgate devices credentials ca`): the devices' certificates,
         /// the revocation list, and the broker's server certificate.
@@ -36,7 +38,7 @@ pub enum BrokerConfigCmd {
         gateway_identity: String,
         /// The Star printers' listener (CloudPRNT's MQTT method: user name and password);
         /// unset: none.
-        #[arg(long)]
+        #[arg(long, requires = "star_printers")]
         printers_listener: Option<String>,
         /// The Star printers on that listener: one `DEVICE-ID MAC` per line (`#` starts a
         /// comment), each given its own MAC's topics. Their passwords go to

@@ -99,19 +99,28 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
         CredentialsCmd::Issue { id, ca: None, digest, mosquitto_passwd, .. } => {
             check_id(id)?;
             let path = credentials.context("mqtt.credentials is not configured: where would the secret's hash go?")?;
+            // Checked before the secret replaces the old one: a secret whose broker entry
+            // cannot be written would lock the printer out.
+            let passwd = match mosquitto_passwd {
+                Some(file) => Some((file, writable_password_file(file)?)),
+                None => None,
+            };
             let mut store = Credentials::load(path, true)?;
             let secret = if *digest { store.issue_with_digest(id)? } else { store.issue(id)? };
-            if let Some(file) = mosquitto_passwd {
-                let line = broker_config::mosquitto_password(id, &secret).map_err(anyhow::Error::msg)?;
-                edit_password_file(file, id, Some(&line))?;
-                eprintln!("{id}'s entry written to {} (reload mosquitto: SIGHUP)", file.display());
-            }
             eprintln!(
                 "secret for {id} (shown once; as a password with the user name {id}: MQTT with the client id dev-{id}, \
                  CloudPRNT{}):",
                 if *digest { ", Epson Server Direct Print (HTTP Digest)" } else { "" }
             );
             println!("{secret}");
+            if let Some((file, text)) = passwd {
+                let line = broker_config::mosquitto_password(id, &secret).map_err(anyhow::Error::msg)?;
+                let text = broker_config::with_password_line(&text, id, Some(&line));
+                write_password_file(file, &text).context(
+                    "the secret above is issued, but its broker entry is not written: issue it again once the file can be written",
+                )?;
+                eprintln!("{id}'s entry written to {} (restart mosquitto to read it)", file.display());
+            }
         }
         CredentialsCmd::Revoke { id, ca: Some(dir), .. } => {
             revoke_certificate(dir, id)?;
@@ -119,12 +128,14 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
         }
         CredentialsCmd::Revoke { id, ca: None, mosquitto_passwd } => {
             let path = credentials.context("mqtt.credentials is not configured")?;
-            if !Credentials::load(path, false)?.revoke(id)? {
-                bail!("{id} has no secret in {}", path.display());
-            }
+            let had = Credentials::load(path, false)?.revoke(id)?;
             if let Some(file) = mosquitto_passwd {
-                edit_password_file(file, id, None)?;
-                eprintln!("{id}'s entry removed from {} (reload mosquitto: SIGHUP)", file.display());
+                let text = writable_password_file(file)?;
+                write_password_file(file, &broker_config::with_password_line(&text, id, None))?;
+                eprintln!("{id}'s entry removed from {} (restart mosquitto to read it)", file.display());
+            }
+            if !had {
+                bail!("{id} has no secret in {}", path.display());
             }
             println!("{id}'s secret is revoked");
         }
@@ -132,16 +143,32 @@ pub fn run(cmd: &CredentialsCmd, credentials: Option<&Path>) -> anyhow::Result<(
     Ok(())
 }
 
-/// Replaces (or with `None` removes) `id`'s line of the mosquitto password file `file`,
-/// created when missing; written whole and kept private (it holds hashes).
-fn edit_password_file(file: &Path, id: &str, line: Option<&str>) -> anyhow::Result<()> {
+/// The text of the mosquitto password file `file` (empty when it does not exist yet), once
+/// it is known to be writable.
+fn writable_password_file(file: &Path) -> anyhow::Result<String> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
     };
-    let text = broker_config::with_password_line(&text, id, line);
-    write_atomic(file, text.as_bytes(), true).with_context(|| format!("writing {}", file.display()))
+    write_password_file(file, &text)?;
+    Ok(text)
+}
+
+/// Writes the mosquitto password file `file` whole (replaced at once), keeping the mode,
+/// owner and group an existing one had (the broker's user must go on reading it); a new
+/// one is private to this user.
+fn write_password_file(file: &Path, text: &str) -> anyhow::Result<()> {
+    let before = std::fs::metadata(file).ok();
+    write_atomic(file, text.as_bytes(), true).with_context(|| format!("writing {}", file.display()))?;
+    if let Some(m) = before {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::set_permissions(file, m.permissions())
+            .with_context(|| format!("setting the mode of {}", file.display()))?;
+        std::os::unix::fs::chown(file, Some(m.uid()), Some(m.gid()))
+            .with_context(|| format!("giving {} back its owner and group", file.display()))?;
+    }
+    Ok(())
 }
 
 fn check_id(id: &str) -> anyhow::Result<()> {
@@ -349,5 +376,37 @@ mod tests {
             assert_eq!(mode, 0o600);
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_broker_entry_follows_the_secret_and_keeps_the_files_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = crate::test_fixtures::TempDir::new("mosquitto-passwd");
+        let (store, passwd) = (tmp.path().join("credentials.json"), tmp.path().join("passwd-printers"));
+        let issue = |file: &Path| CredentialsCmd::Issue {
+            id: "p1".into(),
+            ca: None,
+            days: 1,
+            digest: false,
+            mosquitto_passwd: Some(file.to_path_buf()),
+        };
+        // A file that cannot be written: nothing is issued.
+        let unwritable = tmp.path().join("a-folder");
+        std::fs::create_dir_all(&unwritable).unwrap();
+        assert!(run(&issue(&unwritable), Some(&store)).is_err());
+        assert!(!Credentials::load(&store, true).unwrap().has("p1"), "no secret issued");
+        std::fs::write(&passwd, "other:$7$101$x$y\n").unwrap();
+        std::fs::set_permissions(&passwd, std::fs::Permissions::from_mode(0o640)).unwrap();
+        run(&issue(&passwd), Some(&store)).unwrap();
+        let text = std::fs::read_to_string(&passwd).unwrap();
+        assert!(text.starts_with("other:$7$101$x$y\np1:$7$101$"), "{text}");
+        assert_eq!(std::fs::metadata(&passwd).unwrap().permissions().mode() & 0o777, 0o640, "its mode kept");
+        // Revoked: the entry goes, and again goes even once the secret is gone.
+        let revoke = CredentialsCmd::Revoke { id: "p1".into(), ca: None, mosquitto_passwd: Some(passwd.clone()) };
+        run(&revoke, Some(&store)).unwrap();
+        assert_eq!(std::fs::read_to_string(&passwd).unwrap(), "other:$7$101$x$y\n");
+        std::fs::write(&passwd, "p1:stale\n").unwrap();
+        assert!(run(&revoke, Some(&store)).is_err(), "no secret to revoke is still said");
+        assert_eq!(std::fs::read_to_string(&passwd).unwrap(), "", "but the broker entry is gone");
     }
 }
