@@ -95,12 +95,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let planner = Planner::restore(&cfg, stats.clone(), clock.clone(), &outbox, directory.clone(), printers.clone())?
         .with_flags(flags.clone());
     let directory_for_cloud = directory.clone();
-    let board = Arc::new(deliver::cloudprnt::Board::new(
+    let board = deliver::cloudprnt::Board::new(
         printers.clone(),
         incoming_tx.clone(),
         std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
         cfg.cloudprnt.max_polls_per_second,
-    ));
+    );
+    // Through an external broker, pixgate sees no printer's MQTT session.
+    let board = Arc::new(if cfg.broker.is_some() { board.with_sessions_unseen() } else { board });
     // Star printers on CloudPRNT's MQTT method GET their jobs and settings from the
     // CloudPRNT server, which tells them where to connect: pixgate's own listener, or with
     // an external broker its printers' listener (`cloudprnt.mqtt_host` and `mqtt_port`).

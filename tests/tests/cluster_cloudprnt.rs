@@ -22,6 +22,8 @@
 //! stopped (SIGTERM) while more receipts are held on it; the partition moves to the
 //! replica the printers reach, which restores the queues from the delivery log; every
 //! receipt prints once, in order (the MQTT printer is told again where its jobs are).
+//! Last, that replica is restarted: started afresh, it has heard nothing of the MQTT
+//! printer, asks it its settings, and its next receipt prints.
 //!
 //! Real tansu, real mosquitto, real TLS with certificates the test makes, the `pixgate`
 //! binary twice, the printer simulators as child processes.
@@ -264,13 +266,15 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         ..rig.settings().clone()
     };
     let env: Vec<(&str, String)> = replica_env(&mosquitto, 1).into_iter().chain(cloud(1)).collect();
-    let log = rig.dir().join("pixgate-r1.log");
-    let r1 = tokio::task::spawn_blocking(move || {
-        GatewayProcess::spawn_with_env(&bin, settings, &env, &log, Duration::from_secs(60))
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let dir = rig.dir().to_path_buf();
+    let start_r1 = |n: usize| {
+        let (bin, settings, env) = (bin.clone(), settings.clone(), env.clone());
+        let log = dir.join(format!("pixgate-r1-{n}.log"));
+        tokio::task::spawn_blocking(move || {
+            GatewayProcess::spawn_with_env(&bin, settings, &env, &log, Duration::from_secs(60)).unwrap()
+        })
+    };
+    let r1 = start_r1(0).await.unwrap();
     wait_for("each replica to hold one device-jobs partition", WAIT, || {
         assigned(rig.gateway()) == 1 && assigned(&r1) == 1
     })
@@ -458,10 +462,29 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     assert_eq!(printed[3..], star_more[..], "each once, in order, after the hand-over: {printed:?}");
     let printed = tokens(&star_mqtt);
     assert_eq!(printed[3..], mqtt_more[..], "each once, in order, after the hand-over: {printed:?}");
-    println!(
-        "cluster cloudprnt: 14 receipts printed once and in order; the survivor's forwards {:?}",
-        gw.stats().unwrap().counters.cloudprnt_forwards
-    );
+    println!("cluster cloudprnt: the survivor's forwards {:?}", gw.stats().unwrap().counters.cloudprnt_forwards);
+
+    // The survivor restarted: a replica that has heard nothing of the MQTT printer since its
+    // start still reaches it (the printer is asked its settings again, and answers).
+    if star_owner == 1 {
+        assert!(rig.stop_gateway(Duration::from_secs(30)), "stopped on SIGTERM");
+        rig.start_gateway();
+    } else {
+        assert!(r1.take().unwrap().stop(Duration::from_secs(30)), "stopped on SIGTERM");
+        r1 = Some(start_r1(1).await.unwrap());
+    }
+    let gw = if star_owner == 1 { rig.gateway() } else { r1.as_ref().unwrap() };
+    wait_for("the restarted replica to hold both partitions", WAIT, || assigned(gw) == 2).await;
+    let mut records = paid(STAR_TERMINAL, &ids('h', 1));
+    records.extend(paid_without_terminal(&ids('i', 1)));
+    simulators::capture::publish_records(&rig.producer(), &records).await.unwrap();
+    star.wait_printed(7);
+    star_mqtt.wait_printed(6);
+    for (sim, n) in [(&star, 7), (&star_mqtt, 6)] {
+        let all = tokens(sim);
+        assert_eq!(all.iter().collect::<std::collections::HashSet<_>>().len(), n, "each once: {all:?}");
+    }
+    println!("cluster cloudprnt: 16 receipts printed once and in order");
     drop((star, star_mqtt));
     drop(r1);
     if star_owner == 1 {

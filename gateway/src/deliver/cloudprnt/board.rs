@@ -121,6 +121,9 @@ pub struct Board {
     incoming: mpsc::Sender<Incoming>,
     offline_after: Duration,
     max_polls_per_second: u32,
+    /// Whether the MQTT method's sessions are seen ([`Board::session`]): not through an
+    /// external broker, which tells no one of them.
+    sessions_seen: bool,
     state: Mutex<HashMap<String, Printer>>,
 }
 
@@ -138,8 +141,20 @@ impl Board {
             incoming,
             offline_after,
             max_polls_per_second: max_polls_per_second.max(1),
+            sessions_seen: true,
             state: Mutex::default(),
         }
+    }
+
+    /// This board, for printers on the MQTT method whose sessions it does not see (they
+    /// connect to an external broker): one that asks its settings is taken as up for
+    /// `offline_after`, as a poll would be, until it is heard from through the broker. A
+    /// replica that has not heard from a printer since its start asks it its settings
+    /// first ([`Board::print_job`]); without this its job would then wait for a message the
+    /// printer has no reason to send.
+    pub fn with_sessions_unseen(mut self) -> Board {
+        self.sessions_seen = false;
+        self
     }
 
     /// Whether `device` is a cloud printer now.
@@ -261,9 +276,15 @@ impl Board {
     }
 
     /// Where `device` GETs its jobs (the MQTT method): `url`, this server's job URL as the
-    /// printer reached it.
+    /// printer reached it. With [`Board::with_sessions_unseen`], also a sign of life.
     pub fn set_url(&self, device: &str, url: String) {
-        self.lock().entry(device.to_string()).or_default().url = Some(url);
+        let mut state = self.lock();
+        let p = state.entry(device.to_string()).or_default();
+        p.url = Some(url);
+        if !self.sessions_seen && p.sessions == 0 {
+            p.last_poll = Some(Instant::now());
+            self.report(device, p, Status { v: 1, online: true, printer: None });
+        }
     }
 
     /// The URL `device` GETs its jobs from, if it asked for its settings.
@@ -450,5 +471,26 @@ mod tests {
         assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if !status.online));
         b.check();
         assert!(rx.try_recv().is_err(), "told once");
+    }
+
+    /// Through an external broker a printer's MQTT session is unseen: asking its settings
+    /// makes it up for a while, as a poll does; pixgate's own listener waits for the
+    /// session itself.
+    #[tokio::test]
+    async fn a_settings_request_is_a_sign_of_life_only_when_sessions_are_unseen() {
+        let (seen, mut rx) = board();
+        seen.set_url("p", "https://h/cloudprnt".into());
+        assert!(rx.try_recv().is_err(), "its own listener tells when the session is up");
+        let (b, mut rx) = board();
+        let b = Board { offline_after: Duration::from_millis(50), ..b }.with_sessions_unseen();
+        b.set_url("p", "https://h/cloudprnt".into());
+        assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if status.online));
+        std::thread::sleep(Duration::from_millis(80));
+        b.check();
+        assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if !status.online), "not heard from");
+        b.session("p", true);
+        b.set_url("p", "https://h/cloudprnt".into());
+        assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if status.online));
+        assert!(rx.try_recv().is_err(), "a session up says it already");
     }
 }
