@@ -692,15 +692,10 @@ fn replica_env(
     r: usize,
 ) -> Vec<(&'static str, String)> {
     let instance = format!("pixgate-{}-r{r}", opts.name);
-    let mut env = mosquitto.gateway_env();
+    let mut env = mosquitto.replica_env(r, DEVICE_JOBS);
     env.retain(|(k, _)| *k != "PIXGATE_BROKER__PORT");
     env.push(("PIXGATE_BROKER__PORT", ports[r].to_string()));
     env.extend([
-        ("PIXGATE_CLUSTER__ENABLED", "true".to_string()),
-        ("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0.to_string()),
-        ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string()),
-        ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
-        ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
         // Scaling in needs the leaving replica's LeaveGroup: librdkafka sends none for a
         // static member, whose partitions then wait for its session timeout, and tansu
         // 0.6.0 has no session timer (docs/cluster.md), so they would never move.

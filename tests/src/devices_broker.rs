@@ -166,6 +166,22 @@ impl DevicesBroker {
             .await
     }
 
+    /// Replica `r`'s settings on this broker in the central shape, on the device-jobs topic
+    /// `device_jobs` (name, partitions): [`DevicesBroker::gateway_env`], `cluster.enabled`,
+    /// and jobs and acks client ids of its own (one client id holds one connection at a
+    /// time; the partition connections' ids are shared, which is the fence).
+    pub fn replica_env(&self, r: usize, device_jobs: (&str, i32)) -> Vec<(&'static str, String)> {
+        let mut env = self.gateway_env();
+        env.extend([
+            ("PIXGATE_CLUSTER__ENABLED", "true".to_string()),
+            ("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", device_jobs.0.to_string()),
+            ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", device_jobs.1.to_string()),
+            ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
+            ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
+        ]);
+        env
+    }
+
     /// pixgate's listener's port.
     pub fn gateway_port(&self) -> u16 {
         self.gateway_port

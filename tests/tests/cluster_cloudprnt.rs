@@ -82,19 +82,12 @@ fn cloud_env(
     ]
 }
 
-/// Replica `r`'s settings beyond the rig's: the central shape on the broker, an acks
-/// client id of its own, dynamic group membership (a stopped replica's partitions move at
-/// once: it leaves the group).
+/// Replica `r`'s settings beyond the rig's: the central shape on the broker
+/// ([`DevicesBroker::replica_env`]), dynamic group membership (a stopped replica's
+/// partitions move at once: it leaves the group).
 fn replica_env(mosquitto: &DevicesBroker, r: usize) -> Vec<(&'static str, String)> {
-    let mut env = mosquitto.gateway_env();
-    env.extend([
-        ("PIXGATE_CLUSTER__ENABLED", "true".to_string()),
-        ("PIXGATE_CLUSTER__DEVICE_JOBS_TOPIC", DEVICE_JOBS.0.to_string()),
-        ("PIXGATE_CLUSTER__DEVICE_JOB_PARTITIONS", DEVICE_JOBS.1.to_string()),
-        ("PIXGATE_BROKER__CLIENT_ID", format!("pixgate-r{r}-jobs")),
-        ("PIXGATE_BROKER__ACKS_CLIENT_ID", format!("pixgate-r{r}-acks")),
-        ("PIXGATE_KAFKA__INSTANCE_ID", String::new()),
-    ]);
+    let mut env = mosquitto.replica_env(r, DEVICE_JOBS);
+    env.push(("PIXGATE_KAFKA__INSTANCE_ID", String::new()));
     env
 }
 

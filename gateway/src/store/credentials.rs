@@ -177,12 +177,7 @@ impl Credentials {
         &mut self,
         ids: impl IntoIterator<Item = &'a str>,
     ) -> Result<Vec<(String, String)>, CredentialsError> {
-        let issued = ids
-            .into_iter()
-            .map(|id| Ok((id.to_string(), self.issue_unsaved(id)?)))
-            .collect::<Result<Vec<_>, CredentialsError>>()?;
-        self.save()?;
-        Ok(issued)
+        self.issue_many_as(ids, false)
     }
 
     /// [`Credentials::issue_with_digest`] for many devices, saving the file once.
@@ -193,11 +188,24 @@ impl Credentials {
         &mut self,
         ids: impl IntoIterator<Item = &'a str>,
     ) -> Result<Vec<(String, String)>, CredentialsError> {
+        self.issue_many_as(ids, true)
+    }
+
+    fn issue_many_as<'a>(
+        &mut self,
+        ids: impl IntoIterator<Item = &'a str>,
+        digest: bool,
+    ) -> Result<Vec<(String, String)>, CredentialsError> {
         let issued = ids
             .into_iter()
             .map(|id| {
-                let secret = self.issue_unsaved_of(id, DIGEST_SECRET_BYTES)?;
-                self.digests.insert(id.to_string(), ha1(id, &secret));
+                let secret = if digest {
+                    let secret = self.issue_unsaved_of(id, DIGEST_SECRET_BYTES)?;
+                    self.digests.insert(id.to_string(), ha1(id, &secret));
+                    secret
+                } else {
+                    self.issue_unsaved(id)?
+                };
                 Ok((id.to_string(), secret))
             })
             .collect::<Result<Vec<_>, CredentialsError>>()?;
