@@ -395,7 +395,14 @@ impl Handoff {
             }
             let pos = pos.max(logged);
             while ours {
-                match l.log.accepted(p, &queued, pos).await {
+                // The log's producer retries until Kafka has the records: with Kafka away
+                // that is forever, so shutdown does not wait for it. The batch is then not
+                // accepted, and its offsets not stored: it is read again at the next start.
+                let logged = tokio::select! {
+                    r = l.log.accepted(p, &queued, pos) => r,
+                    () = self.shutdown.requested() => return None,
+                };
+                match logged {
                     Ok(()) => {
                         l.pos.insert(p, pos);
                         break;
