@@ -109,8 +109,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let star_listener = star_listener(&cfg)?;
     let star = star_listener.is_some().then(|| board.clone() as Arc<dyn deliver::mqtt::star::StarPrinters>);
     let mut partition_links = None;
-    let owners =
-        (cfg.cluster.enabled && cfg.cloudprnt.listen.is_some()).then(|| Arc::new(deliver::broker::Owners::default()));
+    let printers_served = cfg.cloudprnt.listen.is_some() || cfg.sdp.listen.is_some();
+    let owners = (cfg.cluster.enabled && printers_served).then(|| Arc::new(deliver::broker::Owners::default()));
     let (link, presence): (DeviceLink, Option<Arc<dyn Presence>>) = match &cfg.broker {
         None => {
             let publisher = deliver::mqtt::start(
@@ -143,6 +143,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     };
     // The central shape: a printer's request may reach a replica that does not hold its
     // queue, and is passed on to the one that does.
+    if cfg.cluster.enabled && cfg.sdp.listen.is_some() && cfg.cloudprnt.listen.is_none() {
+        anyhow::bail!("sdp.listen with cluster.enabled needs cloudprnt.listen too: the replicas pass printers' requests to each other there");
+    }
     let forward = match (&partition_links, &owners) {
         (Some(links), Some(owners)) => {
             let Some(advertise) = cfg.cloudprnt.advertise.clone() else {
@@ -165,7 +168,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .context("cloudprnt: passing printers' requests to other replicas")?;
             Some(Arc::new(f))
         }
-        _ if cfg.cluster.enabled && cfg.cloudprnt.listen.is_some() => {
+        _ if cfg.cluster.enabled && printers_served => {
             anyhow::bail!("cloudprnt.listen with cluster.enabled needs the devices' broker (broker.host): the partitions' owners are known through it")
         }
         _ => None,
@@ -176,15 +179,18 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         directory_for_cloud,
         cfg.mqtt.credentials.clone(),
         star_listener,
-        |server| {
-            let sdp = deliver::sdp::Sdp {
-                server: server.clone(),
-                digest: Arc::default(),
-                conditions: Arc::default(),
-                fresh_for: std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
-            };
-            deliver::sdp::routes(sdp, cfg.cloudprnt.max_body_bytes)
-        },
+        (
+            |server: &deliver::cloudprnt::server::Server| {
+                let sdp = deliver::sdp::Sdp {
+                    server: server.clone(),
+                    digest: Arc::default(),
+                    conditions: Arc::default(),
+                    fresh_for: std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
+                };
+                deliver::sdp::routes(sdp, cfg.cloudprnt.max_body_bytes)
+            },
+            cfg.sdp.listen.as_deref(),
+        ),
         forward,
         stats.clone(),
         devices.clone(),

@@ -42,6 +42,9 @@ pub struct Config {
     /// Printers that poll pixgate over Star CloudPRNT's HTTP method
     /// ([`crate::deliver::cloudprnt`]). Off unless `cloudprnt.listen` is set.
     pub cloudprnt: CloudPrntConfig,
+    /// Printers on Epson Server Direct Print ([`crate::deliver::sdp`]): served at `/sdp`
+    /// on `cloudprnt.listen`, and on a listener of their own if asked.
+    pub sdp: SdpConfig,
     /// The wall clock used for expiry (injectable for tests and fixture replays).
     pub clock: ClockConfig,
     /// What `/readyz` checks, and throughput expected per topic ([`crate::ops::readiness`]).
@@ -69,6 +72,7 @@ impl Default for Config {
             outbox: OutboxConfig::default(),
             direct: DirectConfig::default(),
             cloudprnt: CloudPrntConfig::default(),
+            sdp: SdpConfig::default(),
             clock: ClockConfig::default(),
             health: HealthConfig::default(),
             reconcile: ReconcileConfig::default(),
@@ -225,6 +229,17 @@ impl Default for CloudPrntConfig {
             peer_ca: None,
         }
     }
+}
+
+/// Epson Server Direct Print's endpoint ([`crate::deliver::sdp`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SdpConfig {
+    /// A listener of its own, `HOST:PORT`, serving `/sdp`, which `cloudprnt.listen` (when
+    /// set) serves too; unset: only there. Its TLS certificate, bounds and credentials are
+    /// CloudPRNT's (`cloudprnt.tls_cert`, `cloudprnt.max_connections`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// The gateway's wall clock ([`crate::clock`]).

@@ -387,8 +387,8 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
     finish(rig, &scratch);
 }
 
-/// Epson Server Direct Print: the printer proves itself with HTTP Digest (its secret issued
-/// with `--digest`); out of paper (its status notification says so) its jobs are held; a
+/// Epson Server Direct Print, on a listener of its own (`sdp.listen`): the printer proves
+/// itself with HTTP Digest (its secret issued with `--digest`); out of paper (its status notification says so) its jobs are held; a
 /// wrong password gets nothing and is counted; paper back, every job prints in order, the
 /// first twice: its result was lost, and an Epson printer keeps no memory of job ids, so
 /// the second copy is printed under the reprint header. The job is the ESC/POS pixgate
@@ -405,9 +405,11 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
         pixgate_tests::gateway::cli(&bin, 0, &issue, &[("PIXGATE_MQTT__CREDENTIALS", credentials.as_str())]);
     assert!(ok, "pixgate {issue:?}: {err}");
     std::fs::write(&s.secret_file, secret.trim()).unwrap();
-    let rig = Rig::builder("sdp").envs(s.env.clone()).start().await;
+    // On a listener of its own (`sdp.listen`), with CloudPRNT's certificate.
+    let sdp_listen = format!("127.0.0.1:{}", pixgate_tests::net::free_port());
+    let rig = Rig::builder("sdp").envs(s.env.clone()).env("PIXGATE_SDP__LISTEN", sdp_listen.clone()).start().await;
     publish_registry_as(&rig, PRINTER, "epson-sdp", false).await;
-    let url = s.url.replace("/cloudprnt", "/sdp");
+    let url = format!("https://{sdp_listen}/sdp");
     let (secret_path, ca) = (s.secret_file.display().to_string(), s.ca.display().to_string());
     let printer_args = |secret: &str| {
         [

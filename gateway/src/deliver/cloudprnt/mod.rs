@@ -39,15 +39,15 @@ use std::time::Duration;
 
 /// Starts the server on `cfg.listen` (and the board's offline check, whether or not it
 /// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` pixgate's MQTT
-/// listener as printers on the MQTT method are told it (`None`: devices use an external
-/// broker); `more` makes the routes served beside CloudPRNT's from its server (Epson
-/// Server Direct Print's, `deliver::sdp`); `forward`, in the central shape, passes
-/// requests for queues other replicas hold on to them ([`forward`]). Returns where it
-/// listens.
+/// listener as printers on the MQTT method are told it (`None`: they are told to poll);
+/// `more` makes the routes served beside CloudPRNT's from its server (Epson Server Direct
+/// Print's, `deliver::sdp`), on `cfg.listen` and, when given, on `more_listen` too (with
+/// the same TLS and bounds); `forward`, in the central shape, passes requests for queues other
+/// replicas hold on to them ([`forward`]). Returns where CloudPRNT listens.
 ///
 /// # Errors
-/// `cfg.listen` cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a
-/// usable `tls_cert`/`tls_key` is given.
+/// A listener cannot be bound, `secrets` is not given, or neither `cfg.plain` nor a usable
+/// `tls_cert`/`tls_key` is given.
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     cfg: &CloudPrntConfig,
@@ -55,29 +55,29 @@ pub async fn start(
     directory: Arc<Directory>,
     secrets: Option<PathBuf>,
     mqtt: Option<server::MqttListener>,
-    more: impl FnOnce(&server::Server) -> axum::Router,
+    (more, more_listen): (impl FnOnce(&server::Server) -> axum::Router, Option<&str>),
     forward: Option<Arc<forward::Forward>>,
     stats: Arc<Stats>,
     shutdown: Shutdown,
 ) -> anyhow::Result<Option<SocketAddr>> {
     shutdown.spawn(board.clone().watch(shutdown.clone()));
-    let Some(listen) = &cfg.listen else { return Ok(None) };
+    if cfg.listen.is_none() && more_listen.is_none() {
+        return Ok(None);
+    }
     let Some(secrets) = secrets else {
-        anyhow::bail!("cloudprnt.listen needs mqtt.credentials: the printers' secrets are checked there");
+        anyhow::bail!("cloudprnt.listen and sdp.listen need mqtt.credentials: the printers' secrets are checked there");
     };
     let tls = if cfg.plain {
-        tracing::warn!(%listen, "cloudprnt.plain: printers' passwords cross the network readable");
+        tracing::warn!("cloudprnt.plain: printers' passwords cross the network readable");
         None
     } else {
         let (Some(cert), Some(key)) = (&cfg.tls_cert, &cfg.tls_key) else {
-            anyhow::bail!("cloudprnt.listen needs cloudprnt.tls_cert and cloudprnt.tls_key (or cloudprnt.plain for a loopback test)");
+            anyhow::bail!("cloudprnt.listen and sdp.listen need cloudprnt.tls_cert and cloudprnt.tls_key (or cloudprnt.plain for a loopback test)");
         };
         let tls = TlsConfig { cert: cert.clone(), key: key.clone(), client_ca: None, crls: Vec::new(), reload_ms: 0 };
         let config = crate::deliver::mqtt::tls::server_config(&tls).context("cloudprnt TLS")?;
         Some(tokio_rustls::TlsAcceptor::from(config))
     };
-    let tcp =
-        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding cloudprnt.listen `{listen}`"))?;
     let server = server::Server {
         printers: board.printers(),
         board,
@@ -89,18 +89,38 @@ pub async fn start(
         mqtt,
         scheme: if cfg.plain { "http" } else { "https" },
     };
-    let handshake = Duration::from_millis(cfg.request_timeout_ms.max(1));
-    let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server.clone())?;
-    let local = axum::serve::Listener::local_addr(&listener)?;
-    tracing::info!(listen = %local, tls = !cfg.plain, "CloudPRNT server listening");
-    let routes = forward::layer(server::routes(server.clone(), cfg.max_body_bytes).merge(more(&server)), forward);
-    let until = shutdown.clone();
-    shutdown.spawn(async move {
-        if let Err(e) =
-            axum::serve(listener, routes).with_graceful_shutdown(async move { until.requested().await }).await
-        {
-            tracing::error!(error = %e, "CloudPRNT server failed");
+    // On CloudPRNT's listener in any case: in the central shape a replica passes a
+    // printer's request to the owner's `cloudprnt.advertise`, whatever its path.
+    let more = more(&server);
+    let cloud = server::routes(server.clone(), cfg.max_body_bytes).merge(more.clone());
+    let serve = |name: &'static str, listen: &str, routes: axum::Router| {
+        let (tls, server, forward, shutdown) = (tls.clone(), server.clone(), forward.clone(), shutdown.clone());
+        let listen = listen.to_string();
+        async move {
+            let tcp = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("binding {name}.listen `{listen}`"))?;
+            let handshake = Duration::from_millis(cfg.request_timeout_ms.max(1));
+            let listener = listener::CloudListener::start(tcp, tls, cfg.max_connections, handshake, server)?;
+            let local = axum::serve::Listener::local_addr(&listener)?;
+            tracing::info!(listen = %local, tls = !cfg.plain, "{name} server listening");
+            let routes = forward::layer(routes, forward);
+            let until = shutdown.clone();
+            shutdown.spawn(async move {
+                if let Err(e) =
+                    axum::serve(listener, routes).with_graceful_shutdown(async move { until.requested().await }).await
+                {
+                    tracing::error!(error = %e, "{name} server failed");
+                }
+            });
+            anyhow::Ok(local)
         }
-    });
-    Ok(Some(local))
+    };
+    if let Some(listen) = more_listen {
+        serve("sdp", listen, more).await?;
+    }
+    match &cfg.listen {
+        Some(listen) => Ok(Some(serve("cloudprnt", listen, cloud).await?)),
+        None => Ok(None),
+    }
 }
