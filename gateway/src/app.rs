@@ -403,8 +403,6 @@ async fn refuse_unread_jobs(cfg: &Config) -> anyhow::Result<()> {
     }
 }
 
-/// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
-/// (it names the replica to Kafka too), else the host name and process id.
 /// Where Star printers on CloudPRNT's MQTT method are told to connect, if they are served
 /// (`cloudprnt.listen` set): pixgate's own MQTT listener, or with an external broker
 /// (`broker.host`) the broker's printers' listener, given as `cloudprnt.mqtt_host` and
@@ -434,6 +432,8 @@ fn star_listener(cfg: &Config) -> anyhow::Result<Option<deliver::cloudprnt::serv
     }
 }
 
+/// This replica's name in the delivery log's owner records: `kafka.instance_id` when set
+/// (it names the replica to Kafka too), else the host name and process id.
 fn replica_name(cfg: &Config) -> String {
     if !cfg.kafka.instance_id.is_empty() {
         return cfg.kafka.instance_id.replace('/', "_");
