@@ -38,8 +38,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts the server on `cfg.listen` (and the board's offline check, whether or not it
-/// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` pixgate's MQTT
-/// listener as printers on the MQTT method are told it (`None`: they are told to poll);
+/// listens), until `shutdown`. `secrets` is `mqtt.credentials`; `mqtt` where printers on
+/// the MQTT method are told to connect (`None`: they are told to poll);
 /// `more` makes the routes served beside CloudPRNT's from its server (Epson Server Direct
 /// Print's, `deliver::sdp`), on `cfg.listen` and, when given, on `more_listen` too (with
 /// the same TLS and bounds); `forward`, in the central shape, passes requests for queues other

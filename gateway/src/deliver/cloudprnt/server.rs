@@ -109,22 +109,24 @@ pub struct Server {
     pub log: Arc<LogLimit>,
     /// Pictures drawn at once (CPU-bound: one per core); a GET waits for a slot.
     pub drawing: Arc<tokio::sync::Semaphore>,
-    /// pixgate's MQTT listener as printers on the MQTT method are told it; `None`: the
-    /// devices use an external broker, and every printer is told to use the HTTP method.
+    /// Where printers on the MQTT method are told to connect: pixgate's MQTT listener, or
+    /// an external broker's printers' listener; `None`: every printer is told to use the
+    /// HTTP method.
     pub mqtt: Option<MqttListener>,
     /// `https`, or `http` with `cloudprnt.plain`: the scheme of the job URL given to
     /// printers on the MQTT method.
     pub scheme: &'static str,
 }
 
-/// What a printer on the MQTT method is told of pixgate's MQTT listener.
+/// What a printer on the MQTT method is told of the MQTT listener it connects to:
+/// pixgate's own, or an external broker's printers' listener.
 #[derive(Debug, Clone)]
 pub struct MqttListener {
     /// `cloudprnt.mqtt_host`; `None`: the host the printer reached this server at.
     pub host: Option<String>,
     /// `cloudprnt.mqtt_port`, else `mqtt.listen`'s port.
     pub port: u16,
-    /// Whether it speaks TLS (`mqtt.tls`).
+    /// Whether it speaks TLS (`mqtt.tls`; always with an external broker).
     pub tls: bool,
 }
 
