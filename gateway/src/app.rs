@@ -166,7 +166,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                 stats.clone(),
             )
             .context("cloudprnt: passing printers' requests to other replicas")?;
-            Some(Arc::new(f))
+            let f = Arc::new(f);
+            devices.spawn(f.clone().watch(health.clone(), devices.clone()));
+            Some(f)
         }
         _ if cfg.cluster.enabled && printers_served => {
             anyhow::bail!("cloudprnt.listen with cluster.enabled needs the devices' broker (broker.host): the partitions' owners are known through it")

@@ -284,6 +284,7 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         assert!(std::time::Instant::now() < until, "the owner records never named both replicas");
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let settled = std::time::Instant::now();
     let mut r1 = Some(r1);
     let replicas = |r: usize| if r == 0 { rig.gateway() } else { r1.as_ref().unwrap() };
     println!("cluster cloudprnt: r{star_owner} holds the Star printer's queue, r{epson_owner} the Epson's");
@@ -424,6 +425,13 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         assert_eq!(c.deadletters_parked + c.deadletters_published, 0, "r{r}: nothing dead-lettered");
     }
     assert_eq!(spy.next_message(Duration::from_secs(1)).await.unwrap(), None, "another printer read nothing");
+    // Each replica's own owner records came back from the broker: ready, once each has
+    // held its partition past the 10 s it is given.
+    tokio::time::sleep((settled + Duration::from_secs(16)).saturating_duration_since(std::time::Instant::now())).await;
+    for r in [0, 1] {
+        let not_ready = replicas(r).stats().unwrap().not_ready;
+        assert!(not_ready.is_empty() && replicas(r).is_ready(), "r{r}: {not_ready:?}");
+    }
     spy.stop().await;
     drop(epson);
 

@@ -37,7 +37,7 @@ pub fn prometheus_text(r: &StatsReport, reasons: &[Reason]) -> Result<String, st
 /// Topic alarms, always exposed (0 or 1) so alert rules need no `absent()`.
 const TOPIC_ALARMS: [&str; 5] = ["unassigned", "orphaned", "stalled", "slow", "quiet"];
 /// Gateway-wide alarms, likewise.
-const GLOBAL_ALARMS: [&str; 10] = [
+const GLOBAL_ALARMS: [&str; 11] = [
     "consumer_not_running",
     "consumer_idle",
     "outbox_failing",
@@ -47,6 +47,7 @@ const GLOBAL_ALARMS: [&str; 10] = [
     "registry_behind",
     "consume_error",
     "device_broker_unreachable",
+    "owner_records_missing",
     "low_space",
 ];
 

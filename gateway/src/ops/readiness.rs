@@ -31,7 +31,10 @@
 //!   record too large): the reason gives librdkafka's error text and, once found, the
 //!   topic, partition and offset;
 //! - the external MQTT broker the devices connect to (`broker`) has been unreachable for
-//!   `health.device_broker_down_after_ms`: no job can reach any device.
+//!   `health.device_broker_down_after_ms`: no job can reach any device;
+//! - in the central shape with CloudPRNT served, the broker does not give back the owner
+//!   records this replica published (an ACL without `pixgate/v1/partitions/+/owner`): no
+//!   replica can pass a printer's request on to it.
 //!
 //! The rules are one pure function, [`evaluate`], over the [`Facts`] the health monitor
 //! keeps (`telemetry::health`); [`report`] applies them to the monitor now; [`AlarmLog`]
@@ -157,6 +160,14 @@ pub enum Reason {
         /// The last connection error.
         error: String,
     },
+    /// The broker does not give back the owner records of partitions this replica holds
+    /// (`deliver::broker::owners`): other replicas cannot pass printers' requests on to it.
+    OwnerRecordsMissing {
+        /// For how long, ms.
+        for_ms: u64,
+        /// Which records, and what to check.
+        what: String,
+    },
     /// The outbox's file system has less than `outbox.min_free_bytes` free: reading is
     /// paused.
     LowSpace {
@@ -172,8 +183,8 @@ pub enum Reason {
 impl Reason {
     /// The kind of alarm: `consumer_not_running`, `consumer_idle`, `outbox_failing`, `kafka_unreachable`,
     /// `kafka_silent`, `unassigned`, `orphaned`, `stalled`, `slow`, `quiet`, `delivery_stalled`, `registry_behind`,
-    /// `consume_error`, `device_broker_unreachable`, `low_space` (the `alarm` label on
-    /// `/metrics`).
+    /// `consume_error`, `device_broker_unreachable`, `owner_records_missing`, `low_space` (the
+    /// `alarm` label on `/metrics`).
     pub fn kind(&self) -> &'static str {
         match self {
             Reason::ConsumerNotRunning => "consumer_not_running",
@@ -190,6 +201,7 @@ impl Reason {
             Reason::RegistryBehind { .. } => "registry_behind",
             Reason::ConsumeError { .. } => "consume_error",
             Reason::DeviceBrokerUnreachable { .. } => "device_broker_unreachable",
+            Reason::OwnerRecordsMissing { .. } => "owner_records_missing",
             Reason::LowSpace { .. } => "low_space",
         }
     }
@@ -306,6 +318,9 @@ impl fmt::Display for Reason {
             Reason::DeviceBrokerUnreachable { for_ms, error } => {
                 write!(f, "the devices' MQTT broker unreachable for {for_ms} ms: {error}")
             }
+            Reason::OwnerRecordsMissing { for_ms, what } => {
+                write!(f, "the devices' MQTT broker has not given back this replica's owner records for {for_ms} ms: {what}")
+            }
             Reason::LowSpace { for_ms, free, min } => write!(
                 f,
                 "the outbox's file system is low on space: {free} bytes free, below outbox.min_free_bytes ({min}); reading paused for {for_ms} ms"
@@ -394,6 +409,9 @@ pub fn evaluate(now: u64, facts: &Facts, rules: &HealthConfig) -> Vec<Reason> {
         if on(rules.device_broker_down_after_ms, since(*t)) {
             out.push(Reason::DeviceBrokerUnreachable { for_ms: since(*t), error: error.clone() });
         }
+    }
+    if let Some((t, what)) = &facts.owner_records_missing {
+        out.push(Reason::OwnerRecordsMissing { for_ms: since(*t), what: what.clone() });
     }
     if let Some((t, free, min)) = facts.low_space {
         out.push(Reason::LowSpace { for_ms: since(t), free, min });
@@ -932,6 +950,24 @@ mod tests {
         assert!(kinds(60_000, &t, &HealthConfig { device_broker_down_after_ms: 0, ..rules.clone() }).is_empty());
         t.device_broker_down(12_000, None);
         assert!(kinds(60_000, &t, &rules).is_empty(), "cleared once connected");
+    }
+
+    #[test]
+    fn owner_records_not_given_back_fail_readiness_until_they_come() {
+        let rules = rules();
+        let mut t = healthy();
+        t.owner_records_missing(1_000, Some("partitions [3]".into()));
+        t.owner_records_missing(6_000, Some("partitions [3, 5]".into()));
+        let reasons = evaluate(7_000, &t.facts(true, 0), &rules);
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert_eq!(reasons[0].kind(), "owner_records_missing");
+        assert_eq!(
+            reasons[0].to_string(),
+            "the devices' MQTT broker has not given back this replica's owner records for 6000 ms: partitions [3, 5]",
+            "counted from the first, naming the latest"
+        );
+        t.owner_records_missing(8_000, None);
+        assert!(kinds(9_000, &t, &rules).is_empty(), "cleared once they come back");
     }
 
     #[test]

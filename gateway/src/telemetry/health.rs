@@ -275,6 +275,10 @@ pub struct Facts {
     /// Since when the external MQTT broker is unreachable, and the last error (`None`: up,
     /// or no external broker).
     pub device_broker_down: Option<(u64, String)>,
+    /// Since when the broker has not given back owner records this replica published
+    /// (CloudPRNT in the central shape), and which (`None`: they come back, or none are
+    /// published).
+    pub owner_records_missing: Option<(u64, String)>,
     /// Since when the outbox's file system is low on space, with its free bytes when found
     /// so and `outbox.min_free_bytes` (`None`: room enough, or the watermark off).
     pub low_space: Option<(u64, u64, u64)>,
@@ -315,6 +319,7 @@ pub struct Tracker {
     registry_wait: Option<(u64, RegistryWaitFact)>,
     consume_error: Option<(u64, ConsumeErrorFact)>,
     device_broker_down: Option<(u64, String)>,
+    owner_records_missing: Option<(u64, String)>,
     low_space: Option<(u64, u64, u64)>,
     orphans: BTreeMap<String, OrphanFact>,
 }
@@ -342,6 +347,7 @@ impl Tracker {
             registry_wait: None,
             consume_error: None,
             device_broker_down: None,
+            owner_records_missing: None,
             low_space: None,
             orphans: BTreeMap::new(),
         }
@@ -448,6 +454,16 @@ impl Tracker {
         self.device_broker_down = match (error, self.device_broker_down.take()) {
             (Some(e), Some((since, _))) => Some((since, e)),
             (Some(e), None) => Some((now, e)),
+            (None, _) => None,
+        };
+    }
+
+    /// Owner records this replica published do not come back from the broker (`what`
+    /// says which), or (`None`) they do again. The first time of a streak is kept.
+    pub fn owner_records_missing(&mut self, now: u64, what: Option<String>) {
+        self.owner_records_missing = match (what, self.owner_records_missing.take()) {
+            (Some(w), Some((since, _))) => Some((since, w)),
+            (Some(w), None) => Some((now, w)),
             (None, _) => None,
         };
     }
@@ -602,6 +618,7 @@ impl Tracker {
             registry_wait: self.registry_wait.clone(),
             consume_error: self.consume_error.clone(),
             device_broker_down: self.device_broker_down.clone(),
+            owner_records_missing: self.owner_records_missing.clone(),
             low_space: self.low_space,
             orphans: self.orphans.clone(),
         }
@@ -682,6 +699,12 @@ impl Monitor {
     pub fn device_broker_down(&self, error: Option<String>) {
         let now = self.now_ms();
         self.with(|t| t.device_broker_down(now, error));
+    }
+
+    /// See [`Tracker::owner_records_missing`].
+    pub fn owner_records_missing(&self, what: Option<String>) {
+        let now = self.now_ms();
+        self.with(|t| t.owner_records_missing(now, what));
     }
 
     /// Outbox writes fail with `error`, or (`None`) succeed again.

@@ -35,6 +35,8 @@ struct PartitionLink {
     client: AsyncClient,
     /// CONNACK accepted, not failed since.
     up: AtomicBool,
+    /// When that CONNACK came.
+    up_at: Mutex<Option<Instant>>,
     /// Closed by this replica (given up) or stood down (taken over): sends refused, no
     /// reconnect.
     closed: AtomicBool,
@@ -111,6 +113,16 @@ impl PartitionLinks {
             .is_some_and(|l| l.up.load(Ordering::Acquire) && !l.closed.load(Ordering::Acquire))
     }
 
+    /// The partitions held now ([`PartitionLinks::owns`]), each with how long its
+    /// connection has been up.
+    pub fn held_for(&self) -> Vec<(i32, Duration)> {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.iter()
+            .filter(|(_, l)| l.up.load(Ordering::Acquire) && !l.closed.load(Ordering::Acquire))
+            .filter_map(|(p, l)| Some((*p, (*l.up_at.lock().unwrap_or_else(PoisonError::into_inner))?.elapsed())))
+            .collect()
+    }
+
     /// The client id of `partition`'s connection.
     pub fn client_id(&self, partition: i32) -> String {
         format!("{}-{partition}", self.prefix)
@@ -125,6 +137,7 @@ impl PartitionLinks {
         let link = Arc::new(PartitionLink {
             client,
             up: AtomicBool::new(false),
+            up_at: Mutex::default(),
             closed: AtomicBool::new(false),
             error: Mutex::new(Some("not connected yet".into())),
             closing: tokio::sync::Notify::new(),
@@ -234,6 +247,7 @@ async fn drive(partition: i32, link: Arc<PartitionLink>, mut eventloop: EventLoo
                         tracing::warn!(partition, error = %e, "the partition's owner record was not queued: other replicas cannot pass its printers' requests on until this connection reconnects");
                     }
                 }
+                *link.up_at.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
                 link.up.store(true, Ordering::Release);
                 *link.error.lock().unwrap_or_else(PoisonError::into_inner) = None;
                 tracing::info!(partition, client_id = %links.client_id(partition), "partition connection to the devices' broker up");

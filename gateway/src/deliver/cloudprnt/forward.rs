@@ -23,7 +23,8 @@
 use crate::deliver::broker::{Owners, PartitionLinks};
 use crate::deliver::http_auth;
 use crate::model::device_partition::partition_of;
-use crate::telemetry::Stats;
+use crate::shutdown::Shutdown;
+use crate::telemetry::{Monitor, Stats};
 use anyhow::{ensure, Context};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -49,6 +50,10 @@ const RETRY_AFTER_S: &str = "5";
 const REQUEST_HEADERS: [HeaderName; 3] = [header::AUTHORIZATION, header::CONTENT_TYPE, header::HOST];
 const ANSWER_HEADERS: [HeaderName; 4] =
     [header::CONTENT_TYPE, header::CACHE_CONTROL, header::WWW_AUTHENTICATE, header::RETRY_AFTER];
+
+/// How long a partition connection may be up before its owner record is expected back
+/// from the broker ([`Forward::watch`]).
+const RECORD_GRACE: Duration = Duration::from_secs(10);
 
 /// What passing requests on needs.
 pub struct Forward {
@@ -92,6 +97,27 @@ impl Forward {
         }
         let client = builder.build().context("the HTTP client to the other replicas")?;
         Ok(Forward { links, owners, replica, client, max_body_bytes, stats })
+    }
+
+    /// Every 5 s until `shutdown`: tells `health` which partitions this replica has held
+    /// for [`RECORD_GRACE`] without its own owner record coming back from the broker. A
+    /// broker whose ACL lacks `pixgate/v1/partitions/+/owner` (mosquitto 2.0 with an ACL
+    /// file grants the SUBSCRIBE and drops the PUBLISH) would otherwise fail every request
+    /// passed on to this replica with readiness green.
+    pub async fn watch(self: Arc<Self>, health: Arc<Monitor>, shutdown: Shutdown) {
+        while !shutdown.sleep(Duration::from_secs(5)).await {
+            let mut missing: Vec<i32> = self
+                .links
+                .held_for()
+                .into_iter()
+                .filter(|(p, up)| *up >= RECORD_GRACE && self.owners.get(*p).is_none_or(|r| r.replica != self.replica))
+                .map(|(p, _)| p)
+                .collect();
+            missing.sort_unstable();
+            health.owner_records_missing((!missing.is_empty()).then(|| {
+                format!("partitions {missing:?}, published on each partition's connection; the broker's ACL must let pixgate write and read pixgate/v1/partitions/+/owner")
+            }));
+        }
     }
 
     /// The partition of `device` when another replica holds it.
