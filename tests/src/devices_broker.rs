@@ -111,10 +111,8 @@ impl DevicesBroker {
             &gateway_listener,
             "--gateway-identity",
             GATEWAY_IDENTITY,
-        ]
-        .map(String::from)
-        .to_vec();
-        let mut args = args;
+        ];
+        let mut args: Vec<String> = args.map(String::from).to_vec();
         let printers_port = (!star_printers.is_empty()).then(free_port);
         if let Some(port) = printers_port {
             let list = dir.join("star-printers");

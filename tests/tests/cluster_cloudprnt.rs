@@ -179,6 +179,11 @@ async fn held_receipts(gw: &GatewayProcess, printer: &str, n: usize) -> Vec<Stri
     jobs.into_iter().map(|(m, _)| m).collect()
 }
 
+/// `args` as string slices, as a simulator takes them.
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 /// `device-jobs` partitions `gw` holds.
 fn assigned(gw: &GatewayProcess) -> u64 {
     gw.stats().ok().and_then(|s| s.topics.get(DEVICE_JOBS.0).map(|t| t.assigned_partitions)).unwrap_or(0)
@@ -304,9 +309,8 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
         let rest = ["--ca", &ca, "--poll-ms", "300", "--paper", "58"];
         args.iter().chain(rest.iter()).map(|s| s.to_string()).collect::<Vec<String>>()
     };
-    let strs = |v: &[String]| v.iter().map(String::as_str).collect::<Vec<&str>>().join("\u{0}");
     let star_argv = star_args(&secrets[0]);
-    let star = CloudSim::start(&star_out, &strs(&star_argv).split('\u{0}').collect::<Vec<_>>());
+    let star = CloudSim::start(&star_out, &as_strs(&star_argv));
     star.line("polling");
     let epson_url = format!("{}/sdp", urls[1 - epson_owner]);
     let epson_secret = secrets[1].display().to_string();
@@ -355,8 +359,7 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     let wrong = scratch.join("wrong.secret");
     std::fs::write(&wrong, "not-the-secret").unwrap();
     let stranger_argv = star_args(&wrong);
-    let stranger =
-        CloudSim::start(&rig.dir().join("stranger"), &strs(&stranger_argv).split('\u{0}').collect::<Vec<_>>());
+    let stranger = CloudSim::start(&rig.dir().join("stranger"), &as_strs(&stranger_argv));
     assert_eq!(stranger.line("refused"), "401");
     let refused = replicas(star_owner).stats().unwrap().counters.cloudprnt_refusals;
     assert!(refused.get("bad_credentials").copied().unwrap_or(0) >= 1, "counted by the owner: {refused:?}");
@@ -429,8 +432,7 @@ async fn printers_polling_any_replica_are_served_by_their_queues_owner_through_a
     // held its partition past the 10 s it is given.
     tokio::time::sleep((settled + Duration::from_secs(16)).saturating_duration_since(std::time::Instant::now())).await;
     for r in [0, 1] {
-        let not_ready = replicas(r).stats().unwrap().not_ready;
-        assert!(not_ready.is_empty() && replicas(r).is_ready(), "r{r}: {not_ready:?}");
+        wait_for(&format!("r{r} ready"), WAIT, || replicas(r).stats().is_ok_and(|s| s.not_ready.is_empty())).await;
     }
     spy.stop().await;
     drop(epson);

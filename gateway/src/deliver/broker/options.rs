@@ -7,8 +7,30 @@ use anyhow::{bail, ensure, Context};
 use rumqttc::{MqttOptions, TlsConfiguration, Transport};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A TLS client (ring) trusting only the certificates of the PEM file `ca`, not yet told
+/// whether it presents a certificate of its own.
+///
+/// # Errors
+/// `ca` does not read, holds no certificate or one rustls cannot use.
+pub fn client_builder(
+    ca: &Path,
+) -> anyhow::Result<rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))? {
+        roots
+            .add(cert.with_context(|| format!("{}", ca.display()))?)
+            .with_context(|| format!("{}: unusable certificate", ca.display()))?;
+    }
+    ensure!(!roots.is_empty(), "{} holds no certificate", ca.display());
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots))
+}
 
 /// The client side of TLS to the broker from `cfg.tls`: its CA, and pixgate's client
 /// certificate when given. `None` for `broker.plain`.
@@ -23,17 +45,7 @@ pub fn tls(cfg: &BrokerConfig) -> anyhow::Result<Option<Arc<rustls::ClientConfig
         (None, true) => return Ok(None),
         (Some(t), false) => t,
     };
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(&t.ca).with_context(|| format!("reading {}", t.ca.display()))? {
-        roots
-            .add(cert.with_context(|| format!("{}", t.ca.display()))?)
-            .with_context(|| format!("{}: unusable certificate", t.ca.display()))?;
-    }
-    ensure!(!roots.is_empty(), "{} holds no certificate", t.ca.display());
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
+    let builder = client_builder(&t.ca)?;
     let config = match (&t.cert, &t.key) {
         (None, None) => builder.with_no_client_auth(),
         (Some(cert), Some(key)) => {

@@ -46,6 +46,13 @@ struct PartitionLink {
     closing: tokio::sync::Notify,
 }
 
+impl PartitionLink {
+    /// Up and not closed: the partition is this replica's now.
+    fn held(&self) -> bool {
+        self.up.load(Ordering::Acquire) && !self.closed.load(Ordering::Acquire)
+    }
+}
+
 /// The partition connections of one replica.
 pub struct PartitionLinks {
     cfg: BrokerConfig,
@@ -106,11 +113,7 @@ impl PartitionLinks {
     /// accepted, not dropped since) and not closed. The broker closes a connection whose
     /// client id a newer owner has taken, so this is as fenced as the sends are.
     pub fn owns(&self, partition: i32) -> bool {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&partition)
-            .is_some_and(|l| l.up.load(Ordering::Acquire) && !l.closed.load(Ordering::Acquire))
+        self.open.lock().unwrap_or_else(PoisonError::into_inner).get(&partition).is_some_and(|l| l.held())
     }
 
     /// The partitions held now ([`PartitionLinks::owns`]), each with how long its
@@ -118,7 +121,7 @@ impl PartitionLinks {
     pub fn held_for(&self) -> Vec<(i32, Duration)> {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         open.iter()
-            .filter(|(_, l)| l.up.load(Ordering::Acquire) && !l.closed.load(Ordering::Acquire))
+            .filter(|(_, l)| l.held())
             .filter_map(|(p, l)| Some((*p, (*l.up_at.lock().unwrap_or_else(PoisonError::into_inner))?.elapsed())))
             .collect()
     }

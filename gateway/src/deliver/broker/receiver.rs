@@ -82,6 +82,9 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
     // Star printers told up to the CloudPRNT side: each at its first message through the
     // broker, until its will.
     let mut star_up = std::collections::HashSet::new();
+    let mut subscribed = vec![ALL_ACKS, ALL_STATUS];
+    subscribed.extend(owners.is_some().then_some(OWNER_FILTER));
+    subscribed.extend(star.is_some().then_some(star::ALL_TO_SERVER));
     let mut backoff = Backoff::default();
     let log_limit = Arc::new(LogLimit::default());
     let (summing, stop) = (log_limit.clone(), shutdown.clone());
@@ -98,14 +101,7 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
         match event {
             Ok(Event::Incoming(Packet::ConnAck(c))) if c.code == ConnectReturnCode::Success => {
                 backoff.reset();
-                let mut filters: Vec<SubscribeFilter> =
-                    [ALL_ACKS, ALL_STATUS].map(|f| SubscribeFilter::new(f.to_string(), QoS::AtLeastOnce)).into();
-                if owners.is_some() {
-                    filters.push(SubscribeFilter::new(OWNER_FILTER.to_string(), QoS::AtLeastOnce));
-                }
-                if star.is_some() {
-                    filters.push(SubscribeFilter::new(star::ALL_TO_SERVER.to_string(), QoS::AtLeastOnce));
-                }
+                let filters = subscribed.iter().map(|f| SubscribeFilter::new(f.to_string(), QoS::AtLeastOnce));
                 // Queued to the event loop, which this task polls: never waits long.
                 if client.subscribe_many(filters).await.is_err() {
                     return;
@@ -116,14 +112,11 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                     tracing::info!(client_id = %eventloop.mqtt_options.client_id(), "acks connection to the devices' broker up, subscribed to every device's acks and status");
                     links.up(Which::Acks);
                 } else {
-                    let mut also = String::new();
-                    if owners.is_some() {
-                        also.push_str(&format!(", {OWNER_FILTER}"));
-                    }
-                    if star.is_some() {
-                        also.push_str(&format!(", {}", star::ALL_TO_SERVER));
-                    }
-                    let error = format!("the broker refused a subscription of {ALL_ACKS}, {ALL_STATUS}{also} (SUBACK {:?}): its ACL must let this client read them", ack.return_codes);
+                    let error = format!(
+                        "the broker refused a subscription of {} (SUBACK {:?}): its ACL must let this client read them",
+                        subscribed.join(", "),
+                        ack.return_codes
+                    );
                     tracing::error!("{error}");
                     links.down(Which::Acks, error);
                 }

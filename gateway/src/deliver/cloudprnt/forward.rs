@@ -25,14 +25,12 @@ use crate::deliver::http_auth;
 use crate::model::device_partition::partition_of;
 use crate::shutdown::Shutdown;
 use crate::telemetry::{Monitor, Stats};
-use anyhow::{ensure, Context};
+use anyhow::Context;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,16 +81,7 @@ impl Forward {
     ) -> anyhow::Result<Forward> {
         let mut builder = reqwest::Client::builder().timeout(timeout).redirect(reqwest::redirect::Policy::none());
         if let Some(ca) = peer_ca {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))? {
-                roots.add(cert.with_context(|| ca.display().to_string())?).context("unusable certificate")?;
-            }
-            ensure!(!roots.is_empty(), "{} holds no certificate", ca.display());
-            let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .context("TLS protocol versions")?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+            let tls = crate::deliver::broker::options::client_builder(ca)?.with_no_client_auth();
             builder = builder.use_preconfigured_tls(tls);
         }
         let client = builder.build().context("the HTTP client to the other replicas")?;
