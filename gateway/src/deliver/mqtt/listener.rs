@@ -274,16 +274,20 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
         };
         let _ = socket.set_nodelay(true);
         let shutdown = shared.shutdown.clone();
-        let serve = connection(socket, addr, shared.clone(), permit, address);
+        let shared_ = shared.clone();
+        // The connection's future is made inside the task: one made outside and moved in
+        // would keep a second slot of its size in the task for the connection's whole life.
         shared.shutdown.spawn(async move {
             tokio::select! {
                 () = shutdown.requested() => {}
-                () = serve => {}
+                () = connection(socket, addr, shared_, permit, address) => {}
             }
         });
     }
 }
 
+/// The TLS handshake's state (rustls's, about 1.3 KiB) is boxed: it is gone once the
+/// handshake is, and does not take room in every connected device's task.
 async fn connection(
     socket: TcpStream,
     addr: SocketAddr,
@@ -297,10 +301,27 @@ async fn connection(
     let Some(tls) = shared.tls.clone() else {
         return session::serve(tokio::io::split(socket), peer, shared.clone(), permit, deadline).await;
     };
+    match Box::pin(tls_handshake(socket, &tls, deadline, &mut peer)).await {
+        Ok(halves) => session::serve(halves, peer, shared, permit, deadline).await,
+        Err((rule, why)) => shared.refuse(rule, &peer, None, &why),
+    }
+}
+
+/// The TLS handshake of `socket` by `deadline`, the client certificate's identity (if
+/// any) written into `peer`; the stream comes back split ([`session::serve`]'s halves).
+///
+/// # Errors
+/// The rule broken and why: no handshake in time, or a failed one.
+async fn tls_handshake(
+    socket: TcpStream,
+    tls: &Tls,
+    deadline: tokio::time::Instant,
+    peer: &mut Peer,
+) -> Result<session::Halves<tokio_rustls::server::TlsStream<TcpStream>>, (Rule, String)> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
     let stream = match tokio::time::timeout_at(deadline, acceptor.accept(socket)).await {
-        Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no TLS handshake in time"),
-        Ok(Err(e)) => return shared.refuse(Rule::TlsHandshake, &peer, None, &e.to_string()),
+        Err(_) => return Err((Rule::ConnectTimeout, "no TLS handshake in time".into())),
+        Ok(Err(e)) => return Err((Rule::TlsHandshake, e.to_string())),
         Ok(Ok(s)) => s,
     };
     if let Some((id, serial)) =
@@ -309,7 +330,7 @@ async fn connection(
         peer.certificate = Some(id);
         peer.serial = Some(serial);
     }
-    session::serve(tokio::io::split(stream), peer, shared, permit, deadline).await;
+    Ok(tokio::io::split(stream))
 }
 
 #[cfg(test)]

@@ -255,17 +255,33 @@ fn refused(code: ConnectReturnCode) -> Out {
     Out::ConnAck { code, session_present: false, session_expiry_s: 0, max_packet: 0 }
 }
 
+/// A connection's two halves ([`tokio::io::split`]).
+pub type Halves<S> = (ReadHalf<S>, WriteHalf<S>);
+
+/// A device that passed admission: its CONNECT, the client id it is known by, and who
+/// it proved to be.
+struct Admitted {
+    connect: wire::Connect,
+    client_id: String,
+    device: String,
+    credential: Credential,
+    /// Its MAC, if it is a Star printer on the MQTT method ([`star`]).
+    mac: Option<String>,
+}
+
 /// Serves one connection (TLS already established when `peer.tls`), given as its two
 /// halves ([`tokio::io::split`]), until it ends. The caller splits it so that the stream
 /// (a `TlsStream` is 1.2 KiB) lives once, behind the halves: an argument moved into this
-/// future keeps its slot there for the connection's whole life.
+/// future keeps its slot there for the connection's whole life. For the same reason the
+/// admission and the rare steps (a will, a refusal) run as boxed futures: this future's
+/// size is that of its largest step, and every connected device's task keeps it.
 /// `handshake` is the listener's handshake slot, released once the device has its
 /// CONNACK: the whole admission (TLS, CONNECT, authentication) counts against
 /// `mqtt.max_handshakes` and `mqtt.max_handshakes_per_address`. The CONNECT must arrive
 /// by `deadline` (`mqtt.connect_timeout_ms` after the socket was accepted, the TLS
 /// handshake included).
 pub async fn serve<S>(
-    (rd, mut wr): (ReadHalf<S>, WriteHalf<S>),
+    (rd, mut wr): Halves<S>,
     peer: Peer,
     shared: Arc<Shared>,
     handshake: Handshake,
@@ -282,69 +298,16 @@ pub async fn serve<S>(
     // Watched from before the CONNECT is judged: a device disabled meanwhile is not missed.
     let standing = shared.directory.changes();
     let credentials = shared.credentials_changed();
-    let first = tokio::time::timeout_at(deadline, async {
-        let protocol = reader.protocol().await?;
-        let Some(version) = protocol.version() else { return Ok(Err(protocol)) };
-        reader.version = version;
-        reader.next().await.map(Ok)
-    });
-    let first = match first.await {
-        Err(_) => return shared.refuse(Rule::ConnectTimeout, &peer, None, "no CONNECT in time"),
-        Ok(Err((rule, why))) => {
-            return match rule {
-                Some(rule) => shared.refuse(rule, &peer, None, &why),
-                None => tracing::debug!(addr = %peer.addr, %why, "socket closed before CONNECT"),
-            }
-        }
-        Ok(Ok(Err(protocol))) => {
-            let name = String::from_utf8_lossy(&protocol.name);
-            let Some(answer) = protocol.refusal() else {
-                return shared.refuse(Rule::Malformed, &peer, None, &format!("protocol name {name:?}"));
-            };
-            let why = format!("protocol {name} level {} (MQTT 3.1.1 and 5 are levels 4 and 5 of MQTT)", protocol.level);
-            shared.refuse(Rule::ProtocolVersion, &peer, None, &why);
-            let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-                wr.write_all(answer).await?;
-                wr.shutdown().await
-            })
-            .await;
-            return;
-        }
-        Ok(Ok(Ok(p))) => p,
-    };
-    let Packet::Connect(connect) = first else {
-        return shared.refuse(Rule::Malformed, &peer, None, "first packet is not CONNECT");
+    let Some(Admitted { connect, client_id, device, credential, mac }) =
+        Box::pin(admit(&mut reader, &mut wr, &peer, &shared, deadline)).await
+    else {
+        return;
     };
     let version = reader.version;
-    let refuse = |(rule, code): Refusal, device: Option<&str>, why: &str| {
-        shared.refuse(rule, &peer, device.or(Some(&connect.client_id)), why);
-        refused(code)
-    };
-    // A Star printer whose firmware keeps its MAC as its client id is known by its username.
-    let client_id = star_client_id(&shared, &connect).unwrap_or_else(|| connect.client_id.clone());
-    let authenticated = shared.auth.authenticate(&client_id, connect.login.as_ref(), &peer, &shared.directory);
-    let mac = authenticated.as_ref().ok().and_then(|(device, _)| shared.star.as_ref()?.mac_of(device));
-    let refusal = match &authenticated {
-        Err(r) => Some(refuse(*r, None, "CONNECT refused")),
-        Ok((device, _)) => {
-            let may_will = |topic: &str| match &mac {
-                Some(mac) => star::may_will(mac, topic.as_bytes()),
-                None => access::may_will(device, topic.as_bytes()),
-            };
-            connect.will.as_ref().filter(|(topic, _)| !may_will(topic)).map(|(topic, _)| {
-                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {topic}"))
-            })
-        }
-    };
-    if let Some(answer) = refusal {
-        let _ = write(&mut wr, version, &[answer]).await;
-        return;
-    }
-    let Ok((device, credential)) = authenticated else { return };
     let Some(_slot) = shared.connection_slot() else {
-        let answer =
-            refuse((Rule::Capacity, ConnectReturnCode::ServiceUnavailable), Some(&device), "at mqtt.max_connections");
-        let _ = write(&mut wr, version, &[answer]).await;
+        shared.refuse(Rule::Capacity, &peer, Some(&device), "at mqtt.max_connections");
+        let answer = refused(ConnectReturnCode::ServiceUnavailable);
+        let _ = Box::pin(write(&mut wr, version, &[answer])).await;
         return;
     };
     let hub = shared.hub.clone();
@@ -408,7 +371,8 @@ pub async fn serve<S>(
     hub.detach(&conn.client_id, session);
     if !matches!(end, End::Clean | End::Replaced | End::Stopped) {
         if let Some((topic, message)) = connect.will {
-            let _ = pass_on(&hub, &shared, &peer, &conn.device, conn.mac.as_deref(), &topic, &message).await;
+            let will = pass_on(&hub, &shared, &peer, &conn.device, conn.mac.as_deref(), &topic, &message);
+            let _ = Box::pin(will).await;
         }
     }
     if let Some(star) = shared.star.as_ref().filter(|_| told_up) {
@@ -435,6 +399,87 @@ pub async fn serve<S>(
         };
         let _ = tokio::time::timeout(LINGER, drain).await;
     }
+}
+
+/// Admission: the CONNECT by `deadline` (its protocol level sets `reader`'s version), then
+/// authentication and the will's topic. A refusal is counted and logged, and answered
+/// where the protocol has an answer; then `None`.
+async fn admit<R, W>(
+    reader: &mut Reader<R>,
+    wr: &mut W,
+    peer: &Peer,
+    shared: &Shared,
+    deadline: tokio::time::Instant,
+) -> Option<Admitted>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let first = tokio::time::timeout_at(deadline, async {
+        let protocol = reader.protocol().await?;
+        let Some(version) = protocol.version() else { return Ok(Err(protocol)) };
+        reader.version = version;
+        reader.next().await.map(Ok)
+    });
+    let first = match first.await {
+        Err(_) => {
+            shared.refuse(Rule::ConnectTimeout, peer, None, "no CONNECT in time");
+            return None;
+        }
+        Ok(Err((rule, why))) => {
+            match rule {
+                Some(rule) => shared.refuse(rule, peer, None, &why),
+                None => tracing::debug!(addr = %peer.addr, %why, "socket closed before CONNECT"),
+            }
+            return None;
+        }
+        Ok(Ok(Err(protocol))) => {
+            let name = String::from_utf8_lossy(&protocol.name);
+            let Some(answer) = protocol.refusal() else {
+                shared.refuse(Rule::Malformed, peer, None, &format!("protocol name {name:?}"));
+                return None;
+            };
+            let why = format!("protocol {name} level {} (MQTT 3.1.1 and 5 are levels 4 and 5 of MQTT)", protocol.level);
+            shared.refuse(Rule::ProtocolVersion, peer, None, &why);
+            let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
+                wr.write_all(answer).await?;
+                wr.shutdown().await
+            })
+            .await;
+            return None;
+        }
+        Ok(Ok(Ok(p))) => p,
+    };
+    let Packet::Connect(connect) = first else {
+        shared.refuse(Rule::Malformed, peer, None, "first packet is not CONNECT");
+        return None;
+    };
+    let refuse = |(rule, code): Refusal, device: Option<&str>, why: &str| {
+        shared.refuse(rule, peer, device.or(Some(&connect.client_id)), why);
+        refused(code)
+    };
+    // A Star printer whose firmware keeps its MAC as its client id is known by its username.
+    let client_id = star_client_id(shared, &connect).unwrap_or_else(|| connect.client_id.clone());
+    let authenticated = shared.auth.authenticate(&client_id, connect.login.as_ref(), peer, &shared.directory);
+    let mac = authenticated.as_ref().ok().and_then(|(device, _)| shared.star.as_ref()?.mac_of(device));
+    let refusal = match &authenticated {
+        Err(r) => Some(refuse(*r, None, "CONNECT refused")),
+        Ok((device, _)) => {
+            let may_will = |topic: &str| match &mac {
+                Some(mac) => star::may_will(mac, topic.as_bytes()),
+                None => access::may_will(device, topic.as_bytes()),
+            };
+            connect.will.as_ref().filter(|(topic, _)| !may_will(topic)).map(|(topic, _)| {
+                refuse((Rule::Will, ConnectReturnCode::NotAuthorized), Some(device), &format!("will on {topic}"))
+            })
+        }
+    };
+    if let Some(answer) = refusal {
+        let _ = write(wr, reader.version, &[answer]).await;
+        return None;
+    }
+    let (device, credential) = authenticated.ok()?;
+    Some(Admitted { connect, client_id, device, credential, mac })
 }
 
 /// A message `device` published (or left as its will) on `topic`, already checked against
@@ -565,7 +610,8 @@ impl Conn<'_> {
                             return End::refused(Rule::RateDisconnect);
                         }
                     }
-                    match self.on_device_packet(packet, wr).await {
+                    // Boxed: its state (some 1 KiB) is needed only while a packet is handled.
+                    match Box::pin(self.on_device_packet(packet, wr)).await {
                         Ok(None) => {}
                         Ok(Some(end)) => return end,
                         Err(e) => return End::Lost(e.to_string()),
