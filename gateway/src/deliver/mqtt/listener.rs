@@ -20,6 +20,7 @@ use super::hub::Hub;
 use super::session;
 use super::star::StarPrinters;
 use super::tls::{certificate_identity, Tls};
+use super::tls_stream::{self, TlsStream};
 use crate::config::MqttConfig;
 use crate::model::Directory;
 use crate::shutdown::Shutdown;
@@ -286,8 +287,8 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// The TLS handshake's state (rustls's, about 1.3 KiB) is boxed: it is gone once the
-/// handshake is, and does not take room in every connected device's task.
+/// The TLS handshake's state is boxed: it is gone once the handshake is, and does not
+/// take room in every connected device's task.
 async fn connection(
     socket: TcpStream,
     addr: SocketAddr,
@@ -307,8 +308,9 @@ async fn connection(
     }
 }
 
-/// The TLS handshake of `socket` by `deadline`, the client certificate's identity (if
-/// any) written into `peer`; the stream comes back split ([`session::serve`]'s halves).
+/// The TLS handshake of `socket` by `deadline` ([`tls_stream`]), the client certificate's
+/// identity (if any) written into `peer`; the stream comes back split
+/// ([`session::serve`]'s halves).
 ///
 /// # Errors
 /// The rule broken and why: no handshake in time, or a failed one.
@@ -317,15 +319,14 @@ async fn tls_handshake(
     tls: &Tls,
     deadline: tokio::time::Instant,
     peer: &mut Peer,
-) -> Result<session::Halves<tokio_rustls::server::TlsStream<TcpStream>>, (Rule, String)> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
-    let stream = match tokio::time::timeout_at(deadline, acceptor.accept(socket)).await {
+) -> Result<session::Halves<TlsStream>, (Rule, String)> {
+    let stream = match tokio::time::timeout_at(deadline, tls_stream::accept(socket, tls.config())).await {
         Err(_) => return Err((Rule::ConnectTimeout, "no TLS handshake in time".into())),
         Ok(Err(e)) => return Err((Rule::TlsHandshake, e.to_string())),
         Ok(Ok(s)) => s,
     };
     if let Some((id, serial)) =
-        stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(certificate_identity)
+        stream.session().peer_certificates().and_then(|c| c.first()).and_then(certificate_identity)
     {
         peer.certificate = Some(id);
         peer.serial = Some(serial);

@@ -23,6 +23,7 @@ pub mod publisher;
 pub mod session;
 pub mod star;
 pub mod tls;
+pub mod tls_stream;
 mod wire;
 
 pub use publisher::Publisher;
