@@ -60,8 +60,9 @@ pub struct TlsStream {
     read_closed: bool,
     /// close_notify is queued.
     close_queued: bool,
-    /// The session failed (a TLS error): rustls is not called again, its alert is queued.
-    failed: bool,
+    /// The session failed, and why (a TLS error): rustls is not called again, its alert
+    /// is queued.
+    failed: Option<String>,
 }
 
 fn tls_error(e: impl std::fmt::Display) -> io::Error {
@@ -86,7 +87,7 @@ pub async fn accept(io: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsS
         taken: 0,
         read_closed: false,
         close_queued: false,
-        failed: false,
+        failed: None,
     };
     std::future::poll_fn(|cx| stream.poll_handshake(cx)).await?;
     Ok(stream)
@@ -130,25 +131,36 @@ impl TlsStream {
     /// `outgoing` once the session allows it. After an error the session is failed: the
     /// alert rustls chose is queued, and every later call is an error.
     fn process(&mut self, data: Option<&[u8]>) -> io::Result<Next> {
-        if self.failed {
-            return Err(tls_error("the TLS session failed"));
+        if let Some(why) = &self.failed {
+            return Err(tls_error(why));
         }
         let next = self.process_records(data);
-        if next.is_err() {
-            self.failed = true;
+        if let Err(e) = &next {
+            self.failed = Some(e.to_string());
             self.queue_alert();
         }
         next
     }
 
-    /// The fatal alert rustls queued with its error, into `outgoing`: the one record an
-    /// empty pass yields (rustls encodes it before it looks at any record again).
+    /// What rustls queued to send with its error (its fatal alert, if it chose one), into
+    /// `outgoing`. Only while it has something queued: rustls encodes that before it looks
+    /// at the records again, and looking at them after some errors (a handshake message
+    /// over its bound) panics.
     fn queue_alert(&mut self) {
-        let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
-        if let Ok(ConnectionState::EncodeTlsData(mut encode)) = state {
+        while self.conn.wants_write() {
+            let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
+            let Ok(ConnectionState::EncodeTlsData(mut encode)) = state else { return };
             let at = self.outgoing.len();
             self.outgoing.resize(at + READ_ROOM, 0);
-            let n = encode.encode(&mut self.outgoing[at..]).unwrap_or(0);
+            let mut n = encode.encode(&mut self.outgoing[at..]);
+            if let Err(EncodeError::InsufficientSize(e)) = &n {
+                self.outgoing.resize(at + e.required_size, 0);
+                n = encode.encode(&mut self.outgoing[at..]);
+            }
+            let Ok(n) = n else {
+                self.outgoing.truncate(at);
+                return;
+            };
             self.outgoing.truncate(at + n);
         }
     }
@@ -335,8 +347,12 @@ impl AsyncRead for TlsStream {
             if this.take_plaintext(buf) {
                 return Poll::Ready(Ok(()));
             }
-            if let Next::Closed = this.process(None)? {
-                this.read_closed = true;
+            match this.process(None) {
+                Ok(Next::Closed) => this.read_closed = true,
+                Ok(_) => {}
+                // What was decrypted before the failure is read first; the error comes on
+                // the next read.
+                Err(e) => return Poll::Ready(if this.take_plaintext(buf) { Ok(()) } else { Err(e) }),
             }
             if this.take_plaintext(buf) {
                 return Poll::Ready(Ok(()));
@@ -387,7 +403,7 @@ impl AsyncWrite for TlsStream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         // A failed session sends its alert instead.
-        if !this.failed {
+        if this.failed.is_none() {
             this.queue_close()?;
         }
         ready!(this.poll_send(cx))?;
@@ -495,8 +511,9 @@ mod tests {
             "buffers held while idle"
         );
 
-        // The client's close_notify is the server's end of stream; the server's own
-        // close_notify reaches the client, which would report a truncation otherwise.
+        // The client's close (close_notify, then its FIN) is the server's end of stream,
+        // after the last bytes; the server's close_notify reaches the client, which would
+        // report a truncation otherwise.
         client.write_all(b"last").await.unwrap();
         client.shutdown().await.unwrap();
         let mut rest = Vec::new();
@@ -528,6 +545,28 @@ mod tests {
         assert!(refused.to_string().contains("BadSignature"), "{refused}");
         let e = server.err().expect("the server sees the handshake fail");
         assert!(e.to_string().contains("received fatal alert"), "{e}");
+    }
+
+    /// What a client sends before the handshake fails it: the handshake's error, no panic.
+    async fn refused(hello: &[u8]) -> io::Error {
+        let (server, _) = configs(&[&rustls::version::TLS13]);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        client.write_all(hello).await.unwrap();
+        let (socket, _) = listener.accept().await.unwrap();
+        let accepted = tokio::spawn(tokio::time::timeout(Duration::from_secs(5), accept(socket, server)));
+        let accepted = accepted.await.expect("the handshake's task does not panic");
+        accepted.expect("no hang").err().expect("refused")
+    }
+
+    #[tokio::test]
+    async fn handshake_errors_rustls_sends_no_alert_for_end_the_handshake_without_a_panic() {
+        // A ClientHello header claiming 16 MiB, over rustls's 64 KiB bound.
+        let e = refused(&[0x16, 3, 1, 0, 4, 0x01, 0xff, 0xff, 0xff]).await;
+        assert!(e.to_string().contains("HandshakePayloadTooLarge"), "{e}");
+        // Half a handshake message, then a ChangeCipherSpec record in its middle.
+        let e = refused(&[0x16, 3, 1, 0, 2, 0x01, 0x00, 0x14, 3, 3, 0, 1, 1]).await;
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[tokio::test]
