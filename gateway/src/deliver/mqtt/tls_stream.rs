@@ -69,6 +69,49 @@ fn tls_error(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
 }
 
+/// Appends to `out` what `write` puts into a buffer: `room` bytes are offered first, then
+/// the size rustls says it needs (`needed`); on an error `out` is left as it was.
+fn append<E>(
+    out: &mut Vec<u8>,
+    room: usize,
+    needed: impl Fn(&E) -> Option<usize>,
+    mut write: impl FnMut(&mut [u8]) -> Result<usize, E>,
+) -> Result<(), E> {
+    let at = out.len();
+    out.resize(at + room, 0);
+    let mut written = write(&mut out[at..]);
+    if let Some(size) = written.as_ref().err().and_then(&needed) {
+        out.resize(at + size, 0);
+        written = write(&mut out[at..]);
+    }
+    match written {
+        Ok(n) => {
+            out.truncate(at + n);
+            Ok(())
+        }
+        Err(e) => {
+            out.truncate(at);
+            Err(e)
+        }
+    }
+}
+
+/// The room an encoding asked for, if that is why it failed.
+fn encode_room(e: &EncodeError) -> Option<usize> {
+    match e {
+        EncodeError::InsufficientSize(e) => Some(e.required_size),
+        _ => None,
+    }
+}
+
+/// The room an encryption asked for, if that is why it failed.
+fn encrypt_room(e: &EncryptError) -> Option<usize> {
+    match e {
+        EncryptError::InsufficientSize(e) => Some(e.required_size),
+        _ => None,
+    }
+}
+
 /// Runs the TLS handshake of `io` as the server `config` describes.
 ///
 /// # Errors
@@ -150,18 +193,9 @@ impl TlsStream {
         while self.conn.wants_write() {
             let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut []);
             let Ok(ConnectionState::EncodeTlsData(mut encode)) = state else { return };
-            let at = self.outgoing.len();
-            self.outgoing.resize(at + READ_ROOM, 0);
-            let mut n = encode.encode(&mut self.outgoing[at..]);
-            if let Err(EncodeError::InsufficientSize(e)) = &n {
-                self.outgoing.resize(at + e.required_size, 0);
-                n = encode.encode(&mut self.outgoing[at..]);
-            }
-            let Ok(n) = n else {
-                self.outgoing.truncate(at);
+            if append(&mut self.outgoing, READ_ROOM, encode_room, |out| encode.encode(out)).is_err() {
                 return;
-            };
-            self.outgoing.truncate(at + n);
+            }
         }
     }
 
@@ -179,18 +213,7 @@ impl TlsStream {
                     None
                 }
                 ConnectionState::EncodeTlsData(mut encode) => {
-                    let at = self.outgoing.len();
-                    self.outgoing.resize(at + READ_ROOM, 0);
-                    let mut n = encode.encode(&mut self.outgoing[at..]);
-                    if let Err(EncodeError::InsufficientSize(e)) = &n {
-                        self.outgoing.resize(at + e.required_size, 0);
-                        n = encode.encode(&mut self.outgoing[at..]);
-                    }
-                    let n = n.map_err(|e| {
-                        self.outgoing.truncate(at);
-                        tls_error(e)
-                    })?;
-                    self.outgoing.truncate(at + n);
+                    append(&mut self.outgoing, READ_ROOM, encode_room, |out| encode.encode(out)).map_err(tls_error)?;
                     None
                 }
                 // Sent in order with whatever follows: `outgoing` is written out before
@@ -203,21 +226,11 @@ impl TlsStream {
                 ConnectionState::WriteTraffic(mut traffic) => match data.filter(|d| !d.is_empty()) {
                     Some(data) => {
                         let data = &data[..data.len().min(MAX_WRITE)];
-                        let at = self.outgoing.len();
                         // A record adds a header, a tag and the content type: 22 bytes
                         // for TLS 1.3's AEADs, less than 64 for any suite rustls has.
                         let room = data.len() + 64 * data.len().div_ceil(16_384);
-                        self.outgoing.resize(at + room, 0);
-                        let mut n = traffic.encrypt(data, &mut self.outgoing[at..]);
-                        if let Err(EncryptError::InsufficientSize(e)) = &n {
-                            self.outgoing.resize(at + e.required_size, 0);
-                            n = traffic.encrypt(data, &mut self.outgoing[at..]);
-                        }
-                        let n = n.map_err(|e| {
-                            self.outgoing.truncate(at);
-                            tls_error(e)
-                        })?;
-                        self.outgoing.truncate(at + n);
+                        append(&mut self.outgoing, room, encrypt_room, |out| traffic.encrypt(data, out))
+                            .map_err(tls_error)?;
                         Some(Next::Encrypted(data.len()))
                     }
                     None => Some(Next::Read),
@@ -257,18 +270,7 @@ impl TlsStream {
         // in its handshake (then there is nothing to close).
         let UnbufferedStatus { state, .. } = self.conn.process_tls_records(&mut self.incoming[..self.used]);
         if let ConnectionState::WriteTraffic(mut traffic) = state.map_err(tls_error)? {
-            let at = self.outgoing.len();
-            self.outgoing.resize(at + 64, 0);
-            let mut n = traffic.queue_close_notify(&mut self.outgoing[at..]);
-            if let Err(EncryptError::InsufficientSize(e)) = &n {
-                self.outgoing.resize(at + e.required_size, 0);
-                n = traffic.queue_close_notify(&mut self.outgoing[at..]);
-            }
-            let n = n.map_err(|e| {
-                self.outgoing.truncate(at);
-                tls_error(e)
-            })?;
-            self.outgoing.truncate(at + n);
+            append(&mut self.outgoing, 64, encrypt_room, |out| traffic.queue_close_notify(out)).map_err(tls_error)?;
         }
         Ok(())
     }
