@@ -287,8 +287,9 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// The TLS handshake's state is boxed: it is gone once the handshake is, and does not
-/// take room in every connected device's task.
+/// Serves one accepted socket: the TLS handshake if the listener has TLS, then the
+/// session ([`session::serve`]). The handshake's state is boxed: it is gone once the
+/// handshake is, and does not take room in every connected device's task.
 async fn connection(
     socket: TcpStream,
     addr: SocketAddr,
