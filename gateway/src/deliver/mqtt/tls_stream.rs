@@ -342,13 +342,11 @@ impl TlsStream {
 impl AsyncRead for TlsStream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if buf.remaining() == 0 {
+        if buf.remaining() == 0 || this.take_plaintext(buf) {
             return Poll::Ready(Ok(()));
         }
+        // Only `process` adds plaintext: it is looked for again after each pass.
         loop {
-            if this.take_plaintext(buf) {
-                return Poll::Ready(Ok(()));
-            }
             match this.process(None) {
                 Ok(Next::Closed) => this.read_closed = true,
                 Ok(_) => {}
