@@ -525,21 +525,27 @@ mod tests {
         assert!(rest.is_empty());
     }
 
+    /// Longest an exchange may take: a stream that stops moving bytes or never reports the
+    /// other side's close fails the test instead of hanging it.
+    const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+
     #[tokio::test]
     async fn tls13_carries_large_messages_both_ways_frees_its_buffers_and_closes_cleanly() {
-        exchange(&[&rustls::version::TLS13]).await;
+        let done = tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(&[&rustls::version::TLS13])).await;
+        done.expect("the exchange ends");
     }
 
     #[tokio::test]
     async fn tls12_carries_large_messages_both_ways_frees_its_buffers_and_closes_cleanly() {
-        exchange(&[&rustls::version::TLS12]).await;
+        let done = tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(&[&rustls::version::TLS12])).await;
+        done.expect("the exchange ends");
     }
 
     #[tokio::test]
     async fn a_client_that_does_not_trust_the_server_fails_the_handshake_on_both_sides() {
         let (server, _) = configs(&[&rustls::version::TLS13]);
         let (_, stranger) = configs(&[&rustls::version::TLS13]);
-        let (server, client) = pair(server, stranger).await;
+        let (server, client) = tokio::time::timeout(EXCHANGE_TIMEOUT, pair(server, stranger)).await.expect("no hang");
         // The stranger trusts another key under the same name: the signature fails.
         let refused = client.expect_err("the client refuses the certificate");
         assert!(refused.to_string().contains("BadSignature"), "{refused}");
