@@ -620,7 +620,7 @@ fn qr_block(e: &mut EscPos, code: &str, p: &PrinterSetup) -> Result<(), ReceiptE
 /// the same dots on paper from a quarter of the bytes. (The row padding to whole bytes is
 /// then up to 8 dots wider, which moves the centred symbol by at most 4 dots, 0.5 mm.)
 fn raster_qr(e: &mut EscPos, m: &qr::QrMatrix, module: u32, model: &ModelProfile) {
-    if model.raster_quadruple && module % 2 == 0 {
+    if model.raster_quadruple && module.is_multiple_of(2) {
         let (side, rows) = m.to_raster(module / 2, QR_QUIET_MODULES);
         e.raster_packed_scaled(RasterScale::Quadruple, side, side, &rows);
     } else {

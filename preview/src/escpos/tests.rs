@@ -185,7 +185,7 @@ fn raw_utf8_text_is_flagged() {
 #[test]
 fn raster_203_dots_round_trips_pixel_exact() {
     let (w, h) = (203u32, 40u32);
-    let pix = |x: u32, y: u32| (x * 7 + y * 13) % 5 == 0 || x == 202 || y == 0;
+    let pix = |x: u32, y: u32| (x * 7 + y * 13).is_multiple_of(5) || x == 202 || y == 0;
     let xb = w.div_ceil(8) as usize;
     let mut data = vec![0u8; xb * h as usize];
     for y in 0..h {

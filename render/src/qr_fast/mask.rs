@@ -30,7 +30,7 @@ use super::matrix::{draw_format, Grid, Row, Template, PAD_TOP};
 use super::Ec;
 
 /// Whether mask `m` inverts module (column `x`, row `y`) — Table 10 (i = row, j = column).
-// Written as in the standard; `is_multiple_of` would need Rust 1.87 (workspace MSRV 1.85).
+// Written as in the standard's table, with `%`.
 #[allow(clippy::manual_is_multiple_of)]
 pub const fn mask_bit(m: u8, x: usize, y: usize) -> bool {
     match m {
@@ -296,8 +296,7 @@ pub fn choose<const N: usize>(placed: &Grid<N>, t: &Template<N>, ec: Ec) -> (u8,
 }
 
 /// # Safety
-/// The CPU must support `popcnt`. (`unsafe fn` rather than a safe `#[target_feature]` fn,
-/// which needs Rust 1.86; workspace MSRV is 1.85.)
+/// The CPU must support `popcnt` (the caller checks it at run time).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "popcnt")]
 unsafe fn choose_popcnt<const N: usize>(placed: &Grid<N>, t: &Template<N>, ec: Ec) -> (u8, Grid<N>) {

@@ -257,7 +257,7 @@ impl<const N: usize> Template<N> {
                 let y = if upward { size - 1 - vert } else { vert };
                 let free_r = !self.function.get(right, y);
                 let free_l = !self.function.get(right - 1, y);
-                if free_r && free_l && right % 64 != 0 {
+                if free_r && free_l && !right.is_multiple_of(64) {
                     visits.push(entry(right, y, 2));
                 } else {
                     if free_r {

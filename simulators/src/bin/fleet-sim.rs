@@ -178,7 +178,7 @@ async fn run_until_signal(
                 (last_jobs, last_connects) = (jobs, connects);
                 if terminal {
                     eprint!("\r{line}");
-                } else if p.started.elapsed().as_secs() % 5 == 0 {
+                } else if p.started.elapsed().as_secs().is_multiple_of(5) {
                     eprintln!("{line}");
                 }
             }
