@@ -67,8 +67,9 @@ pub enum CredentialsCmd {
         mosquitto_passwd: Option<PathBuf>,
     },
     /// Revoke device ID: with --ca, its certificate goes on the CA's revocation list;
-    /// without, its secret is removed from `mqtt.credentials`. A connected device is
-    /// refused at its next connection.
+    /// without, its secret is removed from `mqtt.credentials`. A device connected to
+    /// pixgate's own listener is disconnected when the gateway next checks the files
+    /// (`mqtt.tls.reload_ms`); an external broker refuses it once it reads them again.
     Revoke {
         /// The device's registry id.
         id: String,
