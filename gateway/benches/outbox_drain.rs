@@ -84,11 +84,11 @@ fn main() {
     let (mut jobs, mut n, mut wire) = (0usize, 0u64, 0u64);
     let warm_up = records / 10;
     let (mut t0, mut c0, mut jobs0, mut w0, mut wire0) = (Instant::now(), cpu(), 0, written(), 0);
-    // Measured from the first batch after the warm-up, for whole batches.
-    let (mut done, mut measured_from) = (0, None);
-    while measured_from.is_none_or(|from| done < from + records) {
-        if measured_from.is_none() && done >= warm_up {
-            measured_from = Some(done);
+    // Measured from the first batch boundary past the warm-up, for whole batches.
+    let start = warm_up.div_ceil(batch_records) * batch_records;
+    let mut done = 0;
+    while done < start + records {
+        if done == start {
             (t0, c0, jobs0, w0, wire0) = (Instant::now(), cpu(), jobs, written(), wire);
         }
         let mut batch: Vec<Accept> = (0..batch_records)
@@ -129,7 +129,7 @@ fn main() {
         done += batch_records;
     }
     let (wall, cpu_used, jobs, bytes, wire) = (t0.elapsed(), cpu() - c0, jobs - jobs0, written() - w0, wire - wire0);
-    let records = done - measured_from.unwrap_or(0);
+    let records = done - start;
     let per = |d: Duration, k: usize| d.as_secs_f64() * 1e6 / k as f64;
     println!(
         "outbox drain: {records} records, {jobs} jobs in batches of {batch_records} over {DEVICES} devices: CPU {:.1} µs a record ({:.1} a job), wall {:.1} µs a record; written to disk {:.0} bytes a record (the jobs themselves: {:.0} bytes a record)",

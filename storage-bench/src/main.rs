@@ -168,22 +168,46 @@ impl Store for Fjall {
     }
 }
 
-fn run(name: &str, dir: &Path, transactions: u64) -> Measured {
-    let path = dir.join(name);
+/// A store and layout under comparison.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// redb, a value holding consecutive rows up to `pack` bytes (0: a value per row).
+    Redb {
+        pack: usize,
+    },
+    Fjall,
+}
+
+impl Kind {
+    fn name(self) -> String {
+        match self {
+            Kind::Redb { pack: 0 } => "redb, a value per row".into(),
+            // The leaf's header and the value's length come out of a pack: it fills its page.
+            Kind::Redb { pack } => format!("redb, packs of at most {} KiB", (pack + 64) >> 10),
+            Kind::Fjall => "fjall".into(),
+        }
+    }
+
+    fn open(self, path: &Path) -> Box<dyn Store> {
+        match self {
+            Kind::Redb { pack } => {
+                Box::new(Redb { db: redb::Database::create(path.join("outbox.redb")).expect("redb"), pack })
+            }
+            Kind::Fjall => {
+                let db = fjall::Database::builder(path).open().expect("fjall");
+                let rows = db.keyspace("job_rows", fjall::KeyspaceCreateOptions::default).expect("keyspace");
+                Box::new(Fjall { db, rows })
+            }
+        }
+    }
+}
+
+fn run(kind: Kind, dir: &Path, transactions: u64) -> Measured {
+    let path = dir.join("store");
     let _ = std::fs::remove_dir_all(&path);
     std::fs::create_dir_all(&path).expect("store folder");
     let (before, cpu_before) = (written(), cpu());
-    let mut store: Box<dyn Store> = match name.strip_prefix("redb-") {
-        Some(pack) => Box::new(Redb {
-            db: redb::Database::create(path.join("outbox.redb")).expect("redb"),
-            pack: pack.parse().expect("pack size"),
-        }),
-        None => {
-            let db = fjall::Database::builder(&path).open().expect("fjall");
-            let rows = db.keyspace("job_rows", fjall::KeyspaceCreateOptions::default).expect("keyspace");
-            Box::new(Fjall { db, rows })
-        }
-    };
+    let mut store = kind.open(&path);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut row_bytes = 0;
     for t in 0..transactions {
@@ -193,15 +217,11 @@ fn run(name: &str, dir: &Path, transactions: u64) -> Measured {
         store.transaction(t * ROWS_PER_TRANSACTION, &rows, finished);
     }
     store.close();
-    if written() == before {
+    let written = written() - before;
+    if written == 0 {
         eprintln!("no bytes written counted: is {} on tmpfs?", dir.display());
     }
-    let measured = Measured {
-        row_bytes,
-        written: written() - before,
-        rows: transactions * ROWS_PER_TRANSACTION,
-        cpu: cpu() - cpu_before,
-    };
+    let measured = Measured { row_bytes, written, rows: transactions * ROWS_PER_TRANSACTION, cpu: cpu() - cpu_before };
     let _ = std::fs::remove_dir_all(&path);
     measured
 }
@@ -213,24 +233,19 @@ fn main() {
         "{transactions} transactions of {ROWS_PER_TRANSACTION} rows, each finished {FINISHED_AFTER} transactions later; \
          bytes written per row byte (ratio to redb's value per row in the same round), CPU µs per row"
     );
-    // The leaf's header and the value's length come out of a pack: it fills its page.
-    let stores: Vec<(String, &str)> = std::iter::once(("redb-0".to_string(), "redb, a value per row"))
-        .chain([4, 8, 16, 32].map(|k| (format!("redb-{}", (k << 10) - 64), "redb, packs")))
-        .chain(std::iter::once(("fjall".to_string(), "fjall")))
+    let kinds: Vec<Kind> = std::iter::once(Kind::Redb { pack: 0 })
+        .chain([4, 8, 16, 32].map(|k| Kind::Redb { pack: (k << 10) - 64 }))
+        .chain(std::iter::once(Kind::Fjall))
         .collect();
     for round in 1..=2 {
         let mut baseline = None;
-        for (name, what) in &stores {
-            let m = run(name, &dir, transactions);
+        for &kind in &kinds {
+            let m = run(kind, &dir, transactions);
             let ratio = m.written as f64 / m.row_bytes as f64;
             let base = *baseline.get_or_insert(ratio);
-            let size = name
-                .strip_prefix("redb-")
-                .filter(|p| *p != "0")
-                .map(|p| format!(" of at most {} KiB", (p.parse::<usize>().unwrap() + 64) >> 10));
             println!(
-                "round {round}: {what}{}: {ratio:.2} ({:.2} ×), {:.1} µs",
-                size.unwrap_or_default(),
+                "round {round}: {}: {ratio:.2} ({:.2} ×), {:.1} µs",
+                kind.name(),
                 ratio / base,
                 m.cpu.as_secs_f64() * 1e6 / m.rows as f64
             );
