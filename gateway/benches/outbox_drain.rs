@@ -124,7 +124,12 @@ fn main() {
             jobs += 1;
             wire += q.wire.len() as u64;
             let due = 1 + rng.below(5) as usize; // finished 2 to 6 writes from now
-            in_flight[due].push(Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false });
+            in_flight[due].push(Removal {
+                device: q.stored.device.clone(),
+                seq: q.stored.job.seq,
+                superseded: false,
+                durable: false,
+            });
         }
         done += batch_records;
     }

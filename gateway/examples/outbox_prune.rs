@@ -44,7 +44,12 @@ fn write(o: &Outbox, from: u64, n: u64, now_ms: u64) {
     let done: Vec<Removal> = out
         .iter()
         .flat_map(|(q, _)| {
-            q.iter().map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false })
+            q.iter().map(|q| Removal {
+                device: q.stored.device.clone(),
+                seq: q.stored.job.seq,
+                superseded: false,
+                durable: false,
+            })
         })
         .collect();
     o.write(&mut [], &done, now_ms).expect("remove");

@@ -246,6 +246,18 @@ impl CloudSim {
         std::fs::write(self.out.join("state"), words).expect("state file");
     }
 
+    /// The lines it has said and nobody has read yet, without waiting.
+    pub fn lines_now(&self) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Ok(l) = self.lines.try_recv() {
+            if l.starts_with("printed ") {
+                self.printed_seen.set(self.printed_seen.get() + 1);
+            }
+            seen.push(l);
+        }
+        seen
+    }
+
     /// The jobs printed so far, from `jobs.jsonl`: each PNG's path and its job token (empty
     /// when the server gave none).
     ///

@@ -497,6 +497,57 @@ async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
     finish(rig, &scratch);
 }
 
+/// A job the printer confirmed is never offered again, however soon pixgate is killed after:
+/// a printer on the HTTP method (or Epson's) need not remember its job tokens, so an offer
+/// after the restart would print the receipt twice. The simulated one does remember them
+/// and says `duplicate TOKEN` when offered one again: the test fails on that offer, not
+/// only on a second page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_job_is_not_offered_again_after_a_sigkill() {
+    let scratch = scratch("cloudprnt-kill");
+    let s = setup(&scratch, PRINTER);
+    let mut rig = Rig::builder("cloudprnt-kill").envs(s.env.clone()).start().await;
+    publish_registry(&rig, PRINTER, false).await;
+    let args = [
+        "--url",
+        &s.url,
+        "--mac",
+        MAC,
+        "--user",
+        PRINTER,
+        "--password-file",
+        &s.secret_file.display().to_string(),
+        "--ca",
+        &s.ca.display().to_string(),
+        "--poll-ms",
+        "300",
+        "--paper",
+        "58",
+    ]
+    .map(String::from);
+    let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    let ids = vec!["f".repeat(24)];
+    publish_charges(&rig, &ids).await;
+    sim.wait_printed(1);
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&1)).await;
+    // Out of the outbox's queue (a committed removal; `/outbox` reads the file): kill at once.
+    wait_for("the printer's queue to empty", WAIT, || queued(&rig).is_empty()).await;
+    rig.kill_gateway();
+    rig.start_gateway();
+
+    // Polled at least ten times by the new process: it was online, and had the job been
+    // queued it would have been offered.
+    rig.wait_stats(WAIT, |s| s.counters.cloudprnt_polls >= 10).await;
+    let lines = sim.lines_now();
+    assert!(!lines.iter().any(|l| l.starts_with("duplicate ")), "the confirmed job was offered again: {lines:?}");
+    assert_eq!(sim.printed().len(), 1, "printed once: {lines:?}");
+    assert!(queued(&rig).is_empty(), "nothing queued after the restart");
+    drop(sim);
+    finish(rig, &scratch);
+}
+
 /// Proof 1 on the bundled fixtures: one 80 mm printer polls over CloudPRNT, every other
 /// device is on MQTT: every effect of `expected.json` is carried out once, on its device.
 /// The CloudPRNT printer's job tokens are its receipts' message ids, computed here from the

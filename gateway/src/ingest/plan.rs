@@ -175,6 +175,12 @@ impl Planner {
         Ok(newer)
     }
 
+    /// Whether `device` is a printer on a maker's cloud protocol
+    /// ([`Registry::is_cloud_printer`]).
+    pub fn is_cloud_printer(&self, device: &str) -> bool {
+        self.registry.is_cloud_printer(device)
+    }
+
     /// A tombstone (a record with a null value, the marker a compacted topic keeps for a
     /// deleted key): ignored on either topic, since the capture job's deletes are change
     /// events with an envelope. Its offset is stored like any finished record's.
@@ -572,7 +578,12 @@ mod tests {
         let (last, done) = queued.split_last().unwrap();
         let removals: Vec<Removal> = done
             .iter()
-            .map(|q| Removal { device: q.stored.device.clone(), seq: q.stored.job.seq, superseded: false })
+            .map(|q| Removal {
+                device: q.stored.device.clone(),
+                seq: q.stored.job.seq,
+                superseded: false,
+                durable: false,
+            })
             .collect();
         outbox.write(&mut [], &removals, 3).unwrap();
         let dl = DeadLetter::for_job(DeadLetterReason::Expired, "late".into(), &last.stored);

@@ -70,6 +70,13 @@ impl Registry {
         }
     }
 
+    /// Whether `id` is a printer that fetches its jobs over its maker's cloud protocol
+    /// ([`DirectPrinters::is_cloud`]: a local printers-file entry overrides it); `false`
+    /// without the printers told.
+    pub fn is_cloud_printer(&self, id: &str) -> bool {
+        self.printers.as_ref().is_some_and(|p| p.is_cloud(id))
+    }
+
     /// The device with this id, if registered and not deleted.
     pub fn get(&self, id: &str) -> Option<&Device> {
         self.devices.get(id).and_then(|(_, d)| d.as_ref())

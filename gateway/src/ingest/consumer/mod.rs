@@ -774,6 +774,7 @@ impl Pipeline {
                     device: stored.device.clone(),
                     seq: stored.job.seq,
                     superseded: f.outcome == Outcome::Superseded,
+                    durable: self.planner.is_cloud_printer(&stored.device),
                 };
                 if let Some(removal) = self.handoff.offer_removal(removal) {
                     self.batch.remove(removal);

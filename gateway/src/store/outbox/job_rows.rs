@@ -373,7 +373,7 @@ mod tests {
     }
 
     fn done(device: &str, seq: u64) -> Removal {
-        Removal { device: device.into(), seq, superseded: false }
+        Removal { device: device.into(), seq, superseded: false, durable: false }
     }
 
     #[test]

@@ -62,8 +62,12 @@ pub struct Removal {
     /// Superseded (never delivered) rather than done. A superseded job's removal must
     /// reach the disk: sent after a restart it would be *new* to the device (a QR shown
     /// after "paid"). A done job's removal need not: lost in a crash, the job is sent again
-    /// and the device dedupes it by message id.
+    /// and the device dedupes it by message id (unless [`Removal::durable`]).
     pub superseded: bool,
+    /// The device cannot dedupe (a printer that fetches its jobs over its maker's cloud
+    /// protocol): its removal must reach the disk like a superseded one's, or after a
+    /// crash the job is offered again and printed twice.
+    pub durable: bool,
 }
 
 /// The records of an [`Outbox::write`] (or a replayed record, [`Outbox::replay_record`]) in
@@ -149,14 +153,15 @@ impl Outbox {
     /// dead letters parked.
     ///
     /// Durable when it returns (`Durability::Immediate`, one fsync) if `batch` is not empty
-    /// or a removal is superseded; otherwise (only done jobs removed) not synced: see
-    /// [`Removal::superseded`]. One transaction for many records and removals is what
-    /// makes the outbox fast: redb's cost is per commit far more than per row.
+    /// or a removal is superseded or [`Removal::durable`]; otherwise (only done jobs of
+    /// devices that dedupe removed) not synced: see [`Removal::superseded`]. One
+    /// transaction for many records and removals is what makes the outbox fast: redb's cost
+    /// is per commit far more than per row.
     ///
     /// # Errors
     /// Disk or database failure; then nothing of this call was written.
     pub fn write(&self, batch: &mut [Accept], removals: &[Removal], now_ms: u64) -> Result<Written, OutboxError> {
-        let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded);
+        let durable = !batch.is_empty() || removals.iter().any(|r| r.superseded || r.durable);
         self.commit(batch, removals, now_ms, durable, false)
     }
 
@@ -286,7 +291,7 @@ impl Outbox {
     /// Disk or database failure.
     #[cfg(test)]
     pub(crate) fn complete(&self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
-        self.write(&mut [], &[Removal { device: device.to_string(), seq, superseded }], 0).map(|_| ())
+        self.write(&mut [], &[Removal { device: device.to_string(), seq, superseded, durable: false }], 0).map(|_| ())
     }
 
     /// How many jobs each device has queued (keys only: no job is decoded).
