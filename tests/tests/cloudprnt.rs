@@ -54,6 +54,19 @@ struct Setup {
     mqtt_env: Vec<(&'static str, String)>,
 }
 
+impl Setup {
+    /// `printer-sim cloudprnt` arguments for printer `user` as [`MAC`] on the HTTP method:
+    /// this server, its secret, the fleet CA, a poll every 300 ms, paper `paper_mm` wide.
+    fn printer_args(&self, user: &str, paper_mm: &str) -> Vec<String> {
+        let (secret, ca) = (self.secret_file.display().to_string(), self.ca.display().to_string());
+        ["--url", &self.url, "--mac", MAC, "--user", user, "--password-file", &secret, "--ca", &ca]
+            .into_iter()
+            .chain(["--poll-ms", "300", "--paper", paper_mm])
+            .map(String::from)
+            .collect()
+    }
+}
+
 /// A fleet CA (its server certificate for 127.0.0.1), a secret issued to `printer`, and the
 /// gateway's settings for a CloudPRNT server on TLS at a free port.
 fn setup(dir: &Path, printer: &str) -> Setup {
@@ -508,23 +521,7 @@ async fn a_confirmed_job_is_not_offered_again_after_a_sigkill() {
     let s = setup(&scratch, PRINTER);
     let mut rig = Rig::builder("cloudprnt-kill").envs(s.env.clone()).start().await;
     publish_registry(&rig, PRINTER, false).await;
-    let args = [
-        "--url",
-        &s.url,
-        "--mac",
-        MAC,
-        "--user",
-        PRINTER,
-        "--password-file",
-        &s.secret_file.display().to_string(),
-        "--ca",
-        &s.ca.display().to_string(),
-        "--poll-ms",
-        "300",
-        "--paper",
-        "58",
-    ]
-    .map(String::from);
+    let args = s.printer_args(PRINTER, "58");
     let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
     sim.line("polling");
 
@@ -569,23 +566,7 @@ async fn the_fixtures_with_a_cloudprnt_printer_give_every_expected_effect() {
         pixgate_tests::fixture_devices(&fixtures).into_iter().filter(|d| d.id() != CLOUD).collect();
     let fleet = rig.start_fleet(mqtt_devices, pixgate_tests::harness::replay_devices()).await;
     let published = publish_registry(&rig, CLOUD, false).await;
-    let args = [
-        "--url",
-        &s.url,
-        "--mac",
-        MAC,
-        "--user",
-        CLOUD,
-        "--password-file",
-        &s.secret_file.display().to_string(),
-        "--ca",
-        &s.ca.display().to_string(),
-        "--poll-ms",
-        "300",
-        "--paper",
-        "80",
-    ]
-    .map(String::from);
+    let args = s.printer_args(CLOUD, "80");
     let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
     sim.line("polling");
 
