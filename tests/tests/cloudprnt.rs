@@ -519,7 +519,14 @@ async fn a_job_for_a_printer_that_never_polls_expires_by_its_ttl() {
 async fn a_confirmed_job_is_not_offered_again_after_a_sigkill() {
     let scratch = scratch("cloudprnt-kill");
     let s = setup(&scratch, PRINTER);
-    let mut rig = Rig::builder("cloudprnt-kill").envs(s.env.clone()).start().await;
+    // No other synced write may land between the confirmation and the kill: it would sync
+    // the removal too and hide an unsynced one. The card machine is not connected, so its
+    // QR stays in flight (its paid screen queued behind), resent without being written,
+    // and here never runs out of deliveries (nor out of its hour to live) to be
+    // dead-lettered.
+    let mut env = s.env.clone();
+    env.push(("PIXGATE_DELIVERY__MAX_DELIVERIES", "1000".into()));
+    let mut rig = Rig::builder("cloudprnt-kill").envs(env).start().await;
     publish_registry(&rig, PRINTER, false).await;
     let args = s.printer_args(PRINTER, "58");
     let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -18,6 +18,8 @@
 //! finished jobs, in one transaction, one fsync. Removing a finished job is not synced on
 //! its own ([`Durability::None`]; it becomes durable with the next synced write): a removal
 //! lost in a crash only means the job is sent again, and the device dedupes it by message id.
+//! A superseded job's removal is synced, and so is a done job's on a device that may not
+//! dedupe ([`Removal::durable`]).
 //!
 //! Tables: `job_rows` acceptance key → a job row ([`encode_row`]: its source, then the
 //! job's JSON exactly as the device receives it, so it is serialized once and published as

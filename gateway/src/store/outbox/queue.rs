@@ -64,9 +64,11 @@ pub struct Removal {
     /// after "paid"). A done job's removal need not: lost in a crash, the job is sent again
     /// and the device dedupes it by message id (unless [`Removal::durable`]).
     pub superseded: bool,
-    /// The device cannot dedupe (a printer that fetches its jobs over its maker's cloud
-    /// protocol): its removal must reach the disk like a superseded one's, or after a
-    /// crash the job is offered again and printed twice.
+    /// The device may not dedupe: a printer that fetches its jobs over its maker's cloud
+    /// protocol (Star's HTTP method and Epson's Server Direct Print promise no memory of
+    /// job tokens; printers on Star's MQTT method remember their last 10, and are synced
+    /// alike). Its removal must reach the disk like a superseded one's, or after a crash
+    /// the job is offered again and printed twice.
     pub durable: bool,
 }
 
