@@ -189,6 +189,11 @@ impl CloudSim {
             .lines
             .recv_timeout(LINE_TIMEOUT)
             .unwrap_or_else(|e| panic!("printer-sim cloudprnt said no {waiting_for:?}: {e}"));
+        self.counted(l)
+    }
+
+    /// `l`, counted if it is a `printed` line.
+    fn counted(&self, l: String) -> String {
         if l.starts_with("printed ") {
             self.printed_seen.set(self.printed_seen.get() + 1);
         }
@@ -248,14 +253,7 @@ impl CloudSim {
 
     /// The lines it has said and nobody has read yet, without waiting.
     pub fn lines_now(&self) -> Vec<String> {
-        let mut seen = Vec::new();
-        while let Ok(l) = self.lines.try_recv() {
-            if l.starts_with("printed ") {
-                self.printed_seen.set(self.printed_seen.get() + 1);
-            }
-            seen.push(l);
-        }
-        seen
+        std::iter::from_fn(|| self.lines.try_recv().ok()).map(|l| self.counted(l)).collect()
     }
 
     /// The jobs printed so far, from `jobs.jsonl`: each PNG's path and its job token (empty
