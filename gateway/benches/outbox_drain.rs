@@ -124,12 +124,7 @@ fn main() {
             jobs += 1;
             wire += q.wire.len() as u64;
             let due = 1 + rng.below(5) as usize; // finished 2 to 6 writes from now
-            in_flight[due].push(Removal {
-                device: q.stored.device.clone(),
-                seq: q.stored.job.seq,
-                superseded: false,
-                durable: false,
-            });
+            in_flight[due].push(Removal::done(q.stored.device.clone(), q.stored.job.seq));
         }
         done += batch_records;
     }

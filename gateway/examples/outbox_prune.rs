@@ -43,14 +43,7 @@ fn write(o: &Outbox, from: u64, n: u64, now_ms: u64) {
     let out = o.write(&mut batch(from, n, now_ms), &[], now_ms).expect("write");
     let done: Vec<Removal> = out
         .iter()
-        .flat_map(|(q, _)| {
-            q.iter().map(|q| Removal {
-                device: q.stored.device.clone(),
-                seq: q.stored.job.seq,
-                superseded: false,
-                durable: false,
-            })
-        })
+        .flat_map(|(q, _)| q.iter().map(|q| Removal::done(q.stored.device.clone(), q.stored.job.seq)))
         .collect();
     o.write(&mut [], &done, now_ms).expect("remove");
 }

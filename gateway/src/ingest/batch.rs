@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(sealed.accepts.len(), 2);
         assert!(b.due().is_none() && b.records() == 0);
 
-        b.remove(Removal { device: "d".to_string(), seq: 1, superseded: false, durable: false });
+        b.remove(Removal::done("d", 1));
         assert!(b.due().is_some(), "a removal alone makes a batch");
         let sealed = b.take().expect("one removal");
         assert!(sealed.records.is_empty());

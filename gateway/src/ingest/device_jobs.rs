@@ -306,7 +306,7 @@ mod tests {
         // The same record read again (a restart before its offset was committed): left out.
         let mut again = accept(&src(b"p1", &value, 0), &Stats::default());
         assert!(outbox.write(std::slice::from_mut(&mut again), &[], 0).unwrap()[0].0.is_empty());
-        outbox.write(&mut [], &[Removal { device: "p1".into(), seq, superseded: false, durable: false }], 0).unwrap();
+        outbox.write(&mut [], &[Removal::done("p1", seq)], 0).unwrap();
 
         let windows = outbox.reconcile_windows(1_799_999_000, 1_800_001_000, 600).unwrap();
         let [w] = windows.as_slice() else { panic!("one window: {windows:?}") };

@@ -77,7 +77,7 @@ mod tests {
     use super::*;
 
     fn removal(seq: u64) -> Removal {
-        Removal { device: "d".into(), seq, superseded: false, durable: false }
+        Removal::done("d", seq)
     }
 
     /// Removals offered while a write is held are written apart, synced, and the job rows

@@ -576,15 +576,8 @@ mod tests {
         // Every job delivered but one, which expires: counted in its record's window.
         let queued: Vec<_> = written.into_iter().flat_map(|(q, _)| q).collect();
         let (last, done) = queued.split_last().unwrap();
-        let removals: Vec<Removal> = done
-            .iter()
-            .map(|q| Removal {
-                device: q.stored.device.clone(),
-                seq: q.stored.job.seq,
-                superseded: false,
-                durable: false,
-            })
-            .collect();
+        let removals: Vec<Removal> =
+            done.iter().map(|q| Removal::done(q.stored.device.clone(), q.stored.job.seq)).collect();
         outbox.write(&mut [], &removals, 3).unwrap();
         let dl = DeadLetter::for_job(DeadLetterReason::Expired, "late".into(), &last.stored);
         outbox.fail_job(&last.stored, dl, 4).unwrap();

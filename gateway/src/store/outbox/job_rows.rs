@@ -372,10 +372,6 @@ mod tests {
         out.into_iter().flat_map(|(q, _)| q).map(|q| q.stored.job.seq).collect()
     }
 
-    fn done(device: &str, seq: u64) -> Removal {
-        Removal { device: device.into(), seq, superseded: false, durable: false }
-    }
-
     #[test]
     fn a_finished_row_goes_once_every_older_row_is_finished() {
         let (_dir, o) = temp_outbox("job-rows-sweep");
@@ -399,7 +395,7 @@ mod tests {
         accept(&o, &[("a", "a1"), ("b", "b1"), ("c", "c1"), ("d", "d1"), ("e", "e1")], &[]);
         o.complete("b", 1, false).unwrap();
         assert_eq!(rows(&o), (5, 4, 1), "b's row waits behind a's");
-        o.remove_synced(&[done("d", 1)]).unwrap();
+        o.remove_synced(&[Removal::done("d", 1)]).unwrap();
         assert_eq!(rows(&o), (3, 3, 1), "b's and d's rows went, between queued ones");
         let left: Vec<String> = o.pending().unwrap().into_iter().map(|s| s.job.message_id).collect();
         assert_eq!(left, ["a1", "c1", "e1"]);
@@ -416,7 +412,7 @@ mod tests {
             let ids: Vec<String> = (0..1_000).map(|i| format!("m{b}-{i}")).collect();
             let jobs: Vec<(&str, &str)> = ids.iter().map(|id| ("busy", id.as_str())).collect();
             let seqs = accept(&o, &jobs, &finishing);
-            finishing = seqs.into_iter().map(|s| done("busy", s)).collect();
+            finishing = seqs.into_iter().map(|s| Removal::done("busy", s)).collect();
             most = most.max(rows(&o).0);
         }
         let (kept, queued, oldest) = rows(&o);

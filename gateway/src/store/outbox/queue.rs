@@ -72,6 +72,13 @@ pub struct Removal {
     pub durable: bool,
 }
 
+impl Removal {
+    /// A done job's removal on a device that dedupes: not synced on its own.
+    pub fn done(device: impl Into<String>, seq: u64) -> Removal {
+        Removal { device: device.into(), seq, superseded: false, durable: false }
+    }
+}
+
 /// The records of an [`Outbox::write`] (or a replayed record, [`Outbox::replay_record`]) in
 /// the transaction `tx`: what [`Outbox::write`] documents, per record.
 fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64) -> Result<Written, OutboxError> {
