@@ -21,7 +21,7 @@ use crate::deliver::device_link::DeviceLink;
 use crate::deliver::{self, Dispatcher};
 use crate::ingest::consumer;
 use crate::ingest::plan::Planner;
-use crate::model::{Command, DirectPrinters, Directory};
+use crate::model::{DirectPrinters, Directory};
 use crate::ops::admin::AdminAccess;
 use crate::ops::dashboard::Dashboard;
 use crate::ops::{http, probe};
@@ -74,7 +74,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     // holds at most `outbox.max_jobs`. Bounding it would deadlock the dispatcher and the
     // consumer against each other (each waits on the other's full channel).
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-    let (incoming_tx, mut incoming_rx) = mpsc::channel(1024);
+    let (incoming_tx, incoming_rx) = mpsc::channel(1024);
 
     let outbox = Arc::new(
         Outbox::open_with_cache(&cfg.outbox.path, cfg.outbox.cache_bytes, cfg.outbox.check_on_open)
@@ -207,7 +207,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         clock: clock.clone(),
     };
     let transport =
-        deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board, link, star.is_some()));
+        deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board.clone(), link, star.is_some()));
 
     if cfg.cluster.enabled {
         // The central shape's queues are a cache of the delivery log: what this replica
@@ -227,17 +227,10 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut dispatcher =
         Dispatcher::new(cfg.delivery.clone(), transport, finished_tx, stats.clone(), health.clone(), clock.clone())
             .with_outbox(outbox.clone())
-            .with_recent(recent.clone());
+            .with_recent(recent.clone())
+            .with_incoming(incoming_rx);
     dispatcher.preload(pending);
     let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
-    let to_dispatcher = commands_tx.clone();
-    tokio::spawn(async move {
-        while let Some(msg) = incoming_rx.recv().await {
-            if to_dispatcher.send(Command::Device(msg)).await.is_err() {
-                return;
-            }
-        }
-    });
 
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
@@ -353,6 +346,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         delivery_log,
         partition_links,
         route_changelog,
+        cloud_printers: Some(board),
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.

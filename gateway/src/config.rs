@@ -54,8 +54,9 @@ pub struct Config {
     /// The operator's live page ([`crate::ops::dashboard`]).
     pub dashboard: DashboardConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
-    /// offset commit before exiting anyway, ms. Nothing is lost by the cut-off: what was
-    /// not committed is read again at the next start and deduplicated.
+    /// offset commit before exiting anyway, ms; up to half of it goes to waiting for the
+    /// jobs cloud printers are printing to be confirmed. Nothing is lost by the cut-off:
+    /// what was not committed is read again at the next start and deduplicated.
     pub shutdown_timeout_ms: u64,
 }
 

@@ -249,6 +249,9 @@ pub struct CloudPrntOptions {
     pub skip_confirm: u64,
     /// Paper width, mm (58, 80 or 112): a wider PNG than the head is warned about.
     pub paper_mm: u8,
+    /// How long after printing a job it confirms it (HTTP method): a real printer
+    /// confirms once the page is out, a second or more after it fetched the job.
+    pub confirm_delay: Duration,
 }
 
 /// Print head width in dots for `paper_mm` paper: 832 on 112 mm and 576 on 80 mm (Rev 1.4,
@@ -422,6 +425,7 @@ impl CloudPrinter {
             tracing::info!(seq = self.seq, "confirmation skipped (--skip-confirm)");
             return Ok(Outcome::Unconfirmed);
         }
+        tokio::time::sleep(self.opts.confirm_delay).await;
         Ok(Outcome::Confirm("OK"))
     }
 
@@ -807,6 +811,7 @@ mod tests {
             state_file: None,
             skip_confirm: 0,
             paper_mm: 80,
+            confirm_delay: Duration::ZERO,
         })
         .unwrap();
         let events = Arc::new(Mutex::new(Vec::new()));
@@ -892,6 +897,7 @@ mod tests {
             state_file: None,
             skip_confirm: 0,
             paper_mm: 80,
+            confirm_delay: Duration::ZERO,
         })
         .unwrap();
         let events = Arc::new(Mutex::new(Vec::new()));

@@ -164,6 +164,7 @@ async fn prints_jobs_sent_over_mqtt() {
         state_file: Some(state.clone()),
         skip_confirm: 1,
         paper_mm: 80,
+        confirm_delay: std::time::Duration::ZERO,
     })
     .unwrap();
     let (tx, mut events) = mpsc::unbounded_channel();

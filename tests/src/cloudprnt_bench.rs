@@ -296,6 +296,7 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
                     state_file: None,
                     skip_confirm: 0,
                     paper_mm: 80,
+                    confirm_delay: std::time::Duration::ZERO,
                 })?;
                 let mut report = printed(&done);
                 pollers.push(tokio::spawn(async move {

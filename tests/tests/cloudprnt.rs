@@ -552,6 +552,49 @@ async fn a_confirmed_job_is_not_offered_again_after_a_sigkill() {
     finish(rig, &scratch);
 }
 
+/// A job a printer is printing when pixgate is stopped (SIGTERM) is waited for: its
+/// confirmation, a few seconds later, still reaches the last outbox write, so the receipt
+/// is not offered again after the restart (a printer on the HTTP method need not remember
+/// its job tokens, and would print it twice). The simulated printer confirms 3 s after it
+/// prints, and says `duplicate TOKEN` when offered a token it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_printing_at_sigterm_is_confirmed_before_the_exit() {
+    let scratch = scratch("cloudprnt-term");
+    let s = setup(&scratch, PRINTER);
+    let mut rig = Rig::builder("cloudprnt-term").envs(s.env.clone()).start().await;
+    publish_registry(&rig, PRINTER, false).await;
+    let mut args = s.printer_args(PRINTER, "58");
+    args.extend(["--confirm-delay-ms".to_string(), "3000".to_string()]);
+    let sim = CloudSim::start(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    let ids = vec!["e".repeat(24)];
+    publish_charges(&rig, &ids).await;
+    sim.wait_printed(1);
+    // Printed, its confirmation 3 s away: stop now.
+    assert!(rig.stop_gateway(Duration::from_secs(30)), "a clean exit");
+    let log = std::fs::read_to_string(rig.dir().join("pixgate.log")).unwrap();
+    assert!(
+        log.contains("waiting for cloud printers to confirm the jobs they were told of"),
+        "stopped while the job was out and unconfirmed"
+    );
+    assert!(!log.contains("did not confirm it before shutdown"), "confirmed in time");
+    // Restarted once the confirmation's moment has passed: a new process up by then would
+    // take it (its job offered again, the token the same) and hide a lost one.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    rig.start_gateway();
+
+    // Polled at least ten times by the new process: it was online, and had the job been
+    // queued it would have been offered.
+    rig.wait_stats(WAIT, |s| s.counters.cloudprnt_polls >= 10).await;
+    let lines = sim.lines_now();
+    assert!(!lines.iter().any(|l| l.starts_with("duplicate ")), "the printed job was offered again: {lines:?}");
+    assert_eq!(sim.printed().len(), 1, "printed once: {lines:?}");
+    assert!(queued(&rig).is_empty(), "nothing queued after the restart");
+    drop(sim);
+    finish(rig, &scratch);
+}
+
 /// Proof 1 on the bundled fixtures: one 80 mm printer polls over CloudPRNT, every other
 /// device is on MQTT: every effect of `expected.json` is carried out once, on its device.
 /// The CloudPRNT printer's job tokens are its receipts' message ids, computed here from the

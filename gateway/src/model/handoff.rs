@@ -61,8 +61,10 @@ pub enum Command {
     /// them (headers, each device's jobs in `seq` order; the wire bytes are read back from
     /// the outbox). Queued as at start-up, the supersede rule applied again.
     Restore(Vec<StoredJob>),
-    /// Answered once every command sent before it is handled: each job those commands
-    /// finished is then already reported (`Finished` is sent as a job leaves its queue).
+    /// Answered once every command sent before it is handled, and every device message
+    /// sent to the dispatcher's incoming channel before it (`Dispatcher::with_incoming`):
+    /// each job those finished is then already reported (`Finished` is sent as a job
+    /// leaves its queue).
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 

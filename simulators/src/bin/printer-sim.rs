@@ -12,7 +12,7 @@
 //!   `listening pty /dev/pts/N` first, then `printed PATH` for each job.
 //! - `printer-sim cloudprnt --url URL --mac MAC --out DIR [--user ID (--password-file FILE |
 //!   --secrets FILE)] [--ca CA.crt] [--poll-ms 5000] [--state-file FILE] [--skip-confirm N]
-//!   [--paper 80] [--duplicate-code "200 OK"]` is a Star CloudPRNT printer until killed: it
+//!   [--paper 80] [--duplicate-code "200 OK"] [--confirm-delay-ms 0]` is a Star CloudPRNT printer until killed: it
 //!   asks the server for its setting (`cloudprnt-setting.json` beside URL), then polls URL
 //!   (HTTP method, `simulators::cloudprnt`) or, when the server offers MQTT, takes its jobs
 //!   from the broker the setting names (`simulators::cloudprnt_mqtt`). It prints `polling
@@ -183,6 +183,9 @@ enum Cmd {
         /// it starts with 2.
         #[arg(long, value_name = "CODE", default_value = simulators::cloudprnt_mqtt::DEFAULT_DUPLICATE_CODE)]
         duplicate_code: String,
+        /// HTTP method: how long after printing a job the printer confirms it (DELETE), ms.
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        confirm_delay_ms: u64,
     },
     /// Be an Epson TM printer (TM-T88VI, TM-m30) using Server Direct Print: poll URL for
     /// print data (ePOS-Print XML with ESC/POS `<command>`s), print it, send the results
@@ -318,6 +321,7 @@ async fn main() -> Result<()> {
             skip_confirm,
             paper,
             duplicate_code,
+            confirm_delay_ms,
         } => {
             let url = url.parse().with_context(|| format!("--url {url:?} is not a URL"))?;
             let auth = match (user, password_file, secrets) {
@@ -339,6 +343,7 @@ async fn main() -> Result<()> {
                 state_file,
                 skip_confirm,
                 paper_mm: paper,
+                confirm_delay: Duration::from_millis(confirm_delay_ms),
             })?;
             // Tests read these lines as they come: flush each.
             let mut report = |event: &simulators::cloudprnt::Event| {

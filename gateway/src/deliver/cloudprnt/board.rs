@@ -19,14 +19,24 @@
 //! answers: a `print-job` message ([`Board::print_job`]) names the URL to GET the job
 //! from, the printer's `client-status` messages are its condition, and its `print-result`
 //! is the confirmation ([`Confirmation::of_print_result`]).
+//!
+//! At shutdown the board is closed ([`Board::close`]): no job is announced any more, and
+//! the consumer waits, bounded, for the jobs printers were already told of to be confirmed
+//! ([`Board::settle`]) before its last outbox write. A printer on the HTTP method or
+//! Epson's need not remember its job tokens, so a confirmation that came after that write
+//! would leave a printed receipt queued, to print again after the restart.
 
 use crate::model::{DirectPrinters, Incoming};
 use bytes::Bytes;
 use device_protocol::{Ack, Job, Status};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+
+/// How often [`Board::settle`] looks again.
+const SETTLE_CHECK: Duration = Duration::from_millis(20);
 
 /// How a printer confirmed a job (the DELETE's `code`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +98,9 @@ pub struct Offer {
     /// Times it was handed to a printer that cannot tell a repeat (Epson's), whose second
     /// copy is marked a reprint.
     pub handed: Arc<std::sync::atomic::AtomicU32>,
+    /// Whether the printer was told of it (its token in a poll's answer, a `print-job`
+    /// message): it may be printing it now.
+    announced: bool,
 }
 
 /// One printer's state.
@@ -125,6 +138,19 @@ pub struct Board {
     /// external broker, which tells no one of them.
     sessions_seen: bool,
     state: Mutex<HashMap<String, Printer>>,
+    /// Shutdown has begun ([`Board::close`]): no job is announced any more.
+    closed: AtomicBool,
+}
+
+/// A job a printer was told of and has not confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unconfirmed {
+    /// The printer.
+    pub device: String,
+    /// The job's seq in its queue.
+    pub seq: u64,
+    /// Its message id (the `jobToken`).
+    pub message_id: String,
 }
 
 impl Board {
@@ -143,6 +169,7 @@ impl Board {
             max_polls_per_second: max_polls_per_second.max(1),
             sessions_seen: true,
             state: Mutex::default(),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -195,7 +222,7 @@ impl Board {
         if p.offer.as_ref().is_none_or(|o| o.message_id != job.message_id) {
             tracing::debug!(device, seq = job.seq, message_id = %job.message_id, "offered to the printer's next poll");
             let (picture, handed) = (Arc::default(), Arc::default());
-            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture, handed });
+            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture, handed, announced: false });
         }
         if !self.polling(p, now) {
             self.report(device, p, Status { v: 1, online: false, printer: None });
@@ -224,7 +251,8 @@ impl Board {
     }
 
     /// A poll from `device` reporting `status`: the token of the job to print now, if
-    /// there is one and the printer can print it (not `printing` another).
+    /// there is one, the printer can print it (not `printing` another) and the board is
+    /// not closed.
     ///
     /// # Errors
     /// [`PollRefused::Rate`]: its polls in the last second reached the bound.
@@ -245,7 +273,78 @@ impl Board {
         p.last_poll = Some(now);
         let can_print = status.online && status.printer.is_none_or(|s| s.can_print());
         self.report(device, p, status);
-        Ok(p.offer.as_ref().filter(|_| can_print && !printing).map(|o| o.message_id.clone()))
+        if !can_print || printing || self.is_closed() {
+            return Ok(None);
+        }
+        Ok(p.offer.as_mut().map(|o| {
+            o.announced = true;
+            o.message_id.clone()
+        }))
+    }
+
+    /// `device` is about to be told of its job `message_id` (a `print-job` message): marks
+    /// it announced. `false`, and nothing marked, once the board is closed or when that
+    /// job is no longer offered: the printer is not to be told.
+    pub fn announce(&self, device: &str, message_id: &str) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let mut state = self.lock();
+        let Some(o) = state.get_mut(device).and_then(|p| p.offer.as_mut()) else { return false };
+        if o.message_id != message_id {
+            return false;
+        }
+        o.announced = true;
+        true
+    }
+
+    /// Stops announcing jobs (shutdown): polls answer `jobReady: false` and no `print-job`
+    /// is sent; jobs already announced may still be fetched and confirmed.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// The jobs announced and not yet confirmed, on printers still polling or connected
+    /// (one silent for `offline_after` is not waited for).
+    pub fn unconfirmed(&self) -> Vec<Unconfirmed> {
+        let now = Instant::now();
+        let state = self.lock();
+        let mut jobs: Vec<Unconfirmed> = state
+            .iter()
+            .filter(|(_, p)| self.polling(p, now))
+            .filter_map(|(device, p)| {
+                let o = p.offer.as_ref().filter(|o| o.announced)?;
+                Some(Unconfirmed { device: device.clone(), seq: o.seq, message_id: o.message_id.clone() })
+            })
+            .collect();
+        jobs.sort_by(|a, b| a.device.cmp(&b.device));
+        jobs
+    }
+
+    /// Waits, at most `bound`, until the jobs [`Board::unconfirmed`] lists now are
+    /// confirmed (or otherwise no longer offered); call after [`Board::close`]. A printer
+    /// printing does not poll meanwhile: it is not dropped from the wait for going silent.
+    /// Each confirmation has been handed to the dispatcher's channel by the time it
+    /// returns. Returns those still unconfirmed.
+    pub async fn settle(&self, bound: Duration) -> Vec<Unconfirmed> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut waiting = self.unconfirmed();
+        loop {
+            {
+                let state = self.lock();
+                waiting.retain(|u| {
+                    state.get(&u.device).and_then(|p| p.offer.as_ref()).is_some_and(|o| o.message_id == u.message_id)
+                });
+            }
+            if waiting.is_empty() || tokio::time::Instant::now() >= deadline {
+                return waiting;
+            }
+            tokio::time::sleep(SETTLE_CHECK).await;
+        }
     }
 
     /// A session of `device` (the MQTT method) came up or ended: online while one is up.
@@ -471,6 +570,51 @@ mod tests {
         assert!(matches!(rx.try_recv().unwrap(), Incoming::Status { status, .. } if !status.online));
         b.check();
         assert!(rx.try_recv().is_err(), "told once");
+    }
+
+    /// Closed at shutdown, the board announces nothing more; the consumer waits for the
+    /// jobs already announced on printers still polling, and only those, to be confirmed.
+    #[tokio::test]
+    async fn once_closed_only_jobs_already_announced_are_waited_for() {
+        let (b, mut rx) = board();
+        b.printers.set_cloud("q", b.printers.cloud("p"));
+        b.printers.set_cloud("gone", b.printers.cloud("p"));
+        let b = Board { offline_after: Duration::from_millis(200), ..b };
+        b.offer("p", wire("m1", 1));
+        b.offer("q", wire("m2", 2));
+        b.offer("gone", wire("m3", 3));
+        assert!(b.unconfirmed().is_empty(), "offered, never announced");
+        assert_eq!(b.poll("gone", ready(), false), Ok(Some("m3".into())));
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
+        let unconfirmed = |b: &Board| b.unconfirmed().into_iter().map(|u| u.message_id).collect::<Vec<_>>();
+        assert_eq!(unconfirmed(&b), ["m1"], "announced to a printer still polling; `gone` stopped");
+
+        b.close();
+        assert_eq!(b.poll("q", ready(), false), Ok(None), "closed: q is not told of m2");
+        assert_eq!(b.poll("p", ready(), false), Ok(None), "closed: nothing announced again");
+        assert_eq!(b.job("p", Some("m1")).map(|o| o.seq), Some(1), "an announced job can still be fetched");
+        assert_eq!(unconfirmed(&b), ["m1"]);
+        let left = b.settle(Duration::from_millis(60)).await;
+        assert_eq!(left.len(), 1, "not confirmed within the bound: {left:?}");
+
+        assert_eq!(b.poll("p", ready(), false), Ok(None), "heard from just now");
+        assert_eq!(unconfirmed(&b), ["m1"]);
+        while rx.try_recv().is_ok() {}
+        let settling = b.settle(Duration::from_secs(30));
+        let confirming = async {
+            // Printing, it does not poll: silent past `offline_after`, it is still waited for.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(b.unconfirmed().is_empty(), "silent for longer than offline_after");
+            assert!(b.confirm("p", Some("m1"), Confirmation::Printed).await);
+        };
+        let (left, ()) = tokio::join!(settling, confirming);
+        assert!(left.is_empty(), "settled once confirmed: {left:?}");
+        assert!(
+            matches!(rx.try_recv().unwrap(), Incoming::Ack { ack, .. } if ack.message_id == "m1"),
+            "the confirmation is in the dispatcher's channel by then"
+        );
+        assert!(b.unconfirmed().is_empty());
     }
 
     /// Through an external broker a printer's MQTT session is unseen: asking its settings

@@ -53,13 +53,17 @@ impl Board {
     /// "mediaTypes": ["image/png"], "printData": URL}`; or, while no URL is known for it
     /// (it has not asked for its settings since pixgate started), `{"title":
     /// "request-get-server-info"}`, which makes it ask: the job's resend then names the
-    /// URL. `None` for a printer on another protocol.
+    /// URL. `None` for a printer on another protocol, and once the board is closed
+    /// ([`Board::close`]) or the job is no longer offered ([`Board::announce`]).
     pub fn print_job(&self, device: &str, message_id: &str) -> Option<Bytes> {
         self.mac_of(device)?;
         let Some(url) = self.url(device) else {
             tracing::info!(device, "CloudPRNT printer on MQTT asked to fetch its settings (none since the start)");
             return Some(Bytes::from(serde_json::json!({ "title": REQUEST_SETTINGS }).to_string()));
         };
+        if !self.announce(device, message_id) {
+            return None;
+        }
         let message = serde_json::json!({
             "title": PRINT_JOB,
             "jobToken": message_id,
@@ -161,6 +165,8 @@ mod tests {
         let (b, mut rx) = board();
         assert_eq!(b.mac_of("m").as_deref(), Some(MAC));
         assert_eq!(b.mac_of("h"), None, "the HTTP method has no MQTT topics");
+        b.offer("m", wire("m1", 1));
+        assert!(!status(&mut rx).online, "no session yet");
         assert_eq!(
             &b.print_job("m", "m1").unwrap()[..],
             br#"{"title":"request-get-server-info"}"#,
@@ -174,6 +180,7 @@ mod tests {
                 "mediaTypes": ["image/png"], "printData": "https://gw.example/cloudprnt"})
         );
         assert!(b.print_job("h", "m1").is_none());
+        assert!(b.print_job("m", "m9").is_none(), "not the job offered");
 
         b.session("m", true);
         assert!(status(&mut rx).online);
@@ -203,6 +210,10 @@ mod tests {
 
         b.published("m", "client-will", b"{}").await.unwrap();
         assert!(!status(&mut rx).online, "its will: offline");
+
+        b.offer("m", wire("m3", 3));
+        b.close();
+        assert!(b.print_job("m", "m3").is_none(), "closed: not told of a job any more");
     }
 
     /// Two sessions of one printer (a reconnect before the old one is seen gone): online

@@ -39,6 +39,16 @@ pub struct Dispatcher<T> {
     outbox: Option<Arc<Outbox>>,
     /// The last jobs per device, for the dashboard.
     recent: Arc<Recent>,
+    /// Devices' acks and status, read beside `commands` ([`Dispatcher::with_incoming`]).
+    incoming: Option<mpsc::Receiver<Incoming>>,
+}
+
+/// The next message on `incoming`; pending forever without one.
+async fn next_incoming(incoming: &mut Option<mpsc::Receiver<Incoming>>) -> Option<Incoming> {
+    match incoming {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<T: Transport> Dispatcher<T> {
@@ -58,7 +68,25 @@ impl<T: Transport> Dispatcher<T> {
         clock: Clock,
     ) -> Self {
         let recent = Arc::default();
-        Dispatcher { machine: Machine::new(cfg), transport, finished, stats, health, clock, outbox: None, recent }
+        Dispatcher {
+            machine: Machine::new(cfg),
+            transport,
+            finished,
+            stats,
+            health,
+            clock,
+            outbox: None,
+            recent,
+            incoming: None,
+        }
+    }
+
+    /// Reads devices' acks and status from `incoming` too, as [`Command::Device`]s: a
+    /// [`Command::Barrier`] is then answered once every message sent there before it is
+    /// handled as well (a printer's confirmation before the last outbox write).
+    pub fn with_incoming(mut self, incoming: mpsc::Receiver<Incoming>) -> Self {
+        self.incoming = Some(incoming);
+        self
     }
 
     /// Records each job sent and finished in `recent` (the dashboard's view).
@@ -91,20 +119,36 @@ impl<T: Transport> Dispatcher<T> {
     }
 
     /// Runs until `commands` closes: sends what [`preload`](Dispatcher::preload) queued,
-    /// then handles commands as they come, acts on due jobs every 100 ms (and reports the
-    /// counts to `/stats` and `health.in_flight`), and expires queued jobs every second.
+    /// then handles commands and devices' messages as they come, acts on due jobs every
+    /// 100 ms (and reports the counts to `/stats` and `health.in_flight`), and expires
+    /// queued jobs every second.
     pub async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let actions = self.machine.start(Instant::now(), self.clock.now());
         self.carry_out(actions).await;
+        let mut incoming = self.incoming.take();
         let mut tick = interval(Duration::from_millis(TICK_MS));
         let mut expiry_sweep = interval(Duration::from_millis(EXPIRY_SWEEP_MS));
         loop {
             tokio::select! {
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
+                    if matches!(cmd, Command::Barrier(_)) {
+                        while let Some(msg) = incoming.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                            let actions = self.handle(Command::Device(msg));
+                            self.carry_out(actions).await;
+                        }
+                    }
                     let actions = self.handle(cmd);
                     self.carry_out(actions).await;
                 }
+                msg = next_incoming(&mut incoming) => match msg {
+                    Some(msg) => {
+                        let actions = self.handle(Command::Device(msg));
+                        self.carry_out(actions).await;
+                    }
+                    // Every device listener has ended.
+                    None => incoming = None,
+                },
                 _ = tick.tick() => {
                     let actions = self.machine.due(Instant::now(), self.clock.now());
                     self.carry_out(actions).await;

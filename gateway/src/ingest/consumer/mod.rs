@@ -18,6 +18,7 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::deliver::broker::PartitionLinks;
+use crate::deliver::cloudprnt::Board;
 use crate::ingest::backoff::Backoff;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
@@ -98,6 +99,9 @@ pub struct Services {
     /// With `cluster.enabled`: the route stage's changelog, where each charge state applied
     /// goes and from which a charge partition taken is restored.
     pub route_changelog: Option<Arc<RouteChangelog>>,
+    /// The cloud printers' offers: closed at shutdown, and the jobs they were told of
+    /// waited for before the last outbox write ([`Pipeline::settle_printers`]).
+    pub cloud_printers: Option<Arc<Board>>,
 }
 
 /// How long a revoke waits for the delivery log's producer to deliver the ends it holds
@@ -286,6 +290,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         delivery_log,
         partition_links,
         route_changelog,
+        cloud_printers,
     } = services;
     let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
     if let Some(producer) = jobs_out {
@@ -474,6 +479,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         if let Some(mut w) = writing.take() {
             let a = w.attempt().await;
             p.on_written(&*consumer, a).await;
+        }
+        if let Some(board) = &cloud_printers {
+            p.settle_printers(board, bound / 2).await;
         }
         if p.delivery_log.is_some() {
             p.stop_sending().await;
@@ -1261,6 +1269,40 @@ impl Pipeline {
         true
     }
 
+    /// At shutdown, once intake has stopped: cloud printers are told of no more jobs, and
+    /// the jobs they were told of are waited for, at most `bound`, then their confirmations
+    /// handed to the dispatcher ([`Command::Barrier`]), so that those jobs' ends go into
+    /// the last outbox write. A printer on the HTTP method or Epson's need not remember
+    /// job tokens: a confirmation that came after that write would leave the printed
+    /// receipt queued, and it would print again after the restart.
+    async fn settle_printers(&mut self, board: &Board, bound: Duration) {
+        board.close();
+        let waiting = board.unconfirmed().len();
+        if waiting > 0 {
+            tracing::info!(
+                jobs = waiting,
+                ms = bound.as_millis() as u64,
+                "waiting for cloud printers to confirm the jobs they were told of"
+            );
+        }
+        for u in board.settle(bound).await {
+            tracing::warn!(device = %u.device, seq = u.seq, message_id = %u.message_id, "a cloud printer was told of this job and did not confirm it before shutdown: it is offered again after the restart, and if it did print, prints again");
+        }
+        self.barrier().await;
+    }
+
+    /// Waits until the dispatcher has handled every command and device message sent before
+    /// now ([`Command::Barrier`]): each job they finished is then in `finished`.
+    async fn barrier(&mut self) {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.handoff.command(Command::Barrier(answer)).await;
+        if answered.await.is_err() {
+            tracing::warn!(
+                "the dispatcher ended before answering: jobs it finished since may be sent again after the restart"
+            );
+        }
+    }
+
     /// The central shape's shutdown, once intake has stopped: the dispatcher drops every
     /// owned partition's queues and sends nothing more, and this waits until it has (a
     /// [`Command::Barrier`]), so every job it finished before is already reported and its
@@ -1275,13 +1317,7 @@ impl Pipeline {
             self.handoff.command(Command::Forget(devices)).await;
         }
         self.handoff.stop_sending();
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        self.handoff.command(Command::Barrier(answer)).await;
-        if answered.await.is_err() {
-            tracing::warn!(
-                "the dispatcher ended before it stopped sending: jobs it finished since may not be in the delivery log"
-            );
-        }
+        self.barrier().await;
     }
 
     /// Carries out the device-jobs partitions' moves noted at a rebalance (`docs/cluster.md`

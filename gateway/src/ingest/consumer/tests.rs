@@ -227,6 +227,7 @@ impl Rig {
             delivery_log: None,
             partition_links: None,
             route_changelog: None,
+            cloud_printers: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }
