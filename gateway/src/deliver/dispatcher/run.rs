@@ -133,7 +133,10 @@ impl<T: Transport> Dispatcher<T> {
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
                     if matches!(cmd, Command::Barrier(_)) {
-                        while let Some(msg) = incoming.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                        // Those sent before the barrier, and no more: a flood of status
+                        // messages would otherwise hold its answer back.
+                        for _ in 0..incoming.as_ref().map_or(0, mpsc::Receiver::len) {
+                            let Some(msg) = incoming.as_mut().and_then(|rx| rx.try_recv().ok()) else { break };
                             let actions = self.handle(Command::Device(msg));
                             self.carry_out(actions).await;
                         }

@@ -547,3 +547,41 @@ async fn a_barrier_is_answered_after_what_came_before_is_reported() {
     h.nothing_sent(3_000).await;
     assert!(h.finished.try_recv().is_err(), "a2 and a3 are not reported: their next owner sends them");
 }
+
+/// A device's ack sent on the incoming channel before a barrier is handled before the
+/// barrier is answered, even when both are waiting at once: the job it finished is
+/// already reported (a cloud printer's confirmation before the last outbox write). On two
+/// threads, so that the answer is seen at once, not only once the dispatcher waits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barrier_is_answered_after_the_device_messages_sent_before_it() {
+    for round in 0..200 {
+        let (publisher, mut sent) = Publisher::channel(64);
+        let (ftx, mut finished) = mpsc::unbounded_channel();
+        let (cmd, rx) = mpsc::channel(64);
+        let (incoming, incoming_rx) = mpsc::channel(64);
+        let dispatcher = Dispatcher::new(
+            DeliveryConfig::default(),
+            publisher,
+            ftx,
+            Arc::new(Stats::default()),
+            Arc::new(Monitor::default()),
+            Clock::default(),
+        )
+        .with_incoming(incoming_rx);
+        tokio::spawn(dispatcher.run(rx));
+        let mut j = job("p1", EffectKind::PrintReceipt, "c0");
+        j.seq = 1;
+        let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+        let stored = StoredJob { device: "p".into(), job: j, source };
+        cmd.send(Command::Enqueue(Queued::from_stored(stored))).await.unwrap();
+        soon(sent.recv()).await.unwrap();
+        // Both wait before the dispatcher runs again.
+        let ack = Ack::done("p1", 1, false);
+        incoming.send(Incoming::Ack { device: "p".into(), ack }).await.unwrap();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        cmd.send(Command::Barrier(answer)).await.unwrap();
+        soon(answered).await.expect("the barrier is answered");
+        let f = finished.try_recv().unwrap_or_else(|_| panic!("round {round}: the ack is handled before the answer"));
+        assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("p1", Outcome::Done));
+    }
+}
