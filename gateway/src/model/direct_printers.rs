@@ -12,7 +12,7 @@ use crate::model::endpoint::{BadEndpoint, Endpoint};
 use cdc::Interrupted;
 use render::codepage::CodePage;
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::RwLock;
 
@@ -92,7 +92,16 @@ pub enum BadPrintersFile {
 pub struct DirectPrinters {
     registry: RwLock<HashMap<String, DirectSettings>>,
     local: HashMap<String, DirectSettings>,
-    cloud: RwLock<HashMap<String, CloudSettings>>,
+    cloud: RwLock<CloudPrinters>,
+}
+
+/// The cloud printers the registry names, by id and by MAC.
+#[derive(Debug, Default)]
+struct CloudPrinters {
+    by_id: HashMap<String, CloudSettings>,
+    /// MAC (normalized) → the printers the registry gives it: one, unless the registry
+    /// is wrong.
+    by_mac: HashMap<String, BTreeSet<String>>,
 }
 
 impl DirectPrinters {
@@ -158,13 +167,28 @@ impl DirectPrinters {
         self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
     }
 
-    /// Records what the registry says of `id`: a cloud printer (`Some`) or not.
+    /// Records what the registry says of `id`: a cloud printer (`Some`) or not. A MAC the
+    /// registry gives to several printers is logged: none of them can then be told apart
+    /// by it ([`DirectPrinters::cloud_by_mac`]).
     pub fn set_cloud(&self, id: &str, cloud: Option<CloudSettings>) {
         let mut c = self.cloud.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match cloud {
-            Some(s) => c.insert(id.to_string(), s),
-            None => c.remove(id),
-        };
+        if let Some(mac) = c.by_id.remove(id).and_then(|old| old.mac) {
+            if let Some(ids) = c.by_mac.get_mut(&mac) {
+                ids.remove(id);
+                if ids.is_empty() {
+                    c.by_mac.remove(&mac);
+                }
+            }
+        }
+        let Some(settings) = cloud else { return };
+        if let Some(mac) = &settings.mac {
+            let ids = c.by_mac.entry(mac.clone()).or_default();
+            ids.insert(id.to_string());
+            if ids.len() > 1 {
+                tracing::warn!(mac = %mac, devices = ?ids, "the registry gives this MAC to several cloud printers: the Star printers' messages through an external broker that carry it are refused until only one has it");
+            }
+        }
+        c.by_id.insert(id.to_string(), settings);
     }
 
     /// `id`'s settings if it polls pixgate over a cloud protocol now (the registry says so
@@ -173,24 +197,29 @@ impl DirectPrinters {
         if self.local.contains_key(id) {
             return None;
         }
-        self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(id).cloned()
+        self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).by_id.get(id).cloned()
     }
 
-    /// The cloud printer on `method` whose MAC is `mac` (lower case with colons), if any
-    /// (a scan: asked once per message a Star printer sends through an external broker).
+    /// The cloud printer on `method` whose MAC is `mac` (lower case with colons), if
+    /// exactly one has it (asked once per message a Star printer sends through an external
+    /// broker). `None` as well when the registry gives it to several: a message cannot say
+    /// which of them sent it.
     pub fn cloud_by_mac(&self, mac: &str, method: cdc::CloudMethod) -> Option<String> {
         let cloud = self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        cloud
-            .iter()
-            .find(|(id, c)| c.method == method && c.mac.as_deref() == Some(mac) && !self.local.contains_key(*id))
-            .map(|(id, _)| id.clone())
+        let mut ids = cloud.by_mac.get(mac)?.iter().filter(|id| {
+            !self.local.contains_key(id.as_str()) && cloud.by_id.get(id.as_str()).is_some_and(|c| c.method == method)
+        });
+        match (ids.next(), ids.next()) {
+            (Some(id), None) => Some(id.clone()),
+            _ => None,
+        }
     }
 
     /// Whether `id` polls pixgate over a cloud protocol now ([`DirectPrinters::cloud`]
     /// without the copy: asked for every job sent).
     pub fn is_cloud(&self, id: &str) -> bool {
         !self.local.contains_key(id)
-            && self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).contains_key(id)
+            && self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).by_id.contains_key(id)
     }
 }
 
@@ -233,7 +262,19 @@ mod tests {
         printers.set_cloud("b", Some(cloud.clone()));
         printers.set_cloud("d", Some(cloud.clone()));
         assert!(printers.cloud("b").is_none() && printers.get("b").is_some(), "the local file wins over CloudPRNT too");
-        assert_eq!((printers.cloud("d"), printers.get("d")), (Some(cloud), None));
+        assert_eq!((printers.cloud("d"), printers.get("d")), (Some(cloud.clone()), None));
+
+        let (mac, http, mqtt) = ("00:11:62:00:00:01", cdc::CloudMethod::Http, cdc::CloudMethod::Mqtt);
+        assert_eq!(printers.cloud_by_mac(mac, http).as_deref(), Some("d"), "b is the local file's");
+        assert_eq!(printers.cloud_by_mac(mac, mqtt), None, "another method");
+        printers.set_cloud("e", Some(cloud.clone()));
+        assert_eq!(printers.cloud_by_mac(mac, http), None, "d and e both have it: neither is told apart");
+        let other = CloudSettings { mac: Some("00:11:62:00:00:02".into()), ..cloud.clone() };
+        printers.set_cloud("e", Some(other));
+        assert_eq!(printers.cloud_by_mac(mac, http).as_deref(), Some("d"), "e moved to another MAC");
+        assert_eq!(printers.cloud_by_mac("00:11:62:00:00:02", http).as_deref(), Some("e"));
+        printers.set_cloud("d", None);
+        assert_eq!(printers.cloud_by_mac(mac, http), None, "d is no longer a cloud printer");
 
         for (text, why) in [
             ("[printers.x]\nendpoint = \"lpt://1\"\n", "printer x: printer endpoint `lpt://1`: unknown scheme"),

@@ -133,7 +133,7 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                     let Some(device) = printers.device_of(mac) else {
                         stats.mqtt_refused(UNKNOWN_DEVICE);
                         if log_limit.admit(UNKNOWN_DEVICE, mac) {
-                            tracing::warn!(rule = UNKNOWN_DEVICE, mac, topic = %p.topic, "message of a Star printer dropped: no printer on CloudPRNT's MQTT method has that MAC in the registry");
+                            tracing::warn!(rule = UNKNOWN_DEVICE, mac, topic = %p.topic, "message of a Star printer dropped: no printer on CloudPRNT's MQTT method has that MAC in the registry, or several have it");
                         }
                         continue;
                     };

@@ -40,7 +40,8 @@ pub trait StarPrinters: Send + Sync + 'static {
     /// `device`'s MAC (normalized) if it is a Star printer set to the MQTT method now.
     fn mac_of(&self, device: &str) -> Option<String>;
 
-    /// The Star printer on the MQTT method whose MAC is `mac` (normalized), if any.
+    /// The Star printer on the MQTT method whose MAC is `mac` (normalized), if exactly one
+    /// has it.
     fn device_of(&self, mac: &str) -> Option<String>;
 
     /// A session of `device` came up (`true`) or ended (`false`). A printer with no session
