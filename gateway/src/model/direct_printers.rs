@@ -181,14 +181,19 @@ impl DirectPrinters {
             }
         }
         let Some(settings) = cloud else { return };
-        if let Some(mac) = &settings.mac {
-            let ids = c.by_mac.entry(mac.clone()).or_default();
-            ids.insert(id.to_string());
-            if ids.len() > 1 {
-                tracing::warn!(mac = %mac, devices = ?ids, "the registry gives this MAC to several cloud printers: the Star printers' messages through an external broker that carry it are refused until only one has it");
-            }
-        }
+        let (mac, method) = (settings.mac.clone(), settings.method);
         c.by_id.insert(id.to_string(), settings);
+        let Some(mac) = mac else { return };
+        c.by_mac.entry(mac.clone()).or_default().insert(id.to_string());
+        let sharing: Vec<&String> = c.by_mac[&mac]
+            .iter()
+            .filter(|d| {
+                !self.local.contains_key(d.as_str()) && c.by_id.get(d.as_str()).is_some_and(|s| s.method == method)
+            })
+            .collect();
+        if sharing.len() > 1 {
+            tracing::warn!(mac = %mac, devices = ?sharing, "the registry gives this MAC to several cloud printers on one method: the Star printers' messages through an external broker that carry it are refused until only one has it");
+        }
     }
 
     /// `id`'s settings if it polls pixgate over a cloud protocol now (the registry says so

@@ -79,9 +79,10 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// the device dedupes and acks it again.
 async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdown: Shutdown) {
     let Read { links, board, owners, star, stats, incoming } = read;
-    // Star printers told up to the CloudPRNT side: each at its first message through the
-    // broker, until its will.
-    let mut star_up = std::collections::HashSet::new();
+    // Star printers told up to the CloudPRNT side, by MAC: each at its first message
+    // through the broker, until its will or until the registry no longer gives it the MAC
+    // alone.
+    let mut star_up: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     let mut subscribed = vec![ALL_ACKS, ALL_STATUS];
     subscribed.extend(owners.is_some().then_some(OWNER_FILTER));
     subscribed.extend(star.is_some().then_some(star::ALL_TO_SERVER));
@@ -130,14 +131,22 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                     continue;
                 }
                 if let Some((printers, (mac, method))) = star.as_ref().zip(star::to_server(&p.topic)) {
-                    let Some(device) = printers.device_of(mac) else {
+                    let found = printers.device_of(mac);
+                    if let Some(was) = star_up.get(mac).filter(|was| found.as_ref() != Some(*was)) {
+                        // The registry took this MAC from it (or gave it to another too):
+                        // its messages, its will included, no longer reach it.
+                        tracing::warn!(device = %was, mac, "a Star printer's MAC no longer names it alone in the registry: taken as offline");
+                        printers.session(was, false);
+                        star_up.remove(mac);
+                    }
+                    let Some(device) = found else {
                         stats.mqtt_refused(UNKNOWN_DEVICE);
                         if log_limit.admit(UNKNOWN_DEVICE, mac) {
                             tracing::warn!(rule = UNKNOWN_DEVICE, mac, topic = %p.topic, "message of a Star printer dropped: no printer on CloudPRNT's MQTT method has that MAC in the registry, or several have it");
                         }
                         continue;
                     };
-                    if method != CLIENT_WILL && star_up.insert(device.clone()) {
+                    if method != CLIENT_WILL && star_up.insert(mac.to_string(), device.clone()).is_none() {
                         printers.session(&device, true);
                     }
                     if let Err(e) = printers.published(&device, method, &p.payload).await {
@@ -146,7 +155,7 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                             tracing::warn!(rule = MALFORMED_MESSAGE, %device, topic = %p.topic, error = %e, "Star printer message dropped: not what its topic carries");
                         }
                     }
-                    if method == CLIENT_WILL && star_up.remove(&device) {
+                    if method == CLIENT_WILL && star_up.remove(mac).is_some() {
                         printers.session(&device, false);
                     }
                     continue;
