@@ -199,12 +199,14 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     )
     .await
     .context("starting the CloudPRNT server")?;
+    let direct_writes = Arc::new(deliver::direct::Writes::default());
     let shared = deliver::direct::printer::Shared {
         cfg: cfg.direct.clone(),
         printers,
         outbox: outbox.clone(),
         incoming: incoming_tx,
         clock: clock.clone(),
+        writes: direct_writes.clone(),
     };
     let transport =
         deliver::direct::Routed::new(shared, deliver::cloudprnt::CloudRouted::new(board.clone(), link, star.is_some()));
@@ -347,6 +349,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         partition_links,
         route_changelog,
         cloud_printers: Some(board),
+        direct_writes: Some(direct_writes),
     };
     let result = consumer::run(services).await;
     // The rest ends with the consumer, also when it could not start.

@@ -55,7 +55,7 @@ pub struct Config {
     pub dashboard: DashboardConfig,
     /// On SIGTERM/Ctrl-C: how long to finish outbox writes, dead letters and the final
     /// offset commit before exiting anyway, ms; up to half of it goes to waiting for the
-    /// jobs cloud printers are printing to be confirmed. Nothing is lost by the cut-off:
+    /// jobs printers are printing to be done. Nothing is lost by the cut-off:
     /// what was not committed is read again at the next start and deduplicated.
     pub shutdown_timeout_ms: u64,
 }

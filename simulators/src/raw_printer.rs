@@ -14,7 +14,8 @@
 //! `slow`, separated by spaces, commas or lines; an empty file or `ready` is a ready
 //! printer; a missing file means the command-line condition. A job that ends while the
 //! printer cannot print (paper out, cover open, offline) is held and printed, in order,
-//! once it can. A `slow` printer reads [`SLOW_READ`] bytes every [`SLOW_PAUSE`]: the
+//! once it can. A `slow` printer reads [`SLOW_READ`] bytes every [`SLOW_PAUSE`] (or
+//! [`RawPrinterOptions::slow_pause`]): the
 //! sender's flow control (a full TCP window, RTS/CTS on a serial line) holds it back, and
 //! nothing is lost. With XON/XOFF (`--xonxoff`, serial only) the printer instead takes bytes
 //! off the line as fast as they come into a receive buffer, says XOFF when it fills and XON
@@ -51,6 +52,8 @@ pub struct RawPrinterOptions {
     /// On a serial line: a receive buffer with XON/XOFF flow control ([`serve_xonxoff`])
     /// instead of reading only as fast as it prints.
     pub xonxoff: bool,
+    /// A `slow` printer's pause after each read ([`SLOW_PAUSE`] by default).
+    pub slow_pause: Duration,
 }
 
 /// Why a state file's content was refused.
@@ -251,7 +254,7 @@ const POLL: Duration = Duration::from_millis(100);
 /// Bytes a `slow` printer takes per read.
 pub const SLOW_READ: usize = 256;
 
-/// A `slow` printer's pause after each read.
+/// A `slow` printer's pause after each read, by default.
 pub const SLOW_PAUSE: Duration = Duration::from_millis(20);
 
 /// Reads `io` until it ends (`Ok(0)`) or fails, answering status requests on it and
@@ -278,7 +281,7 @@ pub fn serve<T: Read + Write>(
                 last_byte = Instant::now();
                 take(printer, &buf[..n], source, io, report)?;
                 if slow {
-                    std::thread::sleep(SLOW_PAUSE);
+                    std::thread::sleep(printer.opts.slow_pause);
                 }
             }
             Err(e) if is_quiet(&e) => quiet(printer, last_byte, source, report)?,
@@ -395,7 +398,7 @@ pub fn serve_xonxoff(
             let chunk: Vec<u8> = pending.drain(..n).collect();
             take(printer, &chunk, source, port, report)?;
             if slow {
-                std::thread::sleep(SLOW_PAUSE);
+                std::thread::sleep(printer.opts.slow_pause);
             }
         }
         if stopped && pending.len() <= XON_AT {
@@ -488,6 +491,7 @@ mod tests {
             state_file: Some(dir.join("state")),
             idle_ms: 0,
             xonxoff: false,
+            slow_pause: SLOW_PAUSE,
         })
     }
 

@@ -262,6 +262,56 @@ async fn the_fixtures_with_a_tcp_and_a_serial_printer_give_every_expected_effect
     rig.shutdown();
 }
 
+/// pixgate stopped (SIGTERM) five times, each while a receipt is going to a slow TCP
+/// printer: the receipt being written is let finish before the exit, so every receipt
+/// prints exactly once and none as a reprint (a job cut short by the exit would print
+/// again under the reprint header, or with `interruptedJob = hold` become a dead letter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pixgate_stopped_mid_job_lets_it_finish_and_prints_no_reprint() {
+    let mut rig = rig("direct-sigterm").await;
+    // 256 bytes every 400 ms: a receipt of about 500 bytes takes a second to write, the
+    // window each stop lands in.
+    let transport = ["--tcp", "127.0.0.1:0", "--slow-pause-ms", "400"];
+    let mut sim = RawSim::start(&rig.dir().join("printer"), &transport, "Epson TM-T20X", 58, "slow");
+    let addr = sim.line("listening tcp");
+    publish_registry(&rig, "tcp", &format!("tcp://{addr}")).await;
+    // "4040…" to "4747…": no id is found inside another's receipt text.
+    let ids: Vec<String> = (0x40..0x48).map(|i| format!("{i:02x}").repeat(12)).collect();
+    let t = chrono::Utc::now().timestamp() as u64;
+    let records: Vec<CaptureRecord> = ids.iter().flat_map(|id| paid_charge(id, t)).collect();
+    capture::publish_records(&rig.producer(), &records).await.unwrap();
+
+    for stop in 0..5 {
+        sim.line("receiving");
+        assert!(rig.stop_gateway(Duration::from_secs(30)), "stop {}: a clean exit", stop + 1);
+        let log = match stop {
+            0 => "pixgate.log".to_string(),
+            n => format!("pixgate-{n}.log"),
+        };
+        let log = std::fs::read_to_string(rig.dir().join(log)).unwrap();
+        assert!(
+            log.contains("waiting for direct printers to finish writing their jobs"),
+            "stop {}: stopped while a receipt was being written",
+            stop + 1
+        );
+        assert!(!log.contains("still writing this job at shutdown"), "stop {}: it finished in time", stop + 1);
+        rig.start_gateway();
+    }
+    wait_for("every receipt", WAIT, || {
+        let text: String = sim.transcript().split_whitespace().collect();
+        ids.iter().all(|id| text.contains(id.as_str()))
+    })
+    .await;
+    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
+    assert!(!sim.transcript().contains(HEADER), "no reprint");
+    let mut printed = printed_charges(&sim, &ids);
+    printed.sort();
+    assert_eq!(printed, ids, "every receipt exactly once");
+    sim.kill();
+    rig.kill_gateway();
+    rig.shutdown();
+}
+
 /// Proof 5: pixgate SIGKILLed 20 times, each while a receipt is going to a TCP printer
 /// (a slow one, so every receipt takes a while): every receipt is printed at least once,
 /// and every repeat of a receipt is marked as a reprint. A page cut short by the kill

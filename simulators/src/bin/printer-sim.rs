@@ -7,7 +7,7 @@
 //!   device `ID` until Ctrl-C (over TLS with a client certificate or a secret when
 //!   `--mqtt-ca` is given).
 //! - `printer-sim listen (--tcp 127.0.0.1:9100 | --pty) --out DIR [--paper-out] [--paper-near-end]
-//!   [--cover-open] [--state-file FILE]` is a printer on a raw byte transport that answers
+//!   [--cover-open] [--state-file FILE] [--slow-pause-ms 20]` is a printer on a raw byte transport that answers
 //!   `DLE EOT` (`simulators::raw_printer`) until killed. It prints `listening tcp ADDR` or
 //!   `listening pty /dev/pts/N` first, then `printed PATH` for each job.
 //! - `printer-sim cloudprnt --url URL --mac MAC --out DIR [--user ID (--password-file FILE |
@@ -133,6 +133,9 @@ enum Cmd {
         /// `overrun N`.
         #[arg(long, requires = "pty")]
         xonxoff: bool,
+        /// A `slow` printer's pause after each read of 256 bytes, ms.
+        #[arg(long, value_name = "MS", default_value_t = 20)]
+        slow_pause_ms: u64,
     },
     /// Be a Star CloudPRNT printer: ask the server for its setting, then poll URL (HTTP
     /// method) or take jobs from the MQTT broker the setting names (MQTT method); fetch jobs
@@ -288,6 +291,7 @@ async fn main() -> Result<()> {
             state_file,
             idle_ms,
             xonxoff,
+            slow_pause_ms,
         } => {
             let mut printer = RawPrinter::new(RawPrinterOptions {
                 settings: PrinterSettings::for_paper(paper, code_page(&cp)?).with_model(&model),
@@ -296,6 +300,7 @@ async fn main() -> Result<()> {
                 state_file,
                 idle_ms,
                 xonxoff,
+                slow_pause: Duration::from_millis(slow_pause_ms),
             });
             // Blocking I/O on this thread; Ctrl-C or SIGTERM ends the process.
             if let Some(addr) = tcp {

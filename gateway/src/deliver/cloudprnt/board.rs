@@ -298,10 +298,12 @@ impl Board {
         true
     }
 
-    /// Stops announcing jobs (shutdown): polls answer `jobReady: false` and no `print-job`
-    /// is sent; jobs already announced may still be fetched and confirmed.
-    pub fn close(&self) {
+    /// Stops announcing jobs (shutdown): polls answer `jobReady: false`, no `print-job` is
+    /// sent, and a GET gets only a job its printer was told of. Returns the jobs to wait
+    /// for ([`Board::unconfirmed`] as of the close), for [`Board::settle`].
+    pub fn close(&self) -> Vec<Unconfirmed> {
         self.closed.store(true, Ordering::Release);
+        self.unconfirmed()
     }
 
     fn is_closed(&self) -> bool {
@@ -325,19 +327,18 @@ impl Board {
         jobs
     }
 
-    /// Waits, at most `bound`, until the jobs [`Board::unconfirmed`] lists now are
-    /// confirmed (or otherwise no longer offered); call after [`Board::close`]. A printer
+    /// Waits, until `deadline` at most, for the jobs of `waiting` (what [`Board::close`]
+    /// returned) to be confirmed, or otherwise no longer offered as announced. A printer
     /// printing does not poll meanwhile: it is not dropped from the wait for going silent.
-    /// Each confirmation has been handed to the dispatcher's channel by the time it
-    /// returns. Returns those still unconfirmed.
-    pub async fn settle(&self, bound: Duration) -> Vec<Unconfirmed> {
-        let deadline = tokio::time::Instant::now() + bound;
-        let mut waiting = self.unconfirmed();
+    /// Each confirmation is on the dispatcher's channel by the time its offer ends
+    /// ([`Board::confirm`]). Returns those still unconfirmed.
+    pub async fn settle(&self, mut waiting: Vec<Unconfirmed>, deadline: tokio::time::Instant) -> Vec<Unconfirmed> {
         loop {
             {
                 let state = self.lock();
                 waiting.retain(|u| {
-                    state.get(&u.device).and_then(|p| p.offer.as_ref()).is_some_and(|o| o.message_id == u.message_id)
+                    let offer = state.get(&u.device).and_then(|p| p.offer.as_ref());
+                    offer.is_some_and(|o| o.announced && o.message_id == u.message_id)
                 });
             }
             if waiting.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -399,6 +400,19 @@ impl Board {
         token.is_none_or(|t| t == offer.message_id).then(|| offer.clone())
     }
 
+    /// [`Board::job`] for a printer about to fetch it (a CloudPRNT GET): marked announced,
+    /// as it may print it now. Once the board is closed, only a job its printer was
+    /// already told of is handed out.
+    pub fn hand(&self, device: &str, token: Option<&str>) -> Option<Offer> {
+        let mut state = self.lock();
+        let offer = state.get_mut(device)?.offer.as_mut()?;
+        if token.is_some_and(|t| t != offer.message_id) || (self.is_closed() && !offer.announced) {
+            return None;
+        }
+        offer.announced = true;
+        Some(offer.clone())
+    }
+
     /// The printer confirmed the job under `token` (or the one offered, without a token):
     /// the offer ends and the dispatcher gets its ack. `false` when no such job is offered
     /// (confirmed already, or superseded).
@@ -428,18 +442,25 @@ impl Board {
         what: &'static str,
         ack: impl FnOnce(&Offer) -> Ack,
     ) -> bool {
+        // Room on the channel first: the offer ends and its ack is on the channel at
+        // once, so a shutdown that sees the offer gone finds the ack there.
+        let Ok(permit) = self.incoming.reserve().await else {
+            tracing::error!(device, "the dispatcher has stopped: a printer's confirmation is not taken");
+            return false;
+        };
         let offer = {
             let mut state = self.lock();
             let Some(p) = state.get_mut(device) else { return false };
             if p.offer.as_ref().is_none_or(|o| token.is_some_and(|t| t != o.message_id)) {
                 return false;
             }
-            p.offer.take()
+            let Some(o) = p.offer.take() else { return false };
+            let ack = ack(&o);
+            permit.send(Incoming::Ack { device: device.to_string(), ack: ack.clone() });
+            (o, ack)
         };
-        let Some(o) = offer else { return false };
-        let ack = ack(&o);
+        let (o, ack) = offer;
         tracing::info!(device, seq = o.seq, message_id = %o.message_id, result = ?ack.result, reason = ack.reason.as_deref().unwrap_or(""), "{what}");
-        let _ = self.incoming.send(Incoming::Ack { device: device.to_string(), ack }).await;
         true
     }
 
@@ -577,31 +598,37 @@ mod tests {
     #[tokio::test]
     async fn once_closed_only_jobs_already_announced_are_waited_for() {
         let (b, mut rx) = board();
-        b.printers.set_cloud("q", b.printers.cloud("p"));
-        b.printers.set_cloud("gone", b.printers.cloud("p"));
+        for d in ["q", "r", "gone"] {
+            b.printers.set_cloud(d, b.printers.cloud("p"));
+        }
         let b = Board { offline_after: Duration::from_millis(200), ..b };
         b.offer("p", wire("m1", 1));
         b.offer("q", wire("m2", 2));
+        b.offer("r", wire("m4", 4));
         b.offer("gone", wire("m3", 3));
         assert!(b.unconfirmed().is_empty(), "offered, never announced");
         assert_eq!(b.poll("gone", ready(), false), Ok(Some("m3".into())));
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
-        let unconfirmed = |b: &Board| b.unconfirmed().into_iter().map(|u| u.message_id).collect::<Vec<_>>();
-        assert_eq!(unconfirmed(&b), ["m1"], "announced to a printer still polling; `gone` stopped");
+        assert_eq!(b.poll("r", ready(), false), Ok(Some("m4".into())));
+        let ids = |u: &[Unconfirmed]| u.iter().map(|u| u.message_id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&b.unconfirmed()), ["m1", "m4"], "announced to printers still polling; `gone` stopped");
 
-        b.close();
+        let waiting = b.close();
+        assert_eq!(ids(&waiting), ["m1", "m4"]);
         assert_eq!(b.poll("q", ready(), false), Ok(None), "closed: q is not told of m2");
+        assert!(b.hand("q", None).is_none(), "closed: m2 is not handed out to a GET either");
         assert_eq!(b.poll("p", ready(), false), Ok(None), "closed: nothing announced again");
-        assert_eq!(b.job("p", Some("m1")).map(|o| o.seq), Some(1), "an announced job can still be fetched");
-        assert_eq!(unconfirmed(&b), ["m1"]);
-        let left = b.settle(Duration::from_millis(60)).await;
-        assert_eq!(left.len(), 1, "not confirmed within the bound: {left:?}");
+        assert_eq!(b.hand("p", Some("m1")).map(|o| o.seq), Some(1), "an announced job can still be fetched");
+        let soon = tokio::time::Instant::now() + Duration::from_millis(60);
+        assert_eq!(b.settle(waiting.clone(), soon).await.len(), 2, "not confirmed within the bound");
 
-        assert_eq!(b.poll("p", ready(), false), Ok(None), "heard from just now");
-        assert_eq!(unconfirmed(&b), ["m1"]);
+        // r's printer fails m4 (52x): offered again, no longer announced, not waited for.
+        assert!(b.confirm("r", Some("m4"), Confirmation::of_code("520")).await);
+        b.offer("r", wire("m4", 4));
         while rx.try_recv().is_ok() {}
-        let settling = b.settle(Duration::from_secs(30));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let settling = b.settle(waiting, deadline);
         let confirming = async {
             // Printing, it does not poll: silent past `offline_after`, it is still waited for.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -612,9 +639,8 @@ mod tests {
         assert!(left.is_empty(), "settled once confirmed: {left:?}");
         assert!(
             matches!(rx.try_recv().unwrap(), Incoming::Ack { ack, .. } if ack.message_id == "m1"),
-            "the confirmation is in the dispatcher's channel by then"
+            "the confirmation is on the dispatcher's channel by then"
         );
-        assert!(b.unconfirmed().is_empty());
     }
 
     /// Through an external broker a printer's MQTT session is unseen: asking its settings

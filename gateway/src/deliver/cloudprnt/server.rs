@@ -251,7 +251,7 @@ async fn job(State(s): State<Server>, headers: HeaderMap, Query(q): Query<JobQue
     if q.media.as_deref().is_some_and(|m| m != media::PNG) {
         return StatusCode::UNSUPPORTED_MEDIA_TYPE.into_response();
     }
-    let Some(offer) = s.board.job(&device, q.token.as_deref()) else {
+    let Some(offer) = s.board.hand(&device, q.token.as_deref()) else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let picture = match offer.picture.get() {

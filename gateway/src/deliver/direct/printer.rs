@@ -29,6 +29,7 @@
 use super::link::{Link, LinkError};
 use super::reprint;
 use super::status::PrinterStatus;
+use super::writes::Writes;
 use crate::clock::Clock;
 use crate::config::DirectConfig;
 use crate::model::{DirectPrinters, Incoming};
@@ -54,6 +55,8 @@ pub struct Shared {
     pub incoming: mpsc::Sender<Incoming>,
     /// The wall clock jobs' `expires_at` is read on (the dispatcher's).
     pub clock: Clock,
+    /// The writes under way, let finish at shutdown.
+    pub writes: Arc<Writes>,
 }
 
 /// One printer's task state.
@@ -73,6 +76,8 @@ enum Attempt {
     Answered,
     /// Not printed now (not connected, cannot print): wait this long and try again.
     Wait(Duration),
+    /// Not started: shutdown has begun ([`Writes::close`]). It stays queued.
+    Stopped,
 }
 
 /// Runs `device`'s task on a thread of its own until `jobs` closes.
@@ -125,7 +130,7 @@ impl Printer {
         };
         loop {
             match self.attempt(job, &bytes, &mut interrupted) {
-                Attempt::Answered => return,
+                Attempt::Answered | Attempt::Stopped => return,
                 Attempt::Wait(d) => std::thread::sleep(d),
             }
         }
@@ -184,6 +189,11 @@ impl Printer {
             &reprint_bytes[..]
         } else {
             bytes
+        };
+        // Held until the job is acknowledged: a shutdown waits for it rather than cut it.
+        let Some(_writing) = self.shared.writes.begin(&self.device, job.seq, &job.message_id) else {
+            tracing::info!(device = %self.device, seq = job.seq, message_id = %job.message_id, "shutting down: job not started; it stays queued");
+            return Attempt::Stopped;
         };
         let mut mark = DirectMark { seq: job.seq, message_id: job.message_id.clone(), done: false };
         if let Err(e) = self.shared.outbox.mark_direct(&self.device, &mark) {
@@ -354,7 +364,9 @@ mod tests {
             reconnect_max_ms: 100,
             ..DirectConfig::default()
         };
-        let shared = Shared { cfg, printers, outbox: outbox.clone(), incoming: incoming_tx, clock: Clock::default() };
+        let writes = Arc::default();
+        let shared =
+            Shared { cfg, printers, outbox: outbox.clone(), incoming: incoming_tx, clock: Clock::default(), writes };
         let (jobs, rx) = mpsc::channel(8);
         spawn("p".into(), shared, rx).unwrap();
         Rig { _dir: dir, outbox, jobs, incoming }

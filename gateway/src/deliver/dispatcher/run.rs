@@ -81,9 +81,11 @@ impl<T: Transport> Dispatcher<T> {
         }
     }
 
-    /// Reads devices' acks and status from `incoming` too, as [`Command::Device`]s: a
-    /// [`Command::Barrier`] is then answered once every message sent there before it is
-    /// handled as well (a printer's confirmation before the last outbox write).
+    /// Reads devices' acks and status from `incoming` too, as [`Command::Device`]s. The
+    /// messages already there when a command is read are handled before it: a
+    /// [`Command::Barrier`] is answered once every message sent before it is handled (a
+    /// printer's confirmation before the last outbox write), and an ack is not lost to a
+    /// [`Command::Forget`] read after it.
     pub fn with_incoming(mut self, incoming: mpsc::Receiver<Incoming>) -> Self {
         self.incoming = Some(incoming);
         self
@@ -132,14 +134,13 @@ impl<T: Transport> Dispatcher<T> {
             tokio::select! {
                 cmd = commands.recv() => {
                     let Some(cmd) = cmd else { return };
-                    if matches!(cmd, Command::Barrier(_)) {
-                        // Those sent before the barrier, and no more: a flood of status
-                        // messages would otherwise hold its answer back.
-                        for _ in 0..incoming.as_ref().map_or(0, mpsc::Receiver::len) {
-                            let Some(msg) = incoming.as_mut().and_then(|rx| rx.try_recv().ok()) else { break };
-                            let actions = self.handle(Command::Device(msg));
-                            self.carry_out(actions).await;
-                        }
+                    // Device messages that came first are handled first: an ack before the
+                    // `Forget` of its device's queue, every ack before a `Barrier`. Only
+                    // those queued now: a flood of them would otherwise hold commands back.
+                    for _ in 0..incoming.as_ref().map_or(0, mpsc::Receiver::len) {
+                        let Some(msg) = incoming.as_mut().and_then(|rx| rx.try_recv().ok()) else { break };
+                        let actions = self.handle(Command::Device(msg));
+                        self.carry_out(actions).await;
                     }
                     let actions = self.handle(cmd);
                     self.carry_out(actions).await;

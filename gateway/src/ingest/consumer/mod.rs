@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::deliver::broker::PartitionLinks;
 use crate::deliver::cloudprnt::Board;
+use crate::deliver::direct::Writes;
 use crate::ingest::backoff::Backoff;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
@@ -102,6 +103,9 @@ pub struct Services {
     /// The cloud printers' offers: closed at shutdown, and the jobs they were told of
     /// waited for before the last outbox write ([`Pipeline::settle_printers`]).
     pub cloud_printers: Option<Arc<Board>>,
+    /// The direct printers' writes: closed at shutdown, and those under way waited for
+    /// before the last outbox write ([`Pipeline::settle_printers`]).
+    pub direct_writes: Option<Arc<Writes>>,
 }
 
 /// How long a revoke waits for the delivery log's producer to deliver the ends it holds
@@ -291,6 +295,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         partition_links,
         route_changelog,
         cloud_printers,
+        direct_writes,
     } = services;
     let mut handoff = Handoff::new(outbox.clone(), clock.clone(), commands, health.clone(), shutdown.clone());
     if let Some(producer) = jobs_out {
@@ -475,14 +480,15 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         "stopping intake; writing what was read, then committing"
     );
     let bound = Duration::from_millis(cfg.shutdown_timeout_ms);
+    // Printers' jobs under way are waited for at most half of the bound: the rest is the
+    // last write's and the commit's.
+    let settle_until = tokio::time::Instant::now() + bound / 2;
     let closed = tokio::time::timeout(bound, async {
         if let Some(mut w) = writing.take() {
             let a = w.attempt().await;
             p.on_written(&*consumer, a).await;
         }
-        if let Some(board) = &cloud_printers {
-            p.settle_printers(board, bound / 2).await;
-        }
+        p.settle_printers(cloud_printers.as_deref(), direct_writes.as_deref(), settle_until).await;
         if p.delivery_log.is_some() {
             p.stop_sending().await;
         }
@@ -1269,24 +1275,52 @@ impl Pipeline {
         true
     }
 
-    /// At shutdown, once intake has stopped: cloud printers are told of no more jobs, and
-    /// the jobs they were told of are waited for, at most `bound`, then their confirmations
+    /// At shutdown, once intake has stopped: cloud printers are told of no more jobs and
+    /// direct printers start none, and the jobs cloud printers were told of and those
+    /// direct printers are writing are waited for, until `until` at most; then their acks are
     /// handed to the dispatcher ([`Command::Barrier`]), so that those jobs' ends go into
     /// the last outbox write. A printer on the HTTP method or Epson's need not remember
     /// job tokens: a confirmation that came after that write would leave the printed
-    /// receipt queued, and it would print again after the restart.
-    async fn settle_printers(&mut self, board: &Board, bound: Duration) {
-        board.close();
-        let waiting = board.unconfirmed().len();
-        if waiting > 0 {
+    /// receipt queued, to print again after the restart. A direct printer's job cut short
+    /// by the exit would be printed again under the reprint header (or, with
+    /// `interruptedJob = hold`, handed to an operator).
+    async fn settle_printers(&mut self, board: Option<&Board>, writes: Option<&Writes>, until: tokio::time::Instant) {
+        let unconfirmed = board.map(Board::close).unwrap_or_default();
+        let unfinished = writes.map(Writes::close).unwrap_or_default();
+        if self.handoff.gave_up() {
+            // The outbox takes no more writes: nothing waited for could be written.
+            return;
+        }
+        let ms = until.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64;
+        if !unconfirmed.is_empty() {
             tracing::info!(
-                jobs = waiting,
-                ms = bound.as_millis() as u64,
+                jobs = unconfirmed.len(),
+                ms,
                 "waiting for cloud printers to confirm the jobs they were told of"
             );
         }
-        for u in board.settle(bound).await {
+        if !unfinished.is_empty() {
+            tracing::info!(jobs = unfinished.len(), ms, "waiting for direct printers to finish writing their jobs");
+        }
+        let (unconfirmed, unfinished) = tokio::join!(
+            async {
+                match board {
+                    Some(b) => b.settle(unconfirmed, until).await,
+                    None => Vec::new(),
+                }
+            },
+            async {
+                match writes {
+                    Some(w) => w.settle(unfinished, until).await,
+                    None => Vec::new(),
+                }
+            },
+        );
+        for u in unconfirmed {
             tracing::warn!(device = %u.device, seq = u.seq, message_id = %u.message_id, "a cloud printer was told of this job and did not confirm it before shutdown: it is offered again after the restart, and if it did print, prints again");
+        }
+        for u in unfinished {
+            tracing::warn!(device = %u.device, seq = u.seq, message_id = %u.message_id, "a direct printer was still writing this job at shutdown: it is printed again after the restart under the reprint header (or held for an operator with interruptedJob = hold)");
         }
         self.barrier().await;
     }

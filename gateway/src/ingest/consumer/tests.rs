@@ -228,6 +228,7 @@ impl Rig {
             partition_links: None,
             route_changelog: None,
             cloud_printers: None,
+            direct_writes: None,
         };
         let task = tokio::spawn(run_with(services, reader.clone()));
         Rig { _dir: dir, outbox, stats, reader, enqueued, finished, shutdown, task }
