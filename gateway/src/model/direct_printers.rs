@@ -191,8 +191,9 @@ impl DirectPrinters {
                 !self.local.contains_key(d.as_str()) && c.by_id.get(d.as_str()).is_some_and(|s| s.method == method)
             })
             .collect();
-        if sharing.len() > 1 {
-            tracing::warn!(mac = %mac, devices = ?sharing, "the registry gives this MAC to several cloud printers on one method: the Star printers' messages through an external broker that carry it are refused until only one has it");
+        // Only the MQTT method's messages are found by MAC alone.
+        if method == cdc::CloudMethod::Mqtt && sharing.len() > 1 {
+            tracing::warn!(mac = %mac, devices = ?sharing, "the registry gives this MAC to several printers on CloudPRNT's MQTT method: their messages through an external broker are refused until only one has it");
         }
     }
 

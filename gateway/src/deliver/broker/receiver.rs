@@ -23,6 +23,7 @@ use device_protocol::Topic;
 use rumqttc::{
     AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, QoS, SubscribeFilter, SubscribeReasonCode,
 };
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -79,10 +80,11 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// the device dedupes and acks it again.
 async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdown: Shutdown) {
     let Read { links, board, owners, star, stats, incoming } = read;
-    // Star printers told up to the CloudPRNT side, by MAC: each at its first message
-    // through the broker, until its will or until the registry no longer gives it the MAC
-    // alone.
-    let mut star_up: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    // Star printers told up to the CloudPRNT side, each at its first message through the
+    // broker, until its will or until the registry no longer gives it the MAC alone:
+    // device → the MAC it is heard under, and back.
+    let mut star_up: HashMap<String, String> = HashMap::new();
+    let mut star_macs: HashMap<String, String> = HashMap::new();
     let mut subscribed = vec![ALL_ACKS, ALL_STATUS];
     subscribed.extend(owners.is_some().then_some(OWNER_FILTER));
     subscribed.extend(star.is_some().then_some(star::ALL_TO_SERVER));
@@ -132,12 +134,15 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                 }
                 if let Some((printers, (mac, method))) = star.as_ref().zip(star::to_server(&p.topic)) {
                     let found = printers.device_of(mac);
-                    if let Some(was) = star_up.get(mac).filter(|was| found.as_ref() != Some(*was)) {
+                    if let Some(was) = star_macs.get(mac).filter(|was| found.as_ref() != Some(*was)).cloned() {
                         // The registry took this MAC from it (or gave it to another too):
                         // its messages, its will included, no longer reach it.
-                        tracing::warn!(device = %was, mac, "a Star printer's MAC no longer names it alone in the registry: taken as offline");
-                        printers.session(was, false);
-                        star_up.remove(mac);
+                        star_macs.remove(mac);
+                        star_up.remove(&was);
+                        if printers.mac_of(&was).is_some() {
+                            tracing::warn!(device = %was, mac, "a Star printer's MAC no longer names it alone in the registry: taken as offline");
+                            printers.session(&was, false);
+                        }
                     }
                     let Some(device) = found else {
                         stats.mqtt_refused(UNKNOWN_DEVICE);
@@ -146,8 +151,14 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                         }
                         continue;
                     };
-                    if method != CLIENT_WILL && star_up.insert(mac.to_string(), device.clone()).is_none() {
-                        printers.session(&device, true);
+                    if method != CLIENT_WILL {
+                        match star_up.insert(device.clone(), mac.to_string()) {
+                            None => printers.session(&device, true),
+                            // The registry gave it a new MAC: the same session goes on.
+                            Some(old) if old != mac => drop(star_macs.remove(&old)),
+                            Some(_) => {}
+                        }
+                        star_macs.insert(mac.to_string(), device.clone());
                     }
                     if let Err(e) = printers.published(&device, method, &p.payload).await {
                         stats.mqtt_refused(MALFORMED_MESSAGE);
@@ -155,7 +166,9 @@ async fn drive(client: AsyncClient, mut eventloop: EventLoop, read: Read, shutdo
                             tracing::warn!(rule = MALFORMED_MESSAGE, %device, topic = %p.topic, error = %e, "Star printer message dropped: not what its topic carries");
                         }
                     }
-                    if method == CLIENT_WILL && star_up.remove(mac).is_some() {
+                    if method == CLIENT_WILL && star_up.get(&device).is_some_and(|m| m == mac) {
+                        star_up.remove(&device);
+                        star_macs.remove(mac);
                         printers.session(&device, false);
                     }
                     continue;
