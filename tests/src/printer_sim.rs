@@ -89,6 +89,11 @@ impl RawSim {
         }
     }
 
+    /// The lines it has said and nobody has read yet, without waiting.
+    pub fn lines_now(&self) -> Vec<String> {
+        std::iter::from_fn(|| self.lines.try_recv().ok()).collect()
+    }
+
     /// Every line up to and including the next that starts with `prefix`.
     ///
     /// # Panics

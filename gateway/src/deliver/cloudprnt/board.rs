@@ -286,10 +286,11 @@ impl Board {
     /// it announced. `false`, and nothing marked, once the board is closed or when that
     /// job is no longer offered: the printer is not to be told.
     pub fn announce(&self, device: &str, message_id: &str) -> bool {
+        // Read under the lock, as `close`'s list is: nothing is announced after it.
+        let mut state = self.lock();
         if self.is_closed() {
             return false;
         }
-        let mut state = self.lock();
         let Some(o) = state.get_mut(device).and_then(|p| p.offer.as_mut()) else { return false };
         if o.message_id != message_id {
             return false;
@@ -445,7 +446,8 @@ impl Board {
         // Room on the channel first: the offer ends and its ack is on the channel at
         // once, so a shutdown that sees the offer gone finds the ack there.
         let Ok(permit) = self.incoming.reserve().await else {
-            tracing::error!(device, "the dispatcher has stopped: a printer's confirmation is not taken");
+            // Only past the shutdown's wait: the job stays queued for the next start.
+            tracing::warn!(device, "a printer's confirmation came after pixgate stopped delivering: its job is offered again after the restart");
             return false;
         };
         let offer = {

@@ -72,8 +72,9 @@ impl Writes {
     }
 
     /// Waits, until `deadline` at most, for the writes of `waiting` (what
-    /// [`Writes::close`] returned) to end. Each finished job's ack is on the dispatcher's
-    /// channel by then. Returns those still under way.
+    /// [`Writes::close`] returned) to end: written whole, with the job's ack on the
+    /// dispatcher's channel by then, or cut short by the printer (a reprint after the
+    /// restart, as without the wait). Returns those still under way.
     pub async fn settle(&self, mut waiting: Vec<Unfinished>, deadline: tokio::time::Instant) -> Vec<Unfinished> {
         loop {
             {

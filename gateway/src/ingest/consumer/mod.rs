@@ -18,8 +18,8 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::deliver::broker::PartitionLinks;
-use crate::deliver::cloudprnt::Board;
-use crate::deliver::direct::Writes;
+use crate::deliver::cloudprnt::board::{Board, Unconfirmed};
+use crate::deliver::direct::writes::{Unfinished, Writes};
 use crate::ingest::backoff::Backoff;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
@@ -474,6 +474,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     }
 
     p.restores.cancel_all();
+    // No printer starts a job from here on; those under way are waited for below.
+    let cloud = cloud_printers.as_deref().map(|b| (b, b.close()));
+    let direct = direct_writes.as_deref().map(|w| (w, w.close()));
     tracing::info!(
         batch = p.batch.records(),
         writing = writing.is_some(),
@@ -488,7 +491,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             let a = w.attempt().await;
             p.on_written(&*consumer, a).await;
         }
-        p.settle_printers(cloud_printers.as_deref(), direct_writes.as_deref(), settle_until).await;
+        p.settle_printers(cloud, direct, settle_until).await;
         if p.delivery_log.is_some() {
             p.stop_sending().await;
         }
@@ -1275,23 +1278,29 @@ impl Pipeline {
         true
     }
 
-    /// At shutdown, once intake has stopped: cloud printers are told of no more jobs and
-    /// direct printers start none, and the jobs cloud printers were told of and those
-    /// direct printers are writing are waited for, until `until` at most; then their acks are
-    /// handed to the dispatcher ([`Command::Barrier`]), so that those jobs' ends go into
-    /// the last outbox write. A printer on the HTTP method or Epson's need not remember
+    /// At shutdown, once intake has stopped and the printers' gates are closed (`cloud`:
+    /// what [`Board::close`] returned; `direct`: what [`Writes::close`] returned): the jobs
+    /// cloud printers were told of and those direct printers are writing are waited for,
+    /// until `until` at most; then their acks are handed to the dispatcher
+    /// ([`Command::Barrier`]), so that those jobs' ends go into the last outbox write. A printer on the HTTP method or Epson's need not remember
     /// job tokens: a confirmation that came after that write would leave the printed
     /// receipt queued, to print again after the restart. A direct printer's job cut short
     /// by the exit would be printed again under the reprint header (or, with
     /// `interruptedJob = hold`, handed to an operator).
-    async fn settle_printers(&mut self, board: Option<&Board>, writes: Option<&Writes>, until: tokio::time::Instant) {
-        let unconfirmed = board.map(Board::close).unwrap_or_default();
-        let unfinished = writes.map(Writes::close).unwrap_or_default();
-        if self.handoff.gave_up() {
-            // The outbox takes no more writes: nothing waited for could be written.
+    async fn settle_printers(
+        &mut self,
+        cloud: Option<(&Board, Vec<Unconfirmed>)>,
+        direct: Option<(&Writes, Vec<Unfinished>)>,
+        until: tokio::time::Instant,
+    ) {
+        if self.handoff.gave_up() || (cloud.is_none() && direct.is_none()) {
+            // Nothing to wait for, or the outbox takes no more writes: nothing waited for
+            // could be written.
             return;
         }
         let ms = until.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64;
+        let (board, unconfirmed) = cloud.map_or((None, Vec::new()), |(b, u)| (Some(b), u));
+        let (writes, unfinished) = direct.map_or((None, Vec::new()), |(w, u)| (Some(w), u));
         if !unconfirmed.is_empty() {
             tracing::info!(
                 jobs = unconfirmed.len(),
@@ -1306,13 +1315,13 @@ impl Pipeline {
             async {
                 match board {
                     Some(b) => b.settle(unconfirmed, until).await,
-                    None => Vec::new(),
+                    None => unconfirmed,
                 }
             },
             async {
                 match writes {
                     Some(w) => w.settle(unfinished, until).await,
-                    None => Vec::new(),
+                    None => unfinished,
                 }
             },
         );
