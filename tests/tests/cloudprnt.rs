@@ -188,6 +188,17 @@ async fn receipts_held_by_paper_out(rig: &Rig, sim: &CloudSim, ids: &[String]) -
     jobs
 }
 
+/// After a restart, the one job `sim` printed is not offered again: the new process polled
+/// at least ten times (the printer was online, and a queued job would have been offered),
+/// the printer said no `duplicate TOKEN`, printed one page, and nothing is queued.
+async fn printed_once_and_not_offered_again(rig: &Rig, sim: &CloudSim) {
+    rig.wait_stats(WAIT, |s| s.counters.cloudprnt_polls >= 10).await;
+    let lines = sim.lines_now();
+    assert!(!lines.iter().any(|l| l.starts_with("duplicate ")), "the printed job was offered again: {lines:?}");
+    assert_eq!(sim.printed().len(), 1, "printed once: {lines:?}");
+    assert!(queued(rig).is_empty(), "nothing queued after the restart");
+}
+
 fn refusals(rig: &Rig, rule: &str) -> u64 {
     rig.gateway().stats().unwrap().counters.cloudprnt_refusals.get(rule).copied().unwrap_or(0)
 }
@@ -540,14 +551,7 @@ async fn a_confirmed_job_is_not_offered_again_after_a_sigkill() {
     wait_for("the printer's queue to empty", WAIT, || queued(&rig).is_empty()).await;
     rig.kill_gateway();
     rig.start_gateway();
-
-    // Polled at least ten times by the new process: it was online, and had the job been
-    // queued it would have been offered.
-    rig.wait_stats(WAIT, |s| s.counters.cloudprnt_polls >= 10).await;
-    let lines = sim.lines_now();
-    assert!(!lines.iter().any(|l| l.starts_with("duplicate ")), "the confirmed job was offered again: {lines:?}");
-    assert_eq!(sim.printed().len(), 1, "printed once: {lines:?}");
-    assert!(queued(&rig).is_empty(), "nothing queued after the restart");
+    printed_once_and_not_offered_again(&rig, &sim).await;
     drop(sim);
     finish(rig, &scratch);
 }
@@ -583,14 +587,7 @@ async fn a_job_printing_at_sigterm_is_confirmed_before_the_exit() {
     // take it (its job offered again, the token the same) and hide a lost one.
     tokio::time::sleep(Duration::from_secs(4)).await;
     rig.start_gateway();
-
-    // Polled at least ten times by the new process: it was online, and had the job been
-    // queued it would have been offered.
-    rig.wait_stats(WAIT, |s| s.counters.cloudprnt_polls >= 10).await;
-    let lines = sim.lines_now();
-    assert!(!lines.iter().any(|l| l.starts_with("duplicate ")), "the printed job was offered again: {lines:?}");
-    assert_eq!(sim.printed().len(), 1, "printed once: {lines:?}");
-    assert!(queued(&rig).is_empty(), "nothing queued after the restart");
+    printed_once_and_not_offered_again(&rig, &sim).await;
     drop(sim);
     finish(rig, &scratch);
 }

@@ -63,6 +63,17 @@ fn printer_jobs(rig: &Rig) -> usize {
     listed["jobs"].as_array().map_or(0, Vec::len)
 }
 
+/// Waits until the printer's transcript names every charge of `ids` and the outbox holds
+/// no job for it.
+async fn every_receipt_printed(rig: &Rig, sim: &RawSim, ids: &[String]) {
+    wait_for("every receipt", WAIT, || {
+        let text: String = sim.transcript().split_whitespace().collect();
+        ids.iter().all(|id| text.contains(id.as_str()))
+    })
+    .await;
+    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(rig) == 0).await;
+}
+
 /// The charge ids (of `ids`) each printed job names, in the order printed.
 fn printed_charges(sim: &RawSim, ids: &[String]) -> Vec<String> {
     let collapse = |t: &str| t.split_whitespace().collect::<String>();
@@ -300,12 +311,7 @@ async fn pixgate_stopped_mid_job_lets_it_finish_and_prints_no_reprint() {
         // Said while it got ready: the next stop waits for a receipt starting from now.
         sim.lines_now();
     }
-    wait_for("every receipt", WAIT, || {
-        let text: String = sim.transcript().split_whitespace().collect();
-        ids.iter().all(|id| text.contains(id.as_str()))
-    })
-    .await;
-    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
+    every_receipt_printed(&rig, &sim, &ids).await;
     assert!(!sim.transcript().contains(HEADER), "no reprint");
     let mut printed = printed_charges(&sim, &ids);
     printed.sort();
@@ -342,12 +348,7 @@ async fn pixgate_killed_20_times_mid_job_repeats_only_marked_reprints() {
         println!("SIGKILL {} while a receipt was being written", kill + 1);
         rig.start_gateway();
     }
-    wait_for("every receipt", WAIT, || {
-        let text: String = sim.transcript().split_whitespace().collect();
-        ids.iter().all(|id| text.contains(id.as_str()))
-    })
-    .await;
-    wait_for("the printer's outbox to empty", WAIT, || printer_jobs(&rig) == 0).await;
+    every_receipt_printed(&rig, &sim, &ids).await;
 
     let collapse = |t: &str| t.split_whitespace().collect::<String>();
     let mut printed: BTreeMap<&str, usize> = BTreeMap::new();
