@@ -98,8 +98,8 @@ pub struct Offer {
     /// Times it was handed to a printer that cannot tell a repeat (Epson's), whose second
     /// copy is marked a reprint.
     pub handed: Arc<std::sync::atomic::AtomicU32>,
-    /// Whether the printer was told of it (its token in a poll's answer, a `print-job`
-    /// message): it may be printing it now.
+    /// Whether the printer was told of it or fetched it (its token in a poll's answer, a
+    /// `print-job` message, a GET): it may be printing it now.
     announced: bool,
 }
 
