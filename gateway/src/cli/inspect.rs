@@ -223,7 +223,7 @@ pub fn salvage(damaged: &std::path::Path, new: &std::path::Path) -> anyhow::Resu
     if !s.lost_jobs_complete {
         let _ = writeln!(
             out,
-            "  the list of queued jobs (reconcile_jobs) is damaged too: more jobs may be lost than named"
+            "  the list of queued jobs (job_live or reconcile_names; reconcile_jobs in an earlier layout) is damaged too: more jobs may be lost than named"
         );
     }
     if s.ids_restored > 0 {

@@ -10,15 +10,17 @@
 //!   behind its partition's mark (table `reconcile_marks`) and not counted again;
 //! - `delivered:KIND` and `superseded` with the job's removal, `expired:KIND` and
 //!   `dead_lettered:delivery_failed` with its dead letter, in the bucket of the record the
-//!   job came from (table `reconcile_jobs`: (device, seq) → (topic, bucket, kind), written
-//!   when the job is queued, removed when it leaves). A replayed job is not counted again.
+//!   job came from (the job's link in `job_live`: (topic, minute, kind), the names by id in
+//!   `reconcile_names`, written when the job is queued, removed when it leaves). A
+//!   replayed job has none and is not counted again.
 //!
 //! Tables: `reconcile_counts` (bucket start in Unix seconds, topic, counter) → count;
 //! pruned past `reconcile.retention_hours`, so the file holds at most that many hours of
 //! buckets (a few dozen counters per topic and minute).
 
 use crate::model::DeadLetterReason;
-use crate::store::outbox::schema::{RECONCILE_COUNTS as COUNTS, RECONCILE_JOBS as JOBS, RECONCILE_MARKS as MARKS};
+use crate::store::outbox::link_names::LinkNames;
+use crate::store::outbox::schema::{Link, RECONCILE_COUNTS as COUNTS, RECONCILE_MARKS as MARKS};
 use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
 use redb::{ReadableTable, WriteTransaction};
@@ -48,7 +50,7 @@ pub struct RecordTally {
 /// mostly bump the same few counters of the same minute).
 pub(crate) struct Counting<'t> {
     marks: redb::Table<'t, (&'static str, i32), i64>,
-    jobs: redb::Table<'t, (&'static str, u64), (&'static str, u64, &'static str)>,
+    names: LinkNames<'t>,
     /// Each partition's mark as this transaction has moved it.
     seen: HashMap<(String, i32), i64>,
     counts: BTreeMap<(u64, String, String), u64>,
@@ -59,7 +61,7 @@ impl<'t> Counting<'t> {
     pub(crate) fn open(tx: &'t WriteTransaction) -> Result<Counting<'t>, OutboxError> {
         Ok(Counting {
             marks: tx.open_table(MARKS).map_err(db)?,
-            jobs: tx.open_table(JOBS).map_err(db)?,
+            names: LinkNames::open(tx)?,
             seen: HashMap::new(),
             counts: BTreeMap::new(),
         })
@@ -69,27 +71,26 @@ impl<'t> Counting<'t> {
         *self.counts.entry((bucket, topic.to_string(), counter)).or_default() += 1;
     }
 
-    /// Counts one record: `tally`'s counters, `read`, and `queued:KIND` with a
-    /// `reconcile_jobs` row for each of `queued` (device, seq, kind), and `queued:KIND`
-    /// alone for each kind of `produced` (jobs sent to the device-jobs topic, linked when
-    /// read back, [`Counting::link`]); nothing when the record is behind its partition's
-    /// mark (counted before).
+    /// Counts one record: `tally`'s counters, `read`, and `queued:KIND` for each kind of
+    /// `produced` (jobs sent to the device-jobs topic, linked when read back,
+    /// [`Counting::link`]). Returns the bucket (Unix seconds) its queued jobs count in
+    /// ([`Counting::queued`]); `None`, nothing counted, when the record is behind its
+    /// partition's mark (counted before).
     pub(crate) fn record(
         &mut self,
         topic: &str,
         partition: i32,
         offset: i64,
         tally: &RecordTally,
-        queued: &[(&str, u64, &str)],
         produced: &[&str],
-    ) -> Result<(), OutboxError> {
+    ) -> Result<Option<u64>, OutboxError> {
         let key = (topic.to_string(), partition);
         let mark = match self.seen.get(&key) {
             Some(m) => *m,
             None => self.marks.get((topic, partition)).map_err(db)?.map_or(0, |v| v.value()),
         };
         if offset < mark {
-            return Ok(());
+            return Ok(None);
         }
         self.seen.insert(key, offset + 1);
         let bucket = tally.event_time_s / BUCKET_S * BUCKET_S;
@@ -97,54 +98,51 @@ impl<'t> Counting<'t> {
         for c in &tally.counters {
             self.bump(bucket, topic, c.clone());
         }
-        for (device, seq, kind) in queued {
-            self.bump(bucket, topic, format!("queued:{kind}"));
-            self.jobs.insert((*device, *seq), (topic, bucket, *kind)).map_err(db)?;
-        }
         for kind in produced {
             self.bump(bucket, topic, format!("queued:{kind}"));
         }
-        Ok(())
+        Ok(Some(bucket))
     }
 
-    /// Links job `seq` of `device` (of kind `kind`), queued from the device-jobs topic, to
-    /// the window of the change event it was planned from (`topic`, `event_time_s`): that
-    /// record counted it as queued when its jobs were produced; this job counts there again
-    /// when it leaves its queue.
-    pub(crate) fn link(
-        &mut self,
-        device: &str,
-        seq: u64,
-        topic: &str,
-        event_time_s: u64,
-        kind: &str,
-    ) -> Result<(), OutboxError> {
-        let bucket = event_time_s / BUCKET_S * BUCKET_S;
-        self.jobs.insert((device, seq), (topic, bucket, kind)).map_err(db)?;
-        Ok(())
+    /// Counts a job of kind `kind` queued from a record of `topic` counted in `bucket`
+    /// ([`Counting::record`]) as `queued:KIND`; returns its link, for its `job_live` entry.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(crate) fn queued(&mut self, topic: &str, bucket: u64, kind: &str) -> Result<Link, OutboxError> {
+        self.bump(bucket, topic, format!("queued:{kind}"));
+        self.names.link(topic, bucket, kind)
     }
 
-    /// Counts a job leaving its queue, by the bucket of its record: `superseded`, or
-    /// `delivered:KIND`. A job with no `reconcile_jobs` row (replayed) is not counted.
-    pub(crate) fn removed(&mut self, device: &str, seq: u64, superseded: bool) -> Result<(), OutboxError> {
-        self.left(device, seq, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
+    /// The link of a job of kind `kind`, queued from the device-jobs topic, to the window of
+    /// the change event it was planned from (`topic`, `event_time_s`): that record counted
+    /// it as queued when its jobs were produced; this job counts there again when it
+    /// leaves its queue.
+    ///
+    /// # Errors
+    /// Database failure.
+    pub(crate) fn link(&mut self, topic: &str, event_time_s: u64, kind: &str) -> Result<Link, OutboxError> {
+        self.names.link(topic, event_time_s, kind)
+    }
+
+    /// Counts a job leaving its queue, by the bucket of its record (its `link`):
+    /// `superseded`, or `delivered:KIND`. A job with no link (replayed) is not counted.
+    pub(crate) fn removed(&mut self, link: Link, superseded: bool) {
+        self.left(link, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
     }
 
     /// Counts a job dead-lettered for `reason`: `expired:KIND`, or `dead_lettered:REASON`.
-    pub(crate) fn failed(&mut self, device: &str, seq: u64, reason: &DeadLetterReason) -> Result<(), OutboxError> {
-        self.left(device, seq, |kind| match reason {
+    pub(crate) fn failed(&mut self, link: Link, reason: &DeadLetterReason) {
+        self.left(link, |kind| match reason {
             DeadLetterReason::Expired => format!("expired:{kind}"),
             other => format!("dead_lettered:{other}"),
         })
     }
 
-    fn left(&mut self, device: &str, seq: u64, counter: impl Fn(&str) -> String) -> Result<(), OutboxError> {
-        let Some(row) = self.jobs.remove((device, seq)).map_err(db)? else { return Ok(()) };
-        let (topic, bucket, kind) = row.value();
+    fn left(&mut self, link: Link, counter: impl Fn(&str) -> String) {
+        let Some((topic, bucket, kind)) = self.names.resolve(link) else { return };
         let (topic, name) = (topic.to_string(), counter(kind));
-        drop(row);
         self.bump(bucket, &topic, name);
-        Ok(())
     }
 
     /// Writes the marks moved and the counts added up, in `tx`.

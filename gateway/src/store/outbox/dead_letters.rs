@@ -3,7 +3,9 @@
 
 use super::error::{err, OutboxError};
 use super::job_rows::JobTables;
-use super::schema::{decode_row, encode_row, DEADLETTERS, DL_BY_SOURCE, LAST_DEADLETTER_ID, META, PARKED, SEQ};
+use super::schema::{
+    decode_row, encode_row, DEADLETTERS, DL_BY_SOURCE, LAST_DEADLETTER_ID, META, NO_LINK, PARKED, SEQ,
+};
 use super::Outbox;
 use crate::model::{DeadLetter, DeadLetterReason, StoredJob};
 use crate::store::reconcile::Counting;
@@ -128,22 +130,26 @@ impl Outbox {
         let mut tx = self.db.begin_write().map_err(err)?;
         tx.set_durability(Durability::Immediate).map_err(err)?;
         let mut dl = dl;
-        {
-            let mut counting = Counting::open(&tx)?;
-            counting.failed(&stored.device, stored.job.seq, &dl.reason)?;
-            counting.finish(&tx)?;
-        }
         let id = {
             let mut jobs = JobTables::open(&tx)?;
             // The job as stored, payload included: the dispatcher's copy may have shed its
             // payload while queued ([`StoredJob::without_payload`]).
-            let removed: Option<StoredJob> = match jobs.take(&stored.device, stored.job.seq)? {
-                Some(row) => Some(decode_row(&stored.device, &row)?),
-                None => None,
-            };
+            let taken = jobs.take(&stored.device, stored.job.seq)?;
             // No rows moved here: this may be retried on a full disk.
             jobs.drop_finished()?;
             drop(jobs);
+            let removed: Option<StoredJob> = match taken {
+                Some((row, link)) => {
+                    let mut counting = Counting::open(&tx)?;
+                    counting.failed(link, &dl.reason);
+                    counting.finish(&tx)?;
+                    match row {
+                        Some(row) => Some(decode_row(&stored.device, &row)?),
+                        None => None,
+                    }
+                }
+                None => None,
+            };
             let job = match removed {
                 Some(full) => {
                     dl.job = serde_json::to_string(&full.job).ok();
@@ -291,7 +297,8 @@ impl Outbox {
                     chrono::DateTime::from_timestamp_millis(now_ms as i64).map(|t| t + ttl_of(stored.job.kind));
             }
             let (row, _) = encode_row(&stored.source, &stored.job)?;
-            JobTables::open(&tx)?.insert(&stored.device, next, &row)?;
+            // Not linked: a replayed job counted once already when it left.
+            JobTables::open(&tx)?.insert(&stored.device, next, &row, NO_LINK)?;
             parked.replayed_at_ms = Some(now_ms);
             let bytes = serde_json::to_vec(&parked).map_err(|e| ReplayError::Outbox(err(e)))?;
             dls.insert(id, bytes.as_slice()).map_err(|e| ReplayError::Outbox(err(e)))?;

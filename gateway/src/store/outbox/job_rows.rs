@@ -10,9 +10,10 @@
 //! in one range removal that frees leaves without rewriting them.
 //!
 //! Tables ([`super::schema`]): `job_rows` key → row ([`super::schema::encode_row`]);
-//! `jobs` (device, seq) → key, the queues' index; `job_live` key → (device, seq), the rows
-//! still queued, so that the oldest is found at once. A row older than every key in
-//! `job_live` is finished and removed at the next [`JobTables::sweep`].
+//! `jobs` (device, seq) → key, the queues' index; `job_live` key → (device, seq, link), the
+//! rows still queued, so that the oldest is found at once, with each one's reconciliation
+//! link ([`Link`]). A row older than every key in `job_live` is finished and removed at the
+//! next [`JobTables::sweep`].
 //!
 //! A job that stays queued (a printer offline for days) would hold back the removal of
 //! every row after it; when the finished rows from the oldest queued row on outnumber the
@@ -21,7 +22,11 @@
 //! delivery order, is unchanged.
 
 use super::error::{err, OutboxError};
-use super::schema::{JOB_INDEX, JOB_INDEX_MOVING, JOB_LIVE, JOB_ROWS, LEGACY_JOBS, LEGACY_JOBS_MOVING};
+use super::link_names::LinkNames;
+use super::schema::{
+    Link, JOB_INDEX, JOB_INDEX_MOVING, JOB_LIVE, JOB_ROWS, LEGACY_JOBS, LEGACY_JOBS_MOVING, LEGACY_JOB_LIVE,
+    LEGACY_JOB_LIVE_MOVING, LEGACY_RECONCILE_JOBS, NO_LINK, RECONCILE_NAMES,
+};
 use redb::{ReadableTable, ReadableTableMetadata, Table};
 
 /// How many more finished rows than queued ones may lie from the oldest queued row to the
@@ -36,10 +41,14 @@ pub const RELOCATE_MAX: usize = 256;
 pub(super) struct JobTables<'t> {
     rows: Table<'t, u64, &'static [u8]>,
     index: Table<'t, (&'static str, u64), u64>,
-    live: Table<'t, u64, (&'static str, u64)>,
+    live: Table<'t, u64, (&'static str, u64, Link)>,
     /// The key the next row takes: one past the newest row's, read once at open.
     next: u64,
 }
+
+/// A job taken out of its queue ([`JobTables::take`]): its row (`None` when the file lost
+/// it) and its link.
+pub(super) type Taken = (Option<Vec<u8>>, Link);
 
 /// A queue entry whose row the file does not have.
 const MISSING_ROW: OutboxError = OutboxError::Format("a queued job's row is missing");
@@ -60,12 +69,13 @@ impl<'t> JobTables<'t> {
         })
     }
 
-    /// Queues `row` as `device`'s job `seq` (replacing a job of that (device, seq), whose
-    /// row becomes finished).
+    /// Queues `row` as `device`'s job `seq`, linked to its record's reconciliation window
+    /// by `link` ([`NO_LINK`]: not counted when it leaves), replacing a job of that
+    /// (device, seq), whose row becomes finished.
     ///
     /// # Errors
     /// Database failure.
-    pub(super) fn insert(&mut self, device: &str, seq: u64, row: &[u8]) -> Result<(), OutboxError> {
+    pub(super) fn insert(&mut self, device: &str, seq: u64, row: &[u8], link: Link) -> Result<(), OutboxError> {
         let key = self.next;
         self.next += 1;
         self.rows.insert(key, row).map_err(err)?;
@@ -73,30 +83,29 @@ impl<'t> JobTables<'t> {
         if let Some(old) = before {
             self.live.remove(old).map_err(err)?;
         }
-        self.live.insert(key, (device, seq)).map_err(err)?;
+        self.live.insert(key, (device, seq, link)).map_err(err)?;
         Ok(())
     }
 
-    /// Takes `device`'s job `seq` out of its queue; returns its row's key if it was queued.
-    /// The row goes at a later [`JobTables::sweep`].
+    /// Takes `device`'s job `seq` out of its queue; returns its row's key and its link if
+    /// it was queued. The row goes at a later [`JobTables::sweep`].
     ///
     /// # Errors
     /// Database failure.
-    pub(super) fn remove(&mut self, device: &str, seq: u64) -> Result<Option<u64>, OutboxError> {
-        let key = self.index.remove((device, seq)).map_err(err)?.map(|v| v.value());
-        if let Some(key) = key {
-            self.live.remove(key).map_err(err)?;
-        }
-        Ok(key)
+    pub(super) fn remove(&mut self, device: &str, seq: u64) -> Result<Option<(u64, Link)>, OutboxError> {
+        let Some(key) = self.index.remove((device, seq)).map_err(err)?.map(|v| v.value()) else { return Ok(None) };
+        let link = self.live.remove(key).map_err(err)?.map_or(NO_LINK, |v| v.value().2);
+        Ok(Some((key, link)))
     }
 
-    /// [`JobTables::remove`], returning the job's row.
+    /// [`JobTables::remove`], returning the job's row (`None` when the file lost it) and
+    /// its link.
     ///
     /// # Errors
     /// Database failure.
-    pub(super) fn take(&mut self, device: &str, seq: u64) -> Result<Option<Vec<u8>>, OutboxError> {
-        let Some(key) = self.remove(device, seq)? else { return Ok(None) };
-        Ok(self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec()))
+    pub(super) fn take(&mut self, device: &str, seq: u64) -> Result<Option<Taken>, OutboxError> {
+        let Some((key, link)) = self.remove(device, seq)? else { return Ok(None) };
+        Ok(Some((self.rows.get(key).map_err(err)?.map(|v| v.value().to_vec()), link)))
     }
 
     /// The seqs `device` has queued, in order.
@@ -137,22 +146,22 @@ impl<'t> JobTables<'t> {
             return Ok(());
         }
         let behind = newest.saturating_sub(2 * queued);
-        let moving: Vec<(u64, String, u64)> = self
+        let moving: Vec<(u64, String, u64, Link)> = self
             .live
             .range(..behind)
             .map_err(err)?
             .take(RELOCATE_MAX)
             .map(|item| {
                 item.map(|(k, v)| {
-                    let (device, seq) = v.value();
-                    (k.value(), device.to_string(), seq)
+                    let (device, seq, link) = v.value();
+                    (k.value(), device.to_string(), seq, link)
                 })
                 .map_err(err)
             })
             .collect::<Result<_, _>>()?;
-        for (key, device, seq) in moving {
+        for (key, device, seq, link) in moving {
             let row = row_of(&self.rows, key)?;
-            self.insert(&device, seq, &row)?;
+            self.insert(&device, seq, &row, link)?;
         }
         Ok(())
     }
@@ -266,14 +275,64 @@ fn row_of(rows: &impl ReadableTable<u64, &'static [u8]>, key: u64) -> Result<Vec
     Ok(rows.get(key).map_err(err)?.ok_or(MISSING_ROW)?.value().to_vec())
 }
 
-/// Moves the queues of a file written by an earlier pixgate (`jobs`: (device, seq) → row)
-/// into this layout, in `tx`, row by row (the queue is not held in memory; the file needs
-/// room for one more copy of the queued rows until `tx` commits). A no-op on a file of
-/// this layout.
+/// Moves the queues of a file written by an earlier pixgate into this layout, in `tx`: the
+/// first layout's rows (`jobs`: (device, seq) → row), row by row (the queue is not held in
+/// memory; the file needs room for one more copy of the queued rows until `tx` commits),
+/// and both earlier layouts' reconciliation links (`reconcile_jobs`: (device, seq) →
+/// (topic, bucket, kind)) into `job_live`. A no-op on a file of this layout.
 ///
 /// # Errors
 /// Database failure, the disk full among them.
 pub(super) fn migrate(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
+    migrate_live(tx)?;
+    migrate_rows(tx)?;
+    tx.delete_table(LEGACY_RECONCILE_JOBS).map_err(err)?;
+    Ok(())
+}
+
+/// The link `reconcile_jobs` holds for (`device`, `seq`), named in `names`.
+fn legacy_link(
+    links: &impl ReadableTable<(&'static str, u64), (&'static str, u64, &'static str)>,
+    names: &mut LinkNames<'_>,
+    device: &str,
+    seq: u64,
+) -> Result<Link, OutboxError> {
+    match links.get((device, seq)).map_err(err)? {
+        Some(v) => {
+            let (topic, bucket, kind) = v.value();
+            names.link(topic, bucket, kind)
+        }
+        None => Ok(NO_LINK),
+    }
+}
+
+/// The second layout's `job_live` (key → (device, seq)) into this one's, each entry under
+/// its key with its link from `reconcile_jobs`; the rows stay as they are.
+fn migrate_live(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
+    match tx.open_table(JOB_LIVE) {
+        Ok(_) => return Ok(()),
+        Err(redb::TableError::TableTypeMismatch { .. }) => {}
+        Err(e) => return Err(err(e)),
+    }
+    tx.rename_table(LEGACY_JOB_LIVE, LEGACY_JOB_LIVE_MOVING).map_err(err)?;
+    {
+        let legacy = tx.open_table(LEGACY_JOB_LIVE_MOVING).map_err(err)?;
+        let links = tx.open_table(LEGACY_RECONCILE_JOBS).map_err(err)?;
+        let mut names = LinkNames::open(tx)?;
+        let mut live = tx.open_table(JOB_LIVE).map_err(err)?;
+        for item in legacy.iter().map_err(err)? {
+            let (key, v) = item.map_err(err)?;
+            let (device, seq) = v.value();
+            let link = legacy_link(&links, &mut names, device, seq)?;
+            live.insert(key.value(), (device, seq, link)).map_err(err)?;
+        }
+    }
+    tx.delete_table(LEGACY_JOB_LIVE_MOVING).map_err(err)?;
+    Ok(())
+}
+
+/// The first layout's rows (`jobs`: (device, seq) → row) into `job_rows`.
+fn migrate_rows(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
     match tx.open_table(LEGACY_JOBS) {
         Ok(t) => {
             if t.is_empty().map_err(err)? {
@@ -290,22 +349,25 @@ pub(super) fn migrate(tx: &redb::WriteTransaction) -> Result<(), OutboxError> {
     tx.rename_table(LEGACY_JOBS, LEGACY_JOBS_MOVING).map_err(err)?;
     {
         let legacy = tx.open_table(LEGACY_JOBS_MOVING).map_err(err)?;
+        let links = tx.open_table(LEGACY_RECONCILE_JOBS).map_err(err)?;
+        let mut names = LinkNames::open(tx)?;
         let mut jobs = JobTables::open(tx)?;
         for item in legacy.iter().map_err(err)? {
             let (k, row) = item.map_err(err)?;
             let (device, seq) = k.value();
-            jobs.insert(device, seq, row.value())?;
+            let link = legacy_link(&links, &mut names, device, seq)?;
+            jobs.insert(device, seq, row.value(), link)?;
         }
     }
     tx.delete_table(LEGACY_JOBS_MOVING).map_err(err)?;
     Ok(())
 }
 
-/// Rewrites the outbox at `path` with its queues in the earlier layout (`jobs`: (device,
-/// seq) → row), so that an earlier pixgate can run on it (`pixgate outbox downgrade`).
-/// Returns how many queued jobs were moved; `None`, nothing written, when the file is in
-/// that layout already. A pixgate of this version moves them back when it next opens the
-/// file.
+/// Rewrites the outbox at `path` in the first layout (`jobs`: (device, seq) → row, and the
+/// links in `reconcile_jobs`), so that an earlier pixgate can run on it (`pixgate outbox
+/// downgrade`). Returns how many queued jobs were moved; `None`, nothing written, when the
+/// file is in that layout already. A pixgate of this version moves them back when it next
+/// opens the file.
 ///
 /// # Errors
 /// The file is held by a running gateway ([`OutboxError::InUse`]), or cannot be opened or
@@ -322,13 +384,19 @@ pub fn downgrade(path: &std::path::Path) -> Result<Option<usize>, OutboxError> {
         Err(redb::TableError::TableTypeMismatch { .. }) => return Ok(None),
         Err(e) => return Err(err(e)),
     }
+    // A file of the second layout (the links in `reconcile_jobs` already) comes to this
+    // one first, so that one path writes the first.
+    migrate_live(&tx)?;
     // The earlier layout's rows take the name `jobs`: the index moves out of the way first.
     tx.rename_table(JOB_INDEX, JOB_INDEX_MOVING).map_err(err)?;
     let mut moved = 0;
     {
         let index = tx.open_table(JOB_INDEX_MOVING).map_err(err)?;
         let rows = tx.open_table(JOB_ROWS).map_err(err)?;
+        let live = tx.open_table(JOB_LIVE).map_err(err)?;
+        let names = LinkNames::open(&tx)?;
         let mut legacy = tx.open_table(LEGACY_JOBS).map_err(err)?;
+        let mut links = tx.open_table(LEGACY_RECONCILE_JOBS).map_err(err)?;
         for item in index.iter().map_err(err)? {
             let (k, key) = item.map_err(err)?;
             let (device, seq) = k.value();
@@ -336,10 +404,18 @@ pub fn downgrade(path: &std::path::Path) -> Result<Option<usize>, OutboxError> {
             legacy.insert((device, seq), row.value()).map_err(err)?;
             moved += 1;
         }
+        for item in live.iter().map_err(err)? {
+            let (_, v) = item.map_err(err)?;
+            let (device, seq, link) = v.value();
+            if let Some(named) = names.resolve(link) {
+                links.insert((device, seq), named).map_err(err)?;
+            }
+        }
     }
     tx.delete_table(JOB_INDEX_MOVING).map_err(err)?;
     tx.delete_table(JOB_ROWS).map_err(err)?;
     tx.delete_table(JOB_LIVE).map_err(err)?;
+    tx.delete_table(RECONCILE_NAMES).map_err(err)?;
     tx.commit().map_err(err)?;
     Ok(Some(moved))
 }

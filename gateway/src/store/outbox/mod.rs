@@ -50,6 +50,7 @@ mod direct_marks;
 mod error;
 mod handle;
 mod job_rows;
+pub(crate) mod link_names;
 mod moves;
 mod queue;
 mod read_positions;

@@ -5,7 +5,7 @@
 
 use super::error::{err, OutboxError};
 use super::job_rows::JobTables;
-use super::schema::{encode_row, RECONCILE_JOBS, SEEN, SEQ};
+use super::schema::{encode_row, NO_LINK, SEEN, SEQ};
 use super::Outbox;
 use crate::model::StoredJob;
 use redb::{Durability, ReadableTable};
@@ -55,11 +55,9 @@ impl Outbox {
         let tx = self.db.begin_write().map_err(err)?;
         {
             let mut table = JobTables::open(&tx)?;
-            let mut links = tx.open_table(RECONCILE_JOBS).map_err(err)?;
             let mut seen = tx.open_table(SEEN).map_err(err)?;
             for (device, seq, event_time, message_id) in jobs {
                 table.remove(device, *seq)?;
-                links.remove((device.as_str(), *seq)).map_err(err)?;
                 seen.remove((*event_time, message_id.as_str())).map_err(err)?;
             }
             table.sweep()?;
@@ -92,7 +90,7 @@ impl Outbox {
             let mut table = JobTables::open(&tx)?;
             for j in &jobs {
                 let (row, _) = encode_row(&j.source, &j.job)?;
-                table.insert(&j.device, j.job.seq, &row)?;
+                table.insert(&j.device, j.job.seq, &row, NO_LINK)?;
             }
         }
         tx.commit().map_err(err)?;
@@ -105,12 +103,10 @@ fn forget_in<'a>(
     devices: impl IntoIterator<Item = &'a str>,
 ) -> Result<usize, OutboxError> {
     let mut table = JobTables::open(tx)?;
-    let mut links = tx.open_table(RECONCILE_JOBS).map_err(err)?;
     let mut n = 0;
     for device in devices {
         for s in table.seqs(device)? {
             table.remove(device, s)?;
-            links.remove((device, s)).map_err(err)?;
             n += 1;
         }
     }

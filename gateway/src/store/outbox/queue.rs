@@ -6,7 +6,7 @@ use super::dead_letters::{park, which_of, ParkedDeadLetter, ReplayError};
 use super::error::{err, OutboxError};
 use super::job_rows::{self, JobTables};
 use super::schema::{
-    decode_row, encode_row, split_row, CHARGES, DEADLETTERS, DEVICES, DL_BY_SOURCE, META, PARKED, SEEN, SEQ,
+    decode_row, encode_row, split_row, CHARGES, DEADLETTERS, DEVICES, DL_BY_SOURCE, META, NO_LINK, PARKED, SEEN, SEQ,
 };
 use super::snapshots::{status_code, ChargeState, DeviceEntry};
 use super::Outbox;
@@ -104,6 +104,15 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
             devices.insert(d.id.as_str(), (d.cluster_time, bytes.as_slice())).map_err(err)?;
         }
         let source = a.source.clone().unwrap_or_else(SourceRef::unknown);
+        let counted = match (&a.tally, &a.source) {
+            (Some(tally), Some(src)) => {
+                let produced: Vec<&str> = a.produced.iter().map(|(_, kind)| kind.as_str()).collect();
+                counting
+                    .record(&src.topic, src.partition, src.offset, tally, &produced)?
+                    .map(|b| (src.topic.as_str(), b))
+            }
+            _ => None,
+        };
         let mut queued = Vec::new();
         for (device, job) in &mut a.jobs {
             if seen.get((a.event_time, job.message_id.as_str())).map_err(err)?.is_some() {
@@ -113,8 +122,15 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
             seq.insert(device.as_str(), next).map_err(err)?;
             seen.insert((a.event_time, job.message_id.as_str()), now_ms).map_err(err)?;
             job.seq = next;
+            let mut link = NO_LINK;
+            if let Some((topic, bucket)) = counted {
+                link = counting.queued(topic, bucket, job.kind.as_str())?;
+            }
+            if let Some((topic, event_time_s)) = &a.routed_from {
+                link = counting.link(topic, *event_time_s, job.kind.as_str())?;
+            }
             let (row, at) = encode_row(&source, job)?;
-            table.insert(device, next, &row)?;
+            table.insert(device, next, &row, link)?;
             // The header without cloning the payload (kilobytes) only to drop it.
             let payload = std::mem::take(&mut job.payload);
             let header = job.clone();
@@ -134,17 +150,6 @@ fn write_records(tx: &redb::WriteTransaction, batch: &mut [Accept], now_ms: u64)
                 let id = park(&mut dls, &mut parked_ids, &mut meta, dl.clone(), None, Some(which.clone()), now_ms)?;
                 by_source.insert(key, id).map_err(err)?;
                 parked.push(id);
-            }
-        }
-        let jobs: Vec<(&str, u64, &str)> =
-            queued.iter().map(|q| (q.stored.device.as_str(), q.stored.job.seq, q.stored.job.kind.as_str())).collect();
-        if let (Some(tally), Some(src)) = (&a.tally, &a.source) {
-            let produced: Vec<&str> = a.produced.iter().map(|(_, kind)| kind.as_str()).collect();
-            counting.record(&src.topic, src.partition, src.offset, tally, &jobs, &produced)?;
-        }
-        if let Some((topic, event_time_s)) = &a.routed_from {
-            for (device, seq, kind) in &jobs {
-                counting.link(device, *seq, topic, *event_time_s, kind)?;
             }
         }
         out.push((queued, parked));
@@ -198,8 +203,11 @@ impl Outbox {
         tx.set_durability(if durable { Durability::Immediate } else { Durability::None }).map_err(err)?;
         if !removals.is_empty() {
             let mut table = JobTables::open(&tx)?;
+            let mut left = Vec::with_capacity(removals.len());
             for r in removals {
-                table.remove(&r.device, r.seq)?;
+                if let Some((_, link)) = table.remove(&r.device, r.seq)? {
+                    left.push((link, r.superseded));
+                }
             }
             if rows_now {
                 table.drop_every_finished()?;
@@ -208,8 +216,8 @@ impl Outbox {
             }
             drop(table);
             let mut counting = Counting::open(&tx)?;
-            for r in removals {
-                counting.removed(&r.device, r.seq, r.superseded)?;
+            for (link, superseded) in left {
+                counting.removed(link, superseded);
             }
             counting.finish(&tx)?;
         }

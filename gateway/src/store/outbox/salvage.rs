@@ -8,8 +8,8 @@
 //! and the database is opened again after a panic. Each table is read from its first key
 //! forward and from its last key backward, each until the first unreadable entry: what
 //! lies between the first and the last damaged leaf is lost. The queues are read again per
-//! device (each device's key range, both ways) and per job (`reconcile_jobs` names every
-//! queued job by (device, seq)), so a damaged leaf costs only the jobs on it.
+//! device (each device's key range, both ways) and per job (the index and `job_live` each
+//! name every queued job by (device, seq)), so a damaged leaf costs only the jobs on it.
 //!
 //! So that the jobs lost can be had again by moving the consumer group back
 //! (`pixgate kafka reposition --to-time`), the new file, when jobs were lost:
@@ -21,16 +21,16 @@
 //!   drop by message id what they had already done.
 //!
 //! Ids of kept jobs that the window lost with a damaged page are put back (their key comes
-//! from the job's event id). It also drops a lost job's `reconcile_jobs` entry, keeps each device's `seq` at least
+//! from the job's event id). It also drops a lost job's reconciliation link, keeps each device's `seq` at least
 //! at its highest job's (no seq is given twice), the last dead-letter id at least at the
 //! highest kept dead letter's, and, when the registry (`devices`) lost entries, the saved
 //! read positions, so that a central-shape replica reads the device topic again.
 
 use super::error::{err, OutboxError};
 use super::schema::{
-    decode_row, CHARGES, DEADLETTERS, DEVICES, DIRECT_WRITING, DL_BY_SOURCE, FLAGS, JOB_INDEX, JOB_LIVE, JOB_ROWS,
-    LAST_DEADLETTER_ID, LEGACY_JOBS, META, PARKED, READ_POSITIONS, RECONCILE_COUNTS, RECONCILE_JOBS, RECONCILE_MARKS,
-    SEEN, SEQ,
+    decode_row, Link, CHARGES, DEADLETTERS, DEVICES, DIRECT_WRITING, DL_BY_SOURCE, FLAGS, JOB_INDEX, JOB_LIVE,
+    JOB_ROWS, LAST_DEADLETTER_ID, LEGACY_JOBS, LEGACY_JOB_LIVE, LEGACY_RECONCILE_JOBS, META, NO_LINK, PARKED,
+    READ_POSITIONS, RECONCILE_COUNTS, RECONCILE_MARKS, RECONCILE_NAMES, SEEN, SEQ,
 };
 use redb::{Key, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -49,8 +49,9 @@ pub struct Salvaged {
     pub jobs_kept: usize,
     /// Queued jobs that could not be read, by (device, seq).
     pub lost_jobs: Vec<LostJob>,
-    /// False when the list of queued jobs (`reconcile_jobs`) was itself damaged: jobs may be
-    /// lost that [`Salvaged::lost_jobs`] cannot name.
+    /// False when the lists of queued jobs (the index, `job_live`; `reconcile_jobs` in a
+    /// file of an earlier layout) were damaged too: jobs may be lost that
+    /// [`Salvaged::lost_jobs`] cannot name.
     pub lost_jobs_complete: bool,
     /// Charge states forgotten (see the module docs).
     pub charges_forgotten: usize,
@@ -135,6 +136,29 @@ fn copy_into(damaged: &Path, new: &Path) -> Result<Salvaged, OutboxError> {
     result
 }
 
+/// Where a file keeps its queues ([`super::job_rows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// `jobs`: (device, seq) → row; links in `reconcile_jobs`.
+    First,
+    /// `job_rows`, the index `jobs` and `job_live` key → (device, seq); links in
+    /// `reconcile_jobs`.
+    Second,
+    /// `job_rows`, `jobs` and `job_live` key → (device, seq, link).
+    Current,
+}
+
+/// `link` as an earlier layout's `reconcile_jobs` value, (topic, bucket, kind), its names
+/// from `names` (`reconcile_names`' entries); `None` for no link or a name `names` lacks.
+fn resolve(names: &Entries, link: Link) -> Option<Vec<u8>> {
+    if link == NO_LINK {
+        return None;
+    }
+    let name = |id: u16| names.get(&key_bytes::<u16>(&id)).map(|v| <&str as Value>::from_bytes(v));
+    let bucket = u64::from(link.1) * crate::store::reconcile::BUCKET_S;
+    Some(key_bytes::<(&str, u64, &str)>(&(name(link.0)?, bucket, name(link.2)?)))
+}
+
 /// Reads the working copy, opening it again after a panic inside redb.
 struct Reader {
     path: PathBuf,
@@ -204,15 +228,19 @@ impl Reader {
         (out, Some(damage))
     }
 
-    /// Whether the file keeps its queues in the earlier layout (`jobs`: (device, seq) →
-    /// row) rather than in `job_rows` ([`super::job_rows`]).
-    fn legacy_layout(&mut self) -> bool {
-        let mut legacy = false;
+    /// The layout the file keeps its queues in.
+    fn layout(&mut self) -> Layout {
+        let mut layout = Layout::Current;
         let _ = self.attempt(|tx| {
-            legacy = matches!(tx.open_table(JOB_INDEX), Err(redb::TableError::TableTypeMismatch { .. }));
+            let mismatch = |e| matches!(e, Err(redb::TableError::TableTypeMismatch { .. }));
+            if mismatch(tx.open_table(JOB_INDEX).map(|_| ())) {
+                layout = Layout::First;
+            } else if mismatch(tx.open_table(JOB_LIVE).map(|_| ())) {
+                layout = Layout::Second;
+            }
             Ok(())
         });
-        legacy
+        layout
     }
 
     /// The queued jobs of `device` it can read besides those in `jobs`, both ways.
@@ -318,28 +346,61 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
         s.tables.push(TableReport { table: name, copied: 0, damage });
         entries
     };
+    let whole = |s: &Salvaged| s.tables.last().is_some_and(|t| t.damage.is_none());
+    let layout = reader.layout();
     let seq = read(&mut s, "seq", reader.table(SEQ));
-    let reconcile_jobs = read(&mut s, "reconcile_jobs", reader.table(RECONCILE_JOBS));
-    let reconcile_whole = s.tables.last().is_some_and(|t| t.damage.is_none());
+    // Each queued job's reconciliation link as an earlier layout's `reconcile_jobs` keeps
+    // it, whatever the file's layout: (device, seq) → (topic, bucket, kind).
+    let (mut links, mut listed_whole) = match layout {
+        Layout::Current => (Entries::new(), false),
+        Layout::First | Layout::Second => {
+            let links = read(&mut s, "reconcile_jobs", reader.table(LEGACY_RECONCILE_JOBS));
+            let w = whole(&s);
+            (links, w)
+        }
+    };
     let direct = read(&mut s, "direct_writing", reader.table(DIRECT_WRITING));
-    let legacy = reader.legacy_layout();
+    let legacy = layout == Layout::First;
+    // Every queued job the file's lists name, by (device, seq).
+    let mut named: BTreeSet<Vec<u8>> = links.keys().cloned().collect();
     let (mut jobs, jobs_damaged) = if legacy {
         let jobs = read(&mut s, "jobs", reader.table(LEGACY_JOBS));
-        (jobs, s.tables.last().is_some_and(|t| t.damage.is_some()))
+        (jobs, !whole(&s))
     } else {
+        let names = match layout {
+            Layout::Current => read(&mut s, "reconcile_names", reader.table(RECONCILE_NAMES)),
+            _ => Entries::new(),
+        };
+        let names_whole = layout != Layout::Current || whole(&s);
         // Each queued job is named twice, by the index and by `job_live`: either names it
         // when the other's page is damaged.
         let index = read(&mut s, "jobs", reader.table(JOB_INDEX));
-        let live = read(&mut s, "job_live", reader.table(JOB_LIVE));
+        let live = match layout {
+            Layout::Current => read(&mut s, "job_live", reader.table(JOB_LIVE)),
+            _ => read(&mut s, "job_live", reader.table(LEGACY_JOB_LIVE)),
+        };
+        listed_whole |= whole(&s) && names_whole;
         let rows = read(&mut s, "job_rows", reader.table(JOB_ROWS));
         let damaged = s.tables.iter().rev().take(3).any(|t| t.damage.is_some());
-        let mut named: BTreeMap<Vec<u8>, u64> =
+        let mut keys: BTreeMap<Vec<u8>, u64> =
             index.iter().map(|(at, key)| (at.clone(), <u64 as Value>::from_bytes(key))).collect();
-        for (key, at) in &live {
-            named.entry(at.clone()).or_insert_with(|| <u64 as Value>::from_bytes(key));
+        for (key, v) in &live {
+            let at = match layout {
+                Layout::Current => {
+                    let (device, seq, link) = <(&str, u64, Link) as Value>::from_bytes(v);
+                    let at = key_bytes::<(&str, u64)>(&(device, seq));
+                    if let Some(named) = resolve(&names, link) {
+                        links.insert(at.clone(), named);
+                    }
+                    at
+                }
+                _ => v.clone(),
+            };
+            keys.entry(at).or_insert_with(|| <u64 as Value>::from_bytes(key));
         }
+        named.extend(keys.keys().cloned());
         let mut jobs = Entries::new();
-        for (at, key) in named {
+        for (at, key) in keys {
             match rows.get(&key_bytes::<u64>(&key)) {
                 Some(row) => {
                     jobs.insert(at, row.clone());
@@ -352,17 +413,17 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
         }
         (jobs, damaged)
     };
-    s.lost_jobs_complete = reconcile_whole || !jobs_damaged;
+    s.lost_jobs_complete = listed_whole || !jobs_damaged;
     if jobs_damaged {
         let mut devices: BTreeSet<String> = BTreeSet::new();
         devices.extend(seq.keys().map(|k| <&str as Value>::from_bytes(k).to_string()));
         devices.extend(direct.keys().map(|k| <&str as Value>::from_bytes(k).to_string()));
-        devices.extend(reconcile_jobs.keys().map(|k| <(&str, u64) as Value>::from_bytes(k).0.to_string()));
+        devices.extend(named.iter().map(|k| <(&str, u64) as Value>::from_bytes(k).0.to_string()));
         devices.extend(jobs.keys().map(|k| <(&str, u64) as Value>::from_bytes(k).0.to_string()));
         for device in &devices {
             reader.device_jobs(legacy, device, &mut jobs);
         }
-        for k in reconcile_jobs.keys() {
+        for k in &named {
             if !jobs.contains_key(k) {
                 let (device, n) = <(&str, u64) as Value>::from_bytes(k);
                 reader.job(legacy, device, n, &mut jobs);
@@ -391,8 +452,7 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
             }
         }
     });
-    let mut reconcile_jobs = reconcile_jobs;
-    for k in reconcile_jobs.keys() {
+    for k in &named {
         if !jobs.contains_key(k) {
             let (device, n) = <(&str, u64) as Value>::from_bytes(k);
             lost.insert((device.to_string(), n));
@@ -401,7 +461,7 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     s.lost_jobs = lost
         .iter()
         .map(|(device, n)| {
-            let link = reconcile_jobs.get(&key_bytes::<(&str, u64)>(&(device.as_str(), *n)));
+            let link = links.get(&key_bytes::<(&str, u64)>(&(device.as_str(), *n)));
             let link = link.map(|v| <(&str, u64, &str) as Value>::from_bytes(v));
             LostJob {
                 device: device.clone(),
@@ -413,7 +473,7 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
         })
         .collect();
     s.jobs_kept = jobs.len();
-    reconcile_jobs.retain(|k, _| jobs.contains_key(k));
+    links.retain(|k, _| jobs.contains_key(k));
     let some_lost = !s.lost_jobs.is_empty() || !s.lost_jobs_complete;
 
     let mut seq = seq;
@@ -432,7 +492,7 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     let mut seen = read(&mut s, "seen_by_event_time", reader.table(SEEN));
     if some_lost {
         let named = s.lost_jobs.iter().filter_map(|j| j.event_minute_s).min();
-        let known = reconcile_jobs
+        let known = links
             .values()
             .map(|v| <(&str, u64, &str) as Value>::from_bytes(v).1)
             .chain(seen.keys().next().map(|k| <(u64, &str) as Value>::from_bytes(k).0 >> 32))
@@ -485,15 +545,24 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
     let tx = outbox.db.begin_write().map_err(err)?;
     let mut copied = BTreeMap::new();
     copied.insert("seq", write(&tx, SEQ, &seq)?);
-    copied.insert("reconcile_jobs", write(&tx, RECONCILE_JOBS, &reconcile_jobs)?);
     copied.insert("direct_writing", write(&tx, DIRECT_WRITING, &direct)?);
     {
+        let mut names = super::link_names::LinkNames::open(&tx)?;
         let mut table = super::job_rows::JobTables::open(&tx)?;
         for (at, row) in &jobs {
             let (device, seq) = <(&str, u64) as Value>::from_bytes(at);
-            table.insert(device, seq, row)?;
+            let link = match links.get(at) {
+                Some(v) => {
+                    let (topic, bucket, kind) = <(&str, u64, &str) as Value>::from_bytes(v);
+                    names.link(topic, bucket, kind)?
+                }
+                None => NO_LINK,
+            };
+            table.insert(device, seq, row, link)?;
         }
+        copied.insert("reconcile_names", names.len());
     }
+    copied.insert("reconcile_jobs", links.len());
     for name in ["jobs", "job_live", "job_rows"] {
         copied.insert(name, jobs.len());
     }

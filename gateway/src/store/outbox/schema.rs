@@ -14,8 +14,24 @@ pub(super) const JOB_ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("j
 /// of rows, (device, seq) → row, so that an earlier pixgate refuses a file of this layout
 /// (redb's `TableTypeMismatch`) instead of finding its queues empty.
 pub(super) const JOB_INDEX: TableDefinition<(&str, u64), u64> = TableDefinition::new("jobs");
-/// The rows still queued: `job_rows` key → (device, seq).
-pub(super) const JOB_LIVE: TableDefinition<u64, (&str, u64)> = TableDefinition::new("job_live");
+/// The rows still queued: `job_rows` key → (device, seq, [`Link`]). Named as the earlier
+/// layout's (key → (device, seq), with the links in a table of their own), so that an
+/// earlier pixgate refuses a file of this layout (redb's `TableTypeMismatch`) instead of
+/// finding no queued row and removing them all.
+pub(super) const JOB_LIVE: TableDefinition<u64, (&str, u64, Link)> = TableDefinition::new("job_live");
+/// The earlier layout's `job_live`: read once to move it ([`super::job_rows::migrate`]).
+pub(super) const LEGACY_JOB_LIVE: TableDefinition<u64, (&str, u64)> = TableDefinition::new("job_live");
+/// The earlier layout's `job_live` while [`super::job_rows::migrate`] moves it.
+pub(super) const LEGACY_JOB_LIVE_MOVING: TableDefinition<u64, (&str, u64)> =
+    TableDefinition::new("job_live_being_moved");
+/// A queued job's reconciliation link ([`crate::store::reconcile`]): (topic id, minute of
+/// its record's event time (Unix seconds / 60), kind id), the ids from
+/// `reconcile_names`. Topic id 0: no link (a replayed job, not counted when it leaves).
+/// Eight bytes in each `job_live` entry rather than a table of its own keyed by
+/// (device, seq), whose leaves every batch would rewrite.
+pub(crate) type Link = (u16, u32, u16);
+/// No reconciliation link.
+pub(crate) const NO_LINK: Link = (0, 0, 0);
 /// The earlier layout's queues, (device, seq) → row: read once to move them
 /// ([`super::job_rows::migrate`]).
 pub(super) const LEGACY_JOBS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("jobs");
@@ -64,8 +80,12 @@ pub(crate) const FLAGS: TableDefinition<&str, bool> = TableDefinition::new("effe
 pub(crate) const RECONCILE_COUNTS: TableDefinition<(u64, &str, &str), u64> = TableDefinition::new("reconcile_counts");
 /// Each partition's counting mark ([`crate::store::reconcile`]).
 pub(crate) const RECONCILE_MARKS: TableDefinition<(&'static str, i32), i64> = TableDefinition::new("reconcile_marks");
-/// (device, seq) → (topic, bucket, kind) of each queued job ([`crate::store::reconcile`]).
-pub(crate) const RECONCILE_JOBS: TableDefinition<(&'static str, u64), (&'static str, u64, &'static str)> =
+/// The names a [`Link`] refers to by id, topics and effect kinds alike: id (from 1) → name.
+pub(crate) const RECONCILE_NAMES: TableDefinition<u16, &str> = TableDefinition::new("reconcile_names");
+/// The earlier layout's links: (device, seq) → (topic, bucket start in Unix seconds, kind)
+/// of each queued job; moved into `job_live` ([`super::job_rows::migrate`]), and written
+/// back by [`super::job_rows::downgrade`].
+pub(crate) const LEGACY_RECONCILE_JOBS: TableDefinition<(&'static str, u64), (&'static str, u64, &'static str)> =
     TableDefinition::new("reconcile_jobs");
 
 /// Creates every table in `tx` (a new file) or finds it (an existing one).
@@ -85,7 +105,7 @@ pub(super) fn create_all(tx: &redb::WriteTransaction) -> Result<(), OutboxError>
     tx.open_table(FLAGS).map_err(err)?;
     tx.open_table(RECONCILE_COUNTS).map_err(err)?;
     tx.open_table(RECONCILE_MARKS).map_err(err)?;
-    tx.open_table(RECONCILE_JOBS).map_err(err)?;
+    tx.open_table(RECONCILE_NAMES).map_err(err)?;
     Ok(())
 }
 

@@ -155,6 +155,13 @@ fn a_record_read_again_parks_its_dead_letters_once() {
     assert!(kept.is_empty(), "not pruned: still known");
 }
 
+/// The row of job `id` queued as `seq`.
+fn queued_row(id: &str, seq: u64) -> Vec<u8> {
+    let mut j = job(id);
+    j.seq = seq;
+    schema::encode_row(&src(seq as i64), &j).unwrap().0
+}
+
 /// Writes a file of the earlier queue layout (`jobs`: (device, seq) → row) holding `rows`.
 fn legacy_file(path: &std::path::Path, rows: &[(&str, u64, Vec<u8>)]) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -187,12 +194,10 @@ fn rows_of_the_earlier_format_are_refused_by_name() {
 #[test]
 fn queues_of_the_earlier_layout_are_moved_at_open() {
     let dir = crate::test_fixtures::TempDir::new("outbox-layout");
-    let row = |id: &str, seq: u64| {
-        let mut j = job(id);
-        j.seq = seq;
-        schema::encode_row(&src(seq as i64), &j).unwrap().0
-    };
-    legacy_file(&dir.outbox_path(), &[("p", 3, row("p3", 3)), ("p", 7, row("p7", 7)), ("q", 1, row("q1", 1))]);
+    legacy_file(
+        &dir.outbox_path(),
+        &[("p", 3, queued_row("p3", 3)), ("p", 7, queued_row("p7", 7)), ("q", 1, queued_row("q1", 1))],
+    );
     let o = Outbox::open(&dir.outbox_path()).unwrap();
     let ids = |o: &Outbox| {
         o.pending().unwrap().into_iter().map(|s| (s.device, s.job.seq, s.job.message_id)).collect::<Vec<_>>()
@@ -200,7 +205,7 @@ fn queues_of_the_earlier_layout_are_moved_at_open() {
     let want = vec![("p".to_string(), 3, "p3".to_string()), ("p".into(), 7, "p7".into()), ("q".into(), 1, "q1".into())];
     assert_eq!(ids(&o), want);
     assert_eq!(o.queue_depths().unwrap(), [("p".to_string(), 2), ("q".to_string(), 1)].into());
-    assert_eq!(o.wire("p", 7).unwrap().unwrap(), split_wire(&row("p7", 7)));
+    assert_eq!(o.wire("p", 7).unwrap().unwrap(), split_wire(&queued_row("p7", 7)));
     o.complete("p", 3, false).unwrap();
     drop(o);
     let o = Outbox::open(&dir.outbox_path()).unwrap();
@@ -212,13 +217,109 @@ fn queues_of_the_earlier_layout_are_moved_at_open() {
     assert!(matches!(refused, redb::TableError::TableTypeMismatch { .. }), "{refused}");
 }
 
+/// A counted record (a tally) at event time `event_time_s` queueing `jobs`.
+fn counted(offset: i64, event_time_s: u64, jobs: Vec<(String, Job)>) -> Accept {
+    Accept {
+        jobs,
+        source: Some(src(offset)),
+        tally: Some(crate::store::reconcile::RecordTally { event_time_s, counters: Vec::new() }),
+        ..Accept::default()
+    }
+}
+
+/// Every (topic, window start, counter, count) the file holds, in windows of a minute.
+fn counts(o: &Outbox) -> Vec<(String, u64, String, u64)> {
+    let mut out = Vec::new();
+    for w in o.reconcile_windows(0, u64::MAX / 2, 60).unwrap() {
+        let start = w.start.timestamp() as u64;
+        out.push((w.topic.clone(), start, "read".to_string(), w.read));
+        for (kind, n) in &w.queued {
+            out.push((w.topic.clone(), start, format!("queued:{kind}"), *n));
+        }
+        for (kind, n) in &w.delivered {
+            out.push((w.topic.clone(), start, format!("delivered:{kind}"), *n));
+        }
+        for (kind, n) in &w.expired {
+            out.push((w.topic.clone(), start, format!("expired:{kind}"), *n));
+        }
+        if w.superseded > 0 {
+            out.push((w.topic.clone(), start, "superseded".to_string(), w.superseded));
+        }
+    }
+    out
+}
+
+/// (device, seq, row, reconciliation link as `reconcile_jobs` holds it).
+type LinkedRow<'a> = (&'a str, u64, Vec<u8>, Option<(&'a str, u64, &'a str)>);
+
+/// Writes a file of the second queue layout (`job_rows`, the index `jobs`, `job_live` key →
+/// (device, seq)), its reconciliation links in `reconcile_jobs`: `jobs` is (device, seq,
+/// row, link).
+fn second_layout_file(path: &std::path::Path, jobs: &[LinkedRow]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let db = redb::Database::create(path).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut rows = tx.open_table(schema::JOB_ROWS).unwrap();
+        let mut index = tx.open_table(schema::JOB_INDEX).unwrap();
+        let mut live = tx.open_table(schema::LEGACY_JOB_LIVE).unwrap();
+        let mut links = tx.open_table(schema::LEGACY_RECONCILE_JOBS).unwrap();
+        for (key, (device, seq, row, link)) in (1u64..).zip(jobs) {
+            rows.insert(key, row.as_slice()).unwrap();
+            index.insert((*device, *seq), key).unwrap();
+            live.insert(key, (*device, *seq)).unwrap();
+            if let Some(link) = link {
+                links.insert((*device, *seq), *link).unwrap();
+            }
+        }
+    }
+    tx.commit().unwrap();
+}
+
+/// A file of the second layout has its reconciliation links moved into `job_live` at open:
+/// a linked job counts in its record's minute when it leaves, an unlinked one (replayed)
+/// nowhere; and the moved file is one that layout's pixgate refuses rather than reads as
+/// holding no queued row.
+#[test]
+fn links_of_the_second_layout_move_into_job_live_at_open() {
+    let dir = crate::test_fixtures::TempDir::new("outbox-layout-links");
+    second_layout_file(
+        &dir.outbox_path(),
+        &[
+            ("p", 1, queued_row("p1", 1), Some(("charge.upserted", 1_700_000_040, "print_receipt"))),
+            ("p", 2, queued_row("p2", 2), Some(("charge.upserted", 1_700_000_100, "print_receipt"))),
+            ("q", 1, queued_row("q1", 1), None),
+        ],
+    );
+    let o = Outbox::open(&dir.outbox_path()).unwrap();
+    let ids: Vec<String> = o.pending().unwrap().into_iter().map(|s| s.job.message_id).collect();
+    assert_eq!(ids, ["p1", "p2", "q1"]);
+    o.complete("p", 1, false).unwrap();
+    o.complete("q", 1, false).unwrap();
+    let p2 = o.device_jobs("p").unwrap().remove(0);
+    let dl = DeadLetter::for_job(crate::model::DeadLetterReason::Expired, "late".into(), &p2);
+    o.fail_job(&p2, dl, 0).unwrap();
+    let delivered = ("charge.upserted".to_string(), 1_700_000_040, "delivered:print_receipt".to_string(), 1);
+    let expired = ("charge.upserted".to_string(), 1_700_000_100, "expired:print_receipt".to_string(), 1);
+    let got: Vec<_> = counts(&o).into_iter().filter(|c| c.3 > 0).collect();
+    assert_eq!(got, [delivered, expired], "each in its minute; q1, unlinked, nowhere");
+    drop(o);
+    let db = redb::Database::open(dir.outbox_path()).unwrap();
+    let tx = db.begin_write().unwrap();
+    let names: Vec<String> = tx.list_tables().unwrap().map(|t| redb::TableHandle::name(&t).to_string()).collect();
+    assert!(!names.iter().any(|n| n.contains("moved") || n == "reconcile_jobs"), "{names:?}");
+    let refused = tx.open_table(schema::LEGACY_JOB_LIVE).map(|_| ()).unwrap_err();
+    assert!(matches!(refused, redb::TableError::TableTypeMismatch { .. }), "{refused}");
+}
+
 /// `pixgate outbox downgrade` writes the queues back in the earlier layout, as an earlier
-/// pixgate reads them, and this version moves them again at its next open.
+/// pixgate reads them, and this version moves them again at its next open; the
+/// reconciliation links go back to `reconcile_jobs` and come again.
 #[test]
 fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
     let (dir, o) = crate::test_fixtures::temp_outbox("outbox-downgrade");
-    o.accept(None, vec![("p".into(), job("p1")), ("q".into(), job("q1")), ("p".into(), job("p2"))], &src(4), 0)
-        .unwrap();
+    let jobs = vec![("p".into(), job("p1")), ("q".into(), job("q1")), ("p".into(), job("p2"))];
+    o.write(&mut [counted(4, 1_700_000_059, jobs)], &[], 0).unwrap();
     o.complete("p", 1, false).unwrap();
     let want = o.pending().unwrap();
     let busy = downgrade(&dir.outbox_path()).unwrap_err();
@@ -245,10 +346,35 @@ fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
         assert_eq!(rows, got, "row for row, under (device, seq)");
         assert!(tx.open_table(schema::JOB_ROWS).is_err(), "no table of this layout left");
         let names: Vec<String> = tx.list_tables().unwrap().map(|t| redb::TableHandle::name(&t).to_string()).collect();
-        assert!(!names.iter().any(|n| n.starts_with("job_") || n.contains("moved")), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("job_") || n.contains("moved") || n == "reconcile_names"),
+            "{names:?}"
+        );
+        let links: Vec<(String, u64, String, u64, String)> = tx
+            .open_table(schema::LEGACY_RECONCILE_JOBS)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                let ((device, seq), (topic, bucket, kind)) = (k.value(), v.value());
+                (device.to_string(), seq, topic.to_string(), bucket, kind.to_string())
+            })
+            .collect();
+        let link = |device: &str, seq| {
+            (device.to_string(), seq, "charge.upserted".to_string(), 1_700_000_040, "print_receipt".to_string())
+        };
+        assert_eq!(links, [link("p", 2), link("q", 1)], "the queued jobs' links, by (device, seq)");
     }
     let o = Outbox::open(&dir.outbox_path()).unwrap();
     assert_eq!(o.pending().unwrap(), want, "moved back at the next open");
+    o.complete("q", 1, false).unwrap();
+    let delivered: Vec<_> = counts(&o).into_iter().filter(|c| c.2.starts_with("delivered")).collect();
+    assert_eq!(
+        delivered,
+        [("charge.upserted".to_string(), 1_700_000_040, "delivered:print_receipt".to_string(), 2)],
+        "p1 before the downgrade, q1 after: both in their record's minute"
+    );
 }
 
 fn split_wire(row: &[u8]) -> bytes::Bytes {
@@ -262,7 +388,7 @@ fn salvage_of_an_intact_outbox_copies_it_whole() {
     let (dir, o) = crate::test_fixtures::temp_outbox("outbox-salvage");
     let st = ChargeState { version: 4, status: ChargeStatus::Active };
     let jobs: Vec<(String, Job)> = (0..300).map(|i| (format!("d{}", i % 7), job(&format!("m{i}")))).collect();
-    o.accept(Some(("c", st)), jobs, &src(9), 1_000).unwrap();
+    o.write(&mut [Accept { charge: Some(("c".into(), st)), ..counted(9, 1_700_000_040, jobs) }], &[], 1_000).unwrap();
     o.complete("d1", 1, true).unwrap();
     let new = dir.path().join("salvaged.redb");
     let busy = salvage(&dir.outbox_path(), &new).unwrap_err();
@@ -285,4 +411,34 @@ fn salvage_of_an_intact_outbox_copies_it_whole() {
     // Seqs go on from where they were.
     let q = copy.accept(None, vec![("d2".into(), job("new"))], &src(10), 2_000).unwrap();
     assert_eq!(q[0].stored.job.seq, last_d2 + 1);
+    // The reconciliation links came along: a job leaving counts in its record's minute.
+    copy.complete("d2", 1, false).unwrap();
+    let left: Vec<_> =
+        counts(&copy).into_iter().filter(|c| c.2.starts_with("delivered") || c.2 == "superseded").collect();
+    let count = |counter: &str| ("charge.upserted".to_string(), 1_700_000_040, counter.to_string(), 1);
+    assert_eq!(left, [count("delivered:print_receipt"), count("superseded")], "d1 before the salvage, d2 after");
+}
+
+/// A file of the second layout is salvaged with its reconciliation links, moved into
+/// `job_live`.
+#[test]
+fn salvage_of_a_second_layout_file_keeps_its_links() {
+    let dir = crate::test_fixtures::TempDir::new("outbox-salvage-second");
+    let link = ("charge.upserted", 1_700_000_040, "print_receipt");
+    second_layout_file(
+        &dir.outbox_path(),
+        &[("p", 1, queued_row("p1", 1), Some(link)), ("q", 1, queued_row("q1", 1), None)],
+    );
+    let new = dir.path().join("salvaged.redb");
+    let s = salvage(&dir.outbox_path(), &new).unwrap();
+    assert!(s.lost_jobs.is_empty() && s.lost_jobs_complete && s.jobs_kept == 2, "{s:?}");
+    let copy = Outbox::open(&new).unwrap();
+    copy.complete("p", 1, false).unwrap();
+    copy.complete("q", 1, false).unwrap();
+    let delivered: Vec<_> = counts(&copy).into_iter().filter(|c| c.2.starts_with("delivered")).collect();
+    assert_eq!(
+        delivered,
+        [("charge.upserted".into(), 1_700_000_040, "delivered:print_receipt".into(), 1)],
+        "p1's; q1 unlinked"
+    );
 }
