@@ -4,7 +4,7 @@
 //! publisher of parked dead letters to Kafka ([`deadletter`]); printers driven directly over
 //! TCP 9100, serial or USB ([`direct`]); printers that poll pixgate over Star CloudPRNT
 //! ([`cloudprnt`]) or Epson Server Direct Print ([`sdp`]), and who their requests name
-//! ([`http_auth`]).
+//! ([`http_auth`]); what a shutdown waits for on those printers ([`settle`]).
 
 pub mod broker;
 pub mod cloudprnt;
@@ -15,6 +15,7 @@ pub mod dispatcher;
 pub mod http_auth;
 pub mod mqtt;
 pub mod sdp;
+pub mod settle;
 pub mod transport;
 
 pub use dispatcher::Dispatcher;

@@ -185,12 +185,7 @@ impl DirectPrinters {
         c.by_id.insert(id.to_string(), settings);
         let Some(mac) = mac else { return };
         c.by_mac.entry(mac.clone()).or_default().insert(id.to_string());
-        let sharing: Vec<&String> = c.by_mac[&mac]
-            .iter()
-            .filter(|d| {
-                !self.local.contains_key(d.as_str()) && c.by_id.get(d.as_str()).is_some_and(|s| s.method == method)
-            })
-            .collect();
+        let sharing: Vec<&String> = self.holders(&c, &mac, method).collect();
         // Only the MQTT method's messages are found by MAC alone.
         if method == cdc::CloudMethod::Mqtt && sharing.len() > 1 {
             tracing::warn!(mac = %mac, devices = ?sharing, "the registry gives this MAC to several printers on CloudPRNT's MQTT method: their messages through an external broker are refused until only one has it");
@@ -212,13 +207,26 @@ impl DirectPrinters {
     /// which of them sent it.
     pub fn cloud_by_mac(&self, mac: &str, method: cdc::CloudMethod) -> Option<String> {
         let cloud = self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut ids = cloud.by_mac.get(mac)?.iter().filter(|id| {
-            !self.local.contains_key(id.as_str()) && cloud.by_id.get(id.as_str()).is_some_and(|c| c.method == method)
-        });
+        let mut ids = self.holders(&cloud, mac, method);
         match (ids.next(), ids.next()) {
             (Some(id), None) => Some(id.clone()),
             _ => None,
         }
+    }
+
+    /// The ids of the cloud printers in `cloud` on `method` whose MAC is `mac`, in id
+    /// order; a printer the local printers file lists is none of them, as its entry wins
+    /// over the registry's.
+    fn holders<'a>(
+        &'a self,
+        cloud: &'a CloudPrinters,
+        mac: &str,
+        method: cdc::CloudMethod,
+    ) -> impl Iterator<Item = &'a String> + 'a {
+        let ids = cloud.by_mac.get(mac).into_iter().flatten();
+        ids.filter(move |id| {
+            !self.local.contains_key(id.as_str()) && cloud.by_id.get(id.as_str()).is_some_and(|c| c.method == method)
+        })
     }
 
     /// Whether `id` polls pixgate over a cloud protocol now ([`DirectPrinters::cloud`]

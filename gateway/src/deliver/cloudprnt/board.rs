@@ -26,6 +26,7 @@
 //! Epson's need not remember its job tokens, so a confirmation that came after that write
 //! would leave a printed receipt queued, to print again after the restart.
 
+use crate::deliver::settle::{self, PendingJob};
 use crate::model::{DirectPrinters, Incoming};
 use bytes::Bytes;
 use device_protocol::{Ack, Job, Status};
@@ -34,9 +35,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// How often [`Board::settle`] looks again.
-const SETTLE_CHECK: Duration = Duration::from_millis(20);
 
 /// How a printer confirmed a job (the DELETE's `code`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,17 +138,6 @@ pub struct Board {
     state: Mutex<HashMap<String, Printer>>,
     /// Shutdown has begun ([`Board::close`]): no job is announced any more.
     closed: AtomicBool,
-}
-
-/// A job a printer was told of and has not confirmed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unconfirmed {
-    /// The printer.
-    pub device: String,
-    /// The job's seq in its queue.
-    pub seq: u64,
-    /// Its message id (the `jobToken`).
-    pub message_id: String,
 }
 
 impl Board {
@@ -302,7 +289,7 @@ impl Board {
     /// Stops announcing jobs (shutdown): polls answer `jobReady: false`, no `print-job` is
     /// sent, and a GET gets only a job its printer was told of. Returns the jobs to wait
     /// for ([`Board::unconfirmed`] as of the close), for [`Board::settle`].
-    pub fn close(&self) -> Vec<Unconfirmed> {
+    pub fn close(&self) -> Vec<PendingJob> {
         self.closed.store(true, Ordering::Release);
         self.unconfirmed()
     }
@@ -313,15 +300,15 @@ impl Board {
 
     /// The jobs announced and not yet confirmed, on printers still polling or connected
     /// (one silent for `offline_after` is not waited for).
-    pub fn unconfirmed(&self) -> Vec<Unconfirmed> {
+    pub fn unconfirmed(&self) -> Vec<PendingJob> {
         let now = Instant::now();
         let state = self.lock();
-        let mut jobs: Vec<Unconfirmed> = state
+        let mut jobs: Vec<PendingJob> = state
             .iter()
             .filter(|(_, p)| self.polling(p, now))
             .filter_map(|(device, p)| {
                 let o = p.offer.as_ref().filter(|o| o.announced)?;
-                Some(Unconfirmed { device: device.clone(), seq: o.seq, message_id: o.message_id.clone() })
+                Some(PendingJob { device: device.clone(), seq: o.seq, message_id: o.message_id.clone() })
             })
             .collect();
         jobs.sort_by(|a, b| a.device.cmp(&b.device));
@@ -333,20 +320,13 @@ impl Board {
     /// printing does not poll meanwhile: it is not dropped from the wait for going silent.
     /// Each confirmation is on the dispatcher's channel by the time its offer ends
     /// ([`Board::confirm`]). Returns those still unconfirmed.
-    pub async fn settle(&self, mut waiting: Vec<Unconfirmed>, deadline: tokio::time::Instant) -> Vec<Unconfirmed> {
-        loop {
-            {
-                let state = self.lock();
-                waiting.retain(|u| {
-                    let offer = state.get(&u.device).and_then(|p| p.offer.as_ref());
-                    offer.is_some_and(|o| o.announced && o.message_id == u.message_id)
-                });
-            }
-            if waiting.is_empty() || tokio::time::Instant::now() >= deadline {
-                return waiting;
-            }
-            tokio::time::sleep(SETTLE_CHECK).await;
-        }
+    pub async fn settle(&self, waiting: Vec<PendingJob>, deadline: tokio::time::Instant) -> Vec<PendingJob> {
+        settle::settle(waiting, deadline, |u| {
+            let state = self.lock();
+            let offer = state.get(&u.device).and_then(|p| p.offer.as_ref());
+            offer.is_some_and(|o| o.announced && o.message_id == u.message_id)
+        })
+        .await
     }
 
     /// A session of `device` (the MQTT method) came up or ended: online while one is up.
@@ -613,7 +593,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
         assert_eq!(b.poll("r", ready(), false), Ok(Some("m4".into())));
-        let ids = |u: &[Unconfirmed]| u.iter().map(|u| u.message_id.clone()).collect::<Vec<_>>();
+        let ids = |u: &[PendingJob]| u.iter().map(|u| u.message_id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(&b.unconfirmed()), ["m1", "m4"], "announced to printers still polling; `gone` stopped");
 
         let waiting = b.close();

@@ -8,12 +8,9 @@
 //! whole and acknowledged. At shutdown the consumer closes the gate ([`Writes::close`]):
 //! no write starts any more, and those under way are waited for ([`Writes::settle`]).
 
+use crate::deliver::settle::{self, PendingJob};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
-
-/// How often [`Writes::settle`] looks again.
-const SETTLE_CHECK: Duration = Duration::from_millis(20);
 
 /// The direct printers' writes under way.
 #[derive(Debug, Default)]
@@ -26,17 +23,6 @@ struct State {
     closed: bool,
     /// Device → (seq, message id) of the job it is writing.
     writing: BTreeMap<String, (u64, String)>,
-}
-
-/// A job a direct printer is writing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unfinished {
-    /// The printer.
-    pub device: String,
-    /// The job's seq in its queue.
-    pub seq: u64,
-    /// Its message id.
-    pub message_id: String,
 }
 
 impl Writes {
@@ -58,16 +44,16 @@ impl Writes {
 
     /// Lets no write start any more (shutdown). Returns the writes under way, for
     /// [`Writes::settle`].
-    pub fn close(&self) -> Vec<Unfinished> {
+    pub fn close(&self) -> Vec<PendingJob> {
         self.lock().closed = true;
         self.unfinished()
     }
 
     /// The writes under way, by device.
-    pub fn unfinished(&self) -> Vec<Unfinished> {
+    pub fn unfinished(&self) -> Vec<PendingJob> {
         let state = self.lock();
         let jobs = state.writing.iter();
-        jobs.map(|(device, (seq, id))| Unfinished { device: device.clone(), seq: *seq, message_id: id.clone() })
+        jobs.map(|(device, (seq, id))| PendingJob { device: device.clone(), seq: *seq, message_id: id.clone() })
             .collect()
     }
 
@@ -75,17 +61,9 @@ impl Writes {
     /// [`Writes::close`] returned) to end: written whole, with the job's ack on the
     /// dispatcher's channel by then, or cut short by the printer (a reprint after the
     /// restart, as without the wait). Returns those still under way.
-    pub async fn settle(&self, mut waiting: Vec<Unfinished>, deadline: tokio::time::Instant) -> Vec<Unfinished> {
-        loop {
-            {
-                let state = self.lock();
-                waiting.retain(|u| state.writing.get(&u.device).is_some_and(|(seq, _)| *seq == u.seq));
-            }
-            if waiting.is_empty() || tokio::time::Instant::now() >= deadline {
-                return waiting;
-            }
-            tokio::time::sleep(SETTLE_CHECK).await;
-        }
+    pub async fn settle(&self, waiting: Vec<PendingJob>, deadline: tokio::time::Instant) -> Vec<PendingJob> {
+        settle::settle(waiting, deadline, |u| self.lock().writing.get(&u.device).is_some_and(|(seq, _)| *seq == u.seq))
+            .await
     }
 }
 
@@ -105,6 +83,7 @@ impl Drop for Writing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// A write begun before the close is waited for until it drops; none begins after.
     #[tokio::test]
@@ -112,7 +91,7 @@ mod tests {
         let writes = Arc::new(Writes::default());
         let a = writes.begin("a", 7, "m7").expect("open");
         drop(writes.begin("b", 1, "m1").expect("open"));
-        assert_eq!(writes.unfinished(), [Unfinished { device: "a".into(), seq: 7, message_id: "m7".into() }]);
+        assert_eq!(writes.unfinished(), [PendingJob { device: "a".into(), seq: 7, message_id: "m7".into() }]);
         let waiting = writes.close();
         assert_eq!(waiting.len(), 1);
         assert!(writes.begin("b", 2, "m2").is_none(), "closed: not started");

@@ -18,8 +18,9 @@
 use crate::clock::Clock;
 use crate::config::{Config, TtlConfig};
 use crate::deliver::broker::PartitionLinks;
-use crate::deliver::cloudprnt::board::{Board, Unconfirmed};
-use crate::deliver::direct::writes::{Unfinished, Writes};
+use crate::deliver::cloudprnt::board::Board;
+use crate::deliver::direct::writes::Writes;
+use crate::deliver::settle::PendingJob;
 use crate::ingest::backoff::Backoff;
 use crate::ingest::backpressure::{Action, Backpressure, Bounds, Decision};
 use crate::ingest::batch::Batch;
@@ -1289,8 +1290,8 @@ impl Pipeline {
     /// `interruptedJob = hold`, handed to an operator).
     async fn settle_printers(
         &mut self,
-        cloud: Option<(&Board, Vec<Unconfirmed>)>,
-        direct: Option<(&Writes, Vec<Unfinished>)>,
+        cloud: Option<(&Board, Vec<PendingJob>)>,
+        direct: Option<(&Writes, Vec<PendingJob>)>,
         until: tokio::time::Instant,
     ) {
         if self.handoff.gave_up() || (cloud.is_none() && direct.is_none()) {
