@@ -19,7 +19,7 @@
 //! buckets (a few dozen counters per topic and minute).
 
 use crate::model::DeadLetterReason;
-use crate::store::outbox::link_names::LinkNames;
+use crate::store::outbox::link_names::{link_bucket, LinkNames};
 use crate::store::outbox::schema::{Link, RECONCILE_COUNTS as COUNTS, RECONCILE_MARKS as MARKS};
 use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
@@ -110,7 +110,8 @@ impl<'t> Counting<'t> {
     /// # Errors
     /// Database failure.
     pub(crate) fn queued(&mut self, topic: &str, bucket: u64, kind: &str) -> Result<Link, OutboxError> {
-        self.bump(bucket, topic, format!("queued:{kind}"));
+        // The bucket the job counts in again when it leaves, should its link cap the minute.
+        self.bump(link_bucket(bucket), topic, format!("queued:{kind}"));
         self.names.link(topic, bucket, kind)
     }
 

@@ -35,8 +35,12 @@ impl<'t> LinkNames<'t> {
         if let Some(id) = self.ids.get(name) {
             return Ok(*id);
         }
-        let id = u16::try_from(self.names.len() + 1)
-            .map_err(|_| OutboxError::Format("more than 65,535 topic and effect kind names to link jobs to"))?;
+        // After the highest id rather than the count: an id taken twice would send links to
+        // another name.
+        let highest = self.names.keys().max().copied().unwrap_or(0);
+        let id = highest
+            .checked_add(1)
+            .ok_or(OutboxError::Format("more than 65,535 topic and effect kind names to link jobs to"))?;
         self.table.insert(id, name).map_err(err)?;
         self.ids.insert(name.to_string(), id);
         self.names.insert(id, name.to_string());
@@ -45,7 +49,8 @@ impl<'t> LinkNames<'t> {
 
     /// The link of a job of kind `kind` to the minute of `event_time_s` (Unix seconds) on
     /// `topic`, naming `topic` and `kind` in the table if they are new. An event time past
-    /// what a `u32` of minutes holds (the year 10,000) is kept as the last minute it holds.
+    /// what a `u32` of minutes holds (the year 10,000) is kept as the last minute it holds
+    /// ([`link_bucket`]).
     ///
     /// # Errors
     /// Database failure, or every id taken ([`OutboxError::Format`]).
@@ -68,6 +73,12 @@ impl<'t> LinkNames<'t> {
         let (topic, minute, kind) = link;
         Some((self.names.get(&topic)?, u64::from(minute) * BUCKET_S, self.names.get(&kind)?))
     }
+}
+
+/// The bucket start (Unix seconds) a link to the minute of `event_time_s` counts in: the
+/// minute's, or the last minute a link holds for an event time past it.
+pub(crate) fn link_bucket(event_time_s: u64) -> u64 {
+    u64::from(u32::try_from(event_time_s / BUCKET_S).unwrap_or(u32::MAX)) * BUCKET_S
 }
 
 #[cfg(test)]

@@ -23,8 +23,9 @@
 //!
 //! Tables: `job_rows` acceptance key → a job row ([`encode_row`]: its source, then the
 //! job's JSON exactly as the device receives it, so it is serialized once and published as
-//! stored), `jobs` (device, seq) → row key and `job_live` row key → (device, seq), the
-//! queues (`job_rows.rs` says why rows are kept in acceptance order);
+//! stored), `jobs` (device, seq) → row key and `job_live` row key → (device, seq, the
+//! job's reconciliation link), the queues (`job_rows.rs` says why rows are kept in
+//! acceptance order); `reconcile_names` id → the topic or effect kind a link names;
 //! `seq` device → last seq; `seen_by_event_time` (event `clusterTime`, message id) →
 //! accepted-at (Unix ms), the dedupe window; `charges` charge id → (`__v`, status code);
 //! `devices` device id → (oplog position, `fullDocument` JSON or empty for a delete): the
@@ -37,7 +38,8 @@
 //! next offset of a topic read outside any consumer group ([`Outbox::read_positions`]).
 //!
 //! One file per concept: the tables and the row layout (`schema.rs`), where the queued
-//! rows live (`job_rows.rs`), the queues (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
+//! rows live (`job_rows.rs`), the names a job's reconciliation link refers to
+//! (`link_names.rs`), the queues (`queue.rs`), dead letters (`dead_letters.rs`), charge states and the registry
 //! (`snapshots.rs`), the dedupe window's end (`dedupe.rs`), direct printers' marks
 //! (`direct_marks.rs`), read positions (`read_positions.rs`), queues moving between the
 //! central shape's replicas (`moves.rs`), what a damaged file still holds copied into a new

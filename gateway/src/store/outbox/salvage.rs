@@ -497,9 +497,11 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
             .map(|v| <(&str, u64, &str) as Value>::from_bytes(v).1)
             .chain(seen.keys().next().map(|k| <(u64, &str) as Value>::from_bytes(k).0 >> 32))
             .min();
-        s.replay_from_s = if s.lost_jobs_complete { named.or(known) } else { named.into_iter().chain(known).min() };
-        let minutes: HashSet<u64> = s.lost_jobs.iter().filter_map(|j| j.event_minute_s).collect();
+        // A lost job whose minute is unknown (its link lost, or never linked) may have come
+        // from any record the file knows of, however late the other lost jobs' minutes.
         let everything = !s.lost_jobs_complete || s.lost_jobs.iter().any(|j| j.event_minute_s.is_none());
+        s.replay_from_s = if everything { named.into_iter().chain(known).min() } else { named.or(known) };
+        let minutes: HashSet<u64> = s.lost_jobs.iter().filter_map(|j| j.event_minute_s).collect();
         let before = seen.len();
         seen.retain(|k, _| {
             let (t, id) = <(u64, &str) as Value>::from_bytes(k);

@@ -442,3 +442,31 @@ fn salvage_of_a_second_layout_file_keeps_its_links() {
         "p1's; q1 unlinked"
     );
 }
+
+/// A lost job whose minute is unknown (never linked) sends the reposition back to the
+/// earliest event the file knows of, not to another lost job's later minute.
+#[test]
+fn a_lost_job_without_a_minute_sends_the_replay_back_to_the_earliest_known() {
+    let dir = crate::test_fixtures::TempDir::new("outbox-salvage-unlinked");
+    let link = |t| Some(("charge.upserted", t, "print_receipt"));
+    second_layout_file(
+        &dir.outbox_path(),
+        &[
+            ("k", 1, queued_row("k1", 1), link(1_700_000_040)),
+            ("p", 1, queued_row("p1", 1), link(1_700_000_400)),
+            ("q", 1, queued_row("q1", 1), None),
+        ],
+    );
+    {
+        // p1's and q1's rows (keys 2 and 3) gone; the lists still name them.
+        let db = redb::Database::open(dir.outbox_path()).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(schema::JOB_ROWS).unwrap().retain_in(2..=3, |_, _| false).unwrap();
+        tx.commit().unwrap();
+    }
+    let s = salvage(&dir.outbox_path(), &dir.path().join("salvaged.redb")).unwrap();
+    let lost: Vec<_> = s.lost_jobs.iter().map(|j| (j.device.as_str(), j.seq, j.event_minute_s)).collect();
+    assert_eq!(lost, [("p", 1, Some(1_700_000_400)), ("q", 1, None)]);
+    assert_eq!(s.jobs_kept, 1);
+    assert_eq!(s.replay_from_s, Some(1_700_000_040), "k1's minute, the earliest the file knows of");
+}
