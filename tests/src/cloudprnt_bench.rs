@@ -16,7 +16,7 @@
 //!    `sdp`, a [`simulators::sdp::SdpPrinter`] polling every `poll_ms` with HTTP Digest;
 //!    `mqtt`, the fleet simulator's printers on TLS with their secrets;
 //! 3. **idle**: `idle_seconds` with no charge: pixgate's CPU, and in the polling modes
-//!    (`http`, `sdp`) the polls it answered (`cloudprnt_polls`), so CPU per poll;
+//!    (`http`, `sdp`) the polls it answered (`cloudprnt_polls`, `sdp_polls`), so CPU per poll;
 //! 4. **load**: `rate` paid charges per second (no terminal: a receipt on the company's
 //!    default printer, companies in turn) for `load_seconds`, until every receipt is
 //!    acknowledged: pixgate's CPU beyond the idle rate, per receipt.
@@ -363,7 +363,7 @@ pub async fn run(cfg: &BenchConfig, mode: Mode) -> anyhow::Result<BenchReport> {
     // Idle.
     let pid = gw.pid();
     let cpu = || crate::cpu::process(pid).context("pixgate's CPU time");
-    let polls = |gw: &GatewayProcess| gw.stats().map(|s| s.counters.cloudprnt_polls);
+    let polls = |gw: &GatewayProcess| gw.stats().map(|s| s.counters.cloudprnt_polls + s.counters.sdp_polls);
     let (c0, p0, t0) = (cpu()?, polls(&gw)?, Instant::now());
     tokio::time::sleep(Duration::from_secs(cfg.idle_seconds)).await;
     let (c1, p1) = (cpu()?, polls(&gw)?);

@@ -287,6 +287,7 @@ impl prometheus_client::collector::Collector for Exposition {
             s.http_unauthorized,
         )?;
         counter(e, "cloudprnt_polls", "Polls the CloudPRNT server answered (authenticated).", s.cloudprnt_polls)?;
+        counter(e, "sdp_polls", "Polls the Epson Server Direct Print server answered (authenticated).", s.sdp_polls)?;
         gauge(e, "deadletters_parked", "Dead letters waiting in the outbox for Kafka.", s.deadletters_parked as f64)?;
         gauge(
             e,
@@ -427,6 +428,7 @@ mod tests {
             s.job_redeliveries = 2;
             s.http_unauthorized = 3;
             s.cloudprnt_polls = 5;
+            s.sdp_polls = 6;
             s.outbox_jobs = 4;
             s.paused_partitions = 1;
         });
@@ -457,6 +459,7 @@ mod tests {
         assert_eq!(value(&samples, "pixgate_job_redeliveries_total", &[]), Some(2.0));
         assert_eq!(value(&samples, "pixgate_http_unauthorized_total", &[]), Some(3.0));
         assert_eq!(value(&samples, "pixgate_cloudprnt_polls_total", &[]), Some(5.0));
+        assert_eq!(value(&samples, "pixgate_sdp_polls_total", &[]), Some(6.0));
         assert_eq!(value(&samples, "pixgate_outbox_jobs", &[]), Some(4.0));
         let device = |le: &'static str| {
             value(&samples, "pixgate_stage_latency_seconds_bucket", &[("stage", "device"), ("le", le)])

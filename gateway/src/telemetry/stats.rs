@@ -72,6 +72,10 @@ pub struct Snapshot {
     pub cloudprnt_refusals: BTreeMap<String, u64>,
     /// Polls the CloudPRNT server answered (authenticated, within their rate).
     pub cloudprnt_polls: u64,
+    /// Polls the Epson Server Direct Print server answered (authenticated, within their
+    /// rate).
+    #[serde(default)]
+    pub sdp_polls: u64,
     /// Printers' requests for a queue another replica holds (the central shape,
     /// `deliver::cloudprnt::forward`), by outcome: `forwarded` (passed on and answered),
     /// `failed` (the owner did not answer), `no_owner` (none known yet), `not_owner` (passed

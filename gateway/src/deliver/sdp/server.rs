@@ -203,7 +203,7 @@ async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
         }
         Ok(t) => t,
     };
-    s.stats.update(|c| c.cloudprnt_polls += 1);
+    s.stats.update(|c| c.sdp_polls += 1);
     let Some(offer) = token.and_then(|t| s.board.job(device, Some(&t))) else { return xml(String::new()) };
     let escpos = match crate::deliver::cloudprnt::media::escpos(&offer.wire) {
         Ok(bytes) => bytes,
@@ -396,6 +396,8 @@ mod tests {
             crate::deliver::direct::reprint::with_header(&original, CodePage::Cp860),
             "asked again before its result: the reprint"
         );
+        let counted = r.stats.snapshot();
+        assert_eq!((counted.sdp_polls, counted.cloudprnt_polls), (3, 0), "three polls answered, counted as SDP's");
 
         let result = r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>0123456789abcdef0123456789abcd</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="true" code="" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
         let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", result)];
