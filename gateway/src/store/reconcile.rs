@@ -20,7 +20,7 @@
 
 use crate::model::DeadLetterReason;
 use crate::store::outbox::link_names::{link_bucket, LinkNames};
-use crate::store::outbox::schema::{Link, RECONCILE_COUNTS as COUNTS, RECONCILE_MARKS as MARKS};
+use crate::store::outbox::schema::{Link, NO_LINK, RECONCILE_COUNTS as COUNTS, RECONCILE_MARKS as MARKS};
 use crate::store::outbox::{Outbox, OutboxError};
 use chrono::{DateTime, Utc};
 use redb::{ReadableTable, WriteTransaction};
@@ -49,8 +49,10 @@ pub struct RecordTally {
 /// once per counter at [`Counting::finish`], the tables opened once (a batch's records
 /// mostly bump the same few counters of the same minute).
 pub(crate) struct Counting<'t> {
+    tx: &'t WriteTransaction,
     marks: redb::Table<'t, (&'static str, i32), i64>,
-    names: LinkNames<'t>,
+    /// Read on first use: a transaction that links and resolves nothing never reads it.
+    names: Option<LinkNames<'t>>,
     /// Each partition's mark as this transaction has moved it.
     seen: HashMap<(String, i32), i64>,
     counts: BTreeMap<(u64, String, String), u64>,
@@ -60,11 +62,20 @@ impl<'t> Counting<'t> {
     /// Opens the tables in `tx`.
     pub(crate) fn open(tx: &'t WriteTransaction) -> Result<Counting<'t>, OutboxError> {
         Ok(Counting {
+            tx,
             marks: tx.open_table(MARKS).map_err(db)?,
-            names: LinkNames::open(tx)?,
+            names: None,
             seen: HashMap::new(),
             counts: BTreeMap::new(),
         })
+    }
+
+    fn names(&mut self) -> Result<&mut LinkNames<'t>, OutboxError> {
+        let names = match self.names.take() {
+            Some(names) => names,
+            None => LinkNames::open(self.tx)?,
+        };
+        Ok(self.names.insert(names))
     }
 
     fn bump(&mut self, bucket: u64, topic: &str, counter: String) {
@@ -112,7 +123,7 @@ impl<'t> Counting<'t> {
     pub(crate) fn queued(&mut self, topic: &str, bucket: u64, kind: &str) -> Result<Link, OutboxError> {
         // The bucket the job counts in again when it leaves, should its link cap the minute.
         self.bump(link_bucket(bucket), topic, format!("queued:{kind}"));
-        self.names.link(topic, bucket, kind)
+        self.names()?.link(topic, bucket, kind)
     }
 
     /// The link of a job of kind `kind`, queued from the device-jobs topic, to the window of
@@ -123,27 +134,37 @@ impl<'t> Counting<'t> {
     /// # Errors
     /// Database failure.
     pub(crate) fn link(&mut self, topic: &str, event_time_s: u64, kind: &str) -> Result<Link, OutboxError> {
-        self.names.link(topic, event_time_s, kind)
+        self.names()?.link(topic, event_time_s, kind)
     }
 
     /// Counts a job leaving its queue, by the bucket of its record (its `link`):
     /// `superseded`, or `delivered:KIND`. A job with no link (replayed) is not counted.
-    pub(crate) fn removed(&mut self, link: Link, superseded: bool) {
+    ///
+    /// # Errors
+    /// Database failure reading the link's names.
+    pub(crate) fn removed(&mut self, link: Link, superseded: bool) -> Result<(), OutboxError> {
         self.left(link, |kind| if superseded { "superseded".to_string() } else { format!("delivered:{kind}") })
     }
 
     /// Counts a job dead-lettered for `reason`: `expired:KIND`, or `dead_lettered:REASON`.
-    pub(crate) fn failed(&mut self, link: Link, reason: &DeadLetterReason) {
+    ///
+    /// # Errors
+    /// Database failure reading the link's names.
+    pub(crate) fn failed(&mut self, link: Link, reason: &DeadLetterReason) -> Result<(), OutboxError> {
         self.left(link, |kind| match reason {
             DeadLetterReason::Expired => format!("expired:{kind}"),
             other => format!("dead_lettered:{other}"),
         })
     }
 
-    fn left(&mut self, link: Link, counter: impl Fn(&str) -> String) {
-        let Some((topic, bucket, kind)) = self.names.resolve(link) else { return };
+    fn left(&mut self, link: Link, counter: impl Fn(&str) -> String) -> Result<(), OutboxError> {
+        if link == NO_LINK {
+            return Ok(());
+        }
+        let Some((topic, bucket, kind)) = self.names()?.resolve(link) else { return Ok(()) };
         let (topic, name) = (topic.to_string(), counter(kind));
         self.bump(bucket, &topic, name);
+        Ok(())
     }
 
     /// Writes the marks moved and the counts added up, in `tx`.

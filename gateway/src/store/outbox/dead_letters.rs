@@ -141,7 +141,7 @@ impl Outbox {
             let removed: Option<StoredJob> = match taken {
                 Some((row, link)) => {
                     let mut counting = Counting::open(&tx)?;
-                    counting.failed(link, &dl.reason);
+                    counting.failed(link, &dl.reason)?;
                     counting.finish(&tx)?;
                     match row {
                         Some(row) => Some(decode_row(&stored.device, &row)?),

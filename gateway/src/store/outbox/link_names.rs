@@ -55,8 +55,7 @@ impl<'t> LinkNames<'t> {
     /// # Errors
     /// Database failure, or every id taken ([`OutboxError::Format`]).
     pub(crate) fn link(&mut self, topic: &str, event_time_s: u64, kind: &str) -> Result<Link, OutboxError> {
-        let minute = u32::try_from(event_time_s / BUCKET_S).unwrap_or(u32::MAX);
-        Ok((self.id(topic)?, minute, self.id(kind)?))
+        Ok((self.id(topic)?, minute_of(event_time_s), self.id(kind)?))
     }
 
     /// How many names the table holds.
@@ -78,7 +77,13 @@ impl<'t> LinkNames<'t> {
 /// The bucket start (Unix seconds) a link to the minute of `event_time_s` counts in: the
 /// minute's, or the last minute a link holds for an event time past it.
 pub(crate) fn link_bucket(event_time_s: u64) -> u64 {
-    u64::from(u32::try_from(event_time_s / BUCKET_S).unwrap_or(u32::MAX)) * BUCKET_S
+    u64::from(minute_of(event_time_s)) * BUCKET_S
+}
+
+/// The minute (since the Unix epoch) a link keeps for `event_time_s`, capped at the last
+/// one a `u32` holds.
+fn minute_of(event_time_s: u64) -> u32 {
+    u32::try_from(event_time_s / BUCKET_S).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]

@@ -217,7 +217,7 @@ impl Outbox {
             drop(table);
             let mut counting = Counting::open(&tx)?;
             for (link, superseded) in left {
-                counting.removed(link, superseded);
+                counting.removed(link, superseded)?;
             }
             counting.finish(&tx)?;
         }

@@ -249,6 +249,11 @@ fn counts(o: &Outbox) -> Vec<(String, u64, String, u64)> {
     out
 }
 
+/// The counts of jobs that left their queue: `delivered:KIND` and `superseded`.
+fn counts_leaving(o: &Outbox) -> Vec<(String, u64, String, u64)> {
+    counts(o).into_iter().filter(|c| c.2.starts_with("delivered:") || c.2 == "superseded").collect()
+}
+
 /// (device, seq, row, reconciliation link as `reconcile_jobs` holds it).
 type LinkedRow<'a> = (&'a str, u64, Vec<u8>, Option<(&'a str, u64, &'a str)>);
 
@@ -369,9 +374,8 @@ fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
     let o = Outbox::open(&dir.outbox_path()).unwrap();
     assert_eq!(o.pending().unwrap(), want, "moved back at the next open");
     o.complete("q", 1, false).unwrap();
-    let delivered: Vec<_> = counts(&o).into_iter().filter(|c| c.2.starts_with("delivered")).collect();
     assert_eq!(
-        delivered,
+        counts_leaving(&o),
         [("charge.upserted".to_string(), 1_700_000_040, "delivered:print_receipt".to_string(), 2)],
         "p1 before the downgrade, q1 after: both in their record's minute"
     );
@@ -413,10 +417,12 @@ fn salvage_of_an_intact_outbox_copies_it_whole() {
     assert_eq!(q[0].stored.job.seq, last_d2 + 1);
     // The reconciliation links came along: a job leaving counts in its record's minute.
     copy.complete("d2", 1, false).unwrap();
-    let left: Vec<_> =
-        counts(&copy).into_iter().filter(|c| c.2.starts_with("delivered") || c.2 == "superseded").collect();
     let count = |counter: &str| ("charge.upserted".to_string(), 1_700_000_040, counter.to_string(), 1);
-    assert_eq!(left, [count("delivered:print_receipt"), count("superseded")], "d1 before the salvage, d2 after");
+    assert_eq!(
+        counts_leaving(&copy),
+        [count("delivered:print_receipt"), count("superseded")],
+        "d1 before the salvage, d2 after"
+    );
 }
 
 /// A file of the second layout is salvaged with its reconciliation links, moved into
@@ -435,9 +441,8 @@ fn salvage_of_a_second_layout_file_keeps_its_links() {
     let copy = Outbox::open(&new).unwrap();
     copy.complete("p", 1, false).unwrap();
     copy.complete("q", 1, false).unwrap();
-    let delivered: Vec<_> = counts(&copy).into_iter().filter(|c| c.2.starts_with("delivered")).collect();
     assert_eq!(
-        delivered,
+        counts_leaving(&copy),
         [("charge.upserted".into(), 1_700_000_040, "delivered:print_receipt".into(), 1)],
         "p1's; q1 unlinked"
     );
