@@ -124,6 +124,17 @@ pub enum CloudMethod {
     EpsonSdp,
 }
 
+impl CloudMethod {
+    /// Its `printer.transport` name: `cloudprnt-http`, `cloudprnt-mqtt`, `epson-sdp`.
+    pub fn transport(self) -> &'static str {
+        match self {
+            CloudMethod::Http => "cloudprnt-http",
+            CloudMethod::Mqtt => "cloudprnt-mqtt",
+            CloudMethod::EpsonSdp => "epson-sdp",
+        }
+    }
+}
+
 /// What happens to a job a direct printer may or may not have printed (pixgate crashed, or
 /// the connection dropped, while writing it): a raw printer cannot dedupe, and nobody can
 /// tell whether the paper came out.

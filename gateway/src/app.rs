@@ -202,7 +202,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
     let direct_writes = Arc::new(deliver::direct::Writes::default());
     let shared = deliver::direct::printer::Shared {
         cfg: cfg.direct.clone(),
-        printers,
+        printers: printers.clone(),
         outbox: outbox.clone(),
         incoming: incoming_tx,
         clock: clock.clone(),
@@ -246,6 +246,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         cfg.dashboard.clone(),
         recent,
         presence,
+        printers,
         cfg.delivery.default_time_zone.clone(),
     ));
     shutdown.spawn(dashboard.clone().run_feed(shutdown.clone()));

@@ -124,6 +124,15 @@ impl Endpoint {
         }
     }
 
+    /// Its URL scheme, which is also its `printer.transport` name: `tcp`, `serial`, `usb`.
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Endpoint::Tcp { .. } => "tcp",
+            Endpoint::Serial(_) => "serial",
+            Endpoint::Usb { .. } => "usb",
+        }
+    }
+
     /// Whether the printer can answer `DLE EOT` over this transport (a USB line printer
     /// is written only: a job counts as done once written).
     pub fn answers_status(&self) -> bool {

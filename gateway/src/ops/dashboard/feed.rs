@@ -113,6 +113,7 @@ fn build(d: &Dashboard, between: &mut Between) -> Result<View, OutboxError> {
     let recent = |device: &str| d.recent.of_device(device);
     let inputs = FleetInputs {
         roster: &between.roster,
+        printers: &d.printers,
         online: &online,
         held: &held,
         queued: &queued,

@@ -21,7 +21,7 @@ pub mod view;
 
 use crate::clock::Clock;
 use crate::config::{DashboardConfig, ReconcileConfig};
-use crate::model::EffectFlags;
+use crate::model::{DirectPrinters, EffectFlags};
 use crate::shutdown::Shutdown;
 use crate::store::Outbox;
 use crate::telemetry::recent::Recent;
@@ -63,6 +63,8 @@ pub struct Dashboard {
     pub recent: Arc<Recent>,
     /// Who is connected (`None`: no device listener, as in some tests).
     pub presence: Option<Arc<dyn Presence>>,
+    /// How each printer is reached now (direct, cloud, or MQTT).
+    pub printers: Arc<DirectPrinters>,
     /// The time zone for a screen job that names none (`delivery.default_time_zone`).
     pub default_time_zone: String,
     feed: watch::Sender<feed::FeedState>,
@@ -83,6 +85,7 @@ impl Dashboard {
         cfg: DashboardConfig,
         recent: Arc<Recent>,
         presence: Option<Arc<dyn Presence>>,
+        printers: Arc<DirectPrinters>,
         default_time_zone: String,
     ) -> Dashboard {
         Dashboard {
@@ -95,6 +98,7 @@ impl Dashboard {
             cfg,
             recent,
             presence,
+            printers,
             default_time_zone,
             feed: watch::channel(feed::FeedState::Waiting).0,
             drawing: Semaphore::new(1),

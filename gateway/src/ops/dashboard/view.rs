@@ -3,6 +3,7 @@
 //! read rate, and the newest dead letters. Built from what the stages report; nothing here
 //! does I/O ([`super::feed`] gathers the inputs).
 
+use crate::model::DirectPrinters;
 use crate::ops::report::StatsReport;
 use crate::store::ParkedDeadLetter;
 use crate::telemetry::health::PartitionView;
@@ -63,15 +64,18 @@ pub struct DeviceRow {
     pub company: String,
     /// The registry's `enabled`.
     pub enabled: bool,
-    /// How pixgate reaches it: `mqtt`, or the scheme of a direct printer's endpoint
-    /// (`tcp`, `serial`, `usb`).
-    pub transport: String,
+    /// How pixgate reaches it now (a local printers-file entry over the registry's):
+    /// `mqtt`, a direct printer's endpoint scheme (`tcp`, `serial`, `usb`), or a cloud
+    /// printer's method (`cloudprnt-http`, `cloudprnt-mqtt`, `epson-sdp`).
+    pub transport: &'static str,
     /// Paper width, mm (printers).
     pub paper_mm: Option<u8>,
     /// Screen size, px (card machines).
     pub screen: Option<(u32, u32)>,
-    /// MQTT connections now; `None` for a direct printer (pixgate connects to it: see
-    /// `held`).
+    /// MQTT connections now; `None` for a direct printer (pixgate connects to it) or a
+    /// cloud printer whose sessions the presence does not show (one that polls, or one
+    /// on CloudPRNT's MQTT method through an external broker): see `held`, its queue held
+    /// `offline` while it is away.
     pub connections: Option<usize>,
     /// Of those, subscribed to the jobs topic.
     pub subscribed: Option<usize>,
@@ -143,6 +147,9 @@ impl DeadLetterRow {
 pub struct FleetInputs<'a> {
     /// The registry's devices.
     pub roster: &'a [Device],
+    /// How each is reached now: direct and cloud printers, the local printers file's
+    /// entries included.
+    pub printers: &'a DirectPrinters,
     /// MQTT device id → (connections, subscribed ones) ([`crate::telemetry::Presence::online`]).
     pub online: &'a HashMap<String, (usize, usize)>,
     /// Device → why its queue is held ([`crate::telemetry::Stats::held_all`]).
@@ -162,24 +169,25 @@ pub fn fleet(i: &FleetInputs<'_>) -> (FleetTotals, Vec<DeviceRow>) {
     let mut totals = FleetTotals { devices: i.roster.len(), ..FleetTotals::default() };
     let mut rows: Vec<(u8, i64, DeviceRow)> = Vec::with_capacity(i.roster.len());
     for d in i.roster {
-        let (kind, paper_mm, screen, transport) = match &d.kind {
-            DeviceKind::Printer { paper_width_mm, direct, .. } => {
+        let (kind, paper_mm, screen) = match &d.kind {
+            DeviceKind::Printer { paper_width_mm, .. } => {
                 totals.printers += 1;
-                let transport = direct
-                    .as_ref()
-                    .map_or("mqtt", |p| p.endpoint.split_once("://").map_or("direct", |(scheme, _)| scheme));
-                ("printer", Some(*paper_width_mm), None, transport.to_string())
+                ("printer", Some(*paper_width_mm), None)
             }
             DeviceKind::Terminal { width_px, height_px, .. } => {
                 totals.terminals += 1;
-                ("terminal", None, Some((*width_px, *height_px)), "mqtt".to_string())
+                ("terminal", None, Some((*width_px, *height_px)))
             }
         };
-        let mqtt = transport == "mqtt";
-        let (connections, subscribed) = match (mqtt, i.online.get(&d.id)) {
-            (false, _) => (None, None),
-            (true, Some(&(c, s))) => (Some(c), Some(s)),
-            (true, None) => (Some(0), Some(0)),
+        let transport = match (i.printers.get(&d.id), i.printers.cloud(&d.id)) {
+            (Some(direct), _) => direct.endpoint.scheme(),
+            (None, Some(cloud)) => cloud.method.transport(),
+            (None, None) => "mqtt",
+        };
+        let (connections, subscribed) = match (transport, i.online.get(&d.id)) {
+            ("mqtt" | "cloudprnt-mqtt", Some(&(c, s))) => (Some(c), Some(s)),
+            ("mqtt", None) => (Some(0), Some(0)),
+            _ => (None, None),
         };
         if connections.is_some_and(|c| c > 0) {
             totals.connected += 1;
@@ -251,6 +259,8 @@ pub fn partition_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::endpoint::Endpoint;
+    use crate::model::{CloudSettings, DirectSettings};
     use crate::telemetry::recent::RecentState;
     use device_protocol::EffectKind;
 
@@ -288,8 +298,16 @@ mod tests {
         let held: BTreeMap<String, &'static str> = [("p-paper".to_string(), "paper_out")].into();
         let queued: BTreeMap<String, u64> = [("t-busy".to_string(), 3), ("p-paper".to_string(), 1)].into();
         let recent = |d: &str| if d == "p-quiet" { vec![job(2, 20), job(1, 10)] } else { Vec::new() };
-        let inputs =
-            FleetInputs { roster: &roster, online: &online, held: &held, queued: &queued, recent: &recent, shown: 3 };
+        let printers = DirectPrinters::with_local(HashMap::new());
+        let inputs = FleetInputs {
+            roster: &roster,
+            printers: &printers,
+            online: &online,
+            held: &held,
+            queued: &queued,
+            recent: &recent,
+            shown: 3,
+        };
         let (totals, rows) = fleet(&inputs);
         let ids: Vec<&str> = rows.iter().map(|r| r.id.as_str()).collect();
         assert_eq!(ids, ["p-paper", "t-away", "t-busy"], "held, away, queued; the quiet one is cut by `shown`");
@@ -305,6 +323,64 @@ mod tests {
         assert_eq!(rows[3].id, "p-quiet");
         assert_eq!(rows[3].recent.iter().map(|j| j.seq).collect::<Vec<_>>(), [2, 1]);
         assert_eq!(rows[3].paper_mm, Some(80));
+    }
+
+    /// Each printer shows how it is reached now. One that pixgate connects to or that
+    /// fetches its own jobs has no MQTT connections to count: it is never listed as away,
+    /// its `held` says when it is.
+    #[test]
+    fn direct_and_cloud_printers_show_their_transport_and_are_not_away() {
+        let printer = |id: &str, printer: &str| {
+            let text = format!(
+                r#"{{"_id":"{id}","company":"co","kind":"printer","model":"TSP143IV","printer":{{"paperWidthMm":80,{printer}}}}}"#
+            );
+            cdc::decode_device(&serde_json::from_str(&text).expect("json")).expect("device")
+        };
+        let roster = vec![
+            printer("cloud-http", r#""transport":"cloudprnt-http","mac":"00:11:62:0a:1b:2c""#),
+            printer("cloud-mqtt", r#""transport":"cloudprnt-mqtt","mac":"00:11:62:0a:1b:2d""#),
+            printer("epson", r#""transport":"epson-sdp""#),
+            printer("serial", r#""transport":"serial","endpoint":"serial:///dev/ttyUSB0?baud=19200""#),
+            printer("local", r#""transport":"cloudprnt-http","mac":"00:11:62:0a:1b:2e""#),
+            printer("mqtt", r#""transport":"mqtt""#),
+        ];
+        let local = DirectSettings {
+            endpoint: Endpoint::parse("tcp://192.0.2.7:9100").expect("endpoint"),
+            interrupted: cdc::Interrupted::Hold,
+            code_page: render::codepage::CodePage::Cp860,
+        };
+        let printers = DirectPrinters::with_local([("local".to_string(), local)].into());
+        for d in &roster {
+            printers.set(&d.id, DirectSettings::of_device(d).expect("endpoint"));
+            printers.set_cloud(&d.id, CloudSettings::of_device(d));
+        }
+        let online: HashMap<String, (usize, usize)> = [("cloud-mqtt".to_string(), (1, 0))].into();
+        let held: BTreeMap<String, &'static str> = [("epson".to_string(), "offline")].into();
+        let inputs = FleetInputs {
+            roster: &roster,
+            printers: &printers,
+            online: &online,
+            held: &held,
+            queued: &BTreeMap::new(),
+            recent: &|_: &str| Vec::new(),
+            shown: 10,
+        };
+        let (totals, rows) = fleet(&inputs);
+        let shown: Vec<(&str, &str, Option<usize>)> =
+            rows.iter().map(|r| (r.id.as_str(), r.transport, r.connections)).collect();
+        assert_eq!(
+            shown,
+            [
+                ("epson", "epson-sdp", None),
+                ("mqtt", "mqtt", Some(0)),
+                ("cloud-http", "cloudprnt-http", None),
+                ("cloud-mqtt", "cloudprnt-mqtt", Some(1)),
+                ("local", "tcp", None),
+                ("serial", "serial", None),
+            ],
+            "held, then the one MQTT printer away; the local file's entry wins over the registry's"
+        );
+        assert_eq!(totals.connected, 1);
     }
 
     #[test]
