@@ -411,17 +411,12 @@ async fn a_cloudprnt_printer_on_mqtt_prints_each_job_once_in_order_and_only_its_
     finish(rig, &scratch);
 }
 
-/// Epson Server Direct Print, on a listener of its own (`sdp.listen`): the printer proves
-/// itself with HTTP Digest (its secret issued with `--digest`); out of paper (its status notification says so) its jobs are held; a
-/// wrong password gets nothing and is counted; paper back, every job prints in order, the
-/// first twice: its result was lost, and an Epson printer keeps no memory of job ids, so
-/// the second copy is printed under the reprint header. The job is the ESC/POS pixgate
-/// rendered, as an ePOS-Print `<command>`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
-    let scratch = scratch("sdp");
-    let s = setup(&scratch, PRINTER);
-    // The secret again, now with its Digest hash kept.
+/// An Epson printer on Server Direct Print, on a listener of its own (`sdp.listen`), with
+/// CloudPRNT's certificate: its secret issued again with its Digest hash kept, the gateway
+/// started as `name` and the registry published with the printer on `epson-sdp`. Returns
+/// the rig and `printer-sim sdp`'s arguments for a secret in a file, polling every
+/// `poll_ms`.
+async fn sdp_rig(name: &str, s: &Setup) -> (Rig, impl Fn(&str, &str) -> Vec<String>) {
     let bin = pixgate_tests::gateway::find_binary().unwrap();
     let credentials = s.env.iter().find(|(k, _)| *k == "PIXGATE_MQTT__CREDENTIALS").unwrap().1.clone();
     let issue = ["devices", "credentials", "issue", PRINTER, "--digest"];
@@ -429,13 +424,11 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
         pixgate_tests::gateway::cli(&bin, 0, &issue, &[("PIXGATE_MQTT__CREDENTIALS", credentials.as_str())]);
     assert!(ok, "pixgate {issue:?}: {err}");
     std::fs::write(&s.secret_file, secret.trim()).unwrap();
-    // On a listener of its own (`sdp.listen`), with CloudPRNT's certificate.
     let sdp_listen = format!("127.0.0.1:{}", pixgate_tests::net::free_port());
-    let rig = Rig::builder("sdp").envs(s.env.clone()).env("PIXGATE_SDP__LISTEN", sdp_listen.clone()).start().await;
+    let rig = Rig::builder(name).envs(s.env.clone()).env("PIXGATE_SDP__LISTEN", sdp_listen.clone()).start().await;
     publish_registry_as(&rig, PRINTER, "epson-sdp", false).await;
-    let url = format!("https://{sdp_listen}/sdp");
-    let (secret_path, ca) = (s.secret_file.display().to_string(), s.ca.display().to_string());
-    let printer_args = |secret: &str| {
+    let (url, ca) = (format!("https://{sdp_listen}/sdp"), s.ca.display().to_string());
+    let printer_args = move |secret: &str, poll_ms: &str| {
         [
             "--url",
             &url,
@@ -448,25 +441,51 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
             "--ca",
             &ca,
             "--poll-ms",
-            "300",
+            poll_ms,
             "--paper",
             "58",
             "--status-ms",
             "500",
         ]
         .map(String::from)
+        .to_vec()
     };
+    (rig, printer_args)
+}
+
+/// The reprint header the direct printers' interrupted jobs and Epson's jobs handed out
+/// twice are printed under.
+const REPRINT_HEADER: &[u8] = b"VIA / REIMPRESS";
+
+/// Whether the printed job whose PNG is `png` (its ESC/POS beside it) carries the reprint
+/// header.
+fn is_reprint(png: &Path) -> bool {
+    let bytes = std::fs::read(png.with_extension("bin")).unwrap();
+    bytes.windows(REPRINT_HEADER.len()).any(|w| w == REPRINT_HEADER)
+}
+
+/// Epson Server Direct Print, on a listener of its own (`sdp.listen`): the printer proves
+/// itself with HTTP Digest (its secret issued with `--digest`); out of paper (its status notification says so) its jobs are held; a
+/// wrong password gets nothing and is counted; paper back, every job prints in order, the
+/// first twice: its result was lost, and an Epson printer keeps no memory of job ids, so
+/// the second copy is printed under the reprint header. The job is the ESC/POS pixgate
+/// rendered, as an ePOS-Print `<command>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
+    let scratch = scratch("sdp");
+    let s = setup(&scratch, PRINTER);
+    let (rig, printer_args) = sdp_rig("sdp", &s).await;
     let out = rig.dir().join("printer");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::write(out.join("state"), "paper-out").unwrap();
-    let mut args = printer_args(&secret_path).to_vec();
+    let mut args = printer_args(&s.secret_file.display().to_string(), "300");
     args.extend(["--skip-confirm".to_string(), "1".into()]);
     let sim = CloudSim::start_sdp(&out, &args.iter().map(String::as_str).collect::<Vec<_>>());
     sim.line("polling");
 
     let wrong = scratch.join("wrong.secret");
     std::fs::write(&wrong, "not-the-secret").unwrap();
-    let stranger_args = printer_args(&wrong.display().to_string());
+    let stranger_args = printer_args(&wrong.display().to_string(), "300");
     let stranger =
         CloudSim::start_sdp(&rig.dir().join("stranger"), &stranger_args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(stranger.line("refused"), "401");
@@ -485,17 +504,43 @@ async fn an_epson_printer_on_server_direct_print_prints_each_job_in_order() {
     let id = |m: &String| m[..30].to_string();
     let want: Vec<String> = [id(&jobs[0].0)].into_iter().chain(jobs.iter().map(|(m, _)| id(m))).collect();
     assert_eq!(job_ids, want, "in order, the first twice (its result was lost)");
-    let bytes = |png: &PathBuf| std::fs::read(png.with_extension("bin")).unwrap();
-    let header = b"VIA / REIMPRESS";
-    let has = |b: &[u8]| b.windows(header.len()).any(|w| w == header);
-    assert!(!has(&bytes(&printed[0].0)), "the first copy is an original");
-    assert!(has(&bytes(&printed[1].0)), "the second copy carries the reprint header");
-    assert!(printed[2..].iter().all(|(p, _)| !has(&bytes(p))));
+    assert!(!is_reprint(&printed[0].0), "the first copy is an original");
+    assert!(is_reprint(&printed[1].0), "the second copy carries the reprint header");
+    assert!(printed[2..].iter().all(|(p, _)| !is_reprint(p)));
     assert_eq!(image::open(&printed[2].0).unwrap().to_luma8().width(), 384);
     let stats = rig.gateway().stats().unwrap().counters;
     assert_eq!(stats.deadletters_parked + stats.deadletters_published, 0, "nothing dead-lettered");
     assert!(stranger.printed().is_empty());
     drop((sim, stranger));
+    finish(rig, &scratch);
+}
+
+/// A job handed to an Epson printer whose result never came is printed again under the
+/// reprint header also when pixgate was killed in between (SIGKILL): the job was recorded
+/// as handed out, synced, before the answer that carried it. The printer polls every 4 s,
+/// so the kill comes before it could ask the first process again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epson_job_handed_out_before_a_sigkill_is_a_reprint_after_it() {
+    let scratch = scratch("sdp-kill");
+    let s = setup(&scratch, PRINTER);
+    let (mut rig, printer_args) = sdp_rig("sdp-kill", &s).await;
+    let mut args = printer_args(&s.secret_file.display().to_string(), "4000");
+    args.extend(["--skip-confirm", "1"].map(String::from));
+    let sim = CloudSim::start_sdp(&rig.dir().join("printer"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    sim.line("polling");
+
+    let ids = vec!["d".repeat(24)];
+    publish_charges(&rig, &ids).await;
+    sim.wait_printed(1);
+    rig.kill_gateway();
+    rig.start_gateway();
+    sim.wait_printed(2);
+    rig.wait_stats(WAIT, |s| s.counters.effects_done.get("print_receipt") == Some(&1)).await;
+    let printed = sim.printed();
+    assert_eq!(printed[0].1, printed[1].1, "the same job twice: {printed:?}");
+    assert!(!is_reprint(&printed[0].0), "the first copy is an original");
+    assert!(is_reprint(&printed[1].0), "the copy after the restart carries the reprint header");
+    drop(sim);
     finish(rig, &scratch);
 }
 

@@ -19,13 +19,17 @@
 //! it, a job that fails for the printer's condition is offered again after the dispatcher's
 //! backoff. A job handed out again before its result came (the result was lost: Epson's
 //! printers keep no memory of job ids) is printed under the reprint header, as a direct
-//! printer's interrupted job is.
+//! printer's interrupted job is. A job is recorded as handed out in the outbox, synced,
+//! before the answer that carries it ([`Outbox::mark_direct`], the direct printers'
+//! mark), so that a copy handed out after a restart is a reprint too; a result saying it
+//! did not print clears the mark.
 
 use super::digest::{Digest, DigestError};
 use super::epos;
-use crate::deliver::cloudprnt::board::{Confirmation, PollRefused};
+use crate::deliver::cloudprnt::board::{Confirmation, Offer, PollRefused};
 use crate::deliver::cloudprnt::server::{Refusal, Server};
 use crate::model::{CloudSettings, Standing};
+use crate::store::{DirectMark, Outbox, OutboxError};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
@@ -52,6 +56,8 @@ pub struct Sdp {
     /// A notification older than this is not taken as the printer's condition
     /// (`cloudprnt.offline_after_ms`).
     pub fresh_for: Duration,
+    /// Where a job handed out is recorded (the direct printers' marks).
+    pub outbox: Arc<Outbox>,
 }
 
 /// The routes, request bodies bounded by `max_body_bytes`.
@@ -213,7 +219,14 @@ async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
             return xml(String::new());
         }
     };
-    let again = offer.handed.fetch_add(1, Ordering::Relaxed) > 0;
+    let again = match handed_before(sdp, device, &offer).await {
+        Ok(again) => again,
+        Err(e) => {
+            // Unrecorded, a copy handed out after a restart could not be told a reprint.
+            tracing::error!(device, message_id = %offer.message_id, error = %e, "cannot record the job as handed out; not handed out");
+            return xml(String::new());
+        }
+    };
     let escpos = if again {
         tracing::warn!(device, seq = offer.seq, message_id = %offer.message_id, "Epson printer asks again before the job's result: printed as a reprint");
         crate::deliver::direct::reprint::with_header(&escpos, settings.code_page)
@@ -222,6 +235,49 @@ async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
     };
     tracing::debug!(device, seq = offer.seq, message_id = %offer.message_id, bytes = escpos.len(), "job handed to the printer");
     xml(epos::print_request(&offer.message_id, &escpos))
+}
+
+/// Whether `offer` was handed to `device` before: by this process, or before a restart
+/// (the outbox's mark names it). The first time, records it as handed out, synced.
+///
+/// # Errors
+/// Disk or database failure (its words): then the job must not be handed out.
+async fn handed_before(sdp: &Sdp, device: &str, offer: &Offer) -> Result<bool, String> {
+    if offer.handed.fetch_add(1, Ordering::Relaxed) > 0 {
+        return Ok(true);
+    }
+    let (outbox, device, seq, message_id) =
+        (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
+    let marked = tokio::task::spawn_blocking(move || -> Result<bool, OutboxError> {
+        let mark = outbox.direct_mark(&device)?;
+        if mark.is_some_and(|m| m.message_id == message_id && !m.done) {
+            return Ok(true);
+        }
+        outbox.mark_direct(&device, &DirectMark { seq, message_id, done: false })?;
+        Ok(false)
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r.map_err(|e| e.to_string()));
+    if marked.is_err() {
+        offer.handed.fetch_sub(1, Ordering::Relaxed);
+    }
+    marked
+}
+
+/// Records that `offer` did not print (its result said so): a copy handed out after this
+/// is no reprint. A failure is logged; that copy is then marked a reprint.
+async fn not_printed(sdp: &Sdp, device: &str, offer: &Offer) {
+    let (outbox, device, seq, message_id) =
+        (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        let r = outbox.mark_direct(&device, &DirectMark { seq, message_id, done: true });
+        (device, r)
+    })
+    .await;
+    if let Ok((device, Err(e))) = done {
+        tracing::warn!(device, error = %e, "cannot record that the job did not print; its next copy is marked a reprint");
+    }
 }
 
 /// One job's result: the offer it names ends as the printer says.
@@ -241,6 +297,7 @@ async fn result(sdp: &Sdp, device: &str, r: epos::JobResult) {
         Confirmation::Refused(r.code.clone())
     } else {
         tracing::warn!(device, code = %r.code, status = r.asb, "Epson printer did not print its job; offered again");
+        not_printed(sdp, device, &offer).await;
         Confirmation::Again(r.code.clone())
     };
     s.board.confirm(device, Some(&offer.message_id), how).await;
@@ -256,12 +313,13 @@ mod tests {
     use crate::telemetry::Stats;
     use crate::test_fixtures::TempDir;
     use base64::Engine;
-    use device_protocol::{AckResult, EffectKind, PrinterState};
+    use device_protocol::{AckResult, EffectKind, Job, PrinterState};
     use render::codepage::CodePage;
     use tokio::sync::mpsc;
 
     struct Rig {
         _dir: TempDir,
+        _outbox_dir: TempDir,
         url: String,
         board: Arc<Board>,
         stats: Arc<Stats>,
@@ -269,11 +327,13 @@ mod tests {
         http: reqwest::Client,
         /// `e`'s secret (issued with --digest), and `p`'s (a CloudPRNT printer, with one too).
         secrets: HashMap<String, String>,
+        /// Where the jobs handed out are marked.
+        outbox: Arc<Outbox>,
     }
 
     /// An SDP endpoint on loopback: printer `e` on Epson SDP, printer `p` on CloudPRNT.
-    async fn rig() -> Rig {
-        let dir = TempDir::new("sdp-server");
+    async fn rig(name: &str) -> Rig {
+        let dir = TempDir::new(name);
         std::fs::create_dir_all(dir.path()).unwrap();
         let file = dir.path().join("secrets.json");
         let mut store = Credentials::load(&file, true).unwrap();
@@ -309,12 +369,19 @@ mod tests {
             mqtt: None,
             scheme: "http",
         };
-        let sdp =
-            Sdp { server, digest: Arc::default(), conditions: Arc::default(), fresh_for: Duration::from_secs(60) };
+        let (outbox_dir, outbox) = crate::test_fixtures::temp_outbox(&format!("{name}-outbox"));
+        let sdp = Sdp {
+            server,
+            digest: Arc::default(),
+            conditions: Arc::default(),
+            fresh_for: Duration::from_secs(60),
+            outbox: outbox.clone(),
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/sdp", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, routes(sdp, 16 << 10)).await });
-        Rig { _dir: dir, url, board, stats, incoming, http: reqwest::Client::new(), secrets }
+        let http = reqwest::Client::new();
+        Rig { _dir: dir, _outbox_dir: outbox_dir, url, board, stats, incoming, http, secrets, outbox }
     }
 
     impl Rig {
@@ -355,6 +422,16 @@ mod tests {
         }
     }
 
+    /// A receipt job `message_id` at `seq`, as the dispatcher offers it.
+    fn receipt(message_id: &str, seq: u64) -> (Job, bytes::Bytes) {
+        let mut job = crate::test_fixtures::job(message_id, EffectKind::PrintReceipt, "c");
+        job.seq = seq;
+        job.content_type = device_protocol::messages::CONTENT_ESCPOS.into();
+        job.payload = base64::engine::general_purpose::STANDARD.encode(b"\x1b@\x1bt\x03RECIBO\n\x1dV\x00");
+        let wire = bytes::Bytes::from(job.to_json());
+        (job, wire)
+    }
+
     fn command_of(xml: &str) -> Vec<u8> {
         let doc = roxmltree::Document::parse(xml).unwrap();
         hex::decode(doc.descendants().find(|n| n.tag_name().name() == "command").unwrap().text().unwrap()).unwrap()
@@ -366,7 +443,7 @@ mod tests {
     /// Everyone else is refused and counted.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_the_printer_with_its_digest_secret_gets_its_job() {
-        let mut r = rig().await;
+        let mut r = rig("sdp-server").await;
         let e = r.secrets["e"].clone();
         let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
         assert_eq!(r.post(None, &poll).await.0, 401);
@@ -380,11 +457,8 @@ mod tests {
 
         assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "nothing offered");
         let _online = r.incoming.try_recv();
-        let mut job = crate::test_fixtures::job("0123456789abcdef0123456789abcdef", EffectKind::PrintReceipt, "c");
-        job.seq = 7;
-        job.content_type = device_protocol::messages::CONTENT_ESCPOS.into();
-        job.payload = base64::engine::general_purpose::STANDARD.encode(b"\x1b@\x1bt\x03RECIBO\n\x1dV\x00");
-        r.board.offer("e", bytes::Bytes::from(job.to_json()));
+        let (job, wire) = receipt("0123456789abcdef0123456789abcdef", 7);
+        r.board.offer("e", wire);
         let (status, body) = r.post(Some(("e", &e)), &poll).await;
         assert_eq!(status, 200);
         assert!(body.contains("<printjobid>0123456789abcdef0123456789abcd</printjobid>"), "{body}");
@@ -420,5 +494,48 @@ mod tests {
         assert_eq!(status.printer, Some(PrinterState::PaperOut));
         assert_eq!(r.post(Some(("e", &e)), &[("ConnectionType", "Other"), ("ID", "e")]).await.0, 400);
         assert_eq!(r.refused("malformed"), 1);
+    }
+
+    /// A job is marked handed out in the outbox before the answer that carries it: one
+    /// the mark names (handed out by the process before a restart) is a reprint at its
+    /// first hand in this one. A result saying it did not print clears the mark, so its
+    /// next copy is no reprint; a new job is marked in its place.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_handed_out_before_a_restart_is_a_reprint_unless_it_did_not_print() {
+        let mut r = rig("sdp-server-restart").await;
+        let e = r.secrets["e"].clone();
+        let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
+        assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "nothing offered");
+        let m = "0123456789abcdef0123456789abcdef";
+        let handed = |message_id: &str, seq, done| DirectMark { seq, message_id: message_id.to_string(), done };
+        r.outbox.mark_direct("e", &handed(m, 7, false)).unwrap();
+        let (job, wire) = receipt(m, 7);
+        let original = job.payload_bytes().unwrap();
+        let reprint = crate::deliver::direct::reprint::with_header(&original, CodePage::Cp860);
+        r.board.offer("e", wire.clone());
+        assert_eq!(command_of(&r.post(Some(("e", &e)), &poll).await.1), reprint, "handed out before the restart");
+
+        let empty = r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>0123456789abcdef0123456789abcd</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
+        let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", empty)];
+        assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, true)), "it did not print");
+        let ack = loop {
+            match r.incoming.try_recv().unwrap() {
+                Incoming::Ack { ack, .. } => break ack,
+                Incoming::Status { .. } => {}
+            }
+        };
+        assert_eq!(ack.result, AckResult::Failed, "offered again after the backoff");
+        r.board.offer("e", wire);
+        assert_eq!(command_of(&r.post(Some(("e", &e)), &poll).await.1), original, "its next copy");
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, false)), "marked handed out again");
+
+        let n = "fedcba9876543210fedcba9876543210";
+        let (next, wire) = receipt(n, 8);
+        r.board.fail("e", m, "moved on".into()).await;
+        r.board.offer("e", wire);
+        let body = r.post(Some(("e", &e)), &poll).await.1;
+        assert_eq!(command_of(&body), next.payload_bytes().unwrap(), "a new job is an original");
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(n, 8, false)));
     }
 }

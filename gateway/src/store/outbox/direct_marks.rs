@@ -1,5 +1,7 @@
 //! Direct printers' being-written marks: a raw printer cannot dedupe by message id, so the
 //! outbox records, synced, which job is being written and whether it was written whole.
+//! Epson printers on Server Direct Print remember no job ids either: their last job handed
+//! out is marked here too (`deliver/sdp/server.rs`).
 
 use super::error::{err, OutboxError};
 use super::schema::DIRECT_WRITING;
