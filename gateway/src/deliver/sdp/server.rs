@@ -22,7 +22,7 @@
 //! printer's interrupted job is. A job is recorded as handed out in the outbox, synced,
 //! before the answer that carries it ([`Outbox::mark_direct`], the direct printers'
 //! mark), so that a copy handed out after a restart is a reprint too; a result saying it
-//! did not print clears the mark.
+//! did not print removes the mark ([`Outbox::clear_direct_mark`]).
 
 use super::digest::{Digest, DigestError};
 use super::epos;
@@ -265,17 +265,17 @@ async fn handed_before(sdp: &Sdp, device: &str, offer: &Offer) -> Result<bool, S
     marked
 }
 
-/// Records that `offer` did not print (its result said so): a copy handed out after this
-/// is no reprint. A failure is logged; that copy is then marked a reprint.
+/// Records that `offer` did not print (its result said so): its mark is removed, so a copy
+/// handed out after this is no reprint (nor, should the printer become a direct one, taken
+/// as printed). A failure is logged; that copy is then marked a reprint.
 async fn not_printed(sdp: &Sdp, device: &str, offer: &Offer) {
-    let (outbox, device, seq, message_id) =
-        (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
-    let done = tokio::task::spawn_blocking(move || {
-        let r = outbox.mark_direct(&device, &DirectMark { seq, message_id, done: true });
+    let (outbox, device, message_id) = (sdp.outbox.clone(), device.to_string(), offer.message_id.clone());
+    let cleared = tokio::task::spawn_blocking(move || {
+        let r = outbox.clear_direct_mark(&device, &message_id);
         (device, r)
     })
     .await;
-    if let Ok((device, Err(e))) = done {
+    if let Ok((device, Err(e))) = cleared {
         tracing::warn!(device, error = %e, "cannot record that the job did not print; its next copy is marked a reprint");
     }
 }
@@ -498,7 +498,7 @@ mod tests {
 
     /// A job is marked handed out in the outbox before the answer that carries it: one
     /// the mark names (handed out by the process before a restart) is a reprint at its
-    /// first hand in this one. A result saying it did not print clears the mark, so its
+    /// first hand in this one. A result saying it did not print removes the mark, so its
     /// next copy is no reprint; a new job is marked in its place.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_handed_out_before_a_restart_is_a_reprint_unless_it_did_not_print() {
@@ -518,7 +518,11 @@ mod tests {
         let empty = r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>0123456789abcdef0123456789abcd</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
         let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", empty)];
         assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
-        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, true)), "it did not print");
+        assert_eq!(
+            r.outbox.direct_mark("e").unwrap(),
+            None,
+            "it did not print: no mark a direct printer reads as printed"
+        );
         let ack = loop {
             match r.incoming.try_recv().unwrap() {
                 Incoming::Ack { ack, .. } => break ack,
