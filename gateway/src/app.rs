@@ -189,6 +189,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
                     conditions: Arc::default(),
                     fresh_for: std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
                     outbox: outbox.clone(),
+                    marking: Arc::default(),
                 };
                 deliver::sdp::routes(sdp, cfg.cloudprnt.max_body_bytes)
             },

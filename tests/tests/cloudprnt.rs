@@ -540,6 +540,12 @@ async fn an_epson_job_handed_out_before_a_sigkill_is_a_reprint_after_it() {
     assert_eq!(printed[0].1, printed[1].1, "the same job twice: {printed:?}");
     assert!(!is_reprint(&printed[0].0), "the first copy is an original");
     assert!(is_reprint(&printed[1].0), "the copy after the restart carries the reprint header");
+    // Each copy from its own process: the second from the mark on disk, not from the
+    // first process's count of copies.
+    let asked_again = "Epson printer asks again before the job's result";
+    let log = |name: &str| std::fs::read_to_string(rig.dir().join(name)).unwrap();
+    assert!(!log("pixgate.log").contains(asked_again), "the first process handed out one copy");
+    assert!(log("pixgate-1.log").contains(asked_again), "the restarted one handed out the reprint");
     drop(sim);
     finish(rig, &scratch);
 }

@@ -93,8 +93,8 @@ pub struct Offer {
     pub wire: Bytes,
     /// Its picture, drawn at the first GET and kept for the GETs after.
     pub picture: Arc<OnceLock<Bytes>>,
-    /// Times it was handed to a printer that cannot tell a repeat (Epson's), whose second
-    /// copy is marked a reprint.
+    /// Copies handed to a printer that cannot tell a repeat (Epson's), whose second copy
+    /// is marked a reprint; one more when a copy from before a restart is on record.
     pub handed: Arc<std::sync::atomic::AtomicU32>,
     /// Whether the printer was told of it or fetched it (its token in a poll's answer, a
     /// `print-job` message, a GET): it may be printing it now.

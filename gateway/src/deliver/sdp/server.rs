@@ -21,8 +21,8 @@
 //! printers keep no memory of job ids) is printed under the reprint header, as a direct
 //! printer's interrupted job is. A job is recorded as handed out in the outbox, synced,
 //! before the answer that carries it ([`Outbox::mark_direct`], the direct printers'
-//! mark), so that a copy handed out after a restart is a reprint too; a result saying it
-//! did not print removes the mark ([`Outbox::clear_direct_mark`]).
+//! mark), so that a copy handed out after a restart is a reprint too; a result saying
+//! its only copy did not print removes the mark ([`Outbox::clear_direct_mark`]).
 
 use super::digest::{Digest, DigestError};
 use super::epos;
@@ -58,6 +58,10 @@ pub struct Sdp {
     pub fresh_for: Duration,
     /// Where a job handed out is recorded (the direct printers' marks).
     pub outbox: Arc<Outbox>,
+    /// Held while a mark is read and written: a poll for a job whose first copy is being
+    /// recorded waits, so that no copy goes out unrecorded, and one printer's marks land
+    /// in the order they were made.
+    pub marking: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The routes, request bodies bounded by `max_body_bytes`.
@@ -237,47 +241,56 @@ async fn poll(sdp: &Sdp, device: &str, settings: &CloudSettings) -> Response {
     xml(epos::print_request(&offer.message_id, &escpos))
 }
 
-/// Whether `offer` was handed to `device` before: by this process, or before a restart
-/// (the outbox's mark names it). The first time, records it as handed out, synced.
+/// Whether `offer` was handed to `device` before: by this process, or by one before a
+/// restart (the outbox's mark names its message id, as handed out or, by a direct printer,
+/// written). The first time, records it as handed out, synced, before it goes out; polls
+/// meanwhile wait for that ([`Sdp::marking`]). `offer.handed` counts the copies, one more
+/// for a mark found: above 1, some copy before this one may have printed.
 ///
 /// # Errors
 /// Disk or database failure (its words): then the job must not be handed out.
 async fn handed_before(sdp: &Sdp, device: &str, offer: &Offer) -> Result<bool, String> {
-    if offer.handed.fetch_add(1, Ordering::Relaxed) > 0 {
-        return Ok(true);
-    }
-    let (outbox, device, seq, message_id) =
-        (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
-    let marked = tokio::task::spawn_blocking(move || -> Result<bool, OutboxError> {
-        let mark = outbox.direct_mark(&device)?;
-        if mark.is_some_and(|m| m.message_id == message_id && !m.done) {
-            return Ok(true);
+    if offer.handed.load(Ordering::Acquire) == 0 {
+        let _marking = sdp.marking.lock().await;
+        if offer.handed.load(Ordering::Acquire) == 0 {
+            let (outbox, device, seq, message_id) =
+                (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
+            let before = tokio::task::spawn_blocking(move || -> Result<bool, OutboxError> {
+                if outbox.direct_mark(&device)?.is_some_and(|m| m.message_id == message_id) {
+                    return Ok(true);
+                }
+                outbox.mark_direct(&device, &DirectMark { seq, message_id, done: false })?;
+                Ok(false)
+            })
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))?;
+            offer.handed.store(if before { 2 } else { 1 }, Ordering::Release);
+            return Ok(before);
         }
-        outbox.mark_direct(&device, &DirectMark { seq, message_id, done: false })?;
-        Ok(false)
-    })
-    .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r.map_err(|e| e.to_string()));
-    if marked.is_err() {
-        offer.handed.fetch_sub(1, Ordering::Relaxed);
     }
-    marked
+    offer.handed.fetch_add(1, Ordering::AcqRel);
+    Ok(true)
 }
 
-/// Records that `offer` did not print (its result said so): its mark is removed, so a copy
-/// handed out after this is no reprint (nor, should the printer become a direct one, taken
-/// as printed). A failure is logged; that copy is then marked a reprint.
+/// Records that `offer` did not print (its result said so) when that copy was the only
+/// one handed out: its mark is removed, so the next copy is no reprint (nor, should the
+/// printer become a direct one, taken as printed). After several copies the mark stays:
+/// an earlier one, its result lost, may have printed. A failure is logged; the next copy
+/// is then marked a reprint.
 async fn not_printed(sdp: &Sdp, device: &str, offer: &Offer) {
-    let (outbox, device, message_id) = (sdp.outbox.clone(), device.to_string(), offer.message_id.clone());
-    let cleared = tokio::task::spawn_blocking(move || {
-        let r = outbox.clear_direct_mark(&device, &message_id);
-        (device, r)
-    })
-    .await;
-    if let Ok((device, Err(e))) = cleared {
-        tracing::warn!(device, error = %e, "cannot record that the job did not print; its next copy is marked a reprint");
+    if offer.handed.load(Ordering::Acquire) > 1 {
+        return;
     }
+    let (outbox, id, message_id) = (sdp.outbox.clone(), device.to_string(), offer.message_id.clone());
+    let _marking = sdp.marking.lock().await;
+    let cleared = tokio::task::spawn_blocking(move || outbox.clear_direct_mark(&id, &message_id)).await;
+    let failed = match cleared {
+        Ok(Ok(_)) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(device, error = %failed, "cannot record that the job did not print; its next copy is marked a reprint");
 }
 
 /// One job's result: the offer it names ends as the printer says.
@@ -376,6 +389,7 @@ mod tests {
             conditions: Arc::default(),
             fresh_for: Duration::from_secs(60),
             outbox: outbox.clone(),
+            marking: Arc::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/sdp", listener.local_addr().unwrap());
@@ -497,49 +511,57 @@ mod tests {
     }
 
     /// A job is marked handed out in the outbox before the answer that carries it: one
-    /// the mark names (handed out by the process before a restart) is a reprint at its
-    /// first hand in this one. A result saying it did not print removes the mark, so its
-    /// next copy is no reprint; a new job is marked in its place.
+    /// the mark names (handed out before a restart, or written whole by a direct printer)
+    /// is a reprint at its first hand in this process, and stays one after a result saying
+    /// that copy did not print (an earlier copy may have). A job whose only copy did not
+    /// print has its mark removed: its next copy is an original.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_handed_out_before_a_restart_is_a_reprint_unless_it_did_not_print() {
         let mut r = rig("sdp-server-restart").await;
         let e = r.secrets["e"].clone();
         let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
         assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "nothing offered");
-        let m = "0123456789abcdef0123456789abcdef";
         let handed = |message_id: &str, seq, done| DirectMark { seq, message_id: message_id.to_string(), done };
-        r.outbox.mark_direct("e", &handed(m, 7, false)).unwrap();
-        let (job, wire) = receipt(m, 7);
-        let original = job.payload_bytes().unwrap();
-        let reprint = crate::deliver::direct::reprint::with_header(&original, CodePage::Cp860);
-        r.board.offer("e", wire.clone());
-        assert_eq!(command_of(&r.post(Some(("e", &e)), &poll).await.1), reprint, "handed out before the restart");
-
-        let empty = r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>0123456789abcdef0123456789abcd</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#;
-        let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", empty)];
-        assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
-        assert_eq!(
-            r.outbox.direct_mark("e").unwrap(),
-            None,
-            "it did not print: no mark a direct printer reads as printed"
-        );
-        let ack = loop {
-            match r.incoming.try_recv().unwrap() {
-                Incoming::Ack { ack, .. } => break ack,
-                Incoming::Status { .. } => {}
-            }
+        let not_printed = |message_id: &str| {
+            let job_id = epos::job_id(message_id);
+            format!(
+                r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>{job_id}</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#
+            )
         };
-        assert_eq!(ack.result, AckResult::Failed, "offered again after the backoff");
-        r.board.offer("e", wire);
-        assert_eq!(command_of(&r.post(Some(("e", &e)), &poll).await.1), original, "its next copy");
-        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, false)), "marked handed out again");
+        let original = receipt("m", 1).0.payload_bytes().unwrap();
+        let reprint = crate::deliver::direct::reprint::with_header(&original, CodePage::Cp860);
+        let copy = async |message_id: &str, seq| {
+            r.board.offer("e", receipt(message_id, seq).1);
+            command_of(&r.post(Some(("e", &e)), &poll).await.1)
+        };
+        let result = async |message_id: &str| {
+            let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", &not_printed(message_id))];
+            assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
+        };
+
+        let m = "0123456789abcdef0123456789abcdef";
+        r.outbox.mark_direct("e", &handed(m, 7, false)).unwrap();
+        assert_eq!(copy(m, 7).await, reprint, "handed out before the restart");
+        result(m).await;
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, false)), "the copy before may have printed");
+        assert_eq!(copy(m, 7).await, reprint, "still a reprint");
 
         let n = "fedcba9876543210fedcba9876543210";
-        let (next, wire) = receipt(n, 8);
-        r.board.fail("e", m, "moved on".into()).await;
-        r.board.offer("e", wire);
-        let body = r.post(Some(("e", &e)), &poll).await.1;
-        assert_eq!(command_of(&body), next.payload_bytes().unwrap(), "a new job is an original");
-        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(n, 8, false)));
+        assert_eq!(copy(n, 8).await, original, "a new job is an original");
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(n, 8, false)), "marked before it went out");
+        result(n).await;
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), None, "its only copy did not print");
+        assert_eq!(copy(n, 8).await, original, "its next copy");
+
+        let k = "00112233445566778899aabbccddeeff";
+        r.outbox.mark_direct("e", &handed(k, 9, true)).unwrap();
+        assert_eq!(copy(k, 9).await, reprint, "written whole by a direct printer");
+        let acks = std::iter::from_fn(|| r.incoming.try_recv().ok())
+            .filter_map(|i| match i {
+                Incoming::Ack { ack, .. } => Some((ack.message_id, ack.result)),
+                Incoming::Status { .. } => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(acks, [(m.to_string(), AckResult::Failed), (n.to_string(), AckResult::Failed)], "offered again");
     }
 }

@@ -16,6 +16,7 @@ pub struct DirectMark {
     /// The job's message id.
     pub message_id: String,
     /// Written whole (`true`), or being written (`false`: cut short if found at start-up).
+    /// An Epson printer's mark is always `false`: handed out, perhaps printed.
     pub done: bool,
 }
 
