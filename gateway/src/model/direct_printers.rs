@@ -229,6 +229,21 @@ impl DirectPrinters {
         })
     }
 
+    /// How `id` is reached now, by its `printer.transport` name: the local file's endpoint
+    /// scheme, else a cloud method, else the registry's endpoint scheme, else `mqtt` (the
+    /// precedence of [`DirectPrinters::get`] and [`DirectPrinters::cloud`], without their
+    /// copies: asked for every device at each dashboard update).
+    pub fn transport(&self, id: &str) -> &'static str {
+        if let Some(local) = self.local.get(id) {
+            return local.endpoint.scheme();
+        }
+        if let Some(cloud) = self.cloud.read().unwrap_or_else(std::sync::PoisonError::into_inner).by_id.get(id) {
+            return cloud.method.transport();
+        }
+        let registry = self.registry.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        registry.get(id).map_or("mqtt", |d| d.endpoint.scheme())
+    }
+
     /// Whether `id` polls pixgate over a cloud protocol now ([`DirectPrinters::cloud`]
     /// without the copy: asked for every job sent).
     pub fn is_cloud(&self, id: &str) -> bool {

@@ -253,18 +253,15 @@ async fn handed_before(sdp: &Sdp, device: &str, offer: &Offer) -> Result<bool, S
     if offer.handed.load(Ordering::Acquire) == 0 {
         let _marking = sdp.marking.lock().await;
         if offer.handed.load(Ordering::Acquire) == 0 {
-            let (outbox, device, seq, message_id) =
-                (sdp.outbox.clone(), device.to_string(), offer.seq, offer.message_id.clone());
-            let before = tokio::task::spawn_blocking(move || -> Result<bool, OutboxError> {
+            let (device, seq, message_id) = (device.to_string(), offer.seq, offer.message_id.clone());
+            let before = on_outbox(sdp, move |outbox| {
                 if outbox.direct_mark(&device)?.is_some_and(|m| m.message_id == message_id) {
                     return Ok(true);
                 }
                 outbox.mark_direct(&device, &DirectMark { seq, message_id, done: false })?;
                 Ok(false)
             })
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))?;
+            .await?;
             offer.handed.store(if before { 2 } else { 1 }, Ordering::Release);
             return Ok(before);
         }
@@ -282,15 +279,24 @@ async fn not_printed(sdp: &Sdp, device: &str, offer: &Offer) {
     if offer.handed.load(Ordering::Acquire) > 1 {
         return;
     }
-    let (outbox, id, message_id) = (sdp.outbox.clone(), device.to_string(), offer.message_id.clone());
+    let (id, message_id) = (device.to_string(), offer.message_id.clone());
     let _marking = sdp.marking.lock().await;
-    let cleared = tokio::task::spawn_blocking(move || outbox.clear_direct_mark(&id, &message_id)).await;
-    let failed = match cleared {
-        Ok(Ok(_)) => return,
-        Ok(Err(e)) => e.to_string(),
-        Err(e) => e.to_string(),
-    };
-    tracing::warn!(device, error = %failed, "cannot record that the job did not print; its next copy is marked a reprint");
+    if let Err(e) = on_outbox(sdp, move |outbox| outbox.clear_direct_mark(&id, &message_id)).await {
+        tracing::warn!(device, error = %e, "cannot record that the job did not print; its next copy is marked a reprint");
+    }
+}
+
+/// Runs `f` on the outbox off the runtime (its writes are synced): what it returns, or
+/// its error's words (a panic's too).
+async fn on_outbox<T: Send + 'static>(
+    sdp: &Sdp,
+    f: impl FnOnce(&Outbox) -> Result<T, OutboxError> + Send + 'static,
+) -> Result<T, String> {
+    let outbox = sdp.outbox.clone();
+    match tokio::task::spawn_blocking(move || f(&outbox)).await {
+        Ok(done) => done.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// One job's result: the offer it names ends as the printer says.

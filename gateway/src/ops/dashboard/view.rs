@@ -179,11 +179,7 @@ pub fn fleet(i: &FleetInputs<'_>) -> (FleetTotals, Vec<DeviceRow>) {
                 ("terminal", None, Some((*width_px, *height_px)))
             }
         };
-        let transport = match (i.printers.get(&d.id), i.printers.cloud(&d.id)) {
-            (Some(direct), _) => direct.endpoint.scheme(),
-            (None, Some(cloud)) => cloud.method.transport(),
-            (None, None) => "mqtt",
-        };
+        let transport = i.printers.transport(&d.id);
         let (connections, subscribed) = match (transport, i.online.get(&d.id)) {
             ("mqtt" | "cloudprnt-mqtt", Some(&(c, s))) => (Some(c), Some(s)),
             ("mqtt", None) => (Some(0), Some(0)),
