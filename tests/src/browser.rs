@@ -75,17 +75,21 @@ impl Browser {
         )?;
         let port = crate::net::free_port();
         let log = std::fs::File::create(scratch.join("chromedriver.log"))?;
+        let profile = scratch.join(format!("chromium-profile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&profile);
+        // chromium's scoped folders go where the profile goes: killed, it cannot remove them.
+        let tmp = profile.join("tmp");
+        std::fs::create_dir_all(&tmp)?;
         let driver = Command::new(&driver_bin)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
+            .env("TMPDIR", &tmp)
             .stdout(log.try_clone()?)
             .stderr(log)
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", driver_bin.display()))?;
-        let profile = scratch.join(format!("chromium-profile-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&profile);
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
         let mut browser = Browser { driver, http, session: String::new(), profile };

@@ -73,6 +73,7 @@ async fn sigterm_while_kafka_is_away_still_exits() {
     // The clients notice: their connections fail and retry.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stops_within_its_bound(&mut rig, "the edge box");
+    rig.shutdown();
 
     let plan = Arc::new(Plan::new(ScenarioConfig::new(7, 20, 600)));
     let dir = std::env::temp_dir().join(format!("pixgate-sigterm-central-mosquitto-{}", std::process::id()));
@@ -85,6 +86,9 @@ async fn sigterm_while_kafka_is_away_still_exits() {
     rig.broker().kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
     stops_within_its_bound(&mut rig, "the central shape");
+    run.fleet.shutdown().await;
+    rig.shutdown();
+    mosquitto.remove();
 }
 
 /// Longest wait from pixgate's `stopped` line to its exit: its exit wait for what still
