@@ -9,10 +9,11 @@
 //!
 //! Session state follows MQTT 3.1.1 §3.1.2.4: a client that connects with clean session 0
 //! keeps its subscription across connections, and jobs sent while it is away wait for it
-//! (at most [`PENDING_PER_CLIENT`] different ones, the oldest dropped first: the dispatcher has one job in
-//! flight per device and sends it again after `delivery.ack_timeout_ms`, so nothing the
-//! outbox holds is lost). A client id that connects again takes its session over, and the
-//! older connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
+//! (at most [`PENDING_PER_CLIENT`] different ones, the oldest dropped first: the dispatcher
+//! has one job in flight per device and sends it again after `delivery.ack_timeout_ms`, so
+//! nothing the outbox holds is lost), with at most [`AWAY_PER_DEVICE`] such sessions per
+//! device. A client id that connects again takes its session over, and the older
+//! connection is closed (§3.1.4). Nothing here is durable: the outbox is the record.
 
 use crate::model::Incoming;
 use crate::telemetry::log_limit::LogLimit;
@@ -33,6 +34,12 @@ pub use futures_channel::mpsc as job_queue;
 /// Different jobs kept for a client with a persistent session while it is disconnected
 /// (a resend of one already kept is not kept again).
 pub const PENDING_PER_CLIENT: usize = 8;
+
+/// Persistent sessions a device keeps while away. A device may connect under any
+/// `dev-{id}.{tag}`, and firmware that picks a new tag at each boot would otherwise leave a
+/// kept session (and its pending jobs) behind at each boot: beyond this, the one away
+/// longest is dropped (its jobs are still in the outbox).
+pub const AWAY_PER_DEVICE: usize = 4;
 
 /// Jobs queued for a connected session's socket writer. The dispatcher has one job in flight
 /// per device, so this fills only when the device stops reading; then a job is dropped
@@ -163,17 +170,39 @@ impl Hub {
     }
 
     /// The connection `session` of `client_id` ended: a persistent session keeps its
-    /// state for the next connection, any other is forgotten. Nothing happens if another
-    /// connection has taken the client id over meanwhile.
-    pub fn detach(&self, client_id: &str, session: u64) {
+    /// state for the next connection ([`AWAY_PER_DEVICE`] at most per device), any other
+    /// is forgotten. Returns `false`, and changes nothing, if another connection has taken
+    /// the client id over meanwhile: the device is back, and what the ended connection
+    /// would say about it (its will) is stale.
+    pub fn detach(&self, client_id: &str, session: u64) -> bool {
         let mut state = self.lock();
-        let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) else { return };
+        let Some(c) = state.clients.get_mut(client_id).filter(|c| c.is_live(session)) else { return false };
         c.live = None;
         c.away_since = Some(Instant::now());
+        let device = c.device.clone();
         if c.expiry.is_zero() {
-            let device = c.device.clone();
             state.clients.remove(client_id);
             state.forget(client_id, &device);
+        }
+        state.drop_stale(&device, Instant::now());
+        true
+    }
+
+    /// Drops the kept sessions that have expired, of every device: a device that never
+    /// connects again would otherwise keep them, and their pending jobs, until a restart.
+    /// Called every few seconds (one pass over the client ids).
+    pub fn drop_expired(&self) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let expired: Vec<(String, String)> = state
+            .clients
+            .iter()
+            .filter(|(_, c)| c.expired(now))
+            .map(|(id, c)| (id.clone(), c.device.clone()))
+            .collect();
+        for (id, device) in expired {
+            state.clients.remove(&id);
+            state.forget(&id, &device);
         }
     }
 
@@ -246,6 +275,28 @@ impl Presence for Hub {
 }
 
 impl State {
+    /// Drops `device`'s kept sessions that have expired by `now`, then, beyond
+    /// [`AWAY_PER_DEVICE`], those away longest.
+    fn drop_stale(&mut self, device: &str, now: Instant) {
+        let Some(ids) = self.by_device.get(device) else { return };
+        let mut away: Vec<(Instant, bool, String)> = ids
+            .iter()
+            .filter_map(|id| {
+                let c = self.clients.get(id).filter(|c| c.live.is_none())?;
+                Some((c.away_since?, c.expired(now), id.clone()))
+            })
+            .collect();
+        away.sort();
+        let mut excess = away.len().saturating_sub(AWAY_PER_DEVICE);
+        for (_, expired, id) in away {
+            if expired || excess > 0 {
+                excess = excess.saturating_sub(1);
+                self.clients.remove(&id);
+                self.forget(&id, device);
+            }
+        }
+    }
+
     fn forget(&mut self, client_id: &str, device: &str) {
         if let Some(ids) = self.by_device.get_mut(device) {
             ids.retain(|i| i != client_id);
@@ -262,12 +313,13 @@ impl Client {
     }
 
     /// Whether a new connection of `device` resumes this state: kept, and not expired.
-    /// An expired one is dropped when the client id connects again (its memory is bounded
-    /// by the client ids a device may use, [`PENDING_PER_CLIENT`] jobs each).
     fn resumable(&self, device: &str) -> bool {
-        self.device == device
-            && !self.expiry.is_zero()
-            && self.away_since.is_none_or(|since| since.elapsed() < self.expiry)
+        self.device == device && !self.expiry.is_zero() && !self.expired(Instant::now())
+    }
+
+    /// Whether it is away and has been for its expiry or longer.
+    fn expired(&self, now: Instant) -> bool {
+        self.live.is_none() && self.away_since.is_some_and(|since| now.saturating_duration_since(since) >= self.expiry)
     }
 
     /// Moves waiting jobs to the connection, if it is live and subscribed.
@@ -371,6 +423,57 @@ mod tests {
         assert_eq!(second.jobs.try_recv().ok(), Some(job(2)));
         hub.detach("dev-a", second.session);
         assert_eq!(hub.clients(), 0, "a clean session is forgotten when it ends");
+    }
+
+    #[test]
+    fn an_ended_connection_learns_whether_it_was_taken_over() {
+        let (hub, _) = hub();
+        let first = hub.attach("dev-a", "a", false, KEPT);
+        let second = hub.attach("dev-a", "a", false, KEPT);
+        assert!(!hub.detach("dev-a", first.session), "taken over: its will is stale");
+        assert!(hub.detach("dev-a", second.session), "ended on its own");
+        assert!(!hub.detach("dev-a", second.session), "once");
+    }
+
+    /// Firmware that connects under a new `dev-{id}.{tag}` at each boot leaves at most
+    /// AWAY_PER_DEVICE kept sessions behind, the latest; other devices' are not touched.
+    #[test]
+    fn a_device_keeps_its_latest_sessions_away_and_no_more() {
+        let (hub, _) = hub();
+        let other = hub.attach("dev-b", "b", false, KEPT);
+        hub.detach("dev-b", other.session);
+        for n in 0..10 {
+            let id = format!("dev-a.boot{n}");
+            let s = hub.attach(&id, "a", false, KEPT);
+            hub.subscribe(&id, s.session, QoS::AtLeastOnce);
+            assert!(hub.detach(&id, s.session));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(hub.clients(), AWAY_PER_DEVICE + 1);
+        hub.send("a", job(1));
+        for n in 0..10 {
+            let id = format!("dev-a.boot{n}");
+            let mut back = hub.attach(&id, "a", false, KEPT);
+            let kept = n >= 10 - AWAY_PER_DEVICE;
+            assert_eq!(back.session_present, kept, "{id}");
+            assert_eq!(back.jobs.try_recv().ok(), kept.then(|| job(1)), "{id}");
+        }
+        assert!(hub.attach("dev-b", "b", false, KEPT).session_present, "b's session kept");
+    }
+
+    #[test]
+    fn expired_sessions_go_without_their_device_connecting_again() {
+        let (hub, _) = hub();
+        let short = hub.attach("dev-a", "a", false, Duration::from_millis(30));
+        let long = hub.attach("dev-b", "b", false, KEPT);
+        let live = hub.attach("dev-c", "c", false, Duration::from_millis(30));
+        hub.detach("dev-a", short.session);
+        hub.detach("dev-b", long.session);
+        std::thread::sleep(Duration::from_millis(50));
+        hub.drop_expired();
+        assert_eq!(hub.clients(), 2, "a's expired session went; b's and the connected c stay");
+        assert!(hub.attach("dev-b", "b", false, KEPT).session_present);
+        assert!(hub.attach("dev-c", "c", false, KEPT).session_present, "c was connected: {}", live.session);
     }
 
     #[test]

@@ -247,6 +247,7 @@ pub async fn run(listener: TcpListener, shared: Arc<Shared>) {
             _ = summaries.tick() => {
                 shared.log_limit.log_due();
                 shared.hub.log_due();
+                shared.hub.drop_expired();
                 continue;
             }
             p = shared.handshakes.clone().acquire_owned(), if place.is_none() => {

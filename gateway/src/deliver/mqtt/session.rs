@@ -225,7 +225,7 @@ impl<S: AsyncRead + Unpin> Reader<S> {
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest a connection the gateway ended with a DISCONNECT stays open for the device to
-/// read it and close its side.
+/// read it and close its side; and longest its close (TLS's close_notify) is waited for.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// More than a job PUBLISH adds to its topic and payload: the fixed header, packet id and
@@ -364,12 +364,19 @@ pub async fn serve<S>(
         };
         conn.pump(&mut reader, &mut wr, jobs, keep_alive, standing, credentials).await
     };
+    // Taken over while it was busy (writing to a half-open socket, say), a connection ends
+    // lost rather than replaced: its device is already back, and its will must not say
+    // it is offline after its new connection said it is online.
+    let taken_over = !hub.detach(&conn.client_id, session);
+    let end = match end {
+        End::Lost(_) if taken_over => End::Replaced,
+        end => end,
+    };
     match &end {
         End::Lost(why) => tracing::debug!(device = %conn.device, addr = %peer.addr, %why, "device connection lost"),
         other => tracing::debug!(device = %conn.device, addr = %peer.addr, end = ?other, "device disconnected"),
     }
-    hub.detach(&conn.client_id, session);
-    if !matches!(end, End::Clean | End::Replaced | End::Stopped) {
+    if !taken_over && !matches!(end, End::Clean | End::Replaced | End::Stopped) {
         if let Some((topic, message)) = connect.will {
             let will = pass_on(&hub, &shared, &peer, &conn.device, conn.mac.as_deref(), &topic, &message);
             let _ = Box::pin(will).await;
@@ -382,7 +389,8 @@ pub async fn serve<S>(
     if let Some((reason, why)) = said {
         let _ = write(&mut wr, version, &[Out::Disconnect { reason, why }]).await;
     }
-    let _ = wr.shutdown().await;
+    // Bounded: over TLS the close_notify waits for a socket the device may never read.
+    let _ = tokio::time::timeout(LINGER, wr.shutdown()).await;
     if said.is_some() {
         // Closed with the device's bytes still unread (a flood, say), the socket is reset,
         // and the device may lose the DISCONNECT before it reads it: what it still sends
