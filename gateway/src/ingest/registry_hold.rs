@@ -121,6 +121,13 @@ impl RegistryHold {
         self.health.registry_wait(self.wait.fact());
     }
 
+    /// Partitions revoked in a rebalance, assigned again or not: what they held is
+    /// dropped ([`RegistryWait::revoked`]).
+    pub fn revoked(&mut self, parts: &[Partition]) {
+        self.wait.revoked(parts);
+        self.health.registry_wait(self.wait.fact());
+    }
+
     /// The consumer's whole assignment after a rebalance (held records of partitions it
     /// lost are dropped: their new owner reads them again).
     pub fn assigned(&mut self, parts: &[Partition]) {

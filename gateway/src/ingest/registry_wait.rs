@@ -187,6 +187,14 @@ impl RegistryWait {
         self.held.retain(|part, _| parts.contains(part));
     }
 
+    /// Partitions revoked (assigned again or not): their held records are dropped. The
+    /// consumer forgot their offsets and reads them again from the committed offset, so
+    /// records still held would be read a second time behind themselves, once more at
+    /// each such rebalance.
+    pub fn revoked(&mut self, parts: &[Partition]) {
+        self.held.retain(|part, _| !parts.contains(part));
+    }
+
     /// The number of a question to ask now, if one is needed: a held record that no
     /// answer yet can judge, and no question in flight. The caller asks
     /// ([`RegistryProbe::ask`]) and hands the answer to [`RegistryWait::answered`].
@@ -396,6 +404,19 @@ mod tests {
             "a record read after the question needs another"
         );
         assert!(w.fact().is_none() && !w.is_holding());
+    }
+
+    #[test]
+    fn a_partition_revoked_and_assigned_again_holds_nothing_from_before() {
+        let mut w = RegistryWait::new(DV);
+        let parts = [(DV.to_string(), 0), ch(0), ch(1)];
+        w.assigned(&parts);
+        w.hold(ch(0), msg(0, 10), Judging::Fresh);
+        w.hold(ch(1), msg(1, 20), Judging::Fresh);
+        w.revoked(&[ch(0)]);
+        w.assigned(&parts);
+        assert!(!w.holds(&ch(0)), "read again from its committed offset: nothing held twice");
+        assert!(w.holds(&ch(1)), "a partition not revoked keeps its held records");
     }
 
     #[test]

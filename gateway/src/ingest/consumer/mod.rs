@@ -997,6 +997,7 @@ impl Pipeline {
             // applied them, and the new owner's copies are deduplicated by message id.
             self.tracker.forget(part);
         }
+        self.registry.revoked(&revoked);
         let assigned: Vec<Partition> = match consumer.assignment() {
             Ok(parts) => {
                 self.health.assigned(parts.iter().cloned());
