@@ -150,15 +150,17 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     assert!(is_root(), "this test mounts a tmpfs: run it as root (as CI does)");
     let disk = SmallDisk::mount("full", 8);
     // The watermark off: the disk fills up under pixgate, as when another writer is faster
-    // than its looks. A short poll interval: the disk stays full for longer.
+    // than its looks. A short poll interval: the disk stays full for longer. Small
+    // batches: the charges that arrive meanwhile fill the next batch behind the held
+    // write, as a busy box's would.
     const MAX_POLL_MS: u64 = 10_000;
     let poll = MAX_POLL_MS.to_string();
     // (At least the session timeout, 10 s by default: librdkafka refuses less.)
-    let env = [("PIXGATE_KAFKA__MAX_POLL_INTERVAL_MS", poll.as_str())];
+    let env = [("PIXGATE_KAFKA__MAX_POLL_INTERVAL_MS", poll.as_str()), ("PIXGATE_OUTBOX__BATCH_MAX_RECORDS", "4")];
     let (rig, pid, fleet) = started_on(&disk, "disk-full", 0, &env).await;
 
-    // The disk fills up; charge events go on arriving.
-    const HELD: u64 = 5;
+    // The disk fills up; charge events go on arriving, more than two batches of them.
+    const HELD: u64 = 20;
     let (filler, body) = filled_while_charges_arrive(&rig, &disk, 1..=HELD).await;
     println!("disk full: /readyz said:\n{}", body.trim());
     assert!(!body.contains("Previous I/O error"), "the disk's own error, not redb's latch: {body}");

@@ -14,6 +14,9 @@
 //!   per partition;
 //! - the outbox's file system has less than `outbox.min_free_bytes` free (every assigned
 //!   partition pauses; until half as much again is free: [`crate::store::free_space`]);
+//! - the outbox write in flight has been held (retried, the disk refusing it) for a while
+//!   with the next batch full (every assigned partition pauses, so that the loop goes on
+//!   polling Kafka without reading more; until that write lands);
 //! - its records wait for the device registry to catch up (until released:
 //!   [`crate::ingest::registry_wait`]);
 //! - it belongs to a topic held back on purpose (`kafka.hold_device_topic_ms`, testing
@@ -96,6 +99,9 @@ pub struct Backpressure {
     outbox_full: bool,
     /// The outbox's file system is low on space (every assigned partition pauses).
     low_space: bool,
+    /// The write in flight is held with the next batch full (every assigned partition
+    /// pauses).
+    write_held: bool,
     /// Partitions whose records wait for the device registry.
     registry_wait: HashSet<Partition>,
     /// Partitions taken whose state is being read back from their log (the central shape).
@@ -120,6 +126,7 @@ impl Backpressure {
             waiting_on: HashMap::new(),
             outbox_full: false,
             low_space: false,
+            write_held: false,
             registry_wait: HashSet::new(),
             restoring: HashSet::new(),
             held_topic: None,
@@ -269,6 +276,26 @@ impl Backpressure {
         self.reconcile_all()
     }
 
+    /// The write in flight is held with the next batch full (`true`: every assigned
+    /// partition pauses), or no longer; no decisions when that does not change.
+    pub fn write_held(&mut self, held: bool) -> Vec<Decision> {
+        if self.write_held == held {
+            return Vec::new();
+        }
+        self.write_held = held;
+        if held {
+            tracing::warn!("outbox write held and the next batch full: pausing all partitions until it lands");
+        } else {
+            tracing::info!("held outbox write landed: resuming");
+        }
+        self.reconcile_all()
+    }
+
+    /// Whether every partition is paused for a held write ([`Backpressure::write_held`]).
+    pub fn is_write_held(&self) -> bool {
+        self.write_held
+    }
+
     /// Pauses every assigned partition when the outbox reaches its bound, resumes them at
     /// half; no decisions while neither happens.
     pub fn check_outbox_bound(&mut self) -> Vec<Decision> {
@@ -323,6 +350,7 @@ impl Backpressure {
         cause.registry_wait = self.registry_wait.contains(part);
         cause.restoring = self.restoring.contains(part);
         cause.low_space = self.low_space;
+        cause.write_held = self.write_held;
         let want = cause.is_paused() || self.held_topic.as_deref() == Some(part.0.as_str());
         let action = (want != self.paused.contains(part)).then(|| {
             if want {
@@ -369,6 +397,19 @@ mod tests {
         let d = b.low_space(false);
         assert_eq!(d.len(), 3);
         assert!(d.iter().all(|d| d.action == Some(Action::Resume) && !d.cause.is_paused()));
+    }
+
+    #[test]
+    fn a_held_write_pauses_every_partition_and_keeps_other_causes_on_landing() {
+        let mut b = assigned(bounds(2, 100, 10), &[part(0), part(1)]);
+        b.record_read(&part(1), 2).expect("part 1 at its pending bound");
+        let d = b.write_held(true);
+        assert_eq!(acting(&d, Action::Pause), vec![part(0)], "part 1 was paused already");
+        assert!(d.iter().all(|d| d.cause.write_held) && b.is_write_held());
+        assert!(b.write_held(true).is_empty(), "no change, no decisions");
+        let d = b.write_held(false);
+        assert_eq!(acting(&d, Action::Resume), vec![part(0)], "part 1 stays paused at its bound");
+        assert!(d.iter().all(|d| !d.cause.write_held) && !b.is_write_held());
     }
 
     /// Backpressure with `assigned` partitions assigned by a first rebalance.

@@ -445,6 +445,9 @@ fn stall_causes(
         if t.pause.low_space {
             causes.push("the outbox's file system is low on space (outbox.min_free_bytes)".to_string());
         }
+        if t.pause.write_held {
+            causes.push("the outbox write in flight is held and the next batch is full".to_string());
+        }
         if t.pause.pending_bound {
             causes.push("records read and not yet written are at kafka.max_pending_per_partition".to_string());
         }

@@ -44,6 +44,9 @@ pub struct PauseCause {
     /// The outbox's file system has less than `outbox.min_free_bytes` free (all partitions
     /// pause).
     pub low_space: bool,
+    /// The outbox write in flight is held (retried), and the next batch is full (all
+    /// partitions pause, and the consumer goes on polling Kafka).
+    pub write_held: bool,
 }
 
 impl PauseCause {
@@ -58,6 +61,7 @@ impl PauseCause {
             registry_wait: false,
             restoring: false,
             low_space: false,
+            write_held: false,
         }
     }
 
@@ -69,6 +73,7 @@ impl PauseCause {
             || self.registry_wait
             || self.restoring
             || self.low_space
+            || self.write_held
     }
 
     /// Merges `other` into `self` (the causes of several partitions of one topic).
@@ -78,6 +83,7 @@ impl PauseCause {
         self.registry_wait |= other.registry_wait;
         self.restoring |= other.restoring;
         self.low_space |= other.low_space;
+        self.write_held |= other.write_held;
         for d in &other.devices_at_bound {
             if let Err(i) = self.devices_at_bound.binary_search(d) {
                 self.devices_at_bound.insert(i, d.clone());

@@ -207,6 +207,13 @@ struct Pipeline {
 /// How long closing the Kafka consumers may take at shutdown.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
+/// How long the next batch may be full behind a write in flight before every partition
+/// pauses ([`Backpressure::write_held`]): the loop then polls Kafka again, taking only
+/// what was fetched before the pause, so a write the disk refuses for longer than
+/// `kafka.max_poll_interval_ms` does not cost the group membership. A write of a healthy
+/// disk lands well within it, so a steady drain never pauses.
+const WRITE_HELD_AFTER: Duration = Duration::from_secs(1);
+
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
 /// returns (bounded by `shutdown_timeout_ms`).
 ///
@@ -355,6 +362,8 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
     });
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut writing: Option<InFlight> = None;
+    // Since when the next batch has been full behind the write in flight.
+    let mut full_since: Option<tokio::time::Instant> = None;
     loop {
         // The batch timer runs only while no write is in flight: when one returns, what
         // waited meanwhile is written at once.
@@ -370,8 +379,9 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             Some(d) = restored.recv() => Event::Restored(d),
             _ = tick.tick() => Event::Tick,
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Event::BatchDue,
-            // A full batch waits for the write in flight: at most two batches in memory.
-            m = consumer.recv(), if !full => Event::Record(m),
+            // A full batch waits for the write in flight: at most two batches in memory
+            // (and what was fetched before every partition paused, once it is held).
+            m = consumer.recv(), if !full || p.backpressure.is_write_held() => Event::Record(m),
         };
         // librdkafka reports a rebalance inside `recv`'s poll, which may have run in this
         // select although another branch won: applied first, so every event is handled
@@ -472,6 +482,11 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+        let behind = p.batch.is_full() && writing.is_some();
+        full_since = behind.then(|| full_since.unwrap_or_else(tokio::time::Instant::now));
+        let held = full_since.is_some_and(|t| t.elapsed() >= WRITE_HELD_AFTER);
+        let decisions = p.backpressure.write_held(held);
+        p.apply(&*consumer, decisions);
     }
 
     p.restores.cancel_all();
