@@ -59,6 +59,13 @@ impl OffsetTracker {
         })
     }
 
+    /// The lowest offset of `part` not yet stored (every record below it is finished and
+    /// its position stored); `None` when nothing of `part` was read since it was last
+    /// forgotten.
+    pub fn unstored_from(&self, part: &Partition) -> Option<i64> {
+        self.parts.get(part).map(|s| s.stored)
+    }
+
     /// Records of `part` read and not yet finished.
     pub fn pending(&self, part: &Partition) -> usize {
         self.parts.get(part).map_or(0, |s| s.pending.len())
@@ -79,6 +86,23 @@ impl OffsetTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lowest_unstored_offset_is_where_a_partition_reads_again() {
+        let p = ("t".to_string(), 0);
+        let mut t = OffsetTracker::default();
+        assert_eq!(t.unstored_from(&p), None, "nothing read");
+        for o in 10..15 {
+            t.read(&p, o);
+        }
+        assert_eq!(t.unstored_from(&p), Some(10));
+        t.done(&p, 11);
+        assert_eq!(t.unstored_from(&p), Some(10), "10 still pending");
+        t.done(&p, 10);
+        assert_eq!(t.unstored_from(&p), Some(12), "10 and 11 stored");
+        t.forget(&p);
+        assert_eq!(t.unstored_from(&p), None);
+    }
 
     #[test]
     fn stores_only_the_contiguous_prefix() {

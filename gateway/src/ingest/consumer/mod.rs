@@ -188,6 +188,11 @@ struct Pipeline {
     /// their queues are dropped here, and each is claimed again at the instant noted
     /// ([`Pipeline::claims_overtaken`]).
     suspended: BTreeMap<i32, Instant>,
+    /// For such a partition, the lowest offset whose record this replica had not stored
+    /// when its claim was overtaken, or read while suspended (their jobs left to the
+    /// owner the log named): read again from there when it is claimed again and the log
+    /// has no position for it, since then no owner logged them.
+    suspended_from: BTreeMap<i32, i64>,
     /// With `cluster.enabled`: the route changelog ([`Pipeline::restore_routes`]).
     route_changelog: Option<Arc<RouteChangelog>>,
     /// The charge topic.
@@ -349,6 +354,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         partition_links,
         reclaim_after: Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms)),
         suspended: BTreeMap::new(),
+        suspended_from: BTreeMap::new(),
         route_changelog,
         charge_topic: cfg.kafka.charge_topic.clone(),
         charge_owned: BTreeSet::new(),
@@ -1036,6 +1042,7 @@ impl Pipeline {
                     // A suspended partition revoked is done with; one the group keeps here
                     // stays suspended until its time (a fresh assignment is claimed now).
                     self.suspended.retain(|p, _| !gone.contains(p));
+                    self.suspended_from.retain(|p, _| !gone.contains(p));
                     let now: BTreeSet<i32> = parts
                         .iter()
                         .filter(|(t, p)| t == topic && !self.suspended.contains_key(p))
@@ -1113,8 +1120,12 @@ impl Pipeline {
         }
         for p in lost.keys().chain(&reclaim) {
             // Its records read meanwhile are left to the owner; after a claim they are
-            // read again from the log's position.
+            // read again from the log's position, or from the lowest not stored here.
             let part = (topic.clone(), *p);
+            if let Some(at) = self.tracker.unstored_from(&part) {
+                let from = self.suspended_from.entry(*p).or_insert(at);
+                *from = (*from).min(at);
+            }
             self.tracker.forget(&part);
             let decision = self.backpressure.record_done(&part, 0);
             self.apply(consumer, decision);
@@ -1201,9 +1212,13 @@ impl Pipeline {
                 dropped_from
             }
             restores::Outcome::Claimed(restored) => {
+                let suspended_from = self.suspended_from.remove(&part.1);
                 match self.queues_restored(consumer, part.1, *restored, started).await {
                     None => return,
-                    Some(pos) => pos.or(dropped_from),
+                    // No owner logged a position: what this replica read and did not
+                    // store before (a claim of its own overtaken) is read again.
+                    Some(None) => [dropped_from, suspended_from].into_iter().flatten().min(),
+                    Some(pos) => pos,
                 }
             }
         };
