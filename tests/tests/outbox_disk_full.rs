@@ -175,6 +175,7 @@ async fn a_full_disk_holds_reading_and_recovers_once_there_is_room() {
     let log = all_shown_and_ready(&rig, HELD, pid).await;
     assert!(log.contains("outbox opened again after an I/O error"), "the handle was reopened");
     assert!(!log.contains("maximum poll interval"), "the consumer kept polling while the write was held");
+    assert!(log.contains("pausing all partitions until it lands"), "the next batch filled behind the held write");
     println!("disk full: {} QR jobs shown or superseded after the disk had room again, same process", qr_shown(&rig));
     fleet.shutdown().await;
     rig.shutdown();

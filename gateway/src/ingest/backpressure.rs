@@ -14,8 +14,8 @@
 //!   per partition;
 //! - the outbox's file system has less than `outbox.min_free_bytes` free (every assigned
 //!   partition pauses; until half as much again is free: [`crate::store::free_space`]);
-//! - the outbox write in flight has been held (retried, the disk refusing it) for a while
-//!   with the next batch full (every assigned partition pauses, so that the loop goes on
+//! - the next batch has been full for a while behind a write in flight that has not landed
+//!   (the disk refusing it, say: every assigned partition pauses, so that the loop goes on
 //!   polling Kafka without reading more; until that write lands);
 //! - its records wait for the device registry to catch up (until released:
 //!   [`crate::ingest::registry_wait`]);

@@ -5,8 +5,8 @@
 //! A batch is due when it holds `outbox.batch_max_records` records, or
 //! `outbox.batch_max_delay_ms` after its first record or removal arrived. While a write is
 //! in flight the next batch keeps filling, and reading stops when it is full: at most two
-//! batches are held in memory (and, once the write has been held a while, what was fetched
-//! before every partition paused: [`crate::ingest::backpressure`]).
+//! batches are held in memory (and, once the write has been held a while, what still
+//! arrives after every partition paused: [`crate::ingest::backpressure`]).
 
 use crate::ingest::offsets::RecordRef;
 use crate::store::{Accept, Removal};

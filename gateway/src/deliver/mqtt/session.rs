@@ -368,6 +368,8 @@ pub async fn serve<S>(
     // lost rather than replaced: its device is already back, and its will must not say
     // it is offline after its new connection said it is online.
     let taken_over = !hub.detach(&conn.client_id, session);
+    // Nor is a DISCONNECT written to the socket that failed.
+    let quiet = taken_over && matches!(end, End::Lost(_));
     let end = match end {
         End::Lost(_) if taken_over => End::Replaced,
         end => end,
@@ -385,7 +387,7 @@ pub async fn serve<S>(
     if let Some(star) = shared.star.as_ref().filter(|_| told_up) {
         star.session(&conn.device, false);
     }
-    let said = end.reason().filter(|_| version == Version::V5);
+    let said = end.reason().filter(|_| version == Version::V5 && !quiet);
     if let Some((reason, why)) = said {
         let _ = write(&mut wr, version, &[Out::Disconnect { reason, why }]).await;
     }

@@ -213,10 +213,11 @@ struct Pipeline {
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// How long the next batch may be full behind a write in flight before every partition
-/// pauses ([`Backpressure::write_held`]): the loop then polls Kafka again, taking only
-/// what was fetched before the pause, so a write the disk refuses for longer than
-/// `kafka.max_poll_interval_ms` does not cost the group membership. A write of a healthy
-/// disk lands well within it, so a steady drain never pauses.
+/// pauses ([`Backpressure::write_held`]): the loop then polls Kafka again, so a write
+/// held for longer than `kafka.max_poll_interval_ms` (the disk refusing it, or, in the
+/// central shape, Kafka not taking the batch's jobs) does not cost the group membership.
+/// A record that still arrives goes into the full batch. A write of a healthy disk lands
+/// well within it, so a steady drain never pauses.
 const WRITE_HELD_AFTER: Duration = Duration::from_secs(1);
 
 /// Runs the consumer until shutdown is requested, then writes what it read, commits and
@@ -386,7 +387,7 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
             _ = tick.tick() => Event::Tick,
             _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => Event::BatchDue,
             // A full batch waits for the write in flight: at most two batches in memory
-            // (and what was fetched before every partition paused, once it is held).
+            // (and what still arrives once every partition paused behind a held write).
             m = consumer.recv(), if !full || p.backpressure.is_write_held() => Event::Record(m),
         };
         // librdkafka reports a rebalance inside `recv`'s poll, which may have run in this
