@@ -292,6 +292,45 @@ mod tests {
         let more = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
         assert!(more.is_err(), "the device that sent DISCONNECT left no will: {more:?}");
     }
+    /// A connection taken over while it is stuck writing to a device that stopped reading
+    /// (a half-open socket) ends when its write times out: its will is not published then,
+    /// since the device is back on its new connection, which the will would call offline.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_taken_over_while_stuck_writing_publishes_no_will() {
+        use rumqttc::mqttbytes::v4::{Connect, LastWill, Packet, Subscribe};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let (port, publisher, mut rx) = listener(16).await;
+        let offline = serde_json::to_vec(&device_protocol::Status { v: 1, online: false, printer: None }).unwrap();
+        let mut c = Connect::new("dev-w");
+        c.keep_alive = 0;
+        c.last_will = Some(LastWill::new(Topic::Status("w".into()).path(), offline, QoS::AtLeastOnce, false));
+        let mut out = bytes::BytesMut::new();
+        Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
+        let mut subscribe = Subscribe::new(Topic::Jobs("w".into()).path(), QoS::AtLeastOnce);
+        subscribe.pkid = 1;
+        Packet::Subscribe(subscribe).write(&mut out, usize::MAX).unwrap();
+        // A small receive window, and nothing read after the SUBACK.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stuck = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        stuck.write_all(&out).await.unwrap();
+        let mut answers = [0u8; 9];
+        stuck.read_exact(&mut answers).await.unwrap();
+        assert_eq!(answers, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "CONNACK, then SUBACK granting QoS 1");
+        for n in 0..40u8 {
+            publisher.send("w", vec![n; 256 * 1024].into()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        // The device is back on a new connection under the same client id.
+        let (_client, mut eventloop) = AsyncClient::new(MqttOptions::new("dev-w", "127.0.0.1", port), 16);
+        tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+        let heard = tokio::time::timeout(session::WRITE_TIMEOUT + Duration::from_secs(3), rx.recv()).await;
+        assert!(heard.is_err(), "the stuck connection's will is stale: {heard:?}");
+        drop(stuck);
+    }
+
     /// The CloudPRNT side as the session sees it: one Star printer `s` on the MQTT method,
     /// and what it published.
     #[derive(Default)]

@@ -221,8 +221,9 @@ impl<S: AsyncRead + Unpin> Reader<S> {
 }
 
 /// Longest a write to a device may take: a device that stops reading (its TCP window
-/// full) must not hold its session, its keep-alive and its disconnection forever.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// full) must not hold its session, its keep-alive and its disconnection forever. 30 s;
+/// 3 s in unit tests, which wait it out.
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
 
 /// Longest a connection the gateway ended with a DISCONNECT stays open for the device to
 /// read it and close its side; and longest its close (TLS's close_notify) is waited for.
