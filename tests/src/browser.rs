@@ -11,6 +11,7 @@
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
@@ -53,6 +54,8 @@ pub struct Browser {
     session: String,
     /// chromium's profile folder, removed on drop.
     profile: PathBuf,
+    /// chromium's `TMPDIR`, a short path under the system's temporary folder, removed on drop.
+    tmp: PathBuf,
 }
 
 /// An element of the page (a WebDriver element reference).
@@ -77,8 +80,13 @@ impl Browser {
         let log = std::fs::File::create(scratch.join("chromedriver.log"))?;
         let profile = scratch.join(format!("chromium-profile-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&profile);
-        // chromium's scoped folders go where the profile goes: killed, it cannot remove them.
-        let tmp = profile.join("tmp");
+        // chromium, killed, cannot remove its scoped folders, so they go in one of ours. Not
+        // under `scratch`: its process-singleton socket lives there, and a Unix socket's path
+        // must fit in 108 bytes.
+        static STARTED: AtomicU32 = AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let tmp = std::env::temp_dir().join(format!("pixgate-chromium-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         let driver = Command::new(&driver_bin)
             .arg(format!("--port={port}"))
@@ -92,7 +100,7 @@ impl Browser {
             .with_context(|| format!("starting {}", driver_bin.display()))?;
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
-        let mut browser = Browser { driver, http, session: String::new(), profile };
+        let mut browser = Browser { driver, http, session: String::new(), profile, tmp };
 
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -246,5 +254,6 @@ impl Drop for Browser {
         }
         let _ = self.driver.start_kill();
         let _ = std::fs::remove_dir_all(&self.profile);
+        let _ = std::fs::remove_dir_all(&self.tmp);
     }
 }
