@@ -331,6 +331,56 @@ mod tests {
         drop(stuck);
     }
 
+    /// A device on a slow link (GPRS: a few KB/s) that keeps reading gets a job whose write
+    /// takes longer than [`session::WRITE_TIMEOUT`]: the timeout is for a write that makes
+    /// no progress, not for a slow one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_device_reading_slowly_gets_a_job_that_takes_longer_than_the_write_timeout() {
+        use rumqttc::mqttbytes::v4::{Connect, Packet, Subscribe};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let (port, publisher, _rx) = listener(16).await;
+        let mut c = Connect::new("dev-g");
+        c.keep_alive = 0;
+        let mut out = bytes::BytesMut::new();
+        Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
+        let mut subscribe = Subscribe::new(Topic::Jobs("g".into()).path(), QoS::AtLeastOnce);
+        subscribe.pkid = 1;
+        Packet::Subscribe(subscribe).write(&mut out, usize::MAX).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut slow = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        slow.write_all(&out).await.unwrap();
+        let mut answers = [0u8; 9];
+        slow.read_exact(&mut answers).await.unwrap();
+        assert_eq!(answers, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "CONNACK, then SUBACK granting QoS 1");
+
+        const BIG: usize = 4 << 20;
+        publisher.send("g", vec![7u8; BIG].into()).await.unwrap();
+        publisher.send("g", b"after".to_vec().into()).await.unwrap();
+        // At most 4 KiB every 5 ms: some 800 KiB/s, so 4 MiB take about 5 s.
+        let started = std::time::Instant::now();
+        let mut buf = bytes::BytesMut::new();
+        let mut payloads = Vec::new();
+        while payloads.len() < 2 {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(20), slow.read(&mut chunk)).await.unwrap().unwrap();
+            assert!(n > 0, "the gateway closed the slow device after {:?}", started.elapsed());
+            buf.extend_from_slice(&chunk[..n]);
+            while let Ok(packet) = Packet::read(&mut buf, usize::MAX) {
+                if let Packet::Publish(p) = packet {
+                    payloads.push(p.payload);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let took = started.elapsed();
+        assert!(took > session::WRITE_TIMEOUT, "the link was not slow enough to test anything: {took:?}");
+        assert_eq!(payloads[0].len(), BIG);
+        assert!(payloads[0].iter().all(|b| *b == 7));
+        assert_eq!(&payloads[1][..], b"after");
+    }
+
     /// The CloudPRNT side as the session sees it: one Star printer `s` on the MQTT method,
     /// and what it published.
     #[derive(Default)]

@@ -220,9 +220,11 @@ impl<S: AsyncRead + Unpin> Reader<S> {
     }
 }
 
-/// Longest a write to a device may take: a device that stops reading (its TCP window
-/// full) must not hold its session, its keep-alive and its disconnection forever. 30 s;
-/// 3 s in unit tests, which wait it out.
+/// Longest a write to a device may go without the device taking a byte: a device that
+/// stops reading (its TCP window full) must not hold its session, its keep-alive and its
+/// disconnection forever. It bounds each step, not the whole write (as nginx's
+/// `send_timeout`), so that a card machine on GPRS (a few KB/s) still gets a batch of
+/// raster receipts that takes minutes. 30 s; 3 s in unit tests, which wait it out.
 pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(if cfg!(test) { 3 } else { 30 });
 
 /// Longest a connection the gateway ended with a DISCONNECT stays open for the device to
@@ -242,14 +244,17 @@ async fn write<S: AsyncWrite + Unpin>(io: &mut S, version: Version, packets: &[O
     for p in packets {
         version.write(p, &mut out).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     }
-    let written = async {
-        io.write_all(&out).await?;
-        io.flush().await
-    };
-    match tokio::time::timeout(WRITE_TIMEOUT, written).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "device not reading")),
+    let stalled = || std::io::Error::new(std::io::ErrorKind::TimedOut, "device not reading");
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        match tokio::time::timeout(WRITE_TIMEOUT, io.write(rest)).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => rest = &rest[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(stalled()),
+        }
     }
+    tokio::time::timeout(WRITE_TIMEOUT, io.flush()).await.map_err(|_| stalled())?
 }
 
 fn refused(code: ConnectReturnCode) -> Out {
