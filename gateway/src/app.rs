@@ -100,7 +100,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         incoming_tx.clone(),
         std::time::Duration::from_millis(cfg.cloudprnt.offline_after_ms.max(1)),
         cfg.cloudprnt.max_polls_per_second,
-    );
+    )
+    .with_clock(clock.clone());
     // Through an external broker, pixgate sees no printer's MQTT session.
     let board = Arc::new(if cfg.broker.is_some() { board.with_sessions_unseen() } else { board });
     // Star printers on CloudPRNT's MQTT method GET their jobs and settings from the

@@ -56,4 +56,13 @@ pub trait Transport: Send + Sync + 'static {
     /// # Errors
     /// [`TransportError`]: the bytes were not taken.
     fn send(&self, device: &str, wire: Bytes) -> impl Future<Output = Result<(), TransportError>> + Send;
+
+    /// The dispatcher ended `device`'s job `message_id` without the device's answer (its
+    /// time to live passed, it ran out of deliveries, it failed or was superseded): a
+    /// transport that keeps a job for its device to fetch (a CloudPRNT or Epson printer's
+    /// offer) drops it, so that it is never handed out after. Nothing by default: a job
+    /// pushed is gone already, and a device checks `expires_at` itself.
+    fn withdraw(&self, device: &str, message_id: &str) {
+        let _ = (device, message_id);
+    }
 }

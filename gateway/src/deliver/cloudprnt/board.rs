@@ -26,6 +26,7 @@
 //! Epson's need not remember its job tokens, so a confirmation that came after that write
 //! would leave a printed receipt queued, to print again after the restart.
 
+use crate::clock::Clock;
 use crate::deliver::settle::{self, PendingJob};
 use crate::model::{DirectPrinters, Incoming};
 use bytes::Bytes;
@@ -99,6 +100,8 @@ pub struct Offer {
     /// Whether the printer was told of it or fetched it (its token in a poll's answer, a
     /// `print-job` message, a GET): it may be printing it now.
     announced: bool,
+    /// The job's `expires_at`: after it, the job is no longer handed out.
+    expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// One printer's state.
@@ -138,6 +141,8 @@ pub struct Board {
     state: Mutex<HashMap<String, Printer>>,
     /// Shutdown has begun ([`Board::close`]): no job is announced any more.
     closed: AtomicBool,
+    /// What jobs' `expires_at` is read against.
+    clock: Clock,
 }
 
 impl Board {
@@ -157,7 +162,15 @@ impl Board {
             sessions_seen: true,
             state: Mutex::default(),
             closed: AtomicBool::new(false),
+            clock: Clock::default(),
         }
+    }
+
+    /// This board, reading jobs' `expires_at` against `clock` (the gateway's, which tests
+    /// and fixture replays move) instead of the system clock.
+    pub fn with_clock(mut self, clock: Clock) -> Board {
+        self.clock = clock;
+        self
     }
 
     /// This board, for printers on the MQTT method whose sessions it does not see (they
@@ -209,7 +222,8 @@ impl Board {
         if p.offer.as_ref().is_none_or(|o| o.message_id != job.message_id) {
             tracing::debug!(device, seq = job.seq, message_id = %job.message_id, "offered to the printer's next poll");
             let (picture, handed) = (Arc::default(), Arc::default());
-            p.offer = Some(Offer { message_id: job.message_id, seq: job.seq, wire, picture, handed, announced: false });
+            let (message_id, seq, expires_at) = (job.message_id, job.seq, job.expires_at);
+            p.offer = Some(Offer { message_id, seq, wire, picture, handed, announced: false, expires_at });
         }
         if !self.polling(p, now) {
             self.report(device, p, Status { v: 1, online: false, printer: None });
@@ -219,6 +233,17 @@ impl Board {
 
     fn polling(&self, p: &Printer, now: Instant) -> bool {
         p.sessions > 0 || p.last_poll.is_some_and(|t| now.duration_since(t) < self.offline_after)
+    }
+
+    /// `p`'s offer, unless its time to live has passed: then it is dropped, never handed
+    /// out (a printer held overnight must not print yesterday's receipt on its first poll
+    /// of the morning); the dispatcher ends the job as expired on its own.
+    fn live_offer<'p>(&self, device: &str, p: &'p mut Printer) -> Option<&'p mut Offer> {
+        if p.offer.as_ref().is_some_and(|o| o.expires_at.is_some_and(|at| at <= self.clock.now())) {
+            let o = p.offer.take()?;
+            tracing::info!(device, seq = o.seq, message_id = %o.message_id, "job expired before the printer took it: no longer offered");
+        }
+        p.offer.as_mut()
     }
 
     /// Tells the dispatcher `status` if it changed. Never waits: a full channel leaves it
@@ -263,7 +288,7 @@ impl Board {
         if !can_print || printing || self.is_closed() {
             return Ok(None);
         }
-        Ok(p.offer.as_mut().map(|o| {
+        Ok(self.live_offer(device, p).map(|o| {
             o.announced = true;
             o.message_id.clone()
         }))
@@ -278,7 +303,7 @@ impl Board {
         if self.is_closed() {
             return false;
         }
-        let Some(o) = state.get_mut(device).and_then(|p| p.offer.as_mut()) else { return false };
+        let Some(o) = state.get_mut(device).and_then(|p| self.live_offer(device, p)) else { return false };
         if o.message_id != message_id {
             return false;
         }
@@ -376,8 +401,8 @@ impl Board {
     /// The job offered to `device` under `token` (or the one offered, for firmware that
     /// sends no token).
     pub fn job(&self, device: &str, token: Option<&str>) -> Option<Offer> {
-        let state = self.lock();
-        let offer = state.get(device)?.offer.as_ref()?;
+        let mut state = self.lock();
+        let offer = self.live_offer(device, state.get_mut(device)?)?;
         token.is_none_or(|t| t == offer.message_id).then(|| offer.clone())
     }
 
@@ -386,17 +411,39 @@ impl Board {
     /// already told of is handed out.
     pub fn hand(&self, device: &str, token: Option<&str>) -> Option<Offer> {
         let mut state = self.lock();
-        let offer = state.get_mut(device)?.offer.as_mut()?;
-        if token.is_some_and(|t| t != offer.message_id) || (self.is_closed() && !offer.announced) {
+        let closed = self.is_closed();
+        let offer = self.live_offer(device, state.get_mut(device)?)?;
+        if token.is_some_and(|t| t != offer.message_id) || (closed && !offer.announced) {
             return None;
         }
         offer.announced = true;
         Some(offer.clone())
     }
 
-    /// The printer confirmed the job under `token` (or the one offered, without a token):
-    /// the offer ends and the dispatcher gets its ack. `false` when no such job is offered
-    /// (confirmed already, or superseded).
+    /// Drops `device`'s offer of `message_id`, if it is still offered: the dispatcher ended
+    /// the job without the printer's answer ([`Transport::withdraw`]: expired, out of
+    /// deliveries). It is never handed out after, and a confirmation of it is ignored.
+    ///
+    /// [`Transport::withdraw`]: crate::deliver::transport::Transport::withdraw
+    pub fn withdraw(&self, device: &str, message_id: &str) {
+        let mut state = self.lock();
+        let Some(p) = state.get_mut(device) else { return };
+        if p.offer.as_ref().is_some_and(|o| o.message_id == message_id) {
+            if let Some(o) = p.offer.take() {
+                tracing::info!(
+                    device,
+                    seq = o.seq,
+                    message_id,
+                    announced = o.announced,
+                    "job ended by the dispatcher: no longer offered to the printer"
+                );
+            }
+        }
+    }
+
+    /// The printer confirmed the job under `token` (or, without a token, the one offered if
+    /// the printer was told of it): the offer ends and the dispatcher gets its ack. `false`
+    /// when no such job is offered (confirmed already, superseded, or never announced).
     pub async fn confirm(&self, device: &str, token: Option<&str>, how: Confirmation) -> bool {
         self.finish(device, token, "CloudPRNT printer confirmed", |o| match how {
             Confirmation::Printed => Ack::done(&o.message_id, o.seq, false),
@@ -433,7 +480,10 @@ impl Board {
         let offer = {
             let mut state = self.lock();
             let Some(p) = state.get_mut(device) else { return false };
-            if p.offer.as_ref().is_none_or(|o| token.is_some_and(|t| t != o.message_id)) {
+            // Without a token, only a job the printer was told of: a repeated confirmation
+            // of the one before must not end the one offered since.
+            let other = |o: &Offer| token.map_or(!o.announced, |t| t != o.message_id);
+            if p.offer.as_ref().is_none_or(other) {
                 return false;
             }
             let Some(o) = p.offer.take() else { return false };
@@ -531,6 +581,59 @@ mod tests {
         assert_eq!((ack.message_id.as_str(), ack.seq, ack.result), ("m1", 1, AckResult::Done));
         assert!(!b.confirm("p", Some("m1"), Confirmation::Printed).await, "confirmed already");
         assert_eq!(b.poll("p", ready(), false), Ok(None), "nothing offered");
+    }
+
+    /// A job whose time to live passed while its printer was held (switched off overnight)
+    /// is not handed to the printer's next poll, nor to a GET of its token, nor announced.
+    #[tokio::test]
+    async fn an_expired_offer_is_never_handed_out() {
+        let (b, _rx) = board();
+        let clock = Clock::default();
+        let b = b.with_clock(clock.clone());
+        let mut job = crate::test_fixtures::job("m1", EffectKind::PrintReceipt, "c");
+        job.seq = 1;
+        job.expires_at = Some(clock.now() + chrono::Duration::seconds(60));
+        b.offer("p", Bytes::from(job.to_json()));
+        assert_eq!(b.job("p", Some("m1")).map(|o| o.seq), Some(1), "still live");
+        clock.advance(61_000);
+        assert_eq!(b.poll("p", ready(), false), Ok(None), "expired: not offered");
+        assert!(b.hand("p", Some("m1")).is_none());
+        assert!(!b.announce("p", "m1"));
+        assert!(!b.confirm("p", None, Confirmation::Printed).await, "nothing left to confirm");
+    }
+
+    /// A job the dispatcher ended (out of deliveries) is withdrawn: not offered again, and
+    /// its confirmation is ignored; withdrawing another message id changes nothing.
+    #[tokio::test]
+    async fn a_withdrawn_offer_is_gone() {
+        let (b, _rx) = board();
+        b.offer("p", wire("m1", 1));
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
+        b.withdraw("p", "m0");
+        assert!(b.job("p", Some("m1")).is_some(), "another job's withdrawal");
+        b.withdraw("p", "m1");
+        assert_eq!(b.poll("p", ready(), false), Ok(None));
+        assert!(b.hand("p", Some("m1")).is_none());
+        assert!(!b.confirm("p", Some("m1"), Confirmation::Printed).await);
+    }
+
+    /// A confirmation naming no job ends the job offered only if the printer was told of
+    /// it: a repeated confirmation of the one before (its answer lost) must not end, as
+    /// printed, a job never handed out.
+    #[tokio::test]
+    async fn a_confirmation_without_a_token_ends_only_an_announced_job() {
+        let (b, mut rx) = board();
+        b.offer("p", wire("m1", 1));
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m1".into())));
+        while rx.try_recv().is_ok() {}
+        assert!(b.confirm("p", None, Confirmation::Printed).await);
+        let Incoming::Ack { ack, .. } = rx.try_recv().unwrap() else { panic!() };
+        assert_eq!((ack.message_id.as_str(), ack.result), ("m1", AckResult::Done));
+        b.offer("p", wire("m2", 2));
+        assert!(!b.confirm("p", None, Confirmation::Printed).await, "m2 was never announced");
+        assert!(rx.try_recv().is_err(), "no ack for m2");
+        assert_eq!(b.poll("p", ready(), false), Ok(Some("m2".into())), "m2 still offered");
+        assert!(b.confirm("p", None, Confirmation::Printed).await);
     }
 
     /// Paper out is told and offers nothing; a 520 is a transient failure, a 510 a

@@ -38,4 +38,12 @@ impl<T: Transport> Transport for CloudRouted<T> {
         }
         self.other.send(device, wire).await
     }
+
+    fn withdraw(&self, device: &str, message_id: &str) {
+        if self.board.serves(device) {
+            self.board.withdraw(device, message_id);
+        } else {
+            self.other.withdraw(device, message_id);
+        }
+    }
 }

@@ -54,4 +54,12 @@ impl<T: Transport> Transport for Routed<T> {
         }
         self.other.send(device, wire).await
     }
+
+    /// A direct printer's task checks `expires_at` before it prints; the rest are
+    /// `other`'s.
+    fn withdraw(&self, device: &str, message_id: &str) {
+        if self.shared.printers.get(device).is_none() {
+            self.other.withdraw(device, message_id);
+        }
+    }
 }

@@ -87,15 +87,22 @@ impl Machine {
     }
 
     /// Drops `devices`' queues and jobs in flight, reporting nothing: another replica owns
-    /// them now (the central shape). A late ack of theirs then changes nothing.
-    pub fn forget(&mut self, devices: &[String]) {
+    /// them now (the central shape). A late ack of theirs then changes nothing. Returns
+    /// the jobs that were sent and in flight, as (device, message id), for the transport to
+    /// withdraw.
+    pub fn forget(&mut self, devices: &[String]) -> Vec<(String, String)> {
+        let mut sent = Vec::new();
         for d in devices {
             if let Some(mut q) = self.devices.remove(d) {
+                if let Some(job) = q.slot.job().filter(|j| j.attempts > 0) {
+                    sent.push((d.clone(), job.stored.job.message_id.clone()));
+                }
                 for w in q.take_where(|_| true) {
                     self.held.release(&w);
                 }
             }
         }
+        sent
     }
 
     /// Queues a taken partition's jobs ([`preload`](Machine::preload)'s rules, the

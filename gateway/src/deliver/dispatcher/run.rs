@@ -171,7 +171,10 @@ impl<T: Transport> Dispatcher<T> {
         match cmd {
             Command::Enqueue(queued) => self.machine.enqueue(queued, now, wall),
             Command::Forget(devices) => {
-                self.machine.forget(&devices);
+                // The next owner offers them from its own board: this one must not too.
+                for (device, message_id) in self.machine.forget(&devices) {
+                    self.transport.withdraw(&device, &message_id);
+                }
                 Vec::new()
             }
             Command::Restore(jobs) => self.machine.restore(jobs, now, wall),
@@ -284,6 +287,11 @@ impl<T: Transport> Dispatcher<T> {
                 self.stats.expired(job.kind.as_str());
             }
             Outcome::Superseded | Outcome::Failed(_) => {}
+        }
+        if !matches!(f.outcome, Outcome::Done) {
+            // Ended here, not by the device's ack: a printer that fetches its jobs must
+            // not find it still offered.
+            self.transport.withdraw(device, &job.message_id);
         }
         let _ = self.finished.send(f);
     }

@@ -585,3 +585,57 @@ async fn a_barrier_is_answered_after_the_device_messages_sent_before_it() {
         assert_eq!((f.stored.job.message_id.as_str(), f.outcome), ("p1", Outcome::Done));
     }
 }
+
+/// A CloudPRNT printer's job the dispatcher ends itself (here out of deliveries: the
+/// printer fetched it and never confirmed) is withdrawn from the board: the printer's next
+/// poll is not handed a job already dead-lettered.
+#[tokio::test(start_paused = true)]
+async fn a_cloud_printers_job_ended_without_its_answer_is_withdrawn_from_the_board() {
+    use crate::deliver::cloudprnt::{Board, CloudRouted};
+    use crate::model::{CloudSettings, DirectPrinters};
+
+    let printers = Arc::new(DirectPrinters::default());
+    let settings = CloudSettings {
+        mac: Some("00:11:62:00:00:01".into()),
+        method: cdc::CloudMethod::Http,
+        width_dots: 576,
+        code_page: render::codepage::CodePage::Cp860,
+        model: String::new(),
+    };
+    printers.set_cloud("p", Some(settings));
+    let (incoming, incoming_rx) = mpsc::channel(64);
+    let board = Arc::new(Board::new(printers, incoming, Duration::from_secs(3600), u32::MAX));
+    let (publisher, _sent) = Publisher::channel(64);
+    let cfg =
+        DeliveryConfig { ack_timeout_ms: 100, backoff_initial_ms: 10, max_deliveries: 1, ..DeliveryConfig::default() };
+    let (ftx, mut finished) = mpsc::unbounded_channel();
+    let (cmd, rx) = mpsc::channel(64);
+    let transport = CloudRouted::new(board.clone(), publisher, false);
+    let dispatcher = Dispatcher::new(
+        cfg,
+        transport,
+        ftx,
+        Arc::new(Stats::default()),
+        Arc::new(Monitor::default()),
+        Clock::default(),
+    )
+    .with_incoming(incoming_rx);
+    tokio::spawn(dispatcher.run(rx));
+    let ready = Status { v: 1, online: true, printer: Some(PrinterState::Ready) };
+    assert_eq!(board.poll("p", ready.clone(), false), Ok(None), "polling, nothing offered yet");
+
+    let mut j = job("p1", EffectKind::PrintReceipt, "c0");
+    j.seq = 1;
+    let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+    cmd.send(Command::Enqueue(Queued::from_stored(StoredJob { device: "p".into(), job: j, source }))).await.unwrap();
+    let until = Instant::now() + Duration::from_secs(1);
+    while board.job("p", None).is_none() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(board.poll("p", ready.clone(), false), Ok(Some("p1".into())), "offered and announced");
+
+    let f = soon(finished.recv()).await.unwrap();
+    assert!(matches!(&f.outcome, Outcome::Failed(why) if why.starts_with("no_ack")), "{:?}", f.outcome);
+    assert!(board.job("p", None).is_none(), "the dead-lettered job is no longer offered");
+    assert_eq!(board.poll("p", ready, false), Ok(None));
+}
