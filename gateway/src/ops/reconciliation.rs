@@ -26,13 +26,14 @@ pub struct Query {
 /// Not that shape, or zero.
 pub fn parse_window(s: &str) -> Result<u64, String> {
     let bad = || format!("a window is a whole number of minutes or hours, e.g. 10m or 1h, not `{s}`");
-    let (n, unit) = s.split_at(s.len().saturating_sub(1));
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    let secs = match unit {
-        "m" => n * 60,
-        "h" => n * 3600,
+    // Not `split_at`: a query string may end in a character of several bytes.
+    let (n, unit_s) = match (s.strip_suffix('m'), s.strip_suffix('h')) {
+        (Some(n), _) => (n, 60),
+        (_, Some(n)) => (n, 3600),
         _ => return Err(bad()),
     };
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let secs = n.checked_mul(unit_s).ok_or_else(bad)?;
     if secs == 0 || secs % BUCKET_S != 0 {
         return Err(bad());
     }
@@ -95,7 +96,8 @@ mod tests {
     fn windows_are_whole_minutes_or_hours() {
         assert_eq!(parse_window("10m"), Ok(600));
         assert_eq!(parse_window("1h"), Ok(3600));
-        for bad in ["0m", "10", "10s", "m", "", "1.5h"] {
+        // A query ending in a character of several bytes, and one that overflows: refused.
+        for bad in ["0m", "10", "10s", "m", "", "1.5h", "1€", "é", "18446744073709551615h"] {
             assert!(parse_window(bad).is_err(), "{bad}");
         }
     }
