@@ -235,7 +235,7 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
             .with_recent(recent.clone())
             .with_incoming(incoming_rx);
     dispatcher.preload(pending);
-    let dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
+    let mut dispatcher_task = tokio::spawn(dispatcher.run(commands_rx));
 
     // Few at a time: a replay is an operator's command.
     let (replays_tx, replays_rx) = mpsc::channel(16);
@@ -355,16 +355,17 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         cloud_printers: Some(board),
         direct_writes: Some(direct_writes),
     };
-    let result = consumer::run(services).await;
+    let (result, dispatcher_died) = run_watching(consumer::run(services), &mut dispatcher_task, &shutdown).await;
     // The rest ends with the consumer, also when it could not start.
     shutdown.request();
     devices.request();
     // A dead letter being sent waits up to 30 s for Kafka: it stays parked for the next start.
     deadletter_task.abort();
     dispatcher_task.abort();
-    match http_task.await {
-        Ok(Err(e)) => tracing::error!(error = %e, "HTTP server failed"),
-        Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
+    match tokio::time::timeout(TASKS_BOUND, http_task).await {
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "HTTP server failed"),
+        Ok(Err(e)) if !e.is_cancelled() => tracing::error!(error = %e, "HTTP task failed"),
+        Err(_) => tracing::warn!("the HTTP server did not end within {} s; exiting anyway", TASKS_BOUND.as_secs()),
         _ => {}
     }
     let (ended, devices_ended) = tokio::join!(shutdown.wait(TASKS_BOUND), devices.wait(TASKS_BOUND));
@@ -376,7 +377,37 @@ pub async fn run(cfg: Config) -> anyhow::Result<()> {
         );
     }
     tracing::info!("stopped");
+    if dispatcher_died {
+        return result.and(Err(anyhow::anyhow!("the dispatcher stopped while pixgate was running")));
+    }
     result
+}
+
+/// Runs `consumer` to its end while watching `dispatcher`, which ends only once the
+/// consumer has ended: ended before (a panic), no job would reach a device while readiness
+/// stayed green, so shutdown is requested, the consumer ends as on SIGTERM, and pixgate
+/// exits with an error for its service manager to start it again. Returns the consumer's
+/// result and whether the dispatcher died.
+async fn run_watching(
+    consumer: impl std::future::Future<Output = anyhow::Result<()>>,
+    dispatcher: &mut tokio::task::JoinHandle<()>,
+    shutdown: &Shutdown,
+) -> (anyhow::Result<()>, bool) {
+    tokio::pin!(consumer);
+    tokio::select! {
+        biased;
+        r = &mut consumer => (r, false),
+        ended = dispatcher => {
+            let why = match ended {
+                Ok(()) => "it returned".to_string(),
+                Err(e) if e.is_panic() => "it panicked".to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!(why, "the dispatcher stopped while pixgate runs: no job reaches a device; stopping");
+            shutdown.request();
+            (consumer.await, true)
+        }
+    }
 }
 
 /// With `cluster.enabled` off, nothing reads the device-jobs topic: jobs a central-shape
@@ -455,4 +486,42 @@ async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dispatcher that panics while the consumer runs: shutdown is requested, the
+    /// consumer ends as on SIGTERM, and the death is reported.
+    #[tokio::test]
+    async fn a_dispatcher_that_dies_stops_the_consumer() {
+        let shutdown = Shutdown::new();
+        let mut dispatcher = tokio::spawn(async { panic!("a damaged page") });
+        let stopping = shutdown.clone();
+        let consumer = async move {
+            stopping.requested().await;
+            Ok(())
+        };
+        let (result, died) = run_watching(consumer, &mut dispatcher, &shutdown).await;
+        assert!(result.is_ok() && died);
+        assert!(shutdown.is_requested());
+    }
+
+    /// The dispatcher ending once the consumer has (its commands' sender dropped) is no
+    /// death.
+    #[tokio::test]
+    async fn a_dispatcher_ending_after_the_consumer_is_no_death() {
+        let shutdown = Shutdown::new();
+        let (tx, mut rx) = mpsc::channel::<()>(1);
+        let mut dispatcher = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let consumer = async move {
+            drop(tx);
+            tokio::task::yield_now().await;
+            anyhow::Ok(())
+        };
+        let (result, died) = run_watching(consumer, &mut dispatcher, &shutdown).await;
+        assert!(result.is_ok() && !died);
+        assert!(!shutdown.is_requested());
+    }
 }

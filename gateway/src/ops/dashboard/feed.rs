@@ -80,8 +80,10 @@ pub async fn run(dashboard: Arc<Dashboard>, tx: &watch::Sender<FeedState>, shutd
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "dashboard view task failed");
-                return;
+                // Tried again at the next tick: ended here, the page would show a frozen
+                // view as live, and a shutdown would never close its streams.
+                tracing::error!(error = %e, "dashboard view task failed; trying again");
+                between = Between::default();
             }
         }
     }
