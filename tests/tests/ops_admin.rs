@@ -91,6 +91,18 @@ async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {
     assert!(refusals.iter().all(|l| l.contains("WARN") && l.contains("peer=127.0.0.1:")), "{refusals:#?}");
     assert!(refusals.iter().any(|l| l.contains("path=/deadletters/1/replay") && l.contains("wrong admin token")));
     assert!(!log.contains(WRONG) && !log.contains(TOKEN), "a token in the log: {log}");
+
+    // A stream of refusals (a scanner, a client with a stale token): each counted, but at
+    // most 20 logged in full per minute. Sent within seconds, 60 span at most two windows.
+    const STREAM: u64 = 60;
+    for _ in 0..STREAM {
+        let (status, _) = gw.request("GET", "/outbox", &[]).unwrap();
+        assert_eq!(status, 401);
+    }
+    assert_eq!(gw.stats().unwrap().counters.http_unauthorized, refused + STREAM);
+    let log = std::fs::read_to_string(gw.log()).unwrap();
+    let logged = log.lines().filter(|l| l.contains("HTTP request refused")).count() as u64 - refused;
+    assert!(logged <= 40, "{logged} of {STREAM} refusals logged in full");
     rig.shutdown();
 }
 

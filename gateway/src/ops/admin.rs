@@ -13,6 +13,7 @@
 //! path and peer address (never the token it sent), and is counted
 //! (`http_unauthorized`).
 
+use crate::telemetry::log_limit::LogLimit;
 use crate::telemetry::Stats;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
@@ -105,6 +106,9 @@ pub struct Guard {
     pub access: Arc<AdminAccess>,
     /// Where refusals are counted.
     pub stats: Arc<Stats>,
+    /// Bounds the refusals' log lines (rule `http_unauthorized`, by the peer's address): a
+    /// scanner or a client with a stale token would otherwise write a line per request.
+    pub log: Arc<LogLimit>,
 }
 
 /// Middleware in front of the admin routes: passes the request on, or answers 401.
@@ -113,11 +117,11 @@ pub async fn require_admin(State(guard): State<Guard>, req: Request, next: Next)
     match guard.access.check(authorization) {
         Ok(()) => next.run(req).await,
         Err(refusal) => {
-            let peer = req
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map_or_else(|| "-".to_string(), |ConnectInfo(a)| a.to_string());
-            tracing::warn!(path = %req.uri().path(), method = %req.method(), peer = %peer, why = refusal.as_str(), "HTTP request refused");
+            let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|ConnectInfo(a)| *a);
+            if guard.log.admit("http_unauthorized", &peer.map_or_else(|| "-".to_string(), |a| a.ip().to_string())) {
+                let peer = peer.map_or_else(|| "-".to_string(), |a| a.to_string());
+                tracing::warn!(path = %req.uri().path(), method = %req.method(), peer = %peer, why = refusal.as_str(), "HTTP request refused");
+            }
             guard.stats.update(|s| s.http_unauthorized += 1);
             let body = Json(serde_json::json!({ "error": format!("unauthorized: {}", refusal.as_str()) }));
             (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response()

@@ -34,6 +34,7 @@ use crate::ops::dashboard::{self, Dashboard};
 use crate::ops::{flags, inspect, reconciliation};
 use crate::ops::{metrics, report};
 use crate::store::Outbox;
+use crate::telemetry::log_limit::LogLimit;
 use crate::telemetry::{Monitor, Stats};
 use anyhow::Context;
 use axum::extract::{Path, Query, State};
@@ -79,9 +80,10 @@ fn reply(r: Result<Value, inspect::InspectError>) -> Reply {
     }
 }
 
-/// The HTTP routes: the open ones, and the admin ones behind [`admin::require_admin`].
-pub fn routes(state: AppState) -> Router {
-    let guard = admin::Guard { access: state.admin.clone(), stats: state.stats.clone() };
+/// The HTTP routes: the open ones, and the admin ones behind [`admin::require_admin`],
+/// which logs its refusals through `refusals`.
+pub fn routes(state: AppState, refusals: Arc<LogLimit>) -> Router {
+    let guard = admin::Guard { access: state.admin.clone(), stats: state.stats.clone(), log: refusals };
     let open = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
@@ -245,9 +247,21 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let refusals = Arc::new(LogLimit::default());
     // The peer's address goes into the log line of a refused admin request.
-    axum::serve(listener, routes(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let app = routes(state, refusals.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown);
+    // The last window of a burst of refusals is summed up even when none follows it.
+    let summaries = async {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            refusals.log_due();
+        }
+    };
+    tokio::select! {
+        served = served => served?,
+        () = summaries => {}
+    }
     Ok(())
 }
