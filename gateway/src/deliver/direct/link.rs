@@ -50,9 +50,55 @@ pub struct Link {
     io: Box<dyn ReadWrite>,
 }
 
-/// Read and write (a `TcpStream`, a serial port, a device file).
-pub trait ReadWrite: Read + Write + Send {}
-impl<T: Read + Write + Send> ReadWrite for T {}
+/// Read and write (a `TcpStream`, a serial port, a device file), and drop what was
+/// received and not read.
+pub trait ReadWrite: Read + Write + Send {
+    /// Drops the bytes received and not read yet, without waiting for more.
+    ///
+    /// # Errors
+    /// The transport's own.
+    fn discard_input(&mut self) -> std::io::Result<()>;
+}
+
+/// Most bytes [`ReadWrite::discard_input`] reads off a TCP printer: one that keeps sending
+/// (Automatic Status Back) is not read for ever.
+const DISCARD_MAX: usize = 4096;
+
+impl ReadWrite for std::net::TcpStream {
+    fn discard_input(&mut self) -> std::io::Result<()> {
+        self.set_nonblocking(true)?;
+        let mut buf = [0u8; 256];
+        let mut dropped = 0;
+        let read = loop {
+            match self.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    dropped += n;
+                    if dropped >= DISCARD_MAX {
+                        break Ok(());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        self.set_nonblocking(false)?;
+        read
+    }
+}
+
+impl ReadWrite for Box<dyn serialport::SerialPort> {
+    fn discard_input(&mut self) -> std::io::Result<()> {
+        self.clear(serialport::ClearBuffer::Input).map_err(std::io::Error::from)
+    }
+}
+
+impl ReadWrite for WriteOnly {
+    fn discard_input(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// A USB line printer is written only: reading gives nothing.
 struct WriteOnly(std::fs::File);
@@ -134,8 +180,11 @@ impl Link {
     }
 
     /// Asks `DLE EOT` n = 1..4, one at a time, each reply waited for up to the link's
-    /// timeout. `None` for a transport that cannot answer (USB). Stale bytes waiting
-    /// before the first query are dropped.
+    /// timeout. `None` for a transport that cannot answer (USB). Bytes waiting before each
+    /// query are dropped: a reply has no mark of the query it answers, so one that came
+    /// after its timeout would otherwise be read as the next query's, and every reply
+    /// after it one query late for as long as the connection lasts (paper near end read
+    /// as offline, the drawer as an open cover).
     ///
     /// # Errors
     /// A write failed: the printer is gone.
@@ -145,6 +194,9 @@ impl Link {
         }
         let mut replies = [None; 4];
         for (i, n) in QUERIES.into_iter().enumerate() {
+            if let Err(e) = self.io.discard_input() {
+                tracing::debug!(endpoint = %self.endpoint, error = %e, "cannot drop the printer's unread bytes");
+            }
             self.io
                 .write_all(&[0x10, 0x04, n])
                 .and_then(|()| self.io.flush())
@@ -198,5 +250,48 @@ impl Link {
             }
         }
         self.io.flush().map_err(|source| LinkError::Write { endpoint: self.endpoint.to_string(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TCP printer that answers the first `DLE EOT` after the link's timeout: that round
+    /// may read its reply as the next query's, but the rounds after it read each reply
+    /// against its own query.
+    #[test]
+    fn a_late_status_reply_does_not_shift_the_rounds_after_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let printer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut first = true;
+            let mut q = [0u8; 3];
+            while s.read_exact(&mut q).is_ok() {
+                assert_eq!(&q[..2], &[0x10, 0x04]);
+                if first {
+                    std::thread::sleep(Duration::from_millis(300));
+                    first = false;
+                }
+                // n = 1 answers "online" with bit 2 set (the drawer), which read as n = 2's
+                // reply is an open cover; the others answer all clear.
+                let reply = if q[2] == 1 { 0x16 } else { 0x12 };
+                if s.write_all(&[reply]).is_err() {
+                    return;
+                }
+            }
+        });
+        let endpoint = Endpoint::Tcp { host: "127.0.0.1".into(), port };
+        let mut link = Link::open(&endpoint, Duration::from_millis(200)).unwrap();
+        let first = link.status().unwrap().unwrap();
+        assert_eq!(first.replies[0], None, "the late reply timed out");
+        for round in 0..3 {
+            let s = link.status().unwrap().unwrap();
+            assert_eq!(s.replies, [Some(0x16), Some(0x12), Some(0x12), Some(0x12)], "round {round}");
+            assert!(s.can_print() && !s.cover_open, "round {round}: {s:?}");
+        }
+        drop(link);
+        printer.join().unwrap();
     }
 }
