@@ -182,12 +182,7 @@ async fn request(State(sdp): State<Sdp>, headers: HeaderMap, uri: Uri, body: Byt
         "SetStatus" => {
             match form.status.as_deref().ok_or("SetStatus without Status".to_string()).and_then(epos::status_flags) {
                 Ok(flags) => {
-                    let status = epos::condition(flags).status();
-                    sdp.conditions
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(device.clone(), (status.clone(), Instant::now()));
-                    s.board.condition(&device, status);
+                    note_condition(&sdp, &device, flags);
                     xml(String::new())
                 }
                 Err(why) => {
@@ -201,6 +196,17 @@ async fn request(State(sdp): State<Sdp>, headers: HeaderMap, uri: Uri, body: Byt
             StatusCode::BAD_REQUEST.into_response()
         }
     }
+}
+
+/// Takes ASB `flags` (a status notification's, or a job result's) as `device`'s condition
+/// for the next `fresh_for`, and tells the dispatcher.
+fn note_condition(sdp: &Sdp, device: &str, flags: u32) {
+    let status = epos::condition(flags).status();
+    sdp.conditions
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(device.to_string(), (status.clone(), Instant::now()));
+    sdp.server.board.condition(device, status);
 }
 
 /// A poll: the job in flight as ePOS-Print XML, or an empty answer.
@@ -310,6 +316,10 @@ async fn result(sdp: &Sdp, device: &str, r: epos::JobResult) {
         tracing::debug!(device, job_id = r.job_id.as_deref().unwrap_or(""), "result of another job; ignored");
         return;
     }
+    // The result's ASB flags are the printer's condition as it printed, or failed to: a
+    // printer without status notifications that ran out of paper holds its queue for
+    // `fresh_for` instead of being handed its job again at its next poll.
+    note_condition(sdp, device, r.asb);
     let how = if r.success {
         Confirmation::Printed
     } else if epos::permanent(&r.code) {
@@ -514,6 +524,40 @@ mod tests {
         assert_eq!(status.printer, Some(PrinterState::PaperOut));
         assert_eq!(r.post(Some(("e", &e)), &[("ConnectionType", "Other"), ("ID", "e")]).await.0, 400);
         assert_eq!(r.refused("malformed"), 1);
+    }
+
+    /// A printer without status notifications that fails a job for lack of paper tells
+    /// its condition in the result's ASB flags: that holds it (the next poll is answered
+    /// empty, and the dispatcher hears of paper out) until a newer condition says ready.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_results_paper_out_holds_the_printer() {
+        let mut r = rig("sdp-server-result-condition").await;
+        let e = r.secrets["e"].clone();
+        let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
+        let m = "0123456789abcdef0123456789abcdef";
+        r.board.offer("e", receipt(m, 1).1);
+        assert!(r.post(Some(("e", &e)), &poll).await.1.contains("<printjobid>"), "handed out");
+        // ASB_RECEIPT_END | ASB_OFF_LINE, decimal as a result carries it.
+        let failed = format!(
+            r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>{}</printjobid></Parameter><PrintResponse><response success="false" code="EPTR_REC_EMPTY" status="{}" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#,
+            epos::job_id(m),
+            0x80008
+        );
+        let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", failed.as_str())];
+        assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
+        let told: Vec<Incoming> = std::iter::from_fn(|| r.incoming.try_recv().ok()).collect();
+        assert!(
+            told.iter().any(
+                |i| matches!(i, Incoming::Status { status, .. } if status.printer == Some(PrinterState::PaperOut))
+            ),
+            "{told:?}"
+        );
+        r.board.offer("e", receipt(m, 1).1);
+        assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "held: paper out");
+        let ready = r#"<statusmonitor Version="1.00"><printerstatus devicename="local_printer" asbstatus="0x00000000"/></statusmonitor>"#;
+        let notify = [("ConnectionType", "SetStatus"), ("ID", "e"), ("Status", ready)];
+        assert_eq!(r.post(Some(("e", &e)), &notify).await.0, 200);
+        assert!(r.post(Some(("e", &e)), &poll).await.1.contains("<printjobid>"), "ready again: handed out");
     }
 
     /// A job is marked handed out in the outbox before the answer that carries it: one
