@@ -124,6 +124,15 @@ pub fn permanent(code: &str) -> bool {
     matches!(code, "SchemaError" | "RequestEntityTooLarge")
 }
 
+/// Whether a failed result's `code` says its job never reached the print mechanism: the
+/// document refused (`SchemaError`, `RequestEntityTooLarge`) or the printer device not
+/// reached (`DeviceNotFound`, `EX_BADPORT`, `JobNotFound`). The others (`EPTR_REC_EMPTY`,
+/// `EPTR_COVER_OPEN`, `EPTR_CUTTER`, `EX_TIMEOUT`…) may come part-way through the job or
+/// after it printed (a cutter fault), or are not known here: some of it may be on paper.
+pub fn never_printed(code: &str) -> bool {
+    permanent(code) || matches!(code, "DeviceNotFound" | "EX_BADPORT" | "JobNotFound")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,8 @@
 //! printer's interrupted job is. A job is recorded as handed out in the outbox, synced,
 //! before the answer that carries it ([`Outbox::mark_direct`], the direct printers'
 //! mark), so that a copy handed out after a restart is a reprint too; a result saying
-//! its only copy did not print removes the mark ([`Outbox::clear_direct_mark`]).
+//! its only copy never reached the print mechanism removes the mark
+//! ([`Outbox::clear_direct_mark`]).
 
 use super::digest::{Digest, DigestError};
 use super::epos;
@@ -276,7 +277,8 @@ async fn handed_before(sdp: &Sdp, device: &str, offer: &Offer) -> Result<bool, S
     Ok(true)
 }
 
-/// Records that `offer` did not print (its result said so) when that copy was the only
+/// Records that `offer` did not print (its result's code said it never reached the print
+/// mechanism, [`epos::never_printed`]) when that copy was the only
 /// one handed out: its mark is removed, so the next copy is no reprint (nor, should the
 /// printer become a direct one, taken as printed). After several copies the mark stays:
 /// an earlier one, its result lost, may have printed. A failure is logged; the next copy
@@ -326,7 +328,9 @@ async fn result(sdp: &Sdp, device: &str, r: epos::JobResult) {
         Confirmation::Refused(r.code.clone())
     } else {
         tracing::warn!(device, code = %r.code, status = r.asb, "Epson printer did not print its job; offered again");
-        not_printed(sdp, device, &offer).await;
+        if epos::never_printed(&r.code) {
+            not_printed(sdp, device, &offer).await;
+        }
         Confirmation::Again(r.code.clone())
     };
     s.board.confirm(device, Some(&offer.message_id), how).await;
@@ -563,8 +567,9 @@ mod tests {
     /// A job is marked handed out in the outbox before the answer that carries it: one
     /// the mark names (handed out before a restart, or written whole by a direct printer)
     /// is a reprint at its first hand in this process, and stays one after a result saying
-    /// that copy did not print (an earlier copy may have). A job whose only copy did not
-    /// print has its mark removed: its next copy is an original.
+    /// that copy did not print (an earlier copy may have). A job whose only copy never
+    /// reached the printer has its mark removed: its next copy is an original; one whose
+    /// copy failed part-way (paper out, the cutter) keeps it: its next copy is a reprint.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_handed_out_before_a_restart_is_a_reprint_unless_it_did_not_print() {
         let mut r = rig("sdp-server-restart").await;
@@ -572,10 +577,10 @@ mod tests {
         let poll = [("ConnectionType", "GetRequest"), ("ID", "e")];
         assert_eq!(r.post(Some(("e", &e)), &poll).await, (200, String::new()), "nothing offered");
         let handed = |message_id: &str, seq, done| DirectMark { seq, message_id: message_id.to_string(), done };
-        let not_printed = |message_id: &str| {
+        let not_printed = |message_id: &str, code: &str| {
             let job_id = epos::job_id(message_id);
             format!(
-                r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>{job_id}</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="EPTR_REC_EMPTY" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#
+                r#"<PrintResponseInfo Version="2.00"><ePOSPrint><Parameter><devid>local_printer</devid><printjobid>{job_id}</printjobid></Parameter><PrintResponse><response xmlns="http://www.epson-pos.com/schemas/2011/03/epos-print" success="false" code="{code}" status="2" battery="0"/></PrintResponse></ePOSPrint></PrintResponseInfo>"#
             )
         };
         let original = receipt("m", 1).0.payload_bytes().unwrap();
@@ -584,24 +589,34 @@ mod tests {
             r.board.offer("e", receipt(message_id, seq).1);
             command_of(&r.post(Some(("e", &e)), &poll).await.1)
         };
-        let result = async |message_id: &str| {
-            let set = [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", &not_printed(message_id))];
+        let result = async |message_id: &str, code: &str| {
+            let set =
+                [("ConnectionType", "SetResponse"), ("ID", "e"), ("ResponseFile", &not_printed(message_id, code))];
             assert_eq!(r.post(Some(("e", &e)), &set).await, (200, String::new()));
         };
 
         let m = "0123456789abcdef0123456789abcdef";
         r.outbox.mark_direct("e", &handed(m, 7, false)).unwrap();
         assert_eq!(copy(m, 7).await, reprint, "handed out before the restart");
-        result(m).await;
+        result(m, "DeviceNotFound").await;
         assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(m, 7, false)), "the copy before may have printed");
         assert_eq!(copy(m, 7).await, reprint, "still a reprint");
 
         let n = "fedcba9876543210fedcba9876543210";
         assert_eq!(copy(n, 8).await, original, "a new job is an original");
         assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(n, 8, false)), "marked before it went out");
-        result(n).await;
-        assert_eq!(r.outbox.direct_mark("e").unwrap(), None, "its only copy did not print");
+        result(n, "DeviceNotFound").await;
+        assert_eq!(r.outbox.direct_mark("e").unwrap(), None, "its only copy never reached the printer");
         assert_eq!(copy(n, 8).await, original, "its next copy");
+
+        // Paper out and a cutter fault may come part-way through a job, or after it
+        // printed: the mark stays, and the next copy is a reprint.
+        for (o, seq, code) in [("aa", 10, "EPTR_REC_EMPTY"), ("bb", 11, "EPTR_CUTTER")] {
+            assert_eq!(copy(o, seq).await, original, "a new job is an original");
+            result(o, code).await;
+            assert_eq!(r.outbox.direct_mark("e").unwrap(), Some(handed(o, seq, false)), "{code}");
+            assert_eq!(copy(o, seq).await, reprint, "after {code}");
+        }
 
         let k = "00112233445566778899aabbccddeeff";
         r.outbox.mark_direct("e", &handed(k, 9, true)).unwrap();
@@ -612,6 +627,7 @@ mod tests {
                 Incoming::Status { .. } => None,
             })
             .collect::<Vec<_>>();
-        assert_eq!(acks, [(m.to_string(), AckResult::Failed), (n.to_string(), AckResult::Failed)], "offered again");
+        let failed = [m, n, "aa", "bb"].map(|id| (id.to_string(), AckResult::Failed));
+        assert_eq!(acks, failed, "offered again");
     }
 }
