@@ -106,6 +106,48 @@ async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {
     rig.shutdown();
 }
 
+/// One raw HTTP/1.1 request to `port` with `host` as its `Host`: the status code.
+fn status_with_host(port: u16, method: &str, path: &str, host: &str, extra: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status: {resp}"))
+}
+
+/// Without a token, on loopback, the admin endpoints answer the machine's own clients but
+/// not a web page elsewhere that a browser on the machine runs: a DNS rebinding (a foreign
+/// `Host`) or a cross-site POST (a foreign or `null` `Origin`) is refused, counted, and
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_a_web_page_elsewhere_cannot_use_the_admin_endpoints() {
+    let rig = Rig::builder("admin-site").start().await;
+    let gw = rig.gateway();
+    let port = rig.settings().http_port;
+    let here = format!("127.0.0.1:{port}");
+    assert_eq!(status_with_host(port, "GET", "/outbox", &here, ""), 200);
+    assert_eq!(status_with_host(port, "GET", "/outbox", &format!("localhost:{port}"), ""), 200);
+    assert_eq!(status_with_host(port, "GET", "/outbox", &format!("rebound.example:{port}"), ""), 401);
+    for origin in ["https://shop.example", "null"] {
+        let extra = format!("Origin: {origin}\r\n");
+        assert_eq!(status_with_host(port, "POST", "/flags/display_qr/off", &here, &extra), 401, "{origin}");
+    }
+    let display_qr =
+        || serde_json::from_str::<Value>(&gw.get("/flags").unwrap().1).unwrap()["flags"]["display_qr"].clone();
+    assert_eq!(display_qr(), Value::Bool(true), "nothing switched");
+    assert_eq!(gw.stats().unwrap().counters.http_unauthorized, 3);
+    let log = std::fs::read_to_string(gw.log()).unwrap();
+    assert_eq!(log.lines().filter(|l| l.contains("Host or Origin is not a loopback address")).count(), 3, "{log}");
+    // The page pixgate serves itself (its own origin) may.
+    let extra = format!("Origin: http://{here}\r\n");
+    assert_eq!(status_with_host(port, "POST", "/flags/display_qr/off", &here, &extra), 200);
+    assert_eq!(display_qr(), Value::Bool(false), "switched off");
+    rig.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_logs_follow_one_payment_with_its_ids() {
     let fixtures = pixgate_tests::demo::default_fixtures();
