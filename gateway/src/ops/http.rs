@@ -133,13 +133,16 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     (StatusCode::SERVICE_UNAVAILABLE, reasons.iter().map(|r| format!("{r}\n")).chain([off]).collect())
 }
 
-/// `/stats`: the report, with the latest reconciliation windows read from the outbox.
+/// `/stats`: the report, with the latest reconciliation windows read from the outbox (off
+/// the async threads, which the consumer and the devices' sessions share).
 async fn stats(State(s): State<AppState>) -> Reply {
     let (mut r, _) = report::report(&s.stats, &s.health, &s.flags);
     let window_s = s.reconcile.window_minutes.max(1) * 60;
-    match s.outbox.reconcile_latest(s.reconcile.stats_windows, window_s) {
-        Ok(w) => r.reconciliation = w,
-        Err(e) => return reply(Err(e.into())),
+    let (outbox, windows) = (s.outbox.clone(), s.reconcile.stats_windows);
+    match tokio::task::spawn_blocking(move || outbox.reconcile_latest(windows, window_s)).await {
+        Ok(Ok(w)) => r.reconciliation = w,
+        Ok(Err(e)) => return reply(Err(e.into())),
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))),
     }
     match serde_json::to_value(r) {
         Ok(v) => (StatusCode::OK, Json(v)),
@@ -147,12 +150,22 @@ async fn stats(State(s): State<AppState>) -> Reply {
     }
 }
 
-/// The reconciliation counts in windows: 400 for a malformed query.
+/// Reconciliation reports built at once: each scans the outbox's counts over the span asked
+/// (up to the whole retention, in windows as short as a minute: megabytes of JSON), and the
+/// route is open, so more callers wait rather than hold memory and threads each.
+static RECONCILIATION_REPORTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
+
+/// The reconciliation counts in windows: 400 for a malformed query. Built off the async
+/// threads, two at a time.
 async fn reconciliation_report(State(s): State<AppState>, Query(q): Query<reconciliation::Query>) -> Reply {
-    match reconciliation::report(&s.outbox, &q) {
-        Ok(v) => (StatusCode::OK, Json(v)),
-        Err(Ok(e)) => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": e }))),
-        Err(Err(e)) => reply(Err(e.into())),
+    let Ok(_permit) = RECONCILIATION_REPORTS.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({ "error": "reports closed" })));
+    };
+    match tokio::task::spawn_blocking(move || reconciliation::report(&s.outbox, &q)).await {
+        Ok(Ok(v)) => (StatusCode::OK, Json(v)),
+        Ok(Err(Ok(e))) => (StatusCode::BAD_REQUEST, Json(serde_json::json!({ "error": e }))),
+        Ok(Err(Err(e))) => reply(Err(e.into())),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(serde_json::json!({ "error": e.to_string() }))),
     }
 }
 
