@@ -505,7 +505,7 @@ mod tests {
     use super::*;
     use crate::config::TopicExpectation;
     use crate::model::Partition;
-    use crate::telemetry::health::{BrokerSample, PartitionOffsets, PauseCause, Tracker};
+    use crate::telemetry::health::{BrokerSample, PartitionOffsets, PauseCause, Tracker, WaitingBroker};
     use std::collections::HashSet;
 
     const CH: &str = "charge.upserted";
@@ -685,6 +685,37 @@ mod tests {
         assert!(kinds(4_000, &t, &rules()).is_empty(), "nothing waiting: an idle connection, not a silent broker");
         t.kafka(5_000, frozen(100, 1), []);
         assert!(kinds(5_000, &t, &rules()).is_empty(), "answering again");
+    }
+
+    /// The central shape's three Kafka clients report apart: one client's sample does not
+    /// hide another's. A broker one client waits on stays named while the others' samples
+    /// come; a client with no connection up makes Kafka unreachable; a client gone quiet
+    /// for a minute no longer counts.
+    #[test]
+    fn several_clients_samples_are_merged_not_overwritten() {
+        let waiting = |silent_ms| BrokerSample {
+            up: 1,
+            waiting: vec![WaitingBroker { name: "b/1".into(), requests: 1, silent_ms }],
+            ..BrokerSample::default()
+        };
+        let mut t = healthy();
+        t.kafka_of(2_000, "route", waiting(12_000), []);
+        for at in [2_100, 2_500, 2_900] {
+            t.kafka_of(at, "feed", up(), []);
+            assert_eq!(kinds(at, &t, &rules()), [("kafka_silent", String::new())], "at {at}");
+        }
+        t.kafka_of(3_000, "route", up(), []);
+        assert!(kinds(3_000, &t, &rules()).is_empty(), "answering again");
+
+        let down = BrokerSample { up: 0, down: vec!["b/1 CONNECT".into()], ..BrokerSample::default() };
+        t.kafka_of(4_000, "deliver", down, []);
+        for at in [4_500, 14_000] {
+            t.kafka_of(at, "route", up(), []);
+            t.kafka_of(at, "feed", up(), []);
+        }
+        assert_eq!(kinds(14_000, &t, &rules()), [("kafka_unreachable", String::new())], "deliver has none up");
+        t.kafka_of(64_000, "route", up(), []);
+        assert!(kinds(64_000, &t, &rules()).is_empty(), "deliver silent for a minute: gone");
     }
 
     #[test]

@@ -304,6 +304,10 @@ struct TopicTrack {
     unassigned_since: Option<u64>,
 }
 
+/// A Kafka client that sent no statistics for this long (ms) is taken as closed: its last
+/// sample no longer counts in the merged brokers.
+pub const CLIENT_GONE_MS: u64 = 60_000;
+
 /// Turns timestamped observations into [`Facts`]. Deterministic: every method takes the
 /// time; [`Tracker::sample`] advances the per-topic history (call it about every second).
 #[derive(Debug)]
@@ -316,7 +320,11 @@ pub struct Tracker {
     probed_end: BTreeMap<Partition, i64>,
     /// Offsets at the previous sample, to see progress and arrivals.
     seen: BTreeMap<Partition, PartitionOffsets>,
+    /// [`BrokerSample`]s merged over `clients` ([`Tracker::kafka_of`]).
     brokers: Option<BrokerSample>,
+    /// Each Kafka client's latest sample, and when it came: the central shape reads with
+    /// three clients, whose samples would otherwise overwrite one another.
+    clients: BTreeMap<String, (u64, BrokerSample)>,
     last_broker_up: u64,
     outbox_failing: Option<(u64, String)>,
     topics: BTreeMap<String, TopicTrack>,
@@ -345,6 +353,7 @@ impl Tracker {
             probed_end: BTreeMap::new(),
             seen: BTreeMap::new(),
             brokers: None,
+            clients: BTreeMap::new(),
             last_broker_up: 0,
             outbox_failing: None,
             topics,
@@ -429,17 +438,54 @@ impl Tracker {
         }
     }
 
-    /// A statistics sample from librdkafka at `now`: broker states and offsets.
+    /// A statistics sample from librdkafka at `now`: broker states and offsets, of the
+    /// one Kafka client ([`Tracker::kafka_of`]).
     pub fn kafka(
         &mut self,
         now: u64,
         brokers: BrokerSample,
         parts: impl IntoIterator<Item = (Partition, PartitionOffsets)>,
     ) {
-        if brokers.up > 0 {
+        self.kafka_of(now, "", brokers, parts);
+    }
+
+    /// A statistics sample from librdkafka at `now` of the Kafka client named `client`:
+    /// broker states and offsets. With several clients, the brokers are merged: as many
+    /// connections up as the client with fewest (none up in one client is none up: what it
+    /// reads stops), every connection down or waiting of any. A client silent for
+    /// [`CLIENT_GONE_MS`] no longer counts.
+    pub fn kafka_of(
+        &mut self,
+        now: u64,
+        client: &str,
+        brokers: BrokerSample,
+        parts: impl IntoIterator<Item = (Partition, PartitionOffsets)>,
+    ) {
+        self.clients.insert(client.to_string(), (now, brokers));
+        self.clients.retain(|_, (at, _)| now.saturating_sub(*at) < CLIENT_GONE_MS);
+        let mut merged: Option<BrokerSample> = None;
+        for (_, sample) in self.clients.values() {
+            merged = Some(match merged {
+                None => sample.clone(),
+                Some(mut m) => {
+                    m.up = m.up.min(sample.up);
+                    m.down.extend(sample.down.iter().cloned());
+                    m.waiting.extend(sample.waiting.iter().cloned());
+                    m
+                }
+            });
+        }
+        if let Some(m) = &mut merged {
+            m.down.sort();
+            m.down.dedup();
+            // One broker waited on by several clients is named once, the longest silent.
+            m.waiting.sort_by(|a, b| a.name.cmp(&b.name).then(b.silent_ms.cmp(&a.silent_ms)));
+            m.waiting.dedup_by(|later, first| later.name == first.name);
+        }
+        if merged.as_ref().is_some_and(|m| m.up > 0) {
             self.last_broker_up = now;
         }
-        self.brokers = Some(brokers);
+        self.brokers = merged;
         for (part, o) in parts {
             if self.assigned.contains(&part) {
                 self.offsets.insert(part, o);
@@ -682,7 +728,7 @@ impl Monitor {
                 .map(move |p| ((t.topic.clone(), p.partition), PartitionOffsets::from_statistics(p)))
         });
         let now = self.now_ms();
-        self.with(|t| t.kafka(now, brokers, parts));
+        self.with(|t| t.kafka_of(now, &s.name, brokers, parts));
     }
 
     /// The consumer's whole assignment after a rebalance.
