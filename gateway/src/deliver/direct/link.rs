@@ -287,6 +287,9 @@ mod tests {
         let first = link.status().unwrap().unwrap();
         assert_eq!(first.replies[0], None, "the late reply timed out");
         for round in 0..3 {
+            // Rounds come `direct.poll_ms` apart, not back to back: the replies of the
+            // round before have come by the next one.
+            std::thread::sleep(Duration::from_millis(50));
             let s = link.status().unwrap().unwrap();
             assert_eq!(s.replies, [Some(0x16), Some(0x12), Some(0x12), Some(0x12)], "round {round}");
             assert!(s.can_print() && !s.cover_open, "round {round}: {s:?}");
