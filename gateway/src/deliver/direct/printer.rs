@@ -117,11 +117,11 @@ impl Printer {
         };
         let mut interrupted = loop {
             match self.shared.outbox.direct_mark(&self.device) {
-                Ok(Some(m)) if m.seq > job.seq || (m.seq == job.seq && m.done) => {
+                Ok(Some(m)) if m.seq > job.seq || (m.seq == job.seq && m.message_id == job.message_id && m.done) => {
                     tracing::info!(device = %self.device, seq = job.seq, message_id = %job.message_id, "already printed; not printed again");
                     return self.ack(Ack::done(&job.message_id, job.seq, true));
                 }
-                Ok(m) => break m.is_some_and(|m| m.seq == job.seq),
+                Ok(m) => break m.is_some_and(|m| m.seq == job.seq && m.message_id == job.message_id),
                 Err(e) => {
                     tracing::error!(device = %self.device, error = %e, "cannot read the printer's last job from the outbox; retrying");
                     std::thread::sleep(self.next_backoff());

@@ -488,6 +488,16 @@ fn copy(reader: &mut Reader, new: &Path) -> Result<Salvaged, OutboxError> {
             seq.insert(at, key_bytes::<u64>(&n));
         }
     }
+    // A printer's mark names the last job it was handed or written, and the printer takes
+    // a job at or below the mark's seq as printed: the device's next seq must come after
+    // it, though its row in `seq` was lost and its queue is empty.
+    for (at, mark) in &direct {
+        let (n, _, _) = <(u64, &str, bool) as Value>::from_bytes(mark);
+        let last = seq.get(at).map_or(0, |v| <u64 as Value>::from_bytes(v));
+        if n > last {
+            seq.insert(at.clone(), key_bytes::<u64>(&n));
+        }
+    }
 
     let mut seen = read(&mut s, "seen_by_event_time", reader.table(SEEN));
     if some_lost {

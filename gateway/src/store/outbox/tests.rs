@@ -425,6 +425,31 @@ fn salvage_of_an_intact_outbox_copies_it_whole() {
     );
 }
 
+/// A printer whose `seq` row is lost and whose queue is empty goes on after its mark:
+/// restarted at 1, its next jobs would be at or below the mark's seq, which the printer
+/// takes as printed.
+#[test]
+fn salvage_keeps_a_printers_seq_past_its_mark() {
+    let (dir, o) = crate::test_fixtures::temp_outbox("outbox-salvage-mark");
+    let jobs: Vec<(String, Job)> = (0..3).map(|i| ("p".to_string(), job(&format!("m{i}")))).collect();
+    o.write(&mut [counted(9, 1_700_000_040, jobs)], &[], 1_000).unwrap();
+    for n in 1..=3 {
+        o.complete("p", n, false).unwrap();
+    }
+    o.mark_direct("p", &DirectMark { seq: 3, message_id: "m2".into(), done: true }).unwrap();
+    {
+        let tx = o.db.begin_write().unwrap();
+        tx.open_table(schema::SEQ).unwrap().remove("p").unwrap();
+        tx.commit().unwrap();
+    }
+    drop(o);
+    let new = dir.path().join("salvaged.redb");
+    salvage(&dir.outbox_path(), &new).unwrap();
+    let copy = Outbox::open_with_cache(&new, crate::config::DEFAULT_CACHE_BYTES, true).unwrap();
+    let q = copy.accept(None, vec![("p".into(), job("next"))], &src(10), 2_000).unwrap();
+    assert_eq!(q[0].stored.job.seq, 4, "after the mark's 3");
+}
+
 /// A file of the second layout is salvaged with its reconciliation links, moved into
 /// `job_live`.
 #[test]
