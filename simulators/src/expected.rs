@@ -22,9 +22,10 @@
 //!    `print_receipt`, anything else → `no_device_concerned`;
 //! 6. an effect with no printer → dead letter `no_printer_for_receipt` /
 //!    `no_default_printer`; `display_qr` and `print_receipt` carry the Pix payload, so a
-//!    `brCode` that fails `render::brcode::parse` (or carries another amount) dead-letters
-//!    those two (`invalid_brcode`, `brcode_amount_mismatch`), and a static charge without
-//!    `pixKey` → `static_brcode_unbuildable`.
+//!    `brCode` that fails `render::brcode::parse` (or carries another amount, or is static
+//!    and names none for a charge above 0) dead-letters those two (`invalid_brcode`,
+//!    `brcode_amount_mismatch`), and a static charge without `pixKey` →
+//!    `static_brcode_unbuildable`.
 //!
 //! State (last applied `__v`/status, applied event ids) is recorded for every event that
 //! is not dead-lettered as a whole. `device.upserted` events update the registry when their
@@ -316,6 +317,7 @@ fn pix_payload_problem(doc: &Value, value_cents: u64) -> Option<&'static str> {
         Some(payload) => match render::brcode::parse(payload) {
             Err(_) => Some("invalid_brcode"),
             Ok(p) if p.amount_cents().is_some_and(|c| c != value_cents) => Some("brcode_amount_mismatch"),
+            Ok(p) if p.amount_cents().is_none() && !p.is_dynamic() && value_cents > 0 => Some("brcode_amount_mismatch"),
             Ok(_) => None,
         },
         None if !doc["pixKey"].is_string() => Some("static_brcode_unbuildable"),

@@ -33,6 +33,16 @@ pub enum RenderError {
         /// The charge's `value`, centavos.
         value_cents: u64,
     },
+    /// The charge's `brCode` is a static one (no `26-25` location) with no amount (field
+    /// `54`) for a charge of `value_cents`: the payer's bank would ask the payer to type an
+    /// amount, and any would do.
+    #[error(
+        "brCode is static and names no amount for a charge of {value_cents} centavos: the payer could pay any amount"
+    )]
+    NoAmount {
+        /// The charge's `value`, centavos.
+        value_cents: u64,
+    },
     /// No static payload could be built (no `pixKey`, or a field the encoder refuses).
     #[error("cannot build a static Pix payload: {0}")]
     StaticPayload(String),
@@ -54,7 +64,7 @@ impl RenderError {
     pub fn reason(&self) -> DeadLetterReason {
         match self {
             RenderError::InvalidBrCode(_) => DeadLetterReason::InvalidBrcode,
-            RenderError::AmountMismatch { .. } => DeadLetterReason::BrcodeAmountMismatch,
+            RenderError::AmountMismatch { .. } | RenderError::NoAmount { .. } => DeadLetterReason::BrcodeAmountMismatch,
             RenderError::StaticPayload(_) => DeadLetterReason::StaticBrcodeUnbuildable,
             RenderError::Receipt(_) => DeadLetterReason::ReceiptUnrenderable,
             RenderError::WrongDevice { .. } => DeadLetterReason::WrongDeviceKind,
@@ -70,10 +80,16 @@ impl RenderError {
 pub fn pix_payload(charge: &Charge) -> Result<String, RenderError> {
     if let Some(payload) = &charge.brcode {
         let parsed = brcode::parse(payload).map_err(|e| RenderError::InvalidBrCode(e.to_string()))?;
-        if let Some(cents) = parsed.amount_cents() {
-            if cents != charge.value_cents {
+        match parsed.amount_cents() {
+            Some(cents) if cents != charge.value_cents => {
                 return Err(RenderError::AmountMismatch { brcode_cents: cents, value_cents: charge.value_cents });
             }
+            // A dynamic payload's bank fetches the amount from its location; a static one
+            // carries it or lets the payer type any.
+            None if !parsed.is_dynamic() && charge.value_cents > 0 => {
+                return Err(RenderError::NoAmount { value_cents: charge.value_cents });
+            }
+            _ => {}
         }
         return Ok(payload.clone());
     }
@@ -222,6 +238,35 @@ mod tests {
             let parsed = brcode::parse(&payload).unwrap();
             assert_eq!(parsed.amount_cents(), Some(c.value_cents).filter(|&v| v > 0), "{}", c.id);
         }
+    }
+
+    /// A `brCode` that is static (no location) must name the charge's amount: without one
+    /// the payer's bank asks the payer to type any amount, while the screen says the
+    /// charge's. With the amount, or for a charge of 0, it goes out.
+    #[test]
+    fn a_static_brcode_without_the_amount_is_refused() {
+        let mut charge = charges("charges.jsonl").into_iter().find(|c| c.value_cents > 0).unwrap();
+        let static_with = |amount_cents| {
+            brcode::encode_static(&StaticPix {
+                key: "pix@example.com".into(),
+                amount_cents,
+                merchant_name: "Loja".into(),
+                merchant_city: "Recife".into(),
+                txid: Some("abc".into()),
+                description: None,
+            })
+            .unwrap()
+        };
+        charge.brcode = Some(static_with(None));
+        assert!(!brcode::parse(charge.brcode.as_ref().unwrap()).unwrap().is_dynamic());
+        let refused = pix_payload(&charge).unwrap_err();
+        assert_eq!(refused, RenderError::NoAmount { value_cents: charge.value_cents });
+        assert_eq!(refused.reason(), DeadLetterReason::BrcodeAmountMismatch);
+        charge.brcode = Some(static_with(Some(charge.value_cents)));
+        assert_eq!(pix_payload(&charge).unwrap(), static_with(Some(charge.value_cents)));
+        charge.brcode = Some(static_with(None));
+        charge.value_cents = 0;
+        assert!(pix_payload(&charge).is_ok(), "a charge of 0 names no amount either");
     }
 
     /// Each printer gets the `ESC t` number its model uses for its code page: CP860 is
