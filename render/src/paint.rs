@@ -94,22 +94,40 @@ pub fn fill_rounded_rect(img: &mut RgbImage, x0: f32, y0: f32, x1: f32, y1: f32,
 /// The largest size ≤ `max_px` (down to `min_px`) at which `text` is at most `max_width`
 /// wide, and the text to draw: ellipsised with `…` if it does not fit even at `min_px`.
 pub fn fit_text(face: Face, text: &str, max_px: f32, min_px: f32, max_width: f32) -> (f32, String) {
+    // A name from a charge may be any length: what is measured is bounded (far more than
+    // fits any screen), and the ellipsis point is searched, not walked back to.
+    let chars: Vec<char> = text.chars().take(FIT_MAX_CHARS + 1).collect();
+    let cut = chars.len() > FIT_MAX_CHARS;
+    let text: String = chars.iter().take(FIT_MAX_CHARS).collect();
     let mut px = max_px;
-    while px > min_px && font::text_width(face, px, text) > max_width {
+    while px > min_px && font::text_width(face, px, &text) > max_width {
         px -= 1.0;
     }
-    if font::text_width(face, px, text) <= max_width {
-        return (px, text.to_string());
+    if !cut && font::text_width(face, px, &text) <= max_width {
+        return (px, text);
     }
-    let chars: Vec<char> = text.chars().collect();
-    for n in (0..chars.len()).rev() {
-        let t: String = chars[..n].iter().collect::<String>().trim_end().to_string() + "…";
-        if font::text_width(face, px, &t) <= max_width {
-            return (px, t);
+    let ellipsised = |n: usize| chars[..n].iter().collect::<String>().trim_end().to_string() + "…";
+    // The longest prefix that fits with its ellipsis: widths grow with the prefix.
+    let (mut fits, mut over) = (0usize, chars.len().min(FIT_MAX_CHARS));
+    if font::text_width(face, px, &ellipsised(0)) > max_width {
+        return (px, String::new());
+    }
+    while over - fits > 1 {
+        let mid = (fits + over) / 2;
+        if font::text_width(face, px, &ellipsised(mid)) <= max_width {
+            fits = mid;
+        } else {
+            over = mid;
         }
     }
-    (px, String::new())
+    if font::text_width(face, px, &ellipsised(over)) <= max_width {
+        fits = over;
+    }
+    (px, ellipsised(fits))
 }
+
+/// Characters of a text [`fit_text`] measures at most.
+const FIT_MAX_CHARS: usize = 512;
 
 /// Draws `text` horizontally centred on `cx` with its top at `y`, shrunk (down to `min_px`)
 /// or ellipsised to fit `max_width`. Returns the pixel size used.
@@ -157,5 +175,23 @@ mod tests {
         assert!(px < 60.0 && font::text_width(Face::Sans, px, &t) <= 300.0);
         let (_, t) = fit_text(Face::Sans, &"W".repeat(100), 40.0, 30.0, 200.0);
         assert!(t.ends_with('…'));
+        // The longest prefix that fits: one character more does not.
+        let n = t.chars().count() - 1;
+        let longer = "W".repeat(n + 1) + "…";
+        assert!(font::text_width(Face::Sans, 30.0, &t) <= 200.0);
+        assert!(font::text_width(Face::Sans, 30.0, &longer) > 200.0, "{t}");
+    }
+
+    /// A payer name of any length (a charge's field) is cut to what fits, with its
+    /// ellipsis; a text that fits comes back whole.
+    #[test]
+    fn a_name_of_any_length_is_cut_to_what_fits() {
+        let name = "Maria da Silva ".repeat(10_000);
+        let (px, t) = fit_text(Face::SansBold, &name, 34.0, 16.0, 600.0);
+        assert_eq!(px, 16.0);
+        assert!(t.ends_with('…') && name.starts_with(t.trim_end_matches('…')), "{t}");
+        assert!(font::text_width(Face::SansBold, px, &t) <= 600.0);
+        let (_, whole) = fit_text(Face::SansBold, "Maria", 34.0, 16.0, 600.0);
+        assert_eq!(whole, "Maria");
     }
 }
