@@ -317,6 +317,35 @@ async fn charges_wait_for_a_registry_that_is_behind_and_none_is_dead_lettered() 
     rig.shutdown();
 }
 
+/// A header key that is not UTF-8, as a producer on librdkafka's C API (here Debian's
+/// kcat) or a Go client may write: the record is read like any other (its value is not
+/// JSON: a dead letter), the gateway runs on, and the record after it is read too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_key_that_is_not_utf8_is_read_past() {
+    use std::os::unix::ffi::OsStrExt;
+    let _one = SERIAL.lock().await;
+    let rig = Rig::builder("upstream-raw-header").start().await;
+    let kcat = |key: &str, value: &str, header: &[u8]| {
+        let mut child = Command::new("kcat")
+            .args(["-P", "-b", rig.brokers(), "-t", "charge.upserted", "-k", key, "-H"])
+            .arg(std::ffi::OsStr::from_bytes(header))
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("kcat on PATH (scripts/ensure-kcat.sh)");
+        child.stdin.take().unwrap().write_all(format!("{value}\n").as_bytes()).unwrap();
+        assert!(child.wait().unwrap().success(), "kcat failed");
+    };
+    kcat("c-raw-1", "not json", b"x-\xff\xfe=raw");
+    kcat("c-raw-2", "not json either", b"traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let read = demo::wait_until(rig.gateway(), deadline, |s| {
+        total(&s.counters.events_read) == 2 && count(&s.counters.dead_lettered_records, "not_json") == 2
+    })
+    .await;
+    assert!(read.is_ok(), "both records read and dead-lettered: {read:?}");
+    rig.shutdown();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_letter_for_an_unknown_terminal_is_replayed_once_it_is_registered() {
     let _one = SERIAL.lock().await;

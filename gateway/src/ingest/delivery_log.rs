@@ -28,7 +28,7 @@ use crate::model::delivery_log::{
 use crate::model::{Queued, StoredJob};
 use anyhow::Context;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::future::Future;
@@ -403,7 +403,7 @@ async fn read_blocking(
 fn read_to(reader: &mut PartitionReader, end: i64, folder: &mut Folder, timeout: Duration) -> anyhow::Result<()> {
     reader.scan_to(end, timeout, |m| {
         let epoch = m.headers().and_then(|h| {
-            let v = h.iter().find(|h| h.key == EPOCH_HEADER)?.value?;
+            let v = crate::ingest::record_headers::find(h, |k| k == EPOCH_HEADER.as_bytes())??;
             std::str::from_utf8(v).ok()?.parse::<u64>().ok()
         });
         folder.push(m.key().unwrap_or_default(), m.payload(), epoch);

@@ -115,6 +115,7 @@ pub(crate) mod partition_reader;
 pub mod plan;
 pub mod prune;
 pub mod rebalance;
+pub mod record_headers;
 pub mod record_replay;
 pub mod registry_hold;
 pub mod registry_wait;

@@ -16,7 +16,8 @@
 //!   "record's effects accepted" line). A malformed one is ignored with a debug log line:
 //!   tracing is the producer's convenience, not part of the event contract.
 
-use rdkafka::message::{Headers, Message};
+use crate::ingest::record_headers::{self, NativeHeaders};
+use rdkafka::message::Message;
 use std::fmt;
 
 /// Whether `m` is a tombstone: its value is null (an empty value is not one).
@@ -80,11 +81,15 @@ impl fmt::Display for TraceParent {
 
 /// The record's `traceparent` header (the name compared without regard to ASCII case, the
 /// first one if several), if it has a well-formed one; a malformed one is logged at debug
-/// level and ignored. Every other header is ignored.
-pub fn trace_parent(m: &impl Message) -> Option<TraceParent> {
+/// level and ignored. Every other header is ignored, whatever bytes its key is
+/// ([`record_headers`]).
+pub fn trace_parent<M: Message>(m: &M) -> Option<TraceParent>
+where
+    M::Headers: NativeHeaders,
+{
     let headers = m.headers()?;
-    let header = headers.iter().find(|h| h.key.eq_ignore_ascii_case("traceparent"))?;
-    match TraceParent::parse(header.value.unwrap_or_default()) {
+    let value = record_headers::find(headers, |k| k.eq_ignore_ascii_case(b"traceparent"))?;
+    match TraceParent::parse(value.unwrap_or_default()) {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::debug!(topic = m.topic(), partition = m.partition(), offset = m.offset(), error = %e, "malformed traceparent header ignored");
