@@ -163,9 +163,6 @@ struct Pipeline {
     ttl: TtlConfig,
     /// Records of this topic are registry changes.
     device_topic: String,
-    /// The device topic is read outside the group ([`ClusterReader`]): how far the registry
-    /// has applied it is the reader's positions.
-    registry_outside_group: bool,
     /// Records of this topic are jobs to queue (`cluster.enabled`).
     device_jobs_topic: Option<String>,
     /// Wakes the dead-letter publisher after parking.
@@ -345,7 +342,6 @@ pub async fn run_with<C: GroupReader>(services: Services, consumer: Arc<C>) {
         consume_errors: ConsumeErrors::default(),
         ttl: cfg.delivery.ttl.clone(),
         device_topic: cfg.kafka.device_topic.clone(),
-        registry_outside_group: cfg.cluster.enabled,
         device_jobs_topic: cfg.cluster.enabled.then(|| cfg.cluster.device_jobs_topic.clone()),
         deadletters,
         shutdown: shutdown.clone(),
@@ -929,7 +925,7 @@ impl Pipeline {
             let decisions = self.backpressure.hold_topic(None);
             self.apply(consumer, decisions);
         }
-        if self.registry_outside_group && self.registry.is_holding() {
+        if self.registry.is_holding() {
             self.registry_positions(consumer);
         }
         // Asks again after a failed question, and releases what can go.
@@ -968,8 +964,12 @@ impl Pipeline {
         self.apply(consumer, decisions);
     }
 
-    /// The device topic's reader's positions as applied: they start where the outbox saved
-    /// them (records below were applied in earlier runs) and pass transaction markers.
+    /// The device topic's positions as applied, in both shapes: a transactional producer's
+    /// commit marker takes an offset no record is read at, so the last record read is one
+    /// short of the end Kafka names, and a held charge would wait for it for good; the
+    /// position passes it. (Outside the group they also start where the outbox saved them:
+    /// records below were applied in earlier runs.) Every device record returned by `recv`
+    /// is planned at once, so the position never runs ahead of what was applied.
     fn registry_positions(&mut self, consumer: &impl GroupReader) {
         match consumer.positions() {
             Ok(positions) => {
