@@ -573,3 +573,51 @@ async fn effect_dead_letter_survives_a_crash_before_kafka_took_it() {
     assert_eq!(dl["source_offset"], o);
     rig.shutdown();
 }
+
+/// A record too large to go whole onto `pixgate.deadletter` once dead-lettered (its value
+/// is carried twice, as text and base64): it goes without its value, saying where the
+/// record is, instead of staying parked and holding back every dead letter after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_too_large_for_its_topic_goes_without_its_value() {
+    let rig = Rig::builder("dl-large").start().await;
+    let producer = rig.producer();
+    let big = vec![b'x'; 600_000];
+    let small = b"not json either".to_vec();
+    let landed = publish_records_at(
+        &producer,
+        &[raw("charge.upserted", "c-big", &big), raw("charge.upserted", "c-small", &small)],
+        None,
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let published = pixgate_tests::demo::wait_until(rig.gateway(), deadline, |s| {
+        count(&s.counters.dead_lettered_records, "not_json") == 2 && s.counters.deadletters_published == 2
+    })
+    .await;
+    assert!(published.is_ok(), "both dead letters published: {published:?}");
+    let dls = pixgate_tests::kafka::read_topic(
+        rig.brokers(),
+        "pixgate.deadletter",
+        1,
+        2,
+        Duration::from_secs(1),
+        Duration::from_secs(40),
+    )
+    .await
+    .unwrap();
+    let by_key = |key: &str| -> Value {
+        let r = dls.iter().find(|r| r.key == key.as_bytes()).unwrap_or_else(|| panic!("no dead letter for {key}"));
+        serde_json::from_slice(&r.value).unwrap()
+    };
+    let trimmed = by_key("c-big");
+    assert_eq!(trimmed["reason"], "not_json");
+    assert_eq!(trimmed["source_offset"], landed[0].1);
+    assert_eq!(trimmed["value_base64"], "");
+    assert!(trimmed["value"].is_null());
+    let why = trimmed["value_unavailable"].as_str().unwrap();
+    assert!(why.contains("over what the dead-letter topic takes") && why.contains("charge.upserted/"), "{why}");
+    let whole = by_key("c-small");
+    assert_eq!(whole["value"], "not json either");
+    rig.shutdown();
+}

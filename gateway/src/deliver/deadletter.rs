@@ -25,6 +25,7 @@ use crate::model::DeadLetter;
 use crate::shutdown::Shutdown;
 use crate::store::Outbox;
 use crate::telemetry::Stats;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,10 +171,46 @@ impl Publisher {
         }
     }
 
+    /// Writes `dl`; one too large for the topic goes without its bulk ([`trimmed`]): refused
+    /// for its size it would be refused for ever, and stay parked.
     async fn send(&self, dl: &DeadLetter) -> Result<(), rdkafka::error::KafkaError> {
         let value = serde_json::to_vec(dl).expect("dead letter serialises");
+        let value = if value.len() > MAX_DEAD_LETTER_BYTES { trimmed(dl, value.len()) } else { value };
+        match self.write(dl, &value).await {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
+                // The topic's own limit (`max.message.bytes`) is below ours.
+                self.write(dl, &trimmed(dl, value.len())).await
+            }
+            other => other,
+        }
+    }
+
+    async fn write(&self, dl: &DeadLetter, value: &[u8]) -> Result<(), KafkaError> {
         let key = dl.key.clone().unwrap_or_default();
-        let record = FutureRecord::to(&self.topic).key(&key).payload(&value);
+        let record = FutureRecord::to(&self.topic).key(&key).payload(value);
         self.producer.send(record, Duration::from_secs(30)).await.map(|_| ()).map_err(|(e, _)| e)
     }
+}
+
+/// Most bytes of a dead letter's JSON written whole: under librdkafka's default
+/// `message.max.bytes` (1,000,000) with room for the record's key and headers. A record
+/// near that size dead-lettered carries its value twice (text and base64).
+pub const MAX_DEAD_LETTER_BYTES: usize = 900_000;
+
+/// `dl`'s JSON without its bulk (the source value, and the job), saying so and where the
+/// record is: it is `bytes` long whole, and the outbox keeps it whole (`pixgate deadletter
+/// show`).
+fn trimmed(dl: &DeadLetter, bytes: usize) -> Vec<u8> {
+    tracing::warn!(id = dl.id, reason = %dl.reason, bytes, "a dead letter too large for the dead-letter topic goes without its source value and job");
+    let mut small = dl.clone();
+    small.value = None;
+    small.value_base64 = String::new();
+    small.value_unavailable = Some(format!(
+        "{bytes} bytes of dead letter, over what the dead-letter topic takes: the source value is at {}/{}/{} and in the outbox",
+        dl.source_topic, dl.source_partition, dl.source_offset
+    ));
+    small.job = None;
+    small.detail = small.detail.chars().take(1_000).collect();
+    small.key = small.key.map(|k| k.chars().take(1_000).collect());
+    serde_json::to_vec(&small).expect("dead letter serialises")
 }

@@ -40,7 +40,9 @@ pub struct DeadLetter {
     /// Source value, base64; empty only with `value_unavailable` (and, for a job's dead
     /// letter, while parked: the publisher fills it in from Kafka).
     pub value_base64: String,
-    /// Why a job's dead letter has no source value: Kafka no longer has the record.
+    /// Why the dead letter has no source value: Kafka no longer has a job's record, or the
+    /// dead letter was too large for the dead-letter topic whole (it then has no `job`
+    /// either; the outbox keeps it whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_unavailable: Option<String>,
     /// For a job's dead letter (delivery failed, expired): the job as its device would
