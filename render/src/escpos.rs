@@ -149,7 +149,8 @@ impl EscPos {
             out.extend(s.bytes().map(|b| b.to_ascii_uppercase()));
             return;
         }
-        for c in s.chars().flat_map(char::to_uppercase) {
+        let composed = composed(s);
+        for c in composed.as_deref().unwrap_or(s).chars().flat_map(char::to_uppercase) {
             self.replaced += encode_char_into(self.page, c, out);
         }
     }
@@ -267,6 +268,14 @@ impl EscPos {
 /// without the intermediate string. Runs of printable ASCII (most text) are copied as
 /// they are; only the other characters are looked at one by one.
 fn encode_into(page: CodePage, replaced: &mut usize, s: &str, out: &mut Vec<u8>) {
+    match composed(s) {
+        Some(composed) => encode_composed_into(page, replaced, &composed, out),
+        None => encode_composed_into(page, replaced, s, out),
+    }
+}
+
+/// [`encode_into`] of text already composed.
+fn encode_composed_into(page: CodePage, replaced: &mut usize, s: &str, out: &mut Vec<u8>) {
     out.reserve(s.len());
     let mut rest = s;
     while !rest.is_empty() {
@@ -297,12 +306,14 @@ fn encode_char_into(page: CodePage, c: char, out: &mut Vec<u8>) -> usize {
 
 /// Prepares text for a printer: control characters (below 0x20, and DEL) become spaces, so
 /// that data can never inject a command; emoji and other pictographs (U+1F000..U+1FAFF,
-/// U+2600..U+27BF), variation selectors and zero-width joiners are dropped, because no
-/// printer code page has them and a `?` in a shop's name looks like a fault. Everything
+/// U+2600..U+27BF), variation selectors, zero-width characters and soft hyphens are
+/// dropped, because no printer code page has them and a `?` in a shop's name looks like a
+/// fault; decomposed letters are composed first (`a` + U+0303 → `ã`). Everything
 /// else is left for [`CodePage::encode_lossy`] (which prints `?` for an unknown letter).
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
+    let composed = composed(s);
+    for c in composed.as_deref().unwrap_or(s).chars() {
         match class(c) {
             Class::Keep => out.push(c),
             Class::Space => out.push(' '),
@@ -328,12 +339,32 @@ fn class(c: char) -> Class {
     } else if (0x1F000..=0x1FAFF).contains(&u)
         || (0x2600..=0x27BF).contains(&u)
         || (0xFE00..=0xFE0F).contains(&u)
-        || u == 0x200D
+        || is_combining(c)
+        || (0x200B..=0x200F).contains(&u)
+        || u == 0x2060
+        || u == 0xFEFF
+        || u == 0xAD
     {
+        // Pictographs, variation selectors and joiners; a combining mark with no
+        // precomposed letter left after [`composed`]; zero-width spaces, joiners and marks,
+        // the word joiner, a byte-order mark, a soft hyphen: nothing to print.
         Class::Drop
     } else {
         Class::Keep
     }
+}
+
+/// A combining diacritical mark (U+0300..U+036F).
+fn is_combining(c: char) -> bool {
+    ('\u{300}'..='\u{36F}').contains(&c)
+}
+
+/// `s` composed (Unicode NFC) when it holds a combining mark: text typed on an Apple
+/// keyboard may come decomposed (`a` + U+0303 for `ã`), which no code page has, and would
+/// print as `a?`. `None` when there is nothing to compose.
+fn composed(s: &str) -> Option<String> {
+    use unicode_normalization::UnicodeNormalization;
+    (!s.is_ascii() && s.chars().any(is_combining)).then(|| s.nfc().collect())
 }
 
 #[cfg(test)]
@@ -368,6 +399,25 @@ mod tests {
         let mut e = EscPos::new(CodePage::Cp860);
         e.text("Pão 🍞\x1B@!");
         assert_eq!(e.into_bytes(), vec![b'P', 0x84, b'o', b' ', b' ', b'@', b'!']);
+    }
+
+    /// Text typed decomposed (an Apple keyboard's `a` + U+0303) prints as the composed
+    /// letter, and zero-width characters, a byte-order mark and a soft hyphen print
+    /// nothing: never a `?`.
+    #[test]
+    fn decomposed_letters_are_composed_and_invisible_characters_dropped() {
+        for page in CodePage::ALL {
+            let mut c = EscPos::new(page);
+            let composed = c.encode("Padaria São João, Maria");
+            let mut e = EscPos::new(page);
+            let decomposed = e.encode("\u{FEFF}Padaria Sa\u{303}o Joa\u{303}o,\u{200B} Mari\u{AD}a\u{2060}");
+            assert_eq!(decomposed, composed, "{page:?}");
+            assert_eq!(e.replaced(), c.replaced(), "{page:?}: the fallbacks of the composed text only");
+            let mut up = Vec::new();
+            EscPos::new(page).encode_upper_into("Sa\u{303}o", &mut up);
+            assert_eq!(up, EscPos::new(page).encode("SÃO"), "{page:?} upper");
+        }
+        assert_eq!(printable("Joa\u{303}o\u{200B}"), "João");
     }
 
     /// The per-character path equals its definition, [`printable`] then
