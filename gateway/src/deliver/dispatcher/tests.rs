@@ -548,6 +548,36 @@ async fn a_barrier_is_answered_after_what_came_before_is_reported() {
     assert!(h.finished.try_recv().is_err(), "a2 and a3 are not reported: their next owner sends them");
 }
 
+/// A dispatcher through `transport`, hearing devices on `incoming`: its commands and the
+/// jobs it finishes.
+fn spawn_with_incoming<T: crate::deliver::Transport>(
+    cfg: DeliveryConfig,
+    transport: T,
+    incoming: mpsc::Receiver<Incoming>,
+) -> (mpsc::Sender<Command>, mpsc::UnboundedReceiver<Finished>) {
+    let (ftx, finished) = mpsc::unbounded_channel();
+    let (cmd, rx) = mpsc::channel(64);
+    let dispatcher = Dispatcher::new(
+        cfg,
+        transport,
+        ftx,
+        Arc::new(Stats::default()),
+        Arc::new(Monitor::default()),
+        Clock::default(),
+    )
+    .with_incoming(incoming);
+    tokio::spawn(dispatcher.run(rx));
+    (cmd, finished)
+}
+
+/// Receipt `p1`, seq 1, for device `p`, as the outbox queues it.
+fn receipt_for_p() -> Queued {
+    let mut j = job("p1", EffectKind::PrintReceipt, "c0");
+    j.seq = 1;
+    let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
+    Queued::from_stored(StoredJob { device: "p".into(), job: j, source })
+}
+
 /// A device's ack sent on the incoming channel before a barrier is handled before the
 /// barrier is answered, even when both are waiting at once: the job it finished is
 /// already reported (a cloud printer's confirmation before the last outbox write). On two
@@ -556,24 +586,9 @@ async fn a_barrier_is_answered_after_what_came_before_is_reported() {
 async fn a_barrier_is_answered_after_the_device_messages_sent_before_it() {
     for round in 0..200 {
         let (publisher, mut sent) = Publisher::channel(64);
-        let (ftx, mut finished) = mpsc::unbounded_channel();
-        let (cmd, rx) = mpsc::channel(64);
         let (incoming, incoming_rx) = mpsc::channel(64);
-        let dispatcher = Dispatcher::new(
-            DeliveryConfig::default(),
-            publisher,
-            ftx,
-            Arc::new(Stats::default()),
-            Arc::new(Monitor::default()),
-            Clock::default(),
-        )
-        .with_incoming(incoming_rx);
-        tokio::spawn(dispatcher.run(rx));
-        let mut j = job("p1", EffectKind::PrintReceipt, "c0");
-        j.seq = 1;
-        let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
-        let stored = StoredJob { device: "p".into(), job: j, source };
-        cmd.send(Command::Enqueue(Queued::from_stored(stored))).await.unwrap();
+        let (cmd, mut finished) = spawn_with_incoming(DeliveryConfig::default(), publisher, incoming_rx);
+        cmd.send(Command::Enqueue(receipt_for_p())).await.unwrap();
         soon(sent.recv()).await.unwrap();
         // Both wait before the dispatcher runs again.
         let ack = Ack::done("p1", 1, false);
@@ -608,26 +623,12 @@ async fn a_cloud_printers_job_ended_without_its_answer_is_withdrawn_from_the_boa
     let (publisher, _sent) = Publisher::channel(64);
     let cfg =
         DeliveryConfig { ack_timeout_ms: 100, backoff_initial_ms: 10, max_deliveries: 1, ..DeliveryConfig::default() };
-    let (ftx, mut finished) = mpsc::unbounded_channel();
-    let (cmd, rx) = mpsc::channel(64);
     let transport = CloudRouted::new(board.clone(), publisher, false);
-    let dispatcher = Dispatcher::new(
-        cfg,
-        transport,
-        ftx,
-        Arc::new(Stats::default()),
-        Arc::new(Monitor::default()),
-        Clock::default(),
-    )
-    .with_incoming(incoming_rx);
-    tokio::spawn(dispatcher.run(rx));
+    let (cmd, mut finished) = spawn_with_incoming(cfg, transport, incoming_rx);
     let ready = Status { v: 1, online: true, printer: Some(PrinterState::Ready) };
     assert_eq!(board.poll("p", ready.clone(), false), Ok(None), "polling, nothing offered yet");
 
-    let mut j = job("p1", EffectKind::PrintReceipt, "c0");
-    j.seq = 1;
-    let source = crate::model::SourceRef { topic: "charge.upserted".into(), partition: 0, offset: 1, key: None };
-    cmd.send(Command::Enqueue(Queued::from_stored(StoredJob { device: "p".into(), job: j, source }))).await.unwrap();
+    cmd.send(Command::Enqueue(receipt_for_p())).await.unwrap();
     let until = Instant::now() + Duration::from_secs(1);
     while board.job("p", None).is_none() && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(1)).await;

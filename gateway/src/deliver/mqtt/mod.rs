@@ -292,32 +292,47 @@ mod tests {
         let more = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
         assert!(more.is_err(), "the device that sent DISCONNECT left no will: {more:?}");
     }
+    /// Device `device` as a raw MQTT 3.1.1 client (`dev-{device}`, keep-alive 0, `will` if
+    /// any) with a 4 KiB receive window, subscribed at QoS 1 to its jobs: the socket, its
+    /// CONNACK and SUBACK read.
+    async fn narrow_subscriber(
+        port: u16,
+        device: &str,
+        will: Option<rumqttc::mqttbytes::v4::LastWill>,
+    ) -> tokio::net::TcpStream {
+        use rumqttc::mqttbytes::v4::{Connect, Packet, Subscribe};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let mut c = Connect::new(format!("dev-{device}"));
+        c.keep_alive = 0;
+        c.last_will = will;
+        let mut out = bytes::BytesMut::new();
+        Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
+        let mut subscribe = Subscribe::new(Topic::Jobs(device.into()).path(), QoS::AtLeastOnce);
+        subscribe.pkid = 1;
+        Packet::Subscribe(subscribe).write(&mut out, usize::MAX).unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        stream.write_all(&out).await.unwrap();
+        let mut answers = [0u8; 9];
+        stream.read_exact(&mut answers).await.unwrap();
+        assert_eq!(answers, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "CONNACK, then SUBACK granting QoS 1");
+        stream
+    }
+
     /// A connection taken over while it is stuck writing to a device that stopped reading
     /// (a half-open socket) ends when its write times out: its will is not published then,
     /// since the device is back on its new connection, which the will would call offline.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_taken_over_while_stuck_writing_publishes_no_will() {
-        use rumqttc::mqttbytes::v4::{Connect, LastWill, Packet, Subscribe};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use rumqttc::mqttbytes::v4::LastWill;
 
         let (port, publisher, mut rx) = listener(16).await;
         let offline = serde_json::to_vec(&device_protocol::Status { v: 1, online: false, printer: None }).unwrap();
-        let mut c = Connect::new("dev-w");
-        c.keep_alive = 0;
-        c.last_will = Some(LastWill::new(Topic::Status("w".into()).path(), offline, QoS::AtLeastOnce, false));
-        let mut out = bytes::BytesMut::new();
-        Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
-        let mut subscribe = Subscribe::new(Topic::Jobs("w".into()).path(), QoS::AtLeastOnce);
-        subscribe.pkid = 1;
-        Packet::Subscribe(subscribe).write(&mut out, usize::MAX).unwrap();
-        // A small receive window, and nothing read after the SUBACK.
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut stuck = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
-        stuck.write_all(&out).await.unwrap();
-        let mut answers = [0u8; 9];
-        stuck.read_exact(&mut answers).await.unwrap();
-        assert_eq!(answers, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "CONNACK, then SUBACK granting QoS 1");
+        let will = LastWill::new(Topic::Status("w".into()).path(), offline, QoS::AtLeastOnce, false);
+        // Nothing read after the SUBACK.
+        let stuck = narrow_subscriber(port, "w", Some(will)).await;
         for n in 0..40u8 {
             publisher.send("w", vec![n; 256 * 1024].into()).await.unwrap();
         }
@@ -336,24 +351,11 @@ mod tests {
     /// no progress, not for a slow one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_device_reading_slowly_gets_a_job_that_takes_longer_than_the_write_timeout() {
-        use rumqttc::mqttbytes::v4::{Connect, Packet, Subscribe};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use rumqttc::mqttbytes::v4::Packet;
+        use tokio::io::AsyncReadExt;
 
         let (port, publisher, _rx) = listener(16).await;
-        let mut c = Connect::new("dev-g");
-        c.keep_alive = 0;
-        let mut out = bytes::BytesMut::new();
-        Packet::Connect(c).write(&mut out, usize::MAX).unwrap();
-        let mut subscribe = Subscribe::new(Topic::Jobs("g".into()).path(), QoS::AtLeastOnce);
-        subscribe.pkid = 1;
-        Packet::Subscribe(subscribe).write(&mut out, usize::MAX).unwrap();
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_recv_buffer_size(4096).unwrap();
-        let mut slow = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
-        slow.write_all(&out).await.unwrap();
-        let mut answers = [0u8; 9];
-        slow.read_exact(&mut answers).await.unwrap();
-        assert_eq!(answers, [0x20, 2, 0, 0, 0x90, 3, 0, 1, 1], "CONNACK, then SUBACK granting QoS 1");
+        let mut slow = narrow_subscriber(port, "g", None).await;
 
         const BIG: usize = 4 << 20;
         publisher.send("g", vec![7u8; BIG].into()).await.unwrap();
