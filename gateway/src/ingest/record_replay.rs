@@ -1,5 +1,6 @@
 //! `pixgate deadletter replay ID` of a record-level dead letter whose cause can go away
-//! (`unknown_terminal`, `terminal_of_another_company`), carried out by the consumer loop
+//! (`unknown_terminal`, `terminal_of_another_company`, `charge_state_unreadable`:
+//! [`crate::model::DeadLetterReason::routes_again`]), carried out by the consumer loop
 //! between two batch writes like a job's replay ([`crate::ingest::replay`]).
 //!
 //! The record is routed again with the registry as it is now, once:
@@ -62,7 +63,7 @@ impl RecordReplay {
         let outbox = outbox.clone();
         let found = blocking(move || outbox.deadletter(id)).await;
         matches!(found, Ok(Some(p)) if p.job.is_none()
-            && p.dead_letter.reason.depends_on_registry()
+            && p.dead_letter.reason.routes_again()
             && p.dead_letter.source_topic == self.charge_topic)
     }
 

@@ -110,6 +110,15 @@ impl DeadLetterReason {
         matches!(self, DeadLetterReason::UnknownTerminal | DeadLetterReason::TerminalOfAnotherCompany)
     }
 
+    /// Whether `pixgate deadletter replay` routes a record dead-lettered for this reason
+    /// again: the registry may have changed since ([`DeadLetterReason::depends_on_registry`]),
+    /// or the charge's stored state, unreadable then (a disk read error), be readable now.
+    /// Routed again, a record that would be dead-lettered once more is refused, nothing
+    /// written.
+    pub fn routes_again(&self) -> bool {
+        self.depends_on_registry() || matches!(self, DeadLetterReason::ChargeStateUnreadable)
+    }
+
     /// The wire text without a field (`missing_field`, `invalid_field` for those two).
     fn kind(&self) -> &'static str {
         match self {

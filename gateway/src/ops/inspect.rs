@@ -115,7 +115,7 @@ pub fn deadletter_list(outbox: &Outbox) -> Result<Value, InspectError> {
                 "effect": d.effect,
                 "message_id": d.message_id,
                 "source": format!("{}/{}@{}", d.source_topic, d.source_partition, d.source_offset),
-                "replayable": (p.job.is_some() || d.reason.depends_on_registry()) && p.replayed_at_ms.is_none(),
+                "replayable": (p.job.is_some() || d.reason.routes_again()) && p.replayed_at_ms.is_none(),
             })
         })
         .collect();

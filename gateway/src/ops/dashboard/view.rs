@@ -137,7 +137,7 @@ impl DeadLetterRow {
             device: d.device.clone(),
             effect: d.effect.clone(),
             source: format!("{}/{}@{}", d.source_topic, d.source_partition, d.source_offset),
-            replayable: (p.job.is_some() || d.reason.depends_on_registry()) && p.replayed_at_ms.is_none(),
+            replayable: (p.job.is_some() || d.reason.routes_again()) && p.replayed_at_ms.is_none(),
             parked_at_ms: p.parked_at_ms,
         }
     }

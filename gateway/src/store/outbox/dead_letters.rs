@@ -279,7 +279,7 @@ impl Outbox {
             }
             let Some(mut stored) = parked.job.clone() else {
                 let reason = parked.dead_letter.reason.clone();
-                return Err(if reason.depends_on_registry() {
+                return Err(if reason.routes_again() {
                     ReplayError::NeedsGateway(id)
                 } else {
                     ReplayError::NoJob { id, reason }

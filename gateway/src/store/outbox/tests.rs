@@ -2,7 +2,7 @@
 
 use super::schema::LEGACY_JOBS;
 use super::*;
-use crate::model::{DeadLetter, SourceRef, StoredJob};
+use crate::model::{DeadLetter, DeadLetterReason, SourceRef, StoredJob};
 use cdc::ChargeStatus;
 use device_protocol::EffectKind;
 use device_protocol::Job;
@@ -383,6 +383,30 @@ fn a_downgraded_file_has_its_queues_in_the_earlier_layout() {
 
 fn split_wire(row: &[u8]) -> bytes::Bytes {
     bytes::Bytes::copy_from_slice(schema::split_row(row).unwrap().1)
+}
+
+/// A record dead-lettered because its charge's stored state could not be read (a disk
+/// read error) is routed again by a replay, as one that waited for the registry is: the
+/// outbox alone refuses it for the running gateway, not as a record without a job.
+#[test]
+fn a_record_whose_charge_state_was_unreadable_is_routed_again_by_the_gateway() {
+    let (_dir, o) = crate::test_fixtures::temp_outbox("outbox-replay-unreadable");
+    let dead = |reason, offset| DeadLetter::new(reason, "x".into(), "charge.upserted", 0, offset, Some(b"c"), b"{}");
+    let mut batch = [
+        Accept {
+            deadletters: vec![dead(DeadLetterReason::ChargeStateUnreadable, 9)],
+            ..counted(9, 1_700_000_040, vec![])
+        },
+        Accept { deadletters: vec![dead(DeadLetterReason::NotJson, 10)], ..counted(10, 1_700_000_040, vec![]) },
+    ];
+    o.write(&mut batch, &[], 1_000).unwrap();
+    let parked = o.parked_deadletters(10).unwrap();
+    let id_of = |offset| parked.iter().find(|p| p.dead_letter.source_offset == offset).unwrap().id;
+    let ttl = |_| chrono::Duration::seconds(60);
+    assert!(matches!(o.replay(id_of(9), 2_000, ttl), Err(ReplayError::NeedsGateway(_))));
+    assert!(matches!(o.replay(id_of(10), 2_000, ttl), Err(ReplayError::NoJob { .. })));
+    assert!(DeadLetterReason::ChargeStateUnreadable.routes_again() && DeadLetterReason::UnknownTerminal.routes_again());
+    assert!(!DeadLetterReason::NotJson.routes_again());
 }
 
 /// A salvage of an outbox that is not damaged copies it whole and names nothing lost. It
