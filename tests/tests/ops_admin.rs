@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use pixgate_tests::gateway::{cli as pixgate_cli, count};
-use pixgate_tests::harness::{protocol_devices, Rig};
+use pixgate_tests::harness::{protocol_devices, wait_for, Rig};
 use serde_json::Value;
 use simulators::capture;
 use std::time::Duration;
@@ -85,7 +85,13 @@ async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {
     assert!(metrics.lines().any(|l| l == format!("pixgate_http_unauthorized_total {refused}")), "{metrics}");
 
     // Logged at warn with the path and the peer; never the token presented.
-    let log = std::fs::read_to_string(gw.log()).unwrap();
+    let read_log = || std::fs::read_to_string(gw.log()).unwrap();
+    let lines_with = |log: &str, text: &str| log.lines().filter(|l| l.contains(text)).count() as u64;
+    wait_for("the refusals' log lines", Duration::from_secs(10), || {
+        lines_with(&read_log(), "HTTP request refused") >= refused
+    })
+    .await;
+    let log = read_log();
     let refusals: Vec<&str> = log.lines().filter(|l| l.contains("HTTP request refused")).collect();
     assert_eq!(refusals.len() as u64, refused, "{log}");
     assert!(refusals.iter().all(|l| l.contains("WARN") && l.contains("peer=127.0.0.1:")), "{refusals:#?}");
@@ -100,8 +106,7 @@ async fn admin_endpoints_need_the_token_and_refusals_are_counted_and_logged() {
         assert_eq!(status, 401);
     }
     assert_eq!(gw.stats().unwrap().counters.http_unauthorized, refused + STREAM);
-    let log = std::fs::read_to_string(gw.log()).unwrap();
-    let logged = log.lines().filter(|l| l.contains("HTTP request refused")).count() as u64 - refused;
+    let logged = lines_with(&read_log(), "HTTP request refused") - refused;
     assert!(logged <= 40, "{logged} of {STREAM} refusals logged in full");
     rig.shutdown();
 }
@@ -139,8 +144,11 @@ async fn without_a_token_a_web_page_elsewhere_cannot_use_the_admin_endpoints() {
         || serde_json::from_str::<Value>(&gw.get("/flags").unwrap().1).unwrap()["flags"]["display_qr"].clone();
     assert_eq!(display_qr(), Value::Bool(true), "nothing switched");
     assert_eq!(gw.stats().unwrap().counters.http_unauthorized, 3);
-    let log = std::fs::read_to_string(gw.log()).unwrap();
-    assert_eq!(log.lines().filter(|l| l.contains("Host or Origin is not a loopback address")).count(), 3, "{log}");
+    let read_log = || std::fs::read_to_string(gw.log()).unwrap();
+    let foreign = |log: &str| log.lines().filter(|l| l.contains("Host or Origin is not a loopback address")).count();
+    wait_for("the refusals' log lines", Duration::from_secs(10), || foreign(&read_log()) >= 3).await;
+    let log = read_log();
+    assert_eq!(foreign(&log), 3, "{log}");
     // The page pixgate serves itself (its own origin) may.
     let extra = format!("Origin: http://{here}\r\n");
     assert_eq!(status_with_host(port, "POST", "/flags/display_qr/off", &here, &extra), 200);

@@ -264,33 +264,47 @@ mod tests {
     fn a_late_status_reply_does_not_shift_the_rounds_after_it() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
+        // Says each reply it wrote, so that the test knows when all are on their way.
+        let (answered, replies) = std::sync::mpsc::channel();
         let printer = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
-            let mut first = true;
+            // Each reply sent as it is written (no Nagle hold behind an unacknowledged one).
+            s.set_nodelay(true).unwrap();
+            let (mut first, mut held) = (true, None);
             let mut q = [0u8; 3];
             while s.read_exact(&mut q).is_ok() {
                 assert_eq!(&q[..2], &[0x10, 0x04]);
-                if first {
-                    std::thread::sleep(Duration::from_millis(300));
-                    first = false;
-                }
                 // n = 1 answers "online" with bit 2 set (the drawer), which read as n = 2's
                 // reply is an open cover; the others answer all clear.
                 let reply = if q[2] == 1 { 0x16 } else { 0x12 };
-                if s.write_all(&[reply]).is_err() {
-                    return;
+                if std::mem::take(&mut first) {
+                    // Answered only once the next query came: after its timeout, however
+                    // busy the machine.
+                    held = Some(reply);
+                    continue;
+                }
+                for r in held.take().into_iter().chain([reply]) {
+                    if s.write_all(&[r]).is_err() || answered.send(()).is_err() {
+                        return;
+                    }
                 }
             }
         });
+        // Rounds come `direct.poll_ms` apart, not back to back: by the next one, the
+        // printer has answered every query of the round before.
+        let all_answered = || {
+            for _ in 0..4 {
+                replies.recv_timeout(Duration::from_secs(30)).expect("the printer answers each query");
+            }
+        };
         let endpoint = Endpoint::Tcp { host: "127.0.0.1".into(), port };
         let mut link = Link::open(&endpoint, Duration::from_millis(200)).unwrap();
         let first = link.status().unwrap().unwrap();
-        assert_eq!(first.replies[0], None, "the late reply timed out");
+        assert_eq!(first.replies[0], None, "the late reply timed out: {first:?}");
+        all_answered();
         for round in 0..3 {
-            // Rounds come `direct.poll_ms` apart, not back to back: the replies of the
-            // round before have come by the next one.
-            std::thread::sleep(Duration::from_millis(50));
             let s = link.status().unwrap().unwrap();
+            all_answered();
             assert_eq!(s.replies, [Some(0x16), Some(0x12), Some(0x12), Some(0x12)], "round {round}");
             assert!(s.can_print() && !s.cover_open, "round {round}: {s:?}");
         }
