@@ -209,6 +209,12 @@ impl BrCode {
     pub fn is_dynamic(&self) -> bool {
         self.url.is_some()
     }
+
+    /// `true` when the payer's bank lets the payer type the amount: a static payload
+    /// without a readable field `54` (a dynamic one's bank fetches the amount).
+    pub fn leaves_amount_to_payer(&self) -> bool {
+        !self.is_dynamic() && self.amount_cents().is_none()
+    }
 }
 
 fn amount_to_cents(s: &str) -> Option<u64> {

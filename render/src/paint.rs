@@ -96,9 +96,10 @@ pub fn fill_rounded_rect(img: &mut RgbImage, x0: f32, y0: f32, x1: f32, y1: f32,
 pub fn fit_text(face: Face, text: &str, max_px: f32, min_px: f32, max_width: f32) -> (f32, String) {
     // A name from a charge may be any length: what is measured is bounded (far more than
     // fits any screen), and the ellipsis point is searched, not walked back to.
-    let chars: Vec<char> = text.chars().take(FIT_MAX_CHARS + 1).collect();
+    let mut chars: Vec<char> = text.chars().take(FIT_MAX_CHARS + 1).collect();
     let cut = chars.len() > FIT_MAX_CHARS;
-    let text: String = chars.iter().take(FIT_MAX_CHARS).collect();
+    chars.truncate(FIT_MAX_CHARS);
+    let text: String = chars.iter().collect();
     let mut px = max_px;
     while px > min_px && font::text_width(face, px, &text) > max_width {
         px -= 1.0;
@@ -108,7 +109,7 @@ pub fn fit_text(face: Face, text: &str, max_px: f32, min_px: f32, max_width: f32
     }
     let ellipsised = |n: usize| chars[..n].iter().collect::<String>().trim_end().to_string() + "…";
     // The longest prefix that fits with its ellipsis: widths grow with the prefix.
-    let (mut fits, mut over) = (0usize, chars.len().min(FIT_MAX_CHARS));
+    let (mut fits, mut over) = (0usize, chars.len());
     if font::text_width(face, px, &ellipsised(0)) > max_width {
         return (px, String::new());
     }

@@ -1060,7 +1060,7 @@ fn verify_job(effector: &Effector, job: &Job) -> Result<(), JobError> {
                         content.amount_cents
                     )));
                 }
-                if parsed.amount_cents().is_none() && !parsed.is_dynamic() && content.amount_cents > 0 {
+                if parsed.leaves_amount_to_payer() && content.amount_cents > 0 {
                     return Err(JobError::permanent(format!(
                         "static BR Code names no amount for the screen's {} centavos",
                         content.amount_cents

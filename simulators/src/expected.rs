@@ -317,7 +317,7 @@ fn pix_payload_problem(doc: &Value, value_cents: u64) -> Option<&'static str> {
         Some(payload) => match render::brcode::parse(payload) {
             Err(_) => Some("invalid_brcode"),
             Ok(p) if p.amount_cents().is_some_and(|c| c != value_cents) => Some("brcode_amount_mismatch"),
-            Ok(p) if p.amount_cents().is_none() && !p.is_dynamic() && value_cents > 0 => Some("brcode_amount_mismatch"),
+            Ok(p) if p.leaves_amount_to_payer() && value_cents > 0 => Some("brcode_amount_mismatch"),
             Ok(_) => None,
         },
         None if !doc["pixKey"].is_string() => Some("static_brcode_unbuildable"),

@@ -174,12 +174,14 @@ impl Publisher {
     /// Writes `dl`; one too large for the topic goes without its bulk ([`trimmed`]): refused
     /// for its size it would be refused for ever, and stay parked.
     async fn send(&self, dl: &DeadLetter) -> Result<(), rdkafka::error::KafkaError> {
-        let value = serde_json::to_vec(dl).expect("dead letter serialises");
-        let value = if value.len() > MAX_DEAD_LETTER_BYTES { trimmed(dl, value.len()) } else { value };
-        match self.write(dl, &value).await {
+        let whole = serde_json::to_vec(dl).expect("dead letter serialises");
+        if whole.len() > MAX_DEAD_LETTER_BYTES {
+            return self.write(dl, &trimmed(dl, whole.len())).await;
+        }
+        match self.write(dl, &whole).await {
             Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
                 // The topic's own limit (`max.message.bytes`) is below ours.
-                self.write(dl, &trimmed(dl, value.len())).await
+                self.write(dl, &trimmed(dl, whole.len())).await
             }
             other => other,
         }

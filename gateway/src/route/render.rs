@@ -86,7 +86,7 @@ pub fn pix_payload(charge: &Charge) -> Result<String, RenderError> {
             }
             // A dynamic payload's bank fetches the amount from its location; a static one
             // carries it or lets the payer type any.
-            None if !parsed.is_dynamic() && charge.value_cents > 0 => {
+            None if parsed.leaves_amount_to_payer() && charge.value_cents > 0 => {
                 return Err(RenderError::NoAmount { value_cents: charge.value_cents });
             }
             _ => {}

@@ -320,8 +320,6 @@ pub struct Tracker {
     probed_end: BTreeMap<Partition, i64>,
     /// Offsets at the previous sample, to see progress and arrivals.
     seen: BTreeMap<Partition, PartitionOffsets>,
-    /// [`BrokerSample`]s merged over `clients` ([`Tracker::kafka_of`]).
-    brokers: Option<BrokerSample>,
     /// Each Kafka client's latest sample, and when it came: the central shape reads with
     /// three clients, whose samples would otherwise overwrite one another.
     clients: BTreeMap<String, (u64, BrokerSample)>,
@@ -352,7 +350,6 @@ impl Tracker {
             offsets: BTreeMap::new(),
             probed_end: BTreeMap::new(),
             seen: BTreeMap::new(),
-            brokers: None,
             clients: BTreeMap::new(),
             last_broker_up: 0,
             outbox_failing: None,
@@ -463,29 +460,9 @@ impl Tracker {
     ) {
         self.clients.insert(client.to_string(), (now, brokers));
         self.clients.retain(|_, (at, _)| now.saturating_sub(*at) < CLIENT_GONE_MS);
-        let mut merged: Option<BrokerSample> = None;
-        for (_, sample) in self.clients.values() {
-            merged = Some(match merged {
-                None => sample.clone(),
-                Some(mut m) => {
-                    m.up = m.up.min(sample.up);
-                    m.down.extend(sample.down.iter().cloned());
-                    m.waiting.extend(sample.waiting.iter().cloned());
-                    m
-                }
-            });
-        }
-        if let Some(m) = &mut merged {
-            m.down.sort();
-            m.down.dedup();
-            // One broker waited on by several clients is named once, the longest silent.
-            m.waiting.sort_by(|a, b| a.name.cmp(&b.name).then(b.silent_ms.cmp(&a.silent_ms)));
-            m.waiting.dedup_by(|later, first| later.name == first.name);
-        }
-        if merged.as_ref().is_some_and(|m| m.up > 0) {
+        if self.clients.values().all(|(_, s)| s.up > 0) {
             self.last_broker_up = now;
         }
-        self.brokers = merged;
         for (part, o) in parts {
             if self.assigned.contains(&part) {
                 self.offsets.insert(part, o);
@@ -535,10 +512,28 @@ impl Tracker {
         };
     }
 
+    /// The clients' samples merged: as many connections up as the client with fewest,
+    /// every connection down or waiting of any (a broker waited on by several clients
+    /// named once, the longest silent); `None` before any sample.
+    fn brokers(&self) -> Option<BrokerSample> {
+        let mut samples = self.clients.values().map(|(_, s)| s);
+        let mut merged = samples.next()?.clone();
+        for s in samples {
+            merged.up = merged.up.min(s.up);
+            merged.down.extend(s.down.iter().cloned());
+            merged.waiting.extend(s.waiting.iter().cloned());
+        }
+        merged.down.sort();
+        merged.down.dedup();
+        merged.waiting.sort_by(|a, b| a.name.cmp(&b.name).then(b.silent_ms.cmp(&a.silent_ms)));
+        merged.waiting.dedup_by(|later, first| later.name == first.name);
+        Some(merged)
+    }
+
     /// Paused partitions worth probing for their end offset (none while Kafka is
     /// unreachable: the probe would only wait).
     pub fn probe_targets(&self) -> Vec<Partition> {
-        if self.brokers.as_ref().is_some_and(|b| b.up == 0) {
+        if self.clients.values().any(|(_, s)| s.up == 0) {
             return Vec::new();
         }
         self.pauses.keys().filter(|p| self.assigned.contains(*p)).cloned().collect()
@@ -661,7 +656,7 @@ impl Tracker {
         Facts {
             consumer_running,
             consumer_idle_ms,
-            brokers: self.brokers.clone(),
+            brokers: self.brokers(),
             last_broker_up: self.last_broker_up,
             outbox_failing: self.outbox_failing.clone(),
             topics,
